@@ -1,0 +1,301 @@
+//! A typed async client for the lock server, with the per-hop timeouts of C3 §3.8.
+//!
+//! It makes exactly one attempt per call. Retry policy belongs to the caller, because only the
+//! caller knows whether a retry is safe for it: the error says what the server decided
+//! (`ClientError::Api` carries the envelope with `retrySafe`) or that no answer came.
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::error::{ErrorBody, ErrorCode};
+use crate::headers;
+use crate::lock::*;
+
+/// Connect timeout for every lock-server hop.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Read timeout for acquire, renew and release.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Read timeout for a heartbeat: a slow heartbeat is as bad as a lost lease.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Read timeout for advisory reads.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with the contract's envelope.
+    #[error("{status} {}: {}", body.code, body.message)]
+    Api { status: u16, body: ErrorBody },
+    /// No usable answer came: connect failure, timeout, reset. The effect of a write is unknown.
+    #[error("no answer from {url}: {message}")]
+    Transport {
+        url: String,
+        message: String,
+        connect: bool,
+        timeout: bool,
+    },
+    /// An answer came that is not what the contract says it should be.
+    #[error("unexpected answer from {url}: {message}")]
+    Protocol { url: String, message: String },
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { body, .. } => Some(body.code),
+            _ => None,
+        }
+    }
+
+    /// Whether the server said nothing happened and the identical request may be sent again.
+    pub fn retry_safe(&self) -> bool {
+        match self {
+            ClientError::Api { body, .. } => body.retry_safe,
+            ClientError::Transport { connect, .. } => *connect,
+            ClientError::Protocol { .. } => false,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::Api { body, .. } => body.retry_after_millis.map(Duration::from_millis),
+            _ => None,
+        }
+    }
+}
+
+/// Sends a request, decodes a 2xx body as `T` (or nothing for 204), and the envelope otherwise.
+pub async fn send<T: DeserializeOwned>(
+    url: &str,
+    request: RequestBuilder,
+) -> Result<Option<T>, ClientError> {
+    let response = request.send().await.map_err(|e| ClientError::Transport {
+        url: url.to_owned(),
+        message: e.to_string(),
+        connect: e.is_connect(),
+        timeout: e.is_timeout(),
+    })?;
+    let status = response.status();
+    let bytes = response.bytes().await.map_err(|e| ClientError::Transport {
+        url: url.to_owned(),
+        message: format!("reading the body failed: {e}"),
+        connect: false,
+        timeout: e.is_timeout(),
+    })?;
+    if status == StatusCode::NO_CONTENT {
+        return Ok(None);
+    }
+    if status.is_success() {
+        return serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ClientError::Protocol {
+                url: url.to_owned(),
+                message: format!("{status} body did not decode: {e}"),
+            });
+    }
+    match serde_json::from_slice::<ErrorBody>(&bytes) {
+        Ok(body) => Err(ClientError::Api {
+            status: status.as_u16(),
+            body,
+        }),
+        Err(_) => Err(ClientError::Protocol {
+            url: url.to_owned(),
+            message: format!(
+                "{status} without the error envelope: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+            ),
+        }),
+    }
+}
+
+fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
+    body.ok_or_else(|| ClientError::Protocol {
+        url: url.to_owned(),
+        message: "204 where a body was expected".into(),
+    })
+}
+
+/// Builds the shared HTTP client for dlock's hops.
+pub fn http_client() -> Result<reqwest::Client, ClientError> {
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_max_idle_per_host(64)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(|e| ClientError::Protocol {
+            url: String::new(),
+            message: format!("the HTTP client could not be built: {e}"),
+        })
+}
+
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    base: String,
+    owner_id: String,
+    http: reqwest::Client,
+    trace_id: Option<String>,
+}
+
+impl LockClient {
+    /// `base` is the lock server's URL (`http://127.0.0.1:7070`); `owner_id` goes on every write.
+    pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
+        Ok(Self::with_http(base, owner_id, http_client()?))
+    }
+
+    pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            owner_id: owner_id.to_owned(),
+            http,
+            trace_id: None,
+        }
+    }
+
+    /// A client whose calls all belong to one trace (one payout is one trace).
+    pub fn in_trace(&self, trace_id: &str) -> Self {
+        Self {
+            trace_id: Some(trace_id.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    pub fn owner_id(&self) -> &str {
+        &self.owner_id
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
+        let url = format!("{}{path}", self.base);
+        let builder = self
+            .http
+            .request(method, &url)
+            .timeout(timeout)
+            .header(headers::OWNER_ID, &self.owner_id)
+            .header(
+                headers::TRACEPARENT,
+                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
+            );
+        (url, builder)
+    }
+
+    fn json<B: Serialize>(builder: RequestBuilder, body: &B) -> RequestBuilder {
+        match serde_json::to_vec(body) {
+            Ok(bytes) => builder
+                .header("content-type", crate::http::JSON_CONTENT_TYPE)
+                .body(bytes),
+            Err(_) => builder,
+        }
+    }
+
+    /// L1.
+    pub async fn create_session(&self, ttl_millis: Option<i64>) -> Result<Session, ClientError> {
+        let (url, req) = self.request(Method::POST, "/v1/sessions", WRITE_TIMEOUT);
+        let body = CreateSessionRequest {
+            owner_id: None,
+            ttl_millis,
+        };
+        expect_body(&url, send(&url, Self::json(req, &body)).await?)
+    }
+
+    /// L2.
+    pub async fn heartbeat(&self, session_id: Uuid) -> Result<Heartbeat, ClientError> {
+        let path = format!("/v1/sessions/{session_id}/heartbeat");
+        let (url, req) = self.request(Method::POST, &path, HEARTBEAT_TIMEOUT);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// L3: ends the session and releases every lock attached to it.
+    pub async fn end_session(&self, session_id: Uuid) -> Result<(), ClientError> {
+        let path = format!("/v1/sessions/{session_id}");
+        let (url, req) = self.request(Method::DELETE, &path, WRITE_TIMEOUT);
+        send::<serde_json::Value>(&url, req).await.map(|_| ())
+    }
+
+    /// L4. The read timeout grows by the server-side wait asked for.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_millis: Option<i64>,
+        wait_millis: Option<i64>,
+    ) -> Result<LockGrant, ClientError> {
+        let wait = Duration::from_millis(wait_millis.unwrap_or(0).clamp(0, WAIT_MS_MAX) as u64);
+        let path = format!("/v1/locks/{key}/acquire");
+        let (url, req) = self.request(Method::POST, &path, WRITE_TIMEOUT + wait);
+        let body = AcquireRequest {
+            session_id,
+            ttl_millis,
+            wait_millis,
+        };
+        expect_body(&url, send(&url, Self::json(req, &body)).await?)
+    }
+
+    /// L5: extends the grant; the token never changes.
+    pub async fn renew(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_millis: Option<i64>,
+    ) -> Result<LockGrant, ClientError> {
+        let path = format!("/v1/locks/{key}/renew");
+        let (url, req) = self.request(Method::POST, &path, WRITE_TIMEOUT);
+        let req = req.header(headers::FENCING_TOKEN, token.to_string());
+        let body = RenewRequest {
+            session_id,
+            ttl_millis,
+        };
+        expect_body(&url, send(&url, Self::json(req, &body)).await?)
+    }
+
+    /// L6: compare-and-delete on (key, token).
+    pub async fn release(&self, key: &str, session_id: Uuid, token: i64) -> Result<(), ClientError> {
+        let path = format!("/v1/locks/{key}");
+        let (url, req) = self.request(Method::DELETE, &path, WRITE_TIMEOUT);
+        let req = req.header(headers::FENCING_TOKEN, token.to_string());
+        let body = ReleaseRequest { session_id };
+        send::<serde_json::Value>(&url, Self::json(req, &body))
+            .await
+            .map(|_| ())
+    }
+
+    /// L7, advisory.
+    pub async fn get(&self, key: &str) -> Result<LockInfo, ClientError> {
+        let path = format!("/v1/locks/{key}");
+        let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// The held-locks list, advisory.
+    pub async fn held(&self, limit: Option<u32>) -> Result<HeldLocks, ClientError> {
+        let (url, mut req) = self.request(Method::GET, "/v1/locks", READ_TIMEOUT);
+        if let Some(limit) = limit {
+            req = req.query(&[("limit", limit)]);
+        }
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// L8.
+    pub async fn revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+        expected_token: Option<i64>,
+    ) -> Result<Revocation, ClientError> {
+        let path = format!("/v1/locks/{key}/revoke");
+        let (url, req) = self.request(Method::POST, &path, WRITE_TIMEOUT);
+        let body = RevokeRequest {
+            operator: operator.to_owned(),
+            reason: reason.to_owned(),
+            expected_token,
+        };
+        expect_body(&url, send(&url, Self::json(req, &body)).await?)
+    }
+}

@@ -1,0 +1,325 @@
+//! The error envelope and the error-code catalogue of the wire contract (C3 §3.1, §3.2).
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Stable machine identifiers. Alerts filter on these, never on the message.
+///
+/// The first fifteen are the contract's catalogue. The last five are the project's own, for
+/// situations the catalogue does not name but a JSON client still has to tell apart: an unknown
+/// route, a wrong method, a missing or wrong credential, and a server fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    LockContended,
+    ContentionExceeded,
+    NotLeader,
+    LockLost,
+    SessionUnknown,
+    SessionExpired,
+    InvalidToken,
+    FencedOut,
+    PayoutNotClaimable,
+    DuplicateSubmission,
+    InsufficientFunds,
+    IdempotencyConflict,
+    RailUnavailable,
+    RailAmbiguous,
+    ValidationFailed,
+    NotFound,
+    MethodNotAllowed,
+    Unauthenticated,
+    Forbidden,
+    Internal,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 20] = [
+        ErrorCode::LockContended,
+        ErrorCode::ContentionExceeded,
+        ErrorCode::NotLeader,
+        ErrorCode::LockLost,
+        ErrorCode::SessionUnknown,
+        ErrorCode::SessionExpired,
+        ErrorCode::InvalidToken,
+        ErrorCode::FencedOut,
+        ErrorCode::PayoutNotClaimable,
+        ErrorCode::DuplicateSubmission,
+        ErrorCode::InsufficientFunds,
+        ErrorCode::IdempotencyConflict,
+        ErrorCode::RailUnavailable,
+        ErrorCode::RailAmbiguous,
+        ErrorCode::ValidationFailed,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::Internal,
+    ];
+
+    /// The HTTP status the catalogue assigns to the code.
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            LockContended | LockLost | FencedOut | PayoutNotClaimable | DuplicateSubmission
+            | RailAmbiguous => StatusCode::CONFLICT,
+            ContentionExceeded => StatusCode::TOO_MANY_REQUESTS,
+            NotLeader | RailUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            SessionUnknown | NotFound => StatusCode::NOT_FOUND,
+            SessionExpired => StatusCode::GONE,
+            InvalidToken | ValidationFailed => StatusCode::BAD_REQUEST,
+            InsufficientFunds | IdempotencyConflict => StatusCode::UNPROCESSABLE_ENTITY,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Unauthenticated => StatusCode::UNAUTHORIZED,
+            Forbidden => StatusCode::FORBIDDEN,
+            Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The server's verdict on whether the identical request may be re-sent by the same caller
+    /// with the same token without risking a duplicate side effect. Not "was it transient".
+    pub fn retry_safe(self) -> bool {
+        use ErrorCode::*;
+        matches!(
+            self,
+            LockContended | ContentionExceeded | NotLeader | RailUnavailable
+        )
+    }
+
+    /// Whether the catalogue puts `retryAfterMillis` on this code.
+    pub fn carries_retry_after(self) -> bool {
+        use ErrorCode::*;
+        matches!(
+            self,
+            LockContended | ContentionExceeded | NotLeader | RailUnavailable
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            LockContended => "LOCK_CONTENDED",
+            ContentionExceeded => "CONTENTION_EXCEEDED",
+            NotLeader => "NOT_LEADER",
+            LockLost => "LOCK_LOST",
+            SessionUnknown => "SESSION_UNKNOWN",
+            SessionExpired => "SESSION_EXPIRED",
+            InvalidToken => "INVALID_TOKEN",
+            FencedOut => "FENCED_OUT",
+            PayoutNotClaimable => "PAYOUT_NOT_CLAIMABLE",
+            DuplicateSubmission => "DUPLICATE_SUBMISSION",
+            InsufficientFunds => "INSUFFICIENT_FUNDS",
+            IdempotencyConflict => "IDEMPOTENCY_CONFLICT",
+            RailUnavailable => "RAIL_UNAVAILABLE",
+            RailAmbiguous => "RAIL_AMBIGUOUS",
+            ValidationFailed => "VALIDATION_FAILED",
+            NotFound => "NOT_FOUND",
+            MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            Unauthenticated => "UNAUTHENTICATED",
+            Forbidden => "FORBIDDEN",
+            Internal => "INTERNAL",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One field at fault in a rejected request, listed under `details.fields[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// The JSON path of the field (`ttlMillis`, `payouts[3].amountMinor`), a header name
+    /// (`X-Owner-Id`), a path parameter (`key`) or `body` for the body as a whole.
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The envelope as it travels on the wire. Field order is the contract's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+    pub retry_safe: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+    pub trace_id: String,
+}
+
+/// An error a handler answers with. It becomes the envelope, with the status of its code unless
+/// a row of the contract says otherwise (the rail's decline is `422 VALIDATION_FAILED`).
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub status: StatusCode,
+    pub message: String,
+    pub retry_after_millis: Option<u64>,
+    pub details: Option<Value>,
+}
+
+/// The `retryAfterMillis` used when a code must carry one and the caller gave no better figure.
+pub const DEFAULT_RETRY_AFTER_MS: u64 = 250;
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            status: code.status(),
+            message: message.into(),
+            retry_after_millis: code
+                .carries_retry_after()
+                .then_some(DEFAULT_RETRY_AFTER_MS),
+            details: None,
+        }
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn with_retry_after_ms(mut self, ms: u64) -> Self {
+        self.retry_after_millis = Some(ms.max(1));
+        self
+    }
+
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    /// `400 VALIDATION_FAILED` naming every field at fault.
+    pub fn validation(fields: Vec<FieldError>) -> Self {
+        let message = match fields.as_slice() {
+            [] => "the request is not valid".to_owned(),
+            [one] => format!("{}: {}", one.field, one.reason),
+            [first, rest @ ..] => format!(
+                "{}: {} (and {} more field(s), see details.fields)",
+                first.field,
+                first.reason,
+                rest.len()
+            ),
+        };
+        Self::new(ErrorCode::ValidationFailed, message)
+            .with_details(serde_json::json!({ "fields": fields }))
+    }
+
+    pub fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::validation(vec![FieldError::new(field, reason)])
+    }
+
+    pub fn invalid_token(reason: impl Into<String>) -> Self {
+        Self::new(
+            ErrorCode::InvalidToken,
+            format!(
+                "X-Fencing-Token {}; send the decimal token of your grant",
+                reason.into()
+            ),
+        )
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    /// A server fault. The body says nothing internal; the cause is logged here, inside the
+    /// request's span, so the trace id in the body finds it.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(event = "internal_error", error = %cause, "request failed inside the server");
+        Self::new(
+            ErrorCode::Internal,
+            "the server failed to complete the request; quote the traceId when reporting it",
+        )
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code,
+            message: self.message.clone(),
+            retry_safe: self.code.retry_safe(),
+            retry_after_millis: self.retry_after_millis,
+            details: self.details.clone(),
+            trace_id: crate::trace::current_trace_id(),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.code, self.status.as_u16(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        crate::http::json_response(self.status, &self.body())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalogue_statuses_and_retry_safety_match_the_contract() {
+        let expected: [(ErrorCode, u16, bool); 15] = [
+            (ErrorCode::LockContended, 409, true),
+            (ErrorCode::ContentionExceeded, 429, true),
+            (ErrorCode::NotLeader, 503, true),
+            (ErrorCode::LockLost, 409, false),
+            (ErrorCode::SessionUnknown, 404, false),
+            (ErrorCode::SessionExpired, 410, false),
+            (ErrorCode::InvalidToken, 400, false),
+            (ErrorCode::FencedOut, 409, false),
+            (ErrorCode::PayoutNotClaimable, 409, false),
+            (ErrorCode::DuplicateSubmission, 409, false),
+            (ErrorCode::InsufficientFunds, 422, false),
+            (ErrorCode::IdempotencyConflict, 422, false),
+            (ErrorCode::RailUnavailable, 503, true),
+            (ErrorCode::RailAmbiguous, 409, false),
+            (ErrorCode::ValidationFailed, 400, false),
+        ];
+        for (code, status, retry_safe) in expected {
+            assert_eq!(code.status().as_u16(), status, "{code}");
+            assert_eq!(code.retry_safe(), retry_safe, "{code}");
+            let wire = serde_json::to_value(code).unwrap_or_default();
+            assert_eq!(wire, serde_json::Value::String(code.as_str().to_owned()));
+        }
+    }
+
+    #[test]
+    fn retry_after_is_present_exactly_where_the_catalogue_lists_it() {
+        for code in ErrorCode::ALL {
+            let body = ApiError::new(code, "x").body();
+            assert_eq!(
+                body.retry_after_millis.is_some(),
+                matches!(
+                    code,
+                    ErrorCode::LockContended
+                        | ErrorCode::ContentionExceeded
+                        | ErrorCode::NotLeader
+                        | ErrorCode::RailUnavailable
+                ),
+                "{code}"
+            );
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The dlock wire contract.
+//!
+//! Every service and every client speaks through this crate, so that the error envelope, the
+//! header rules, the timestamp format and the JSON conventions exist exactly once. A service that
+//! built its own 404 page or parsed `X-Fencing-Token` by itself would be the first place where two
+//! services disagree about what a malformed token means, and a malformed token coerced to `0` is
+//! precisely how a stale writer slips below every fence.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod headers;
+pub mod http;
+pub mod json;
+pub mod lock;
+pub mod time;
+pub mod trace;
+
+pub use error::{ApiError, ErrorBody, ErrorCode, FieldError};
+pub use json::Json;

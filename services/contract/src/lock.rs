@@ -1,0 +1,171 @@
+//! Bodies of the lock-server surface (C3 §3.3), shared by the server and its client.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Session and lock TTLs the contract allows, in milliseconds.
+pub const TTL_MS_MIN: i64 = 1_000;
+pub const TTL_MS_MAX: i64 = 60_000;
+/// The longest server-side wait an acquire may ask for.
+pub const WAIT_MS_MAX: i64 = 30_000;
+/// The longest lock key.
+pub const KEY_LEN_MAX: usize = 128;
+/// The shortest revocation reason.
+pub const REVOKE_REASON_LEN_MIN: usize = 8;
+
+/// Whether `key` is a lock key the contract allows: 1–128 of `[a-zA-Z0-9:._-]`.
+pub fn key_is_valid(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= KEY_LEN_MAX
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_millis: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub ttl_millis: i64,
+    #[serde(with = "crate::time::millis")]
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Heartbeat {
+    pub session_id: Uuid,
+    #[serde(with = "crate::time::millis")]
+    pub expires_at: DateTime<Utc>,
+    #[serde(with = "crate::time::millis")]
+    pub server_time: DateTime<Utc>,
+    pub held_lock_count: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AcquireRequest {
+    pub session_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_millis: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_millis: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenewRequest {
+    pub session_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_millis: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub session_id: Uuid,
+}
+
+/// A granted lock (L4, L5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockGrant {
+    pub key: String,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub fencing_token: i64,
+    #[serde(with = "crate::time::millis")]
+    pub acquired_at: DateTime<Utc>,
+    #[serde(with = "crate::time::millis")]
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The advisory view of one key (L7). Never a basis for a correctness decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockInfo {
+    pub key: String,
+    pub held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub acquired_at: Option<DateTime<Utc>>,
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expires_at: Option<DateTime<Utc>>,
+    pub waiter_count: i64,
+}
+
+/// The held-locks list (`GET /v1/locks`), for the operator's Lock view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldLocks {
+    pub items: Vec<LockGrant>,
+    /// Whether more held locks exist than the `limit` returned.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevokeRequest {
+    pub operator: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_token: Option<i64>,
+}
+
+/// The result of a forced revocation (L8): the grant ended and the token advanced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Revocation {
+    pub key: String,
+    pub revoked_token: i64,
+    pub revoked_owner_id: String,
+    /// A token greater than every token issued before the revocation. Push it to the
+    /// enforcement points (D-3) so the evicted holder's in-flight writes are fenced out.
+    pub new_token_floor: i64,
+    pub revocation_id: Uuid,
+    pub operator: String,
+    pub reason: String,
+    #[serde(with = "crate::time::millis")]
+    pub revoked_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_alphabet_and_length() {
+        assert!(key_is_valid("payout:acct-17"));
+        assert!(key_is_valid("a.b_c-D:9"));
+        assert!(key_is_valid(&"k".repeat(128)));
+        assert!(!key_is_valid(&"k".repeat(129)));
+        assert!(!key_is_valid(""));
+        assert!(!key_is_valid("a/b"));
+        assert!(!key_is_valid("a b"));
+        assert!(!key_is_valid("ключ"));
+    }
+}
