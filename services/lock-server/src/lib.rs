@@ -1,0 +1,73 @@
+//! The dlock lock server: sessions, leases and fencing tokens (C3 §3.3), on PostgreSQL or etcd.
+//!
+//! [`app`] builds the router over a [`Store`]; [`run`] is what `dlock serve lock-server` calls.
+//! A replica keeps nothing in memory that decides who holds a lock: the waiter queue, the grants
+//! and the token sequence all live in the backend, so two replicas behave as one.
+
+pub mod config;
+pub mod metrics;
+pub mod routes;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+pub use config::LockServerConfig;
+use config::BackendSettings;
+pub use routes::{AppState, app};
+pub use store::Store;
+
+/// Opens the configured backend (applying lockdb migrations first for `pg`).
+pub async fn open_store(config: &LockServerConfig) -> anyhow::Result<Store> {
+    Ok(match &config.backend {
+        BackendSettings::Pg(pg) => Store::Pg(store::pg::PgStore::connect(pg).await?),
+        BackendSettings::Etcd(etcd) => Store::Etcd(
+            store::etcd::EtcdStore::connect(etcd, config.expired_session_retention_ms).await?,
+        ),
+    })
+}
+
+/// Serves until SIGINT or SIGTERM. Migrations are applied before the listener opens, so a new
+/// pod never serves against an old schema.
+pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
+    let store = open_store(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    let state = AppState::new(store.clone(), Arc::new(config.clone()));
+    let sweeper = tokio::spawn(sweep_forever(
+        store,
+        Duration::from_millis(config.sweep_interval_ms),
+        config.expired_session_retention_ms,
+    ));
+    tracing::info!(
+        event = "lock_server_started",
+        listen = %listener.local_addr()?,
+        backend = config.backend_name(),
+        "lock server is serving"
+    );
+    dlock_contract::http::serve(listener, app(state), dlock_contract::http::shutdown_signal())
+        .await
+        .context("the HTTP server failed")?;
+    sweeper.abort();
+    tracing::info!(event = "lock_server_stopped", "lock server stopped");
+    Ok(())
+}
+
+async fn sweep_forever(store: Store, every: Duration, retention_ms: i64) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match store.sweep(retention_ms).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::debug!(event = "lock_sweep", removed, "swept lapsed rows"),
+            Err(error) => tracing::warn!(
+                event = "lock_sweep_failed",
+                %error,
+                "sweeping lapsed locks failed; it is retried on the next tick"
+            ),
+        }
+    }
+}

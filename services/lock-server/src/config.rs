@@ -1,0 +1,155 @@
+//! The lock server's configuration (DESIGN §7 keys plus the server's own limits).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use dlock_contract::config::{ConfigError, RawConfig};
+use dlock_contract::http::HttpLimits;
+use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
+
+use crate::store::pg::PgSettings;
+
+#[derive(Debug, Clone)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    /// Every key the lock server writes starts with this prefix.
+    pub prefix: String,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum BackendSettings {
+    Pg(PgSettings),
+    Etcd(EtcdSettings),
+}
+
+#[derive(Debug, Clone)]
+pub struct LockServerConfig {
+    pub listen: SocketAddr,
+    pub backend: BackendSettings,
+    /// `lock.session.ttl`: a session's TTL when the request names none.
+    pub session_ttl_default_ms: i64,
+    /// `lock.session.ttl-max`: longer requested session TTLs are clamped down to this.
+    pub session_ttl_max_ms: i64,
+    /// `lock.default.ttl`: a grant's TTL when the request names none.
+    pub lock_ttl_default_ms: i64,
+    /// `lock.ttl-max`: longer requested grant TTLs are clamped down to this.
+    pub lock_ttl_max_ms: i64,
+    /// `lock.session.expired-retention`: how long an expired session still answers 410.
+    pub expired_session_retention_ms: i64,
+    /// `lock.waiters.max-per-key`: the cap of a key's FIFO waiter queue.
+    pub waiters_per_key_max: i64,
+    /// `lock.waiters.poll-ms`: how often a waiter re-checks a key another replica may release.
+    pub waiter_poll_ms: u64,
+    /// `lock.contention.retry-after-ms`: the `retryAfterMillis` of CONTENTION_EXCEEDED.
+    pub contention_retry_after_ms: u64,
+    /// `lock.client.safety-margin`: the clients' share of a TTL kept as margin (served for them).
+    pub client_safety_margin: f64,
+    /// `lock.sweep.interval-ms`: how often lapsed rows are cleaned up.
+    pub sweep_interval_ms: u64,
+    pub http: HttpLimits,
+}
+
+impl LockServerConfig {
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut raw = RawConfig::load(file)?;
+        let config = Self::from_raw(&mut raw)?;
+        raw.finish()?;
+        Ok(config)
+    }
+
+    pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
+        let listen_text = raw.string("server.listen", "127.0.0.1:7070")?;
+        let listen = listen_text.parse().map_err(|e| ConfigError {
+            key: "server.listen".into(),
+            origin: String::new(),
+            message: format!("must be an address like 127.0.0.1:7070, got {listen_text:?}: {e}"),
+        })?;
+        let backend = match raw.choice("lock.backend", "pg", &["pg", "etcd"])?.as_str() {
+            "etcd" => {
+                let endpoints = raw.string_list("lock.etcd.endpoints", &["http://127.0.0.1:2379"])?;
+                if endpoints.is_empty() {
+                    return Err(ConfigError {
+                        key: "lock.etcd.endpoints".into(),
+                        origin: String::new(),
+                        message: "must name at least one etcd endpoint".into(),
+                    });
+                }
+                BackendSettings::Etcd(EtcdSettings {
+                    endpoints,
+                    prefix: raw.string("lock.etcd.prefix", "/dlock")?,
+                    connect_timeout: Duration::from_millis(
+                        raw.integer("lock.etcd.connect-timeout-ms", 2_000, 100..=60_000)? as u64,
+                    ),
+                    request_timeout: Duration::from_millis(
+                        raw.integer("lock.etcd.request-timeout-ms", 5_000, 100..=60_000)? as u64,
+                    ),
+                })
+            }
+            _ => {
+                let url = raw.string_optional("lock.pg.url")?.ok_or_else(|| ConfigError {
+                    key: "lock.pg.url".into(),
+                    origin: String::new(),
+                    message: "is required when lock.backend = \"pg\" (postgres://user@host:port/lockdb)".into(),
+                })?;
+                BackendSettings::Pg(PgSettings {
+                    url,
+                    pool_max: raw.integer("lock.pg.pool-max", 16, 1..=512)? as u32,
+                    acquire_timeout: Duration::from_millis(
+                        raw.integer("lock.pg.acquire-timeout-ms", 2_000, 50..=60_000)? as u64,
+                    ),
+                    migrate: raw.boolean("lock.pg.migrate", true)?,
+                })
+            }
+        };
+        let range = TTL_MS_MIN..=TTL_MS_MAX;
+        let session_ttl_max_ms = raw.integer("lock.session.ttl-max", TTL_MS_MAX, range.clone())?;
+        let lock_ttl_max_ms = raw.integer("lock.ttl-max", TTL_MS_MAX, range.clone())?;
+        let session_ttl_default_ms =
+            raw.integer("lock.session.ttl", 10_000, TTL_MS_MIN..=session_ttl_max_ms)?;
+        let lock_ttl_default_ms =
+            raw.integer("lock.default.ttl", 10_000, TTL_MS_MIN..=lock_ttl_max_ms)?;
+        let http = HttpLimits {
+            body_bytes_max: raw.integer("server.body-limit-bytes", 64 * 1024, 1024..=16 << 20)?
+                as usize,
+            request_timeout: Duration::from_millis(raw.integer(
+                "server.request-timeout-ms",
+                WAIT_MS_MAX + 10_000,
+                WAIT_MS_MAX + 1_000..=600_000,
+            )? as u64),
+        };
+        Ok(Self {
+            listen,
+            backend,
+            session_ttl_default_ms,
+            session_ttl_max_ms,
+            lock_ttl_default_ms,
+            lock_ttl_max_ms,
+            expired_session_retention_ms: raw.integer(
+                "lock.session.expired-retention",
+                3_600_000,
+                0..=30 * 86_400_000,
+            )?,
+            waiters_per_key_max: raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?,
+            waiter_poll_ms: raw.integer("lock.waiters.poll-ms", 25, 1..=1_000)? as u64,
+            contention_retry_after_ms: raw.integer(
+                "lock.contention.retry-after-ms",
+                500,
+                1..=60_000,
+            )? as u64,
+            client_safety_margin: raw.decimal("lock.client.safety-margin", 0.30, 0.05..=0.9)?,
+            sweep_interval_ms: raw.integer("lock.sweep.interval-ms", 30_000, 100..=3_600_000)?
+                as u64,
+            http,
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            BackendSettings::Pg(_) => "pg",
+            BackendSettings::Etcd(_) => "etcd",
+        }
+    }
+}

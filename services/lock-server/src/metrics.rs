@@ -1,0 +1,128 @@
+//! The lock server's metrics (ADR 0004): acquisition latency, contention, timeouts. Labels are
+//! low-cardinality enums only; keys, owners and tokens go to logs, never to labels.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Backend {
+    Pg,
+    Etcd,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum AcquireOutcome {
+    Granted,
+    Contended,
+    QueueFull,
+    Timeout,
+    Error,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcquireLabels {
+    pub backend: Backend,
+    pub outcome: AcquireOutcome,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub backend: Backend,
+}
+
+pub struct Metrics {
+    pub backend: Backend,
+    pub registry: Registry,
+    acquire_latency: Family<AcquireLabels, Histogram, fn() -> Histogram>,
+    contention: Family<BackendLabels, Counter>,
+    timeouts: Family<BackendLabels, Counter>,
+    revocations: Family<BackendLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms to about 8 s.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+impl Metrics {
+    pub fn new(backend: Backend) -> Arc<Self> {
+        let mut registry = Registry::default();
+        let acquire_latency = Family::<AcquireLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        let contention = Family::<BackendLabels, Counter>::default();
+        let timeouts = Family::<BackendLabels, Counter>::default();
+        let revocations = Family::<BackendLabels, Counter>::default();
+        registry.register(
+            "lock_acquisition_latency_seconds",
+            "Time from receiving an acquire to answering it, by outcome",
+            acquire_latency.clone(),
+        );
+        registry.register(
+            "lock_contention",
+            "Acquires that found the key held or the queue ahead of them",
+            contention.clone(),
+        );
+        registry.register(
+            "lock_timeouts",
+            "Acquires whose server-side wait ended without the lock",
+            timeouts.clone(),
+        );
+        registry.register(
+            "lock_revocations",
+            "Forced revocations that ended a grant and advanced the token",
+            revocations.clone(),
+        );
+        Arc::new(Self {
+            backend,
+            registry,
+            acquire_latency,
+            contention,
+            timeouts,
+            revocations,
+        })
+    }
+
+    pub fn observe_acquire(&self, outcome: AcquireOutcome, seconds: f64) {
+        self.acquire_latency
+            .get_or_create(&AcquireLabels {
+                backend: self.backend,
+                outcome,
+            })
+            .observe(seconds);
+        let labels = BackendLabels {
+            backend: self.backend,
+        };
+        match outcome {
+            AcquireOutcome::Contended | AcquireOutcome::QueueFull => {
+                self.contention.get_or_create(&labels).inc();
+            }
+            AcquireOutcome::Timeout => {
+                self.contention.get_or_create(&labels).inc();
+                self.timeouts.get_or_create(&labels).inc();
+            }
+            AcquireOutcome::Granted | AcquireOutcome::Error => {}
+        }
+    }
+
+    pub fn revoked(&self) {
+        self.revocations
+            .get_or_create(&BackendLabels {
+                backend: self.backend,
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}

@@ -1,0 +1,840 @@
+//! Backend `etcd`: sessions are leases, a grant is a key whose CreateRevision is its fencing
+//! token, and every change is a transaction that compares before it writes.
+//!
+//! Layout under the prefix `P` (default `/dlock`):
+//!
+//! | key                  | value                          | lease                         |
+//! |----------------------|--------------------------------|-------------------------------|
+//! | `P/s/{session}`      | owner, TTL                     | the session's lease           |
+//! | `P/t/{session}`      | owner (the expired-session tombstone) | TTL + retention        |
+//! | `P/l/{key}`          | the grant                      | the grant's own lease         |
+//! | `P/i/{session}/{key}`| (index of a session's grants)  | the grant's own lease         |
+//! | `P/seen/{key}`       | (the key was granted once)     | none                          |
+//! | `P/w/{key}/{waiter}` | session (a FIFO waiter)        | the wait plus a margin        |
+//! | `P/r/{revocation}`   | the revocation record          | none                          |
+//!
+//! A grant is live while its key exists (its own lease) and its session's key exists (the
+//! session's lease): it ends at whichever lapses first, on etcd's clock. The token is the
+//! revision of the put that created the key; a renew re-puts the value on a new lease, which
+//! keeps the CreateRevision, so a renew never mints a second token. A lapsed grant's key is
+//! deleted before a new grant is created, so a new holder always gets a new CreateRevision.
+//! A revocation floor is the revision of the transaction that ended the grant: greater than every
+//! revision, and so every token, before it.
+
+use chrono::{DateTime, TimeZone, Utc};
+use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Acquire, Contention, StoreError, StoreResult, WaiterTicket};
+use crate::config::EtcdSettings;
+
+/// How often a transaction that lost a race is re-read and retried before giving up.
+const TXN_ATTEMPTS_MAX: usize = 8;
+
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    retention_s: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionValue {
+    owner_id: String,
+    ttl_millis: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GrantValue {
+    owner_id: String,
+    session_id: Uuid,
+    ttl_millis: i64,
+    acquired_at_ms: i64,
+    expires_at_ms: i64,
+    lease: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RevocationValue {
+    key: String,
+    revoked_token: i64,
+    revoked_owner_id: String,
+    operator: String,
+    reason: String,
+    revoked_at_ms: i64,
+}
+
+fn map_etcd(error: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    match &error {
+        E::GRpcStatus(status) => {
+            let message = status.message();
+            // gRPC codes 4 (deadline exceeded) and 14 (unavailable).
+            let code = i32::from(status.code());
+            let unavailable = code == 4
+                || code == 14
+                || message.contains("no leader")
+                || message.contains("leader changed")
+                || message.contains("timed out");
+            if unavailable {
+                StoreError::NotLeader(format!("etcd cannot serve a linearizable write: {message}"))
+            } else {
+                StoreError::Backend(format!("etcd: {error}"))
+            }
+        }
+        E::TransportError(_) | E::IoError(_) => {
+            StoreError::NotLeader(format!("etcd is unreachable: {error}"))
+        }
+        _ => StoreError::Backend(format!("etcd: {error}")),
+    }
+}
+
+
+fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> StoreResult<T> {
+    serde_json::from_slice(kv.value())
+        .map_err(|e| StoreError::Backend(format!("etcd value under {:?} is not ours: {e}", kv.key_str().unwrap_or("?"))))
+}
+
+fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Backend(format!("encoding failed: {e}")))
+}
+
+fn millis(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// etcd leases count whole seconds; a TTL in milliseconds is rounded up, never down, so a grant
+/// never lapses before the time it announced.
+fn lease_seconds(ttl_ms: i64) -> i64 {
+    (ttl_ms + 999) / 1000
+}
+
+fn gets(response: etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
+    response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a grant key says about its holder.
+struct Holder {
+    kv: KeyValue,
+    value: GrantValue,
+    live: bool,
+}
+
+impl EtcdStore {
+    pub async fn connect(settings: &EtcdSettings, retention_ms: i64) -> anyhow::Result<Self> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(settings.connect_timeout)
+            .with_timeout(settings.request_timeout);
+        let client = Client::connect(&settings.endpoints, Some(options))
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to etcd at {} (lock.etcd.endpoints): {e}",
+                    settings.endpoints.join(",")
+                )
+            })?;
+        Ok(Self {
+            client,
+            prefix: settings.prefix.trim_end_matches('/').to_owned(),
+            retention_s: (retention_ms + 999) / 1000,
+        })
+    }
+
+    fn k_session(&self, id: Uuid) -> String {
+        format!("{}/s/{id}", self.prefix)
+    }
+    fn k_tombstone(&self, id: Uuid) -> String {
+        format!("{}/t/{id}", self.prefix)
+    }
+    fn k_lock(&self, key: &str) -> String {
+        format!("{}/l/{key}", self.prefix)
+    }
+    fn k_index(&self, session: Uuid, key: &str) -> String {
+        format!("{}/i/{session}/{key}", self.prefix)
+    }
+    fn k_index_prefix(&self, session: Uuid) -> String {
+        format!("{}/i/{session}/", self.prefix)
+    }
+    fn k_seen(&self, key: &str) -> String {
+        format!("{}/seen/{key}", self.prefix)
+    }
+    fn k_waiters(&self, key: &str) -> String {
+        format!("{}/w/{key}/", self.prefix)
+    }
+    fn k_waiter(&self, key: &str, id: Uuid) -> String {
+        format!("{}/w/{key}/{id}", self.prefix)
+    }
+    fn k_revocation(&self, id: Uuid) -> String {
+        format!("{}/r/{id}", self.prefix)
+    }
+
+    fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Several reads in one round trip, at one revision.
+    async fn read(&self, ops: Vec<TxnOp>) -> StoreResult<Vec<Vec<KeyValue>>> {
+        let response = self
+            .client()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(map_etcd)?;
+        Ok(gets(response))
+    }
+
+    async fn grant_lease(&self, ttl_ms: i64) -> StoreResult<i64> {
+        let lease = self
+            .client()
+            .lease_grant(lease_seconds(ttl_ms), None)
+            .await
+            .map_err(map_etcd)?;
+        Ok(lease.id())
+    }
+
+    /// Revokes a lease nobody needs any more, off the request's path. A failure only means the
+    /// lease lapses by its TTL instead.
+    fn drop_lease(&self, lease: i64) {
+        let mut client = self.client();
+        tokio::spawn(async move {
+            let _ = client.lease_revoke(lease).await;
+        });
+    }
+
+    fn session_state(
+        session: &[KeyValue],
+        tombstone: &[KeyValue],
+        owner_id: &str,
+    ) -> StoreResult<SessionValue> {
+        if let Some(kv) = session.first() {
+            let value: SessionValue = decode(kv)?;
+            if value.owner_id == owner_id {
+                return Ok(value);
+            }
+            return Err(StoreError::SessionUnknown);
+        }
+        match tombstone.first() {
+            Some(kv) if decode::<SessionValue>(kv)?.owner_id == owner_id => {
+                Err(StoreError::SessionExpired)
+            }
+            _ => Err(StoreError::SessionUnknown),
+        }
+    }
+
+    /// Reads a grant key and whether its session is still alive.
+    async fn holder(&self, lock: Option<&KeyValue>, live_session: Option<Uuid>) -> StoreResult<Option<Holder>> {
+        let Some(kv) = lock else {
+            return Ok(None);
+        };
+        let value: GrantValue = decode(kv)?;
+        let live = if Some(value.session_id) == live_session {
+            true
+        } else {
+            let session = self
+                .client()
+                .get(
+                    self.k_session(value.session_id),
+                    Some(GetOptions::new().with_count_only()),
+                )
+                .await
+                .map_err(map_etcd)?;
+            session.count() > 0
+        };
+        Ok(Some(Holder {
+            kv: kv.clone(),
+            value,
+            live,
+        }))
+    }
+
+    fn grant_of(key: &str, token: i64, value: &GrantValue) -> LockGrant {
+        LockGrant {
+            key: key.to_owned(),
+            owner_id: value.owner_id.clone(),
+            session_id: value.session_id,
+            fencing_token: token,
+            acquired_at: millis(value.acquired_at_ms),
+            expires_at: millis(value.expires_at_ms),
+        }
+    }
+
+    /// Deletes a lapsed grant key, if it is still the one that was read.
+    async fn clear_lapsed(&self, key: &str, holder: &Holder) -> StoreResult<()> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.k_lock(key),
+                CompareOp::Equal,
+                holder.kv.mod_revision(),
+            )])
+            .and_then([
+                TxnOp::delete(self.k_lock(key), None),
+                TxnOp::delete(self.k_index(holder.value.session_id, key), None),
+            ]);
+        self.client().txn(txn).await.map_err(map_etcd)?;
+        Ok(())
+    }
+
+    pub async fn create_session(&self, owner_id: &str, ttl_ms: i64) -> StoreResult<Session> {
+        let session_id = Uuid::new_v4();
+        let lease = self.grant_lease(ttl_ms).await?;
+        let tombstone_lease = self
+            .grant_lease(ttl_ms + self.retention_s * 1000)
+            .await?;
+        let value = encode(&SessionValue {
+            owner_id: owner_id.to_owned(),
+            ttl_millis: ttl_ms,
+        })?;
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                self.k_session(session_id),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(
+                self.k_tombstone(session_id),
+                value,
+                Some(PutOptions::new().with_lease(tombstone_lease)),
+            ),
+        ]);
+        self.client().txn(txn).await.map_err(map_etcd)?;
+        Ok(Session {
+            session_id,
+            owner_id: owner_id.to_owned(),
+            ttl_millis: ttl_ms,
+            expires_at: millis(now_ms() + ttl_ms),
+        })
+    }
+
+    async fn keep_alive(&self, lease: i64) -> StoreResult<i64> {
+        let (mut keeper, mut stream) = self
+            .client()
+            .lease_keep_alive(lease)
+            .await
+            .map_err(map_etcd)?;
+        keeper.keep_alive().await.map_err(map_etcd)?;
+        let response = stream.message().await.map_err(map_etcd)?;
+        Ok(response.map(|r| r.ttl()).unwrap_or(0))
+    }
+
+    pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
+        let reads = self
+            .read(vec![
+                TxnOp::get(self.k_session(session_id), None),
+                TxnOp::get(self.k_tombstone(session_id), None),
+                TxnOp::get(
+                    self.k_index_prefix(session_id),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+            ])
+            .await?;
+        let (session, tombstone) = (&reads[0], &reads[1]);
+        let value = Self::session_state(session, tombstone, owner_id)?;
+        let lease = session.first().map(KeyValue::lease).unwrap_or_default();
+        let tombstone_lease = tombstone.first().map(KeyValue::lease).unwrap_or_default();
+        let (alive, _) = tokio::join!(self.keep_alive(lease), self.keep_alive(tombstone_lease));
+        if alive? <= 0 {
+            return Err(StoreError::SessionExpired);
+        }
+        let held = self
+            .client()
+            .get(
+                self.k_index_prefix(session_id),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .map_err(map_etcd)?
+            .count();
+        let now = now_ms();
+        Ok(Heartbeat {
+            session_id,
+            expires_at: millis(now + value.ttl_millis),
+            server_time: millis(now),
+            held_lock_count: held,
+        })
+    }
+
+    pub async fn end_session(&self, session_id: Uuid, owner_id: &str) -> StoreResult<()> {
+        let reads = self
+            .read(vec![
+                TxnOp::get(self.k_session(session_id), None),
+                TxnOp::get(self.k_tombstone(session_id), None),
+                TxnOp::get(
+                    self.k_index_prefix(session_id),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                ),
+            ])
+            .await?;
+        Self::session_state(&reads[0], &reads[1], owner_id)?;
+        let index_prefix = self.k_index_prefix(session_id);
+        for index in &reads[2] {
+            let Some(key) = index.key_str().ok().and_then(|k| k.strip_prefix(&index_prefix)) else {
+                continue;
+            };
+            let lock = self
+                .client()
+                .get(self.k_lock(key), None)
+                .await
+                .map_err(map_etcd)?;
+            if let Some(kv) = lock.kvs().first() {
+                if decode::<GrantValue>(kv)?.session_id == session_id {
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(
+                            self.k_lock(key),
+                            CompareOp::Equal,
+                            kv.mod_revision(),
+                        )])
+                        .and_then([TxnOp::delete(self.k_lock(key), None)]);
+                    self.client().txn(txn).await.map_err(map_etcd)?;
+                }
+            }
+        }
+        let lease = reads[0].first().map(KeyValue::lease).unwrap_or_default();
+        let tombstone_lease = reads[1].first().map(KeyValue::lease).unwrap_or_default();
+        let txn = Txn::new().and_then([
+            TxnOp::delete(self.k_session(session_id), None),
+            TxnOp::delete(self.k_tombstone(session_id), None),
+            TxnOp::delete(index_prefix.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())),
+        ]);
+        self.client().txn(txn).await.map_err(map_etcd)?;
+        self.drop_lease(lease);
+        self.drop_lease(tombstone_lease);
+        Ok(())
+    }
+
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        ttl_ms: i64,
+        ticket: Option<&WaiterTicket>,
+    ) -> StoreResult<Acquire> {
+        for _ in 0..TXN_ATTEMPTS_MAX {
+            let reads = self
+                .read(vec![
+                    TxnOp::get(self.k_session(session_id), None),
+                    TxnOp::get(self.k_tombstone(session_id), None),
+                    TxnOp::get(self.k_lock(key), None),
+                    TxnOp::get(
+                        self.k_waiters(key),
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_keys_only()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_limit(1),
+                        ),
+                    ),
+                ])
+                .await?;
+            Self::session_state(&reads[0], &reads[1], owner_id)?;
+            let holder = self.holder(reads[2].first(), Some(session_id)).await?;
+            if let Some(holder) = &holder {
+                if holder.live {
+                    return Ok(Acquire::Contended(Contention {
+                        holder_owner_id: Some(holder.value.owner_id.clone()),
+                        expires_at: Some(millis(holder.value.expires_at_ms)),
+                        waiter_count: self.count_waiters(key).await?,
+                    }));
+                }
+                // The holder's session ended: the grant is over. Clear it and look again.
+                self.clear_lapsed(key, holder).await?;
+                continue;
+            }
+            let head = reads[3].first().and_then(|kv| kv.key_str().ok().map(str::to_owned));
+            let mine = ticket.map(|t| self.k_waiter(key, t.id));
+            if head.is_some() && head != mine {
+                return Ok(Acquire::Contended(Contention {
+                    holder_owner_id: None,
+                    expires_at: None,
+                    waiter_count: self.count_waiters(key).await?,
+                }));
+            }
+            let lease = self.grant_lease(ttl_ms).await?;
+            let now = now_ms();
+            let value = GrantValue {
+                owner_id: owner_id.to_owned(),
+                session_id,
+                ttl_millis: ttl_ms,
+                acquired_at_ms: now,
+                expires_at_ms: now + ttl_ms,
+                lease,
+            };
+            let with_lease = || Some(PutOptions::new().with_lease(lease));
+            let mut when = vec![
+                Compare::version(self.k_session(session_id), CompareOp::Greater, 0),
+                Compare::create_revision(self.k_lock(key), CompareOp::Equal, 0),
+            ];
+            let mut then = vec![
+                TxnOp::put(self.k_lock(key), encode(&value)?, with_lease()),
+                TxnOp::put(self.k_index(session_id, key), Vec::new(), with_lease()),
+                TxnOp::put(self.k_seen(key), Vec::new(), None),
+            ];
+            if let Some(mine) = &mine {
+                when.push(Compare::version(mine.as_str(), CompareOp::Greater, 0));
+                then.push(TxnOp::delete(mine.as_str(), None));
+            }
+            let response = self
+                .client()
+                .txn(Txn::new().when(when).and_then(then))
+                .await
+                .map_err(map_etcd)?;
+            if response.succeeded() {
+                let token = response.header().map(|h| h.revision()).unwrap_or_default();
+                if token <= 0 {
+                    return Err(StoreError::Backend("etcd returned no revision".into()));
+                }
+                if let Some(t) = ticket.and_then(|t| t.lease) {
+                    self.drop_lease(t);
+                }
+                return Ok(Acquire::Granted(Self::grant_of(key, token, &value)));
+            }
+            self.drop_lease(lease);
+        }
+        Err(StoreError::Backend(format!(
+            "acquire of {key} lost {TXN_ATTEMPTS_MAX} races in a row"
+        )))
+    }
+
+    async fn count_waiters(&self, key: &str) -> StoreResult<i64> {
+        let response = self
+            .client()
+            .get(
+                self.k_waiters(key),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .map_err(map_etcd)?;
+        Ok(response.count())
+    }
+
+    pub async fn enqueue(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        deadline_ms: i64,
+        cap: i64,
+    ) -> StoreResult<WaiterTicket> {
+        let reads = self
+            .read(vec![
+                TxnOp::get(self.k_session(session_id), None),
+                TxnOp::get(self.k_tombstone(session_id), None),
+            ])
+            .await?;
+        Self::session_state(&reads[0], &reads[1], owner_id)?;
+        let waiting = self.count_waiters(key).await?;
+        if waiting >= cap {
+            return Err(StoreError::QueueFull {
+                waiter_count: waiting,
+            });
+        }
+        let id = Uuid::new_v4();
+        let lease = self.grant_lease(deadline_ms).await?;
+        self.client()
+            .put(
+                self.k_waiter(key, id),
+                session_id.to_string(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .map_err(map_etcd)?;
+        Ok(WaiterTicket {
+            id,
+            key: key.to_owned(),
+            lease: Some(lease),
+        })
+    }
+
+    pub async fn dequeue(&self, ticket: &WaiterTicket) -> StoreResult<()> {
+        self.client()
+            .delete(self.k_waiter(&ticket.key, ticket.id), None)
+            .await
+            .map_err(map_etcd)?;
+        if let Some(lease) = ticket.lease {
+            self.drop_lease(lease);
+        }
+        Ok(())
+    }
+
+    /// The token of the live grant on `key`, for a LOCK_LOST body.
+    async fn live_token(&self, key: &str) -> StoreResult<Option<i64>> {
+        let lock = self
+            .client()
+            .get(self.k_lock(key), None)
+            .await
+            .map_err(map_etcd)?;
+        let holder = self.holder(lock.kvs().first(), None).await?;
+        Ok(holder
+            .filter(|h| h.live)
+            .map(|h| h.kv.create_revision()))
+    }
+
+    pub async fn renew(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        token: i64,
+        ttl_ms: Option<i64>,
+    ) -> StoreResult<LockGrant> {
+        let reads = self
+            .read(vec![
+                TxnOp::get(self.k_session(session_id), None),
+                TxnOp::get(self.k_tombstone(session_id), None),
+                TxnOp::get(self.k_lock(key), None),
+            ])
+            .await?;
+        Self::session_state(&reads[0], &reads[1], owner_id)?;
+        let holder = self.holder(reads[2].first(), Some(session_id)).await?;
+        let Some(holder) = holder.filter(|h| h.live && h.kv.create_revision() == token) else {
+            return Err(StoreError::LockLost {
+                stored_token: self.live_token(key).await?,
+            });
+        };
+        let ttl_ms = ttl_ms.unwrap_or(holder.value.ttl_millis);
+        let lease = self.grant_lease(ttl_ms).await?;
+        let now = now_ms();
+        let value = GrantValue {
+            ttl_millis: ttl_ms,
+            expires_at_ms: now + ttl_ms,
+            lease,
+            ..holder.value.clone()
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(self.k_lock(key), CompareOp::Equal, token),
+                Compare::mod_revision(self.k_lock(key), CompareOp::Equal, holder.kv.mod_revision()),
+                Compare::version(self.k_session(value.session_id), CompareOp::Greater, 0),
+            ])
+            .and_then([
+                TxnOp::put(
+                    self.k_lock(key),
+                    encode(&value)?,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(
+                    self.k_index(value.session_id, key),
+                    Vec::new(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ]);
+        let response = self.client().txn(txn).await.map_err(map_etcd)?;
+        if !response.succeeded() {
+            self.drop_lease(lease);
+            return Err(StoreError::LockLost {
+                stored_token: self.live_token(key).await?,
+            });
+        }
+        self.drop_lease(holder.value.lease);
+        Ok(Self::grant_of(key, token, &value))
+    }
+
+    pub async fn release(&self, key: &str, token: i64) -> StoreResult<()> {
+        let lock = self
+            .client()
+            .get(self.k_lock(key), None)
+            .await
+            .map_err(map_etcd)?;
+        let holder = self.holder(lock.kvs().first(), None).await?;
+        let Some(holder) = holder.filter(|h| h.kv.create_revision() == token) else {
+            return Err(StoreError::LockLost {
+                stored_token: self.live_token(key).await?,
+            });
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.k_lock(key),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([
+                TxnOp::delete(self.k_lock(key), None),
+                TxnOp::delete(self.k_index(holder.value.session_id, key), None),
+            ]);
+        let response = self.client().txn(txn).await.map_err(map_etcd)?;
+        if response.succeeded() {
+            self.drop_lease(holder.value.lease);
+        }
+        if response.succeeded() && holder.live {
+            Ok(())
+        } else {
+            Err(StoreError::LockLost {
+                stored_token: self.live_token(key).await?,
+            })
+        }
+    }
+
+    pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {
+        let reads = self.read(vec![TxnOp::get(self.k_lock(key), None)]).await?;
+        let seen = self
+            .client()
+            .get(self.k_seen(key), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(map_etcd)?
+            .count()
+            > 0;
+        if !seen {
+            return Ok(None);
+        }
+        let waiter_count = self.count_waiters(key).await?;
+        let holder = self.holder(reads[0].first(), None).await?.filter(|h| h.live);
+        Ok(Some(match holder {
+            Some(h) => LockInfo {
+                key: key.to_owned(),
+                held: true,
+                owner_id: Some(h.value.owner_id.clone()),
+                session_id: Some(h.value.session_id),
+                fencing_token: Some(h.kv.create_revision()),
+                acquired_at: Some(millis(h.value.acquired_at_ms)),
+                expires_at: Some(millis(h.value.expires_at_ms)),
+                waiter_count,
+            },
+            None => LockInfo {
+                key: key.to_owned(),
+                held: false,
+                owner_id: None,
+                session_id: None,
+                fencing_token: None,
+                acquired_at: None,
+                expires_at: None,
+                waiter_count,
+            },
+        }))
+    }
+
+    pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
+        let lock_prefix = format!("{}/l/", self.prefix);
+        let reads = self
+            .read(vec![
+                TxnOp::get(lock_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+                TxnOp::get(
+                    format!("{}/s/", self.prefix),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                ),
+            ])
+            .await?;
+        let live_sessions: std::collections::HashSet<String> = reads[1]
+            .iter()
+            .filter_map(|kv| kv.key_str().ok().map(str::to_owned))
+            .collect();
+        let mut items = Vec::new();
+        for kv in &reads[0] {
+            let value: GrantValue = decode(kv)?;
+            if !live_sessions.contains(&self.k_session(value.session_id)) {
+                continue;
+            }
+            let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(&lock_prefix)) else {
+                continue;
+            };
+            items.push(Self::grant_of(key, kv.create_revision(), &value));
+        }
+        let truncated = items.len() as i64 > limit;
+        items.truncate(limit as usize);
+        Ok(HeldLocks { items, truncated })
+    }
+
+    pub async fn revoke(
+        &self,
+        key: &str,
+        expected_token: Option<i64>,
+        operator: &str,
+        reason: &str,
+    ) -> StoreResult<Revocation> {
+        for _ in 0..TXN_ATTEMPTS_MAX {
+            let lock = self
+                .client()
+                .get(self.k_lock(key), None)
+                .await
+                .map_err(map_etcd)?;
+            let Some(holder) = self.holder(lock.kvs().first(), None).await?.filter(|h| h.live) else {
+                return Err(StoreError::NotHeld);
+            };
+            let token = holder.kv.create_revision();
+            if let Some(expected) = expected_token {
+                if expected != token {
+                    return Err(StoreError::FencedOut {
+                        expected,
+                        stored: token,
+                        owner_id: holder.value.owner_id.clone(),
+                    });
+                }
+            }
+            let revocation_id = Uuid::new_v4();
+            let revoked_at_ms = now_ms();
+            let record = RevocationValue {
+                key: key.to_owned(),
+                revoked_token: token,
+                revoked_owner_id: holder.value.owner_id.clone(),
+                operator: operator.to_owned(),
+                reason: reason.to_owned(),
+                revoked_at_ms,
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    self.k_lock(key),
+                    CompareOp::Equal,
+                    token,
+                )])
+                .and_then([
+                    TxnOp::delete(self.k_lock(key), None),
+                    TxnOp::delete(self.k_index(holder.value.session_id, key), None),
+                    TxnOp::put(self.k_revocation(revocation_id), encode(&record)?, None),
+                ]);
+            let response = self.client().txn(txn).await.map_err(map_etcd)?;
+            if !response.succeeded() {
+                continue;
+            }
+            self.drop_lease(holder.value.lease);
+            let floor = response.header().map(|h| h.revision()).unwrap_or_default();
+            return Ok(Revocation {
+                key: key.to_owned(),
+                revoked_token: token,
+                revoked_owner_id: holder.value.owner_id,
+                new_token_floor: floor,
+                revocation_id,
+                operator: operator.to_owned(),
+                reason: reason.to_owned(),
+                revoked_at: millis(revoked_at_ms),
+            });
+        }
+        Err(StoreError::Backend(format!(
+            "revoke of {key} lost {TXN_ATTEMPTS_MAX} races in a row"
+        )))
+    }
+
+    /// Ready when a linearizable read succeeds, which needs a leader and a quorum.
+    pub async fn ready(&self) -> StoreResult<()> {
+        self.client()
+            .get(
+                format!("{}/ready", self.prefix),
+                Some(GetOptions::new().with_count_only()),
+            )
+            .await
+            .map_err(map_etcd)?;
+        Ok(())
+    }
+
+    /// Nothing to sweep: every key that can lapse lives on a lease.
+    pub async fn sweep(&self, _retention_ms: i64) -> StoreResult<u64> {
+        Ok(0)
+    }
+}

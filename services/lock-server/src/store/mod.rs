@@ -1,0 +1,162 @@
+//! The two lock stores. They answer identically (FR-09); only how they keep the state differs.
+
+pub mod etcd;
+pub mod pg;
+
+use chrono::{DateTime, Utc};
+use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    #[error("no such session")]
+    SessionUnknown,
+    #[error("the session expired")]
+    SessionExpired,
+    #[error("the grant is no longer live")]
+    LockLost { stored_token: Option<i64> },
+    #[error("the key is not held")]
+    NotHeld,
+    #[error("expected token {expected} but the live grant has {stored}")]
+    FencedOut {
+        expected: i64,
+        stored: i64,
+        owner_id: String,
+    },
+    #[error("the waiter queue is full")]
+    QueueFull { waiter_count: i64 },
+    /// The backend cannot take writes here: a PostgreSQL replica in recovery or unreachable, an
+    /// etcd cluster without a leader or quorum. Nothing was changed.
+    #[error("the backend is not available for writes: {0}")]
+    NotLeader(String),
+    #[error("backend failure: {0}")]
+    Backend(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Who holds a contended key, for the 409 body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contention {
+    pub holder_owner_id: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub waiter_count: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acquire {
+    Granted(LockGrant),
+    Contended(Contention),
+}
+
+/// A place in a key's FIFO queue.
+#[derive(Debug, Clone)]
+pub struct WaiterTicket {
+    pub id: Uuid,
+    pub key: String,
+    /// etcd: the lease the waiter key lives on.
+    pub lease: Option<i64>,
+}
+
+#[derive(Clone)]
+pub enum Store {
+    Pg(pg::PgStore),
+    Etcd(etcd::EtcdStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            Store::Pg($store) => $call,
+            Store::Etcd($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Store::Pg(_) => "pg",
+            Store::Etcd(_) => "etcd",
+        }
+    }
+
+    pub async fn create_session(&self, owner_id: &str, ttl_ms: i64) -> StoreResult<Session> {
+        dispatch!(self, s => s.create_session(owner_id, ttl_ms).await)
+    }
+
+    pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
+        dispatch!(self, s => s.heartbeat(session_id, owner_id).await)
+    }
+
+    pub async fn end_session(&self, session_id: Uuid, owner_id: &str) -> StoreResult<()> {
+        dispatch!(self, s => s.end_session(session_id, owner_id).await)
+    }
+
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        ttl_ms: i64,
+        ticket: Option<&WaiterTicket>,
+    ) -> StoreResult<Acquire> {
+        dispatch!(self, s => s.try_acquire(key, session_id, owner_id, ttl_ms, ticket).await)
+    }
+
+    pub async fn enqueue(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        deadline_ms: i64,
+        cap: i64,
+    ) -> StoreResult<WaiterTicket> {
+        dispatch!(self, s => s.enqueue(key, session_id, owner_id, deadline_ms, cap).await)
+    }
+
+    pub async fn dequeue(&self, ticket: &WaiterTicket) -> StoreResult<()> {
+        dispatch!(self, s => s.dequeue(ticket).await)
+    }
+
+    pub async fn renew(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        owner_id: &str,
+        token: i64,
+        ttl_ms: Option<i64>,
+    ) -> StoreResult<LockGrant> {
+        dispatch!(self, s => s.renew(key, session_id, owner_id, token, ttl_ms).await)
+    }
+
+    pub async fn release(&self, key: &str, token: i64) -> StoreResult<()> {
+        dispatch!(self, s => s.release(key, token).await)
+    }
+
+    pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {
+        dispatch!(self, s => s.lock_info(key).await)
+    }
+
+    pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
+        dispatch!(self, s => s.held(limit).await)
+    }
+
+    pub async fn revoke(
+        &self,
+        key: &str,
+        expected_token: Option<i64>,
+        operator: &str,
+        reason: &str,
+    ) -> StoreResult<Revocation> {
+        dispatch!(self, s => s.revoke(key, expected_token, operator, reason).await)
+    }
+
+    pub async fn ready(&self) -> StoreResult<()> {
+        dispatch!(self, s => s.ready().await)
+    }
+
+    pub async fn sweep(&self, retention_ms: i64) -> StoreResult<u64> {
+        dispatch!(self, s => s.sweep(retention_ms).await)
+    }
+}
