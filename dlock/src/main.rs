@@ -1,1 +1,99 @@
-fn main() {}
+//! `dlock`: one binary for every part of dlock.
+
+mod dev;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "dlock", version, about = "Fenced payouts: the lock server, the payout services and their local stack")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs one service in the foreground.
+    Serve {
+        #[command(subcommand)]
+        service: Service,
+    },
+    /// The local stack for people and tests.
+    Dev {
+        #[command(subcommand)]
+        command: DevCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum Service {
+    /// The lock server (sessions, leases, fencing tokens).
+    LockServer {
+        /// The configuration file (TOML); every key may be overridden from the environment.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Starts PostgreSQL (and etcd), runs the migrations, starts the services, prints one JSON
+    /// line with their addresses and runs until SIGINT or SIGTERM.
+    Up(dev::UpArgs),
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("DLOCK_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn,hyper=warn"));
+    let json = std::env::var("DLOCK_LOG_FORMAT").map(|f| f != "text").unwrap_or(true);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("dlock: cannot start the async runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve { service } => match service {
+                Service::LockServer { config } => {
+                    let config = dlock_lock_server::LockServerConfig::load(config.as_deref())?;
+                    dlock_lock_server::run(config).await
+                }
+            },
+            Command::Dev { command } => match command {
+                DevCommand::Up(args) => dev::up(args).await,
+            },
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(event = "fatal", error = format!("{error:#}"), "dlock stopped");
+            eprintln!("dlock: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

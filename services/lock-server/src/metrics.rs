@@ -9,19 +9,22 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+// Variant names are the label values, hence lower case.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Backend {
-    Pg,
-    Etcd,
+    pg,
+    etcd,
 }
 
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum AcquireOutcome {
-    Granted,
-    Contended,
-    QueueFull,
-    Timeout,
-    Error,
+    granted,
+    contended,
+    queue_full,
+    timeout,
+    error,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -99,14 +102,14 @@ impl Metrics {
             backend: self.backend,
         };
         match outcome {
-            AcquireOutcome::Contended | AcquireOutcome::QueueFull => {
+            AcquireOutcome::contended | AcquireOutcome::queue_full => {
                 self.contention.get_or_create(&labels).inc();
             }
-            AcquireOutcome::Timeout => {
+            AcquireOutcome::timeout => {
                 self.contention.get_or_create(&labels).inc();
                 self.timeouts.get_or_create(&labels).inc();
             }
-            AcquireOutcome::Granted | AcquireOutcome::Error => {}
+            AcquireOutcome::granted | AcquireOutcome::error => {}
         }
     }
 

@@ -39,8 +39,8 @@ pub struct AppState {
 impl AppState {
     pub fn new(store: Store, config: Arc<LockServerConfig>) -> Self {
         let backend = match store {
-            Store::Pg(_) => Backend::Pg,
-            Store::Etcd(_) => Backend::Etcd,
+            Store::Pg(_) => Backend::pg,
+            Store::Etcd(_) => Backend::etcd,
         };
         Self {
             store,
@@ -316,7 +316,7 @@ async fn acquire(
     let (owner, ttl_ms, wait_ms) = (present(owner)?, present(ttl_ms)?, present(wait_ms)?);
     let outcome = acquire_waiting(&state, &key, body.session_id, &owner, ttl_ms, wait_ms).await;
     let label = match &outcome {
-        Ok(_) => AcquireOutcome::Granted,
+        Ok(_) => AcquireOutcome::granted,
         Err((label, _)) => *label,
     };
     state
@@ -346,8 +346,8 @@ async fn acquire_waiting(
     let store = &state.store;
     let fail = |e: StoreError| {
         let label = match e {
-            StoreError::QueueFull { .. } => AcquireOutcome::QueueFull,
-            _ => AcquireOutcome::Error,
+            StoreError::QueueFull { .. } => AcquireOutcome::queue_full,
+            _ => AcquireOutcome::error,
         };
         let mut error = store_error(e, Some(key));
         if error.code == ErrorCode::ContentionExceeded {
@@ -362,7 +362,7 @@ async fn acquire_waiting(
     match first {
         Acquire::Granted(grant) => return Ok(grant),
         Acquire::Contended(c) if wait_ms == 0 => {
-            return Err((AcquireOutcome::Contended, contended(state, key, c)));
+            return Err((AcquireOutcome::contended, contended(state, key, c)));
         }
         Acquire::Contended(_) => {}
     }
@@ -385,7 +385,7 @@ async fn acquire_waiting(
             Ok(Acquire::Granted(grant)) => break Ok(grant),
             Ok(Acquire::Contended(c)) => {
                 if Instant::now() >= deadline {
-                    break Err((AcquireOutcome::Timeout, contended(state, key, c)));
+                    break Err((AcquireOutcome::timeout, contended(state, key, c)));
                 }
             }
             Err(e) => break Err(fail(e)),

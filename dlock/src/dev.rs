@@ -1,0 +1,200 @@
+//! `dlock dev up`: the whole stack on one machine, for people and tests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use dlock_devstack::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use serde::Serialize;
+
+/// The one line `dev up` prints on stdout, in the documented field order.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UpLine {
+    lock_server: String,
+    payment_resource: Option<String>,
+    rail_proxy: Option<String>,
+    rail_stub: Option<String>,
+    backend: &'static str,
+    pids: Pids,
+    paydb: String,
+    lockdb: String,
+    etcd: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Pids {
+    lock_server: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payment_resource: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rail_proxy: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rail_stub: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Pg,
+    Etcd,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// The lock server's backend.
+    #[arg(long, value_enum, default_value = "pg")]
+    pub backend: BackendArg,
+    /// The rail stub's fixed delay before answering, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub rail_latency_ms: u64,
+    /// The share of rail calls that fail (5xx or a dropped connection), 0 to 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub rail_failure_rate: f64,
+    /// The share of repeated clientRefs the rail accepts again under a new reference, 0 to 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub rail_duplicate_ack_rate: f64,
+    /// The rail proxy's read timeout towards the rail, in milliseconds.
+    #[arg(long, default_value_t = 8_000)]
+    pub rail_read_timeout_ms: u64,
+    /// Keep the databases and logs here (and reuse them next time) instead of a temp dir.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+struct Stack {
+    // Field order is drop order: services first, then the stores they use.
+    services: Vec<ManagedChild>,
+    etcd: Option<EtcdServer>,
+    pg: PgServer,
+    _temp: Option<tempfile::TempDir>,
+}
+
+fn write_config(path: &Path, lines: &[(&str, String)]) -> Result<()> {
+    let mut text = String::from("# written by `dlock dev up`\n");
+    for (key, value) in lines {
+        text.push_str(&format!("\"{key}\" = {value}\n"));
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+fn start_service(
+    name: &str,
+    dir: &Path,
+    config: &[(&str, String)],
+    listen: SocketAddr,
+) -> Result<ManagedChild> {
+    let exe = std::env::current_exe().context("locating the dlock binary")?;
+    let config_path = dir.join(format!("{name}.toml"));
+    write_config(&config_path, config)?;
+    let log = dir.join("logs").join(format!("{name}.log"));
+    let args = vec![
+        "serve".to_owned(),
+        name.to_owned(),
+        "--config".to_owned(),
+        config_path.display().to_string(),
+    ];
+    let mut child = spawn_logged(name, &exe, &args, &[], Some(&log))?;
+    let ready = wait_until(name, Duration::from_secs(60), || {
+        !child.exited() && http_status(listen, "/readyz") == Some(200)
+    });
+    if ready.is_err() {
+        let tail = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+        bail!(
+            "{name} did not become ready on {listen}; last log lines ({}):\n{}",
+            log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(child)
+}
+
+pub async fn up(args: UpArgs) -> Result<()> {
+    for (name, rate) in [
+        ("--rail-failure-rate", args.rail_failure_rate),
+        ("--rail-duplicate-ack-rate", args.rail_duplicate_ack_rate),
+    ] {
+        if !(0.0..=1.0).contains(&rate) {
+            bail!("{name} must be between 0 and 1, got {rate}");
+        }
+    }
+    let stack = tokio::task::spawn_blocking(move || start_stack(&args)).await??;
+    let (stack, line) = stack;
+    println!("{line}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    eprintln!("dlock dev up: the stack is running; stop it with Ctrl-C (SIGINT) or SIGTERM");
+    dlock_contract::http::shutdown_signal().await;
+    eprintln!("dlock dev up: stopping");
+    tokio::task::spawn_blocking(move || drop(stack)).await?;
+    Ok(())
+}
+
+fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
+    let (temp, dir) = match &args.data_dir {
+        Some(dir) => (None, dir.clone()),
+        None => {
+            let temp = tempfile::Builder::new().prefix("dlock-dev-").tempdir()?;
+            let path = temp.path().to_path_buf();
+            (Some(temp), path)
+        }
+    };
+    std::fs::create_dir_all(dir.join("logs"))?;
+    eprintln!("dlock dev up: data and logs in {}", dir.display());
+    let pg = PgServer::start(Some(&dir.join("postgres")))?;
+    pg.create_database("lockdb")?;
+    pg.create_database("paydb")?;
+    let etcd = match args.backend {
+        BackendArg::Etcd => Some(EtcdServer::start(Some(&dir.join("etcd")))?),
+        BackendArg::Pg => None,
+    };
+    let mut stack = Stack {
+        services: Vec::new(),
+        etcd,
+        pg,
+        _temp: temp,
+    };
+    let lock_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let mut lock_config = vec![("server.listen", quoted(&lock_listen.to_string()))];
+    match &stack.etcd {
+        Some(etcd) => {
+            lock_config.push(("lock.backend", quoted("etcd")));
+            lock_config.push(("lock.etcd.endpoints", format!("[{}]", quoted(&etcd.endpoint()))));
+        }
+        None => {
+            lock_config.push(("lock.backend", quoted("pg")));
+            lock_config.push(("lock.pg.url", quoted(&stack.pg.url("lockdb"))));
+        }
+    }
+    let lock_server = start_service("lock-server", &dir, &lock_config, lock_listen)?;
+    let lock_pid = lock_server.pid();
+    stack.services.push(lock_server);
+    let line = UpLine {
+        lock_server: format!("http://{lock_listen}"),
+        payment_resource: None,
+        rail_proxy: None,
+        rail_stub: None,
+        backend: match args.backend {
+            BackendArg::Pg => "pg",
+            BackendArg::Etcd => "etcd",
+        },
+        pids: Pids {
+            lock_server: lock_pid,
+            payment_resource: None,
+            rail_proxy: None,
+            rail_stub: None,
+        },
+        paydb: stack.pg.url("paydb"),
+        lockdb: stack.pg.url("lockdb"),
+        etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
+    };
+    let line = serde_json::to_string(&line)?;
+    Ok((stack, line))
+}
