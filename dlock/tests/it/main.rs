@@ -1,1 +1,8 @@
+//! dlock's integration tests: real PostgreSQL, real etcd and real HTTP, started by the harness.
 
+mod bad_input;
+mod conformance;
+mod crash;
+mod exclusion;
+mod expiry;
+mod harness;

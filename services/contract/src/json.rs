@@ -51,6 +51,10 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         bytes
     };
+    // Every body of the contract is an object; serde would otherwise read `[]` as a struct.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::field("body", "must be a JSON object"));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut deserializer)
         .map_err(|e| ApiError::validation(vec![field_error(e.path(), e.inner())]))?;

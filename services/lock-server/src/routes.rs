@@ -647,7 +647,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             tracing::warn!(event = "not_ready", %error, "backend check failed");
             ApiError::new(
                 ErrorCode::NotLeader,
-                format!("the {} backend is not ready for writes", state.store.backend_name()),
+                "the backend is not ready for writes; this replica should not receive traffic",
             )
             .into_response()
         }

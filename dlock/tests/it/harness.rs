@@ -1,0 +1,188 @@
+//! Starts what a test needs: a throwaway PostgreSQL or etcd, and lock servers on it, either in
+//! this process (on a real port) or as real `dlock` processes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use dlock_contract::client::LockClient;
+use dlock_contract::config::RawConfig;
+use dlock_devstack::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Pg,
+    Etcd,
+}
+
+pub const BOTH: [Backend; 2] = [Backend::Pg, Backend::Etcd];
+
+pub struct LockStack {
+    pub backend: Backend,
+    pub pg: Option<PgServer>,
+    pub etcd: Option<EtcdServer>,
+    pub extra: Vec<(String, String)>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for LockStack {
+    fn drop(&mut self) {
+        for server in &self.servers {
+            server.abort();
+        }
+    }
+}
+
+impl LockStack {
+    /// A backend with the given extra configuration (keys without the `DLOCK_` prefix).
+    pub fn backend(backend: Backend, extra: &[(&str, &str)]) -> Self {
+        let (pg, etcd) = match backend {
+            Backend::Pg => {
+                let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+                pg.create_database("lockdb")
+                    .unwrap_or_else(|e| panic!("create lockdb: {e:#}"));
+                (Some(pg), None)
+            }
+            Backend::Etcd => (
+                None,
+                Some(EtcdServer::start(None).unwrap_or_else(|e| panic!("etcd: {e:#}"))),
+            ),
+        };
+        Self {
+            backend,
+            pg,
+            etcd,
+            extra: extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            servers: Vec::new(),
+        }
+    }
+
+    /// The configuration of a lock server on this backend, as environment variables.
+    pub fn env(&self, listen: SocketAddr) -> Vec<(String, String)> {
+        let mut pairs = vec![("server.listen".to_owned(), listen.to_string())];
+        match self.backend {
+            Backend::Pg => {
+                pairs.push(("lock.backend".into(), "pg".into()));
+                let url = self.pg.as_ref().map(|p| p.url("lockdb")).unwrap_or_default();
+                pairs.push(("lock.pg.url".into(), url));
+                pairs.push(("lock.pg.acquire-timeout-ms".into(), "1000".into()));
+            }
+            Backend::Etcd => {
+                pairs.push(("lock.backend".into(), "etcd".into()));
+                let endpoint = self.etcd.as_ref().map(EtcdServer::endpoint).unwrap_or_default();
+                pairs.push(("lock.etcd.endpoints".into(), endpoint));
+                pairs.push(("lock.etcd.request-timeout-ms".into(), "1500".into()));
+                pairs.push(("lock.etcd.connect-timeout-ms".into(), "500".into()));
+            }
+        }
+        pairs.extend(self.extra.iter().cloned());
+        pairs
+            .into_iter()
+            .map(|(k, v)| (dlock_contract::config::env_name(&k), v))
+            .collect()
+    }
+
+    pub fn config(&self, listen: SocketAddr) -> LockServerConfig {
+        let env: BTreeMap<String, String> = self.env(listen).into_iter().collect();
+        let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+        LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts one more lock-server replica in this process on a real port; returns its URL.
+    pub async fn serve(&mut self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let config = self.config(addr);
+        let store = open_store(&config)
+            .await
+            .unwrap_or_else(|e| panic!("open store: {e:#}"));
+        let state = AppState::new(store, std::sync::Arc::new(config));
+        self.servers.push(tokio::spawn(async move {
+            let _ = dlock_contract::http::serve(listener, app(state), std::future::pending()).await;
+        }));
+        format!("http://{addr}")
+    }
+
+    /// Starts a lock server as a real `dlock serve lock-server` process on `port`.
+    pub fn spawn_process(&self, port: u16, log: &std::path::Path) -> ManagedChild {
+        let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
+        let args = vec!["serve".to_owned(), "lock-server".to_owned()];
+        let mut child = spawn_logged("lock-server", &exe, &args, &self.env(listen), Some(log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        wait_until("lock server process", Duration::from_secs(30), || {
+            !child.exited() && http_status(listen, "/readyz") == Some(200)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        });
+        child
+    }
+}
+
+pub fn client(url: &str, owner: &str) -> LockClient {
+    LockClient::new(url, owner).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn port() -> u16 {
+    free_port().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A raw HTTP request, for the tests that must see exactly what went over the wire.
+pub async fn raw(
+    method: reqwest::Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String, serde_json::Value) {
+    let http = reqwest::Client::new();
+    let mut request = http.request(method, url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request.body(body.to_owned());
+    }
+    let response = request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = response.text().await.unwrap_or_default();
+    let json = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {text}"))
+    };
+    (status, content_type, json)
+}
+
+/// Polls `probe` until it returns `Some`, failing the test after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("{what} did not happen within {} ms", timeout.as_millis());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
