@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use dlock_devstack::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{
+    EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
+};
 use serde::Serialize;
 
 /// The one line `dev up` prints on stdout, in the documented field order.
@@ -166,7 +168,10 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
     match &stack.etcd {
         Some(etcd) => {
             lock_config.push(("lock.backend", quoted("etcd")));
-            lock_config.push(("lock.etcd.endpoints", format!("[{}]", quoted(&etcd.endpoint()))));
+            lock_config.push((
+                "lock.etcd.endpoints",
+                format!("[{}]", quoted(&etcd.endpoint())),
+            ));
         }
         None => {
             lock_config.push(("lock.backend", quoted("pg")));

@@ -7,7 +7,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "dlock", version, about = "Fenced payouts: the lock server, the payout services and their local stack")]
+#[command(
+    name = "dlock",
+    version,
+    about = "Fenced payouts: the lock server, the payout services and their local stack"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -49,7 +53,9 @@ fn init_logging() {
     let filter = EnvFilter::try_from_env("DLOCK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn,hyper=warn"));
-    let json = std::env::var("DLOCK_LOG_FORMAT").map(|f| f != "text").unwrap_or(true);
+    let json = std::env::var("DLOCK_LOG_FORMAT")
+        .map(|f| f != "text")
+        .unwrap_or(true);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -68,7 +74,10 @@ fn init_logging() {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("dlock: cannot start the async runtime: {error}");
@@ -91,7 +100,11 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(event = "fatal", error = format!("{error:#}"), "dlock stopped");
+            tracing::error!(
+                event = "fatal",
+                error = format!("{error:#}"),
+                "dlock stopped"
+            );
             eprintln!("dlock: {error:#}");
             std::process::ExitCode::FAILURE
         }

@@ -25,7 +25,10 @@ async fn run(backend: Backend) {
 
     // Grants that must survive every crash, on a long session.
     let keeper = client(&url, "keeper");
-    let keep_session = keeper.create_session(Some(60_000)).await.unwrap_or_else(|e| panic!("{e}"));
+    let keep_session = keeper
+        .create_session(Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut kept = BTreeMap::new();
     for i in 0..5 {
         let key = format!("crash:kept-{i}");
@@ -44,8 +47,13 @@ async fn run(backend: Backend) {
     let epoch = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for w in 0..WORKERS {
-        let (url, stop, cycles, tokens, epoch) =
-            (url.clone(), stop.clone(), cycles.clone(), tokens.clone(), epoch.clone());
+        let (url, stop, cycles, tokens, epoch) = (
+            url.clone(),
+            stop.clone(),
+            cycles.clone(),
+            tokens.clone(),
+            epoch.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let lock = client(&url, &format!("crash-worker-{w}"));
             let mut session = None;
@@ -66,14 +74,23 @@ async fn run(backend: Backend) {
                 let key = format!("crash:work-{}", w % 4);
                 match lock.acquire(&key, sid, Some(10_000), Some(2_000)).await {
                     Ok(grant) => {
-                        tokens.lock().await.push((epoch.load(Ordering::SeqCst), grant.fencing_token));
+                        tokens
+                            .lock()
+                            .await
+                            .push((epoch.load(Ordering::SeqCst), grant.fencing_token));
                         let _ = lock.release(&key, sid, grant.fencing_token).await;
                         cycles.fetch_add(1, Ordering::SeqCst);
                     }
                     Err(ClientError::Api { body, .. })
-                        if matches!(body.code, ErrorCode::LockContended | ErrorCode::ContentionExceeded) => {}
+                        if matches!(
+                            body.code,
+                            ErrorCode::LockContended | ErrorCode::ContentionExceeded
+                        ) => {}
                     Err(ClientError::Api { body, .. })
-                        if matches!(body.code, ErrorCode::SessionUnknown | ErrorCode::SessionExpired) =>
+                        if matches!(
+                            body.code,
+                            ErrorCode::SessionUnknown | ErrorCode::SessionExpired
+                        ) =>
                     {
                         session = None;
                     }
@@ -92,7 +109,13 @@ async fn run(backend: Backend) {
         })
         .await;
         process.kill();
-        let before = tokens.lock().await.iter().map(|(_, t)| *t).max().unwrap_or(0);
+        let before = tokens
+            .lock()
+            .await
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(0);
         highest_before_kill.store(before, Ordering::SeqCst);
         epoch.store(kill + 1, Ordering::SeqCst);
         process = stack.spawn_process(port, &log);
@@ -100,7 +123,11 @@ async fn run(backend: Backend) {
         for (key, token) in &kept {
             let info = keeper.get(key).await.unwrap_or_else(|e| panic!("{e}"));
             assert!(info.held, "{backend:?}: {key} was lost in the crash");
-            assert_eq!(info.fencing_token, Some(*token), "{backend:?}: {key} changed token");
+            assert_eq!(
+                info.fencing_token,
+                Some(*token),
+                "{backend:?}: {key} changed token"
+            );
             let renewed = keeper
                 .renew(key, keep_session.session_id, *token, None)
                 .await
@@ -115,7 +142,10 @@ async fn run(backend: Backend) {
         .await;
         let tokens = tokens.lock().await;
         for (e, t) in tokens.iter().filter(|(e, _)| *e == kill + 1) {
-            assert!(*t > before, "{backend:?}: after restart {e} token {t} is not above {before}");
+            assert!(
+                *t > before,
+                "{backend:?}: after restart {e} token {t} is not above {before}"
+            );
         }
     }
     stop.store(true, Ordering::SeqCst);

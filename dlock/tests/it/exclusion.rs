@@ -65,24 +65,54 @@ fn the_checker_catches_overlap_and_reordered_tokens() {
     let overlap = BTreeMap::from([(
         "k".to_owned(),
         vec![
-            Held { token: 1, client: 0, granted: at(0), released: at(10) },
-            Held { token: 2, client: 1, granted: at(5), released: at(20) },
+            Held {
+                token: 1,
+                client: 0,
+                granted: at(0),
+                released: at(10),
+            },
+            Held {
+                token: 2,
+                client: 1,
+                granted: at(5),
+                released: at(20),
+            },
         ],
     )]);
     assert!(check(&overlap).is_err());
     let reordered = BTreeMap::from([(
         "k".to_owned(),
         vec![
-            Held { token: 5, client: 0, granted: at(0), released: at(10) },
-            Held { token: 3, client: 1, granted: at(11), released: at(20) },
+            Held {
+                token: 5,
+                client: 0,
+                granted: at(0),
+                released: at(10),
+            },
+            Held {
+                token: 3,
+                client: 1,
+                granted: at(11),
+                released: at(20),
+            },
         ],
     )]);
     assert!(check(&reordered).is_err());
     let fine = BTreeMap::from([(
         "k".to_owned(),
         vec![
-            Held { token: 3, client: 0, granted: at(0), released: at(10) },
-            Held { token: 5, client: 1, granted: at(10), released: at(20) },
+            Held {
+                token: 3,
+                client: 0,
+                granted: at(0),
+                released: at(10),
+            },
+            Held {
+                token: 5,
+                client: 1,
+                granted: at(10),
+                released: at(20),
+            },
         ],
     )]);
     assert_eq!(check(&fine), Ok(2));
@@ -109,7 +139,10 @@ async fn run(backend: Backend) {
                 let key = format!("exclusion:{}", (c + attempt) % KEYS);
                 // Half the clients wait server-side, half try and back off.
                 let wait = if c % 2 == 0 { Some(5_000) } else { None };
-                let grant = match lock.acquire(&key, session.session_id, Some(10_000), wait).await {
+                let grant = match lock
+                    .acquire(&key, session.session_id, Some(10_000), wait)
+                    .await
+                {
                     Ok(grant) => grant,
                     Err(e) if e.code() == Some(ErrorCode::LockContended) => {
                         tokio::time::sleep(Duration::from_millis(1 + (attempt % 3) as u64)).await;
@@ -137,7 +170,9 @@ async fn run(backend: Backend) {
                 });
                 done += 1;
             }
-            lock.end_session(session.session_id).await.unwrap_or_else(|e| panic!("{e}"));
+            lock.end_session(session.session_id)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
         }));
     }
     for task in tasks {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use dlock_contract::client::LockClient;
 use dlock_contract::config::RawConfig;
-use dlock_devstack::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{
+    EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
+};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,13 +69,21 @@ impl LockStack {
         match self.backend {
             Backend::Pg => {
                 pairs.push(("lock.backend".into(), "pg".into()));
-                let url = self.pg.as_ref().map(|p| p.url("lockdb")).unwrap_or_default();
+                let url = self
+                    .pg
+                    .as_ref()
+                    .map(|p| p.url("lockdb"))
+                    .unwrap_or_default();
                 pairs.push(("lock.pg.url".into(), url));
                 pairs.push(("lock.pg.acquire-timeout-ms".into(), "1000".into()));
             }
             Backend::Etcd => {
                 pairs.push(("lock.backend".into(), "etcd".into()));
-                let endpoint = self.etcd.as_ref().map(EtcdServer::endpoint).unwrap_or_default();
+                let endpoint = self
+                    .etcd
+                    .as_ref()
+                    .map(EtcdServer::endpoint)
+                    .unwrap_or_default();
                 pairs.push(("lock.etcd.endpoints".into(), endpoint));
                 pairs.push(("lock.etcd.request-timeout-ms".into(), "1500".into()));
                 pairs.push(("lock.etcd.connect-timeout-ms".into(), "500".into()));
@@ -152,7 +162,10 @@ pub async fn raw(
     if let Some(body) = body {
         request = request.body(body.to_owned());
     }
-    let response = request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
     let status = response.status().as_u16();
     let content_type = response
         .headers()
@@ -164,7 +177,8 @@ pub async fn raw(
     let json = if text.is_empty() {
         serde_json::Value::Null
     } else {
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {text}"))
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {text}"))
     };
     (status, content_type, json)
 }

@@ -255,7 +255,12 @@ impl LockClient {
     }
 
     /// L6: compare-and-delete on (key, token).
-    pub async fn release(&self, key: &str, session_id: Uuid, token: i64) -> Result<(), ClientError> {
+    pub async fn release(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+    ) -> Result<(), ClientError> {
         let path = format!("/v1/locks/{key}");
         let (url, req) = self.request(Method::DELETE, &path, WRITE_TIMEOUT);
         let req = req.header(headers::FENCING_TOKEN, token.to_string());

@@ -323,10 +323,16 @@ mod tests {
 
     #[test]
     fn nested_and_flat_keys_read_alike_and_env_overrides() {
-        let mut c = config("\"lock.default.ttl\" = 7000\n[lock.session]\nttl = 5000\n", &[]);
+        let mut c = config(
+            "\"lock.default.ttl\" = 7000\n[lock.session]\nttl = 5000\n",
+            &[],
+        );
         assert_eq!(c.integer("lock.session.ttl", 1, 1..=60_000), Ok(5000));
         assert_eq!(c.integer("lock.default.ttl", 1, 1..=60_000), Ok(7000));
-        let mut c = config("[lock.session]\nttl = 5000\n", &[("DLOCK_LOCK_SESSION_TTL", "9000")]);
+        let mut c = config(
+            "[lock.session]\nttl = 5000\n",
+            &[("DLOCK_LOCK_SESSION_TTL", "9000")],
+        );
         assert_eq!(c.integer("lock.session.ttl", 1, 1..=60_000), Ok(9000));
     }
 
@@ -337,7 +343,10 @@ mod tests {
         assert_eq!(err.map(|e| e.key), Some("lock.session.ttl".to_owned()));
         let mut c = config("[lock]\nbakend = \"pg\"\n", &[]);
         let _ = c.string("lock.backend", "pg");
-        assert_eq!(c.finish().err().map(|e| e.key), Some("lock.bakend".to_owned()));
+        assert_eq!(
+            c.finish().err().map(|e| e.key),
+            Some("lock.bakend".to_owned())
+        );
         let mut c = config("", &[("DLOCK_LOCK_BACKEND", "redis")]);
         let err = c.choice("lock.backend", "pg", &["pg", "etcd"]).err();
         assert!(err.is_some_and(|e| e.to_string().contains("DLOCK_LOCK_BACKEND")));

@@ -182,9 +182,7 @@ impl ApiError {
             code,
             status: code.status(),
             message: message.into(),
-            retry_after_millis: code
-                .carries_retry_after()
-                .then_some(DEFAULT_RETRY_AFTER_MS),
+            retry_after_millis: code.carries_retry_after().then_some(DEFAULT_RETRY_AFTER_MS),
             details: None,
         }
     }
@@ -262,7 +260,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}): {}", self.code, self.status.as_u16(), self.message)
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code,
+            self.status.as_u16(),
+            self.message
+        )
     }
 }
 

@@ -84,7 +84,10 @@ pub fn check_owner_id(field: &str, owner: &str) -> Result<(), FieldError> {
         ));
     }
     if owner.chars().any(char::is_control) {
-        return Err(FieldError::new(field, "must not contain control characters"));
+        return Err(FieldError::new(
+            field,
+            "must not contain control characters",
+        ));
     }
     Ok(())
 }

@@ -41,19 +41,26 @@ pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(bytes) => (
             status,
-            [(header::CONTENT_TYPE, HeaderValue::from_static(JSON_CONTENT_TYPE))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(JSON_CONTENT_TYPE),
+            )],
             bytes,
         )
             .into_response(),
-        Err(error) => ApiError::internal(format!("response did not serialize: {error}"))
-            .into_response(),
+        Err(error) => {
+            ApiError::internal(format!("response did not serialize: {error}")).into_response()
+        }
     }
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         ErrorCode::NotFound,
-        format!("no route for {method} {}; see the API reference for the paths this service serves", uri.path()),
+        format!(
+            "no route for {method} {}; see the API reference for the paths this service serves",
+            uri.path()
+        ),
     )
 }
 
@@ -103,7 +110,9 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.body_bytes_max))
-        .layer(middleware::from_fn(move |req, next| deadline(timeout, req, next)))
+        .layer(middleware::from_fn(move |req, next| {
+            deadline(timeout, req, next)
+        }))
         .layer(middleware::from_fn(json_content_type))
         .layer(middleware::from_fn(crate::trace::middleware))
 }

@@ -85,13 +85,15 @@ where
                 ));
             }
         }
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::field("body", "is larger than this service accepts")
-            } else {
-                ApiError::field("body", format!("could not be read: {rejection}"))
-            }
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::field("body", "is larger than this service accepts")
+                } else {
+                    ApiError::field("body", format!("could not be read: {rejection}"))
+                }
+            })?;
         parse_body(&bytes).map(Json)
     }
 }
@@ -143,8 +145,14 @@ mod tests {
         assert_eq!(fields(r#"{}"#), vec!["ttlMillis"]);
         assert_eq!(fields(""), vec!["ttlMillis"]);
         assert_eq!(fields(r#"{"ttlMillis": 5, "extra": 1}"#), vec!["extra"]);
-        assert_eq!(fields(r#"{"ttlMillis": 5, "inner": {"n": 300}}"#), vec!["inner.n"]);
-        assert_eq!(fields(r#"{"ttlMillis": 5, "inner": {"m": 3}}"#), vec!["inner.m"]);
+        assert_eq!(
+            fields(r#"{"ttlMillis": 5, "inner": {"n": 300}}"#),
+            vec!["inner.n"]
+        );
+        assert_eq!(
+            fields(r#"{"ttlMillis": 5, "inner": {"m": 3}}"#),
+            vec!["inner.m"]
+        );
         assert_eq!(fields("{not json"), vec!["body"]);
         assert_eq!(fields(r#"{"ttlMillis": 5} x"#), vec!["body"]);
         assert_eq!(fields("[]"), vec!["body"]);

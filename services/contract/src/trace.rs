@@ -34,7 +34,8 @@ pub fn new_span_id() -> String {
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len
-        && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         && s.bytes().any(|b| b != b'0')
 }
 
@@ -66,9 +67,7 @@ pub fn current_trace_id() -> String {
 
 /// A `traceparent` for an outgoing call: the current trace, a new span.
 pub fn outgoing_traceparent(trace_id: Option<&str>) -> String {
-    let trace_id = trace_id
-        .map(str::to_owned)
-        .unwrap_or_else(current_trace_id);
+    let trace_id = trace_id.map(str::to_owned).unwrap_or_else(current_trace_id);
     format!("00-{trace_id}-{}-01", new_span_id())
 }
 

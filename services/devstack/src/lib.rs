@@ -34,7 +34,10 @@ pub fn wait_until(what: &str, timeout: Duration, mut probe: impl FnMut() -> bool
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_millis(100));
     }
-    bail!("{what} did not become ready within {} ms", timeout.as_millis())
+    bail!(
+        "{what} did not become ready within {} ms",
+        timeout.as_millis()
+    )
 }
 
 /// The status code of a plain `GET` on loopback, without an HTTP client (or `None`).
@@ -49,7 +52,9 @@ pub fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
 }
 
 fn running_as_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 fn postgres_ids() -> Result<(u32, u32)> {
@@ -64,7 +69,12 @@ fn pg_command(bin: &Path) -> Command {
     if running_as_root() {
         let mut command = Command::new("setpriv");
         command
-            .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
             .arg(bin);
         command
     } else {
@@ -96,10 +106,9 @@ pub fn pg_bin_dir() -> Result<PathBuf> {
         })
         .collect();
     versions.sort();
-    versions
-        .pop()
-        .map(|(_, bin)| bin)
-        .ok_or_else(|| anyhow!("no PostgreSQL server binaries under /usr/lib/postgresql; set DLOCK_PG_BIN"))
+    versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        anyhow!("no PostgreSQL server binaries under /usr/lib/postgresql; set DLOCK_PG_BIN")
+    })
 }
 
 /// A child process that is stopped (SIGTERM, then SIGKILL) when dropped.
@@ -121,8 +130,11 @@ impl ManagedChild {
     }
 
     pub fn signal(&self, signal: Signal) -> Result<()> {
-        let pid = self.pid().ok_or_else(|| anyhow!("{} is not running", self.name))?;
-        kill(Pid::from_raw(pid as i32), signal).with_context(|| format!("signal {signal} to {}", self.name))
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow!("{} is not running", self.name))?;
+        kill(Pid::from_raw(pid as i32), signal)
+            .with_context(|| format!("signal {signal} to {}", self.name))
     }
 
     /// Whether the process has exited (and reaps it if so).
@@ -202,7 +214,17 @@ fn pg_template(bin: &Path) -> Result<PathBuf> {
     chown_for_postgres(&staging)?;
     let staged = staging.join("data");
     let output = pg_command(&bin.join("initdb"))
-        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "-D"])
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "-D",
+        ])
         .arg(&staged)
         .output()
         .context("running initdb")?;
@@ -268,7 +290,10 @@ impl PgServer {
                 .status()
                 .context("copying the PostgreSQL template")?;
             if !status.success() {
-                bail!("copying the PostgreSQL template into {} failed", data.display());
+                bail!(
+                    "copying the PostgreSQL template into {} failed",
+                    data.display()
+                );
             }
         }
         let mut server = Self {
@@ -294,13 +319,18 @@ impl PgServer {
             .args(["-p", &self.port.to_string(), "-k"])
             .arg(&socket_dir)
             .args([
-                "-c", "listen_addresses=127.0.0.1",
-                "-c", "max_connections=300",
-                "-c", "shared_buffers=128MB",
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=128MB",
                 // A throwaway server: an fsync protects against a machine crash, which would
                 // take the test with it. A killed process loses nothing without it.
-                "-c", "fsync=off",
-                "-c", "full_page_writes=off",
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
             ])
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -312,7 +342,15 @@ impl PgServer {
         let bin = self.bin.clone();
         wait_until("PostgreSQL", Duration::from_secs(30), || {
             Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .args([
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false)
@@ -331,12 +369,33 @@ impl PgServer {
     /// Runs one SQL statement with psql as the superuser.
     pub fn psql(&self, database: &str, sql: &str) -> Result<String> {
         let output = Command::new(self.bin.join("psql"))
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", database, "-c", sql])
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+            ])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-c",
+                sql,
+            ])
             .output()
             .context("running psql")?;
         if !output.status.success() {
-            bail!("psql failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+            bail!(
+                "psql failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
         }
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
@@ -431,8 +490,18 @@ impl EtcdServer {
         let child = Command::new(etcd_bin())
             .args(["--name", "dlock-dev", "--data-dir"])
             .arg(self.dir.join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &format!("dlock-dev={peer}")])
             .args(["--logger", "zap", "--log-level", "warn"])
             .stdin(Stdio::null())

@@ -69,7 +69,8 @@ impl LockServerConfig {
         })?;
         let backend = match raw.choice("lock.backend", "pg", &["pg", "etcd"])?.as_str() {
             "etcd" => {
-                let endpoints = raw.string_list("lock.etcd.endpoints", &["http://127.0.0.1:2379"])?;
+                let endpoints =
+                    raw.string_list("lock.etcd.endpoints", &["http://127.0.0.1:2379"])?;
                 if endpoints.is_empty() {
                     return Err(ConfigError {
                         key: "lock.etcd.endpoints".into(),
@@ -80,12 +81,16 @@ impl LockServerConfig {
                 BackendSettings::Etcd(EtcdSettings {
                     endpoints,
                     prefix: raw.string("lock.etcd.prefix", "/dlock")?,
-                    connect_timeout: Duration::from_millis(
-                        raw.integer("lock.etcd.connect-timeout-ms", 2_000, 100..=60_000)? as u64,
-                    ),
-                    request_timeout: Duration::from_millis(
-                        raw.integer("lock.etcd.request-timeout-ms", 5_000, 100..=60_000)? as u64,
-                    ),
+                    connect_timeout: Duration::from_millis(raw.integer(
+                        "lock.etcd.connect-timeout-ms",
+                        2_000,
+                        100..=60_000,
+                    )? as u64),
+                    request_timeout: Duration::from_millis(raw.integer(
+                        "lock.etcd.request-timeout-ms",
+                        5_000,
+                        100..=60_000,
+                    )? as u64),
                 })
             }
             _ => {
@@ -97,9 +102,11 @@ impl LockServerConfig {
                 BackendSettings::Pg(PgSettings {
                     url,
                     pool_max: raw.integer("lock.pg.pool-max", 16, 1..=512)? as u32,
-                    acquire_timeout: Duration::from_millis(
-                        raw.integer("lock.pg.acquire-timeout-ms", 2_000, 50..=60_000)? as u64,
-                    ),
+                    acquire_timeout: Duration::from_millis(raw.integer(
+                        "lock.pg.acquire-timeout-ms",
+                        2_000,
+                        50..=60_000,
+                    )? as u64),
                     migrate: raw.boolean("lock.pg.migrate", true)?,
                 })
             }

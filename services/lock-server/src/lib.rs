@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-pub use config::LockServerConfig;
 use config::BackendSettings;
+pub use config::LockServerConfig;
 pub use routes::{AppState, app};
 pub use store::Store;
 
@@ -47,9 +47,13 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         backend = config.backend_name(),
         "lock server is serving"
     );
-    dlock_contract::http::serve(listener, app(state), dlock_contract::http::shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    dlock_contract::http::serve(
+        listener,
+        app(state),
+        dlock_contract::http::shutdown_signal(),
+    )
+    .await
+    .context("the HTTP server failed")?;
     sweeper.abort();
     tracing::info!(event = "lock_server_stopped", "lock server stopped");
     Ok(())

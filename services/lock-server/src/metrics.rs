@@ -55,9 +55,10 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     pub fn new(backend: Backend) -> Arc<Self> {
         let mut registry = Registry::default();
-        let acquire_latency = Family::<AcquireLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram,
-        );
+        let acquire_latency =
+            Family::<AcquireLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
         let contention = Family::<BackendLabels, Counter>::default();
         let timeouts = Family::<BackendLabels, Counter>::default();
         let revocations = Family::<BackendLabels, Counter>::default();

@@ -66,7 +66,10 @@ pub fn app(state: AppState) -> Router {
     let routes = Router::new()
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
-        .route("/v1/sessions/{session_id}", axum::routing::delete(end_session))
+        .route(
+            "/v1/sessions/{session_id}",
+            axum::routing::delete(end_session),
+        )
         .route("/v1/locks", get(held_locks))
         .route("/v1/locks/{key}/acquire", post(acquire))
         .route("/v1/locks/{key}/renew", post(renew))
@@ -198,7 +201,9 @@ async fn create_session(
     }
     let owner = match (header_owner, body.owner_id.clone()) {
         (Some(h), Some(b)) if h != b => {
-            checks.0.push(FieldError::new("ownerId", "differs from X-Owner-Id"));
+            checks
+                .0
+                .push(FieldError::new("ownerId", "differs from X-Owner-Id"));
             None
         }
         (h, b) => h.or(b),
@@ -370,7 +375,13 @@ async fn acquire_waiting(
     // The queue entry outlives the wait a little, so a replica that dies mid-wait leaves an
     // entry that lapses by itself.
     let ticket = store
-        .enqueue(key, session_id, owner, wait_ms + 1_000, state.config.waiters_per_key_max)
+        .enqueue(
+            key,
+            session_id,
+            owner,
+            wait_ms + 1_000,
+            state.config.waiters_per_key_max,
+        )
         .await
         .map_err(fail)?;
     let poll = Duration::from_millis(state.config.waiter_poll_ms);
@@ -461,7 +472,9 @@ async fn release(
         match query.session_id {
             Some(text) => checks.take(path_session(&text)),
             None => {
-                checks.0.push(FieldError::new("sessionId", "is required (body or query)"));
+                checks
+                    .0
+                    .push(FieldError::new("sessionId", "is required (body or query)"));
                 None
             }
         }
@@ -485,14 +498,19 @@ async fn release(
 }
 
 /// Parses a query string strictly: unknown parameters are refused like unknown body fields.
-fn serde_urlencoded_query<T: serde::de::DeserializeOwned>(query: Option<&str>) -> Result<T, ApiError> {
+fn serde_urlencoded_query<T: serde::de::DeserializeOwned>(
+    query: Option<&str>,
+) -> Result<T, ApiError> {
     let pairs: serde_json::Map<String, serde_json::Value> = query
         .unwrap_or("")
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|pair| {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k), serde_json::Value::String(percent_decode(v)))
+            (
+                percent_decode(k),
+                serde_json::Value::String(percent_decode(v)),
+            )
         })
         .collect();
     serde_json::from_value(serde_json::Value::Object(pairs.clone())).map_err(|e| {
@@ -597,7 +615,9 @@ async fn revoke(
     checks.take(headers::owner_id(&headers));
     let operator = body.operator.trim();
     if operator.is_empty() || operator.chars().count() > 128 {
-        checks.0.push(FieldError::new("operator", "must be 1 to 128 characters"));
+        checks
+            .0
+            .push(FieldError::new("operator", "must be 1 to 128 characters"));
     }
     let reason_len = body.reason.trim().chars().count();
     if !(REVOKE_REASON_LEN_MIN..=1024).contains(&reason_len) {
@@ -608,7 +628,9 @@ async fn revoke(
     }
     if let Some(t) = body.expected_token {
         if t <= 0 {
-            checks.0.push(FieldError::new("expectedToken", "must be greater than 0"));
+            checks
+                .0
+                .push(FieldError::new("expectedToken", "must be greater than 0"));
         }
     }
     checks.done()?;

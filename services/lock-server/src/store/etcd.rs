@@ -97,10 +97,13 @@ fn map_etcd(error: etcd_client::Error) -> StoreError {
     }
 }
 
-
 fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> StoreResult<T> {
-    serde_json::from_slice(kv.value())
-        .map_err(|e| StoreError::Backend(format!("etcd value under {:?} is not ours: {e}", kv.key_str().unwrap_or("?"))))
+    serde_json::from_slice(kv.value()).map_err(|e| {
+        StoreError::Backend(format!(
+            "etcd value under {:?} is not ours: {e}",
+            kv.key_str().unwrap_or("?")
+        ))
+    })
 }
 
 fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
@@ -240,7 +243,11 @@ impl EtcdStore {
     }
 
     /// Reads a grant key and whether its session is still alive.
-    async fn holder(&self, lock: Option<&KeyValue>, live_session: Option<Uuid>) -> StoreResult<Option<Holder>> {
+    async fn holder(
+        &self,
+        lock: Option<&KeyValue>,
+        live_session: Option<Uuid>,
+    ) -> StoreResult<Option<Holder>> {
         let Some(kv) = lock else {
             return Ok(None);
         };
@@ -295,9 +302,7 @@ impl EtcdStore {
     pub async fn create_session(&self, owner_id: &str, ttl_ms: i64) -> StoreResult<Session> {
         let session_id = Uuid::new_v4();
         let lease = self.grant_lease(ttl_ms).await?;
-        let tombstone_lease = self
-            .grant_lease(ttl_ms + self.retention_s * 1000)
-            .await?;
+        let tombstone_lease = self.grant_lease(ttl_ms + self.retention_s * 1000).await?;
         let value = encode(&SessionValue {
             owner_id: owner_id.to_owned(),
             ttl_millis: ttl_ms,
@@ -385,7 +390,11 @@ impl EtcdStore {
         Self::session_state(&reads[0], &reads[1], owner_id)?;
         let index_prefix = self.k_index_prefix(session_id);
         for index in &reads[2] {
-            let Some(key) = index.key_str().ok().and_then(|k| k.strip_prefix(&index_prefix)) else {
+            let Some(key) = index
+                .key_str()
+                .ok()
+                .and_then(|k| k.strip_prefix(&index_prefix))
+            else {
                 continue;
             };
             let lock = self
@@ -411,7 +420,10 @@ impl EtcdStore {
         let txn = Txn::new().and_then([
             TxnOp::delete(self.k_session(session_id), None),
             TxnOp::delete(self.k_tombstone(session_id), None),
-            TxnOp::delete(index_prefix.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())),
+            TxnOp::delete(
+                index_prefix.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
         ]);
         self.client().txn(txn).await.map_err(map_etcd)?;
         self.drop_lease(lease);
@@ -459,7 +471,9 @@ impl EtcdStore {
                 self.clear_lapsed(key, holder).await?;
                 continue;
             }
-            let head = reads[3].first().and_then(|kv| kv.key_str().ok().map(str::to_owned));
+            let head = reads[3]
+                .first()
+                .and_then(|kv| kv.key_str().ok().map(str::to_owned));
             let mine = ticket.map(|t| self.k_waiter(key, t.id));
             if head.is_some() && head != mine {
                 return Ok(Acquire::Contended(Contention {
@@ -583,9 +597,7 @@ impl EtcdStore {
             .await
             .map_err(map_etcd)?;
         let holder = self.holder(lock.kvs().first(), None).await?;
-        Ok(holder
-            .filter(|h| h.live)
-            .map(|h| h.kv.create_revision()))
+        Ok(holder.filter(|h| h.live).map(|h| h.kv.create_revision()))
     }
 
     pub async fn renew(
@@ -696,7 +708,10 @@ impl EtcdStore {
             return Ok(None);
         }
         let waiter_count = self.count_waiters(key).await?;
-        let holder = self.holder(reads[0].first(), None).await?.filter(|h| h.live);
+        let holder = self
+            .holder(reads[0].first(), None)
+            .await?
+            .filter(|h| h.live);
         Ok(Some(match holder {
             Some(h) => LockInfo {
                 key: key.to_owned(),
@@ -765,7 +780,11 @@ impl EtcdStore {
                 .get(self.k_lock(key), None)
                 .await
                 .map_err(map_etcd)?;
-            let Some(holder) = self.holder(lock.kvs().first(), None).await?.filter(|h| h.live) else {
+            let Some(holder) = self
+                .holder(lock.kvs().first(), None)
+                .await?
+                .filter(|h| h.live)
+            else {
                 return Err(StoreError::NotHeld);
             };
             let token = holder.kv.create_revision();

@@ -193,7 +193,15 @@ impl PgStore {
         ticket: Option<&WaiterTicket>,
     ) -> StoreResult<Acquire> {
         let waiter = ticket.map(|t| t.id);
-        let row = call!(&self.pool, "dlock_acquire($1, $2, $3, $4, $5)", key, session_id, owner_id, ttl_ms as i32, waiter)?;
+        let row = call!(
+            &self.pool,
+            "dlock_acquire($1, $2, $3, $4, $5)",
+            key,
+            session_id,
+            owner_id,
+            ttl_ms as i32,
+            waiter
+        )?;
         match row.outcome()? {
             "granted" => Ok(Acquire::Granted(row.grant(key)?)),
             "contended" => Ok(Acquire::Contended(row.contention())),
@@ -211,7 +219,16 @@ impl PgStore {
         cap: i64,
     ) -> StoreResult<WaiterTicket> {
         let id = Uuid::new_v4();
-        let row = call!(&self.pool, "dlock_enqueue($1, $2, $3, $4, $5, $6)", key, session_id, owner_id, id, deadline_ms as i32, cap as i32)?;
+        let row = call!(
+            &self.pool,
+            "dlock_enqueue($1, $2, $3, $4, $5, $6)",
+            key,
+            session_id,
+            owner_id,
+            id,
+            deadline_ms as i32,
+            cap as i32
+        )?;
         match row.outcome()? {
             "queued" => Ok(WaiterTicket {
                 id,
@@ -243,7 +260,15 @@ impl PgStore {
         token: i64,
         ttl_ms: Option<i64>,
     ) -> StoreResult<LockGrant> {
-        let row = call!(&self.pool, "dlock_renew($1, $2, $3, $4, $5)", key, session_id, owner_id, token, ttl_ms.map(|t| t as i32))?;
+        let row = call!(
+            &self.pool,
+            "dlock_renew($1, $2, $3, $4, $5)",
+            key,
+            session_id,
+            owner_id,
+            token,
+            ttl_ms.map(|t| t as i32)
+        )?;
         match row.outcome()? {
             "renewed" => row.grant(key),
             "lock_lost" => Err(StoreError::LockLost {
@@ -265,15 +290,20 @@ impl PgStore {
     }
 
     pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {
-        let seen: Option<(i32,)> = sqlx::query_as("SELECT 1 FROM lock_keys_seen WHERE lock_key = $1")
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_sqlx)?;
+        let seen: Option<(i32,)> =
+            sqlx::query_as("SELECT 1 FROM lock_keys_seen WHERE lock_key = $1")
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_sqlx)?;
         if seen.is_none() {
             return Ok(None);
         }
-        let row = call!(&self.pool, "dlock_holder($1, 'info', clock_timestamp())", key)?;
+        let row = call!(
+            &self.pool,
+            "dlock_holder($1, 'info', clock_timestamp())",
+            key
+        )?;
         Ok(Some(LockInfo {
             key: key.to_owned(),
             held: row.fencing_token.is_some(),
@@ -324,7 +354,15 @@ impl PgStore {
         reason: &str,
     ) -> StoreResult<Revocation> {
         let revocation_id = Uuid::new_v4();
-        let row = call!(&self.pool, "dlock_revoke($1, $2, $3, $4, $5)", key, expected_token, operator, reason, revocation_id)?;
+        let row = call!(
+            &self.pool,
+            "dlock_revoke($1, $2, $3, $4, $5)",
+            key,
+            expected_token,
+            operator,
+            reason,
+            revocation_id
+        )?;
         match row.outcome()? {
             "revoked" => Ok(Revocation {
                 key: key.to_owned(),
@@ -353,7 +391,9 @@ impl PgStore {
             .await
             .map_err(map_sqlx)?;
         if in_recovery {
-            return Err(StoreError::NotLeader("lockdb is in recovery (a standby)".into()));
+            return Err(StoreError::NotLeader(
+                "lockdb is in recovery (a standby)".into(),
+            ));
         }
         Ok(())
     }
