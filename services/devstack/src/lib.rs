@@ -139,10 +139,10 @@ impl ManagedChild {
 
     /// Whether the process has exited (and reaps it if so).
     pub fn exited(&mut self) -> bool {
-        match self.child.as_mut().map(Child::try_wait) {
-            Some(Ok(Some(_))) | None => true,
-            _ => false,
-        }
+        matches!(
+            self.child.as_mut().map(Child::try_wait),
+            Some(Ok(Some(_))) | None
+        )
     }
 
     /// Stops the process with `signal`, escalating to SIGKILL after `grace`.

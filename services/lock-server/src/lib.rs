@@ -22,9 +22,9 @@ pub use store::Store;
 pub async fn open_store(config: &LockServerConfig) -> anyhow::Result<Store> {
     Ok(match &config.backend {
         BackendSettings::Pg(pg) => Store::Pg(store::pg::PgStore::connect(pg).await?),
-        BackendSettings::Etcd(etcd) => Store::Etcd(
+        BackendSettings::Etcd(etcd) => Store::Etcd(Box::new(
             store::etcd::EtcdStore::connect(etcd, config.expired_session_retention_ms).await?,
-        ),
+        )),
     })
 }
 

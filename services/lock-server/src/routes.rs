@@ -626,12 +626,12 @@ async fn revoke(
             format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
         ));
     }
-    if let Some(t) = body.expected_token {
-        if t <= 0 {
-            checks
-                .0
-                .push(FieldError::new("expectedToken", "must be greater than 0"));
-        }
+    if let Some(t) = body.expected_token
+        && t <= 0
+    {
+        checks
+            .0
+            .push(FieldError::new("expectedToken", "must be greater than 0"));
     }
     checks.done()?;
     let revocation = state

@@ -402,17 +402,17 @@ impl EtcdStore {
                 .get(self.k_lock(key), None)
                 .await
                 .map_err(map_etcd)?;
-            if let Some(kv) = lock.kvs().first() {
-                if decode::<GrantValue>(kv)?.session_id == session_id {
-                    let txn = Txn::new()
-                        .when([Compare::mod_revision(
-                            self.k_lock(key),
-                            CompareOp::Equal,
-                            kv.mod_revision(),
-                        )])
-                        .and_then([TxnOp::delete(self.k_lock(key), None)]);
-                    self.client().txn(txn).await.map_err(map_etcd)?;
-                }
+            if let Some(kv) = lock.kvs().first()
+                && decode::<GrantValue>(kv)?.session_id == session_id
+            {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        self.k_lock(key),
+                        CompareOp::Equal,
+                        kv.mod_revision(),
+                    )])
+                    .and_then([TxnOp::delete(self.k_lock(key), None)]);
+                self.client().txn(txn).await.map_err(map_etcd)?;
             }
         }
         let lease = reads[0].first().map(KeyValue::lease).unwrap_or_default();
@@ -788,14 +788,14 @@ impl EtcdStore {
                 return Err(StoreError::NotHeld);
             };
             let token = holder.kv.create_revision();
-            if let Some(expected) = expected_token {
-                if expected != token {
-                    return Err(StoreError::FencedOut {
-                        expected,
-                        stored: token,
-                        owner_id: holder.value.owner_id.clone(),
-                    });
-                }
+            if let Some(expected) = expected_token
+                && expected != token
+            {
+                return Err(StoreError::FencedOut {
+                    expected,
+                    stored: token,
+                    owner_id: holder.value.owner_id.clone(),
+                });
             }
             let revocation_id = Uuid::new_v4();
             let revoked_at_ms = now_ms();

@@ -61,7 +61,7 @@ pub struct WaiterTicket {
 #[derive(Clone)]
 pub enum Store {
     Pg(pg::PgStore),
-    Etcd(etcd::EtcdStore),
+    Etcd(Box<etcd::EtcdStore>),
 }
 
 macro_rules! dispatch {

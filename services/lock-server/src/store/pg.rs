@@ -26,6 +26,9 @@ pub struct PgStore {
     pool: PgPool,
 }
 
+/// key, owner, session, token, acquired, expires.
+type HeldRow = (String, String, Uuid, i64, DateTime<Utc>, DateTime<Utc>);
+
 /// One row of `dlock_result`.
 #[derive(Debug, FromRow)]
 struct ResultRow {
@@ -317,7 +320,7 @@ impl PgStore {
     }
 
     pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
-        let rows: Vec<(String, String, Uuid, i64, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        let rows: Vec<HeldRow> = sqlx::query_as(
             "SELECT l.lock_key, l.owner_id, l.session_id, l.fencing_token, l.acquired_at,
                     l.expires_at
              FROM locks l JOIN sessions s ON s.session_id = l.session_id
