@@ -923,7 +923,14 @@ async fn every_l_row_answers_identically_on_pg_and_etcd() {
 }
 
 async fn not_leader(backend: Backend) -> Vec<(String, u16, Value)> {
-    let mut stack = LockStack::backend(backend, &[]);
+    // Short backend timeouts, so that each refused request answers quickly.
+    let mut stack = LockStack::backend(
+        backend,
+        &[
+            ("lock.pg.acquire-timeout-ms", "1000"),
+            ("lock.etcd.request-timeout-ms", "1500"),
+        ],
+    );
     let url = stack.serve().await;
     let mut s = Script::new(&url);
     let session = s

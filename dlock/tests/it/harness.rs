@@ -75,7 +75,7 @@ impl LockStack {
                     .map(|p| p.url("lockdb"))
                     .unwrap_or_default();
                 pairs.push(("lock.pg.url".into(), url));
-                pairs.push(("lock.pg.acquire-timeout-ms".into(), "1000".into()));
+                pairs.push(("lock.pg.acquire-timeout-ms".into(), "5000".into()));
             }
             Backend::Etcd => {
                 pairs.push(("lock.backend".into(), "etcd".into()));
@@ -85,7 +85,7 @@ impl LockStack {
                     .map(EtcdServer::endpoint)
                     .unwrap_or_default();
                 pairs.push(("lock.etcd.endpoints".into(), endpoint));
-                pairs.push(("lock.etcd.request-timeout-ms".into(), "1500".into()));
+                pairs.push(("lock.etcd.request-timeout-ms".into(), "5000".into()));
                 pairs.push(("lock.etcd.connect-timeout-ms".into(), "500".into()));
             }
         }
