@@ -132,6 +132,15 @@ async fn run(backend: Backend) {
                 .create_session(Some(30_000))
                 .await
                 .unwrap_or_else(|e| panic!("session: {e}"));
+            // Keep the session alive however long the run takes, as a worker would.
+            let beat_client = lock.clone();
+            let beat_session = session.session_id;
+            let heartbeat = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let _ = beat_client.heartbeat(beat_session).await;
+                }
+            });
             let mut done = 0;
             let mut attempt = 0usize;
             while done < CYCLES_PER_CLIENT {
@@ -170,6 +179,7 @@ async fn run(backend: Backend) {
                 });
                 done += 1;
             }
+            heartbeat.abort();
             lock.end_session(session.session_id)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
