@@ -66,6 +66,9 @@ pub struct UpArgs {
     pub data_dir: Option<PathBuf>,
 }
 
+/// The operator credential of the local stack (revocation floors, resolutions). Local only.
+pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
+
 struct Stack {
     // Field order is drop order: services first, then the stores they use.
     services: Vec<ManagedChild>,
@@ -181,11 +184,47 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
     let lock_server = start_service("lock-server", &dir, &lock_config, lock_listen)?;
     let lock_pid = lock_server.pid();
     stack.services.push(lock_server);
+
+    let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let stub_config = vec![
+        ("server.listen", quoted(&stub_listen.to_string())),
+        ("rail.stub.latency-ms", args.rail_latency_ms.to_string()),
+        ("rail.stub.failure-rate", args.rail_failure_rate.to_string()),
+        (
+            "rail.stub.duplicate-ack-rate",
+            args.rail_duplicate_ack_rate.to_string(),
+        ),
+        (
+            "rail.stub.statement-path",
+            quoted(&dir.join("rail-statement.jsonl").display().to_string()),
+        ),
+    ];
+    let rail_stub = start_service("rail-stub", &dir, &stub_config, stub_listen)?;
+    let stub_pid = rail_stub.pid();
+    stack.services.push(rail_stub);
+
+    let proxy_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let proxy_config = vec![
+        ("server.listen", quoted(&proxy_listen.to_string())),
+        ("rail.proxy.pg.url", quoted(&stack.pg.url("paydb"))),
+        (
+            "rail.proxy.rail-url",
+            quoted(&format!("http://{stub_listen}")),
+        ),
+        (
+            "rail.proxy.read-timeout-ms",
+            args.rail_read_timeout_ms.to_string(),
+        ),
+        ("rail.proxy.operator-token", quoted(DEV_OPERATOR_TOKEN)),
+    ];
+    let rail_proxy = start_service("rail-proxy", &dir, &proxy_config, proxy_listen)?;
+    let proxy_pid = rail_proxy.pid();
+    stack.services.push(rail_proxy);
     let line = UpLine {
         lock_server: format!("http://{lock_listen}"),
         payment_resource: None,
-        rail_proxy: None,
-        rail_stub: None,
+        rail_proxy: Some(format!("http://{proxy_listen}")),
+        rail_stub: Some(format!("http://{stub_listen}")),
         backend: match args.backend {
             BackendArg::Pg => "pg",
             BackendArg::Etcd => "etcd",
@@ -193,8 +232,8 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
         pids: Pids {
             lock_server: lock_pid,
             payment_resource: None,
-            rail_proxy: None,
-            rail_stub: None,
+            rail_proxy: proxy_pid,
+            rail_stub: stub_pid,
         },
         paydb: stack.pg.url("paydb"),
         lockdb: stack.pg.url("lockdb"),

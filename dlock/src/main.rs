@@ -39,6 +39,16 @@ enum Service {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// The rail proxy (the only caller of the rail).
+    RailProxy {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The rail stub (a hostile stand-in for the payment rail).
+    RailStub {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -90,6 +100,14 @@ fn main() -> std::process::ExitCode {
                 Service::LockServer { config } => {
                     let config = dlock_lock_server::LockServerConfig::load(config.as_deref())?;
                     dlock_lock_server::run(config).await
+                }
+                Service::RailProxy { config } => {
+                    let config = dlock_rail_proxy::RailProxyConfig::load(config.as_deref())?;
+                    dlock_rail_proxy::run(config).await
+                }
+                Service::RailStub { config } => {
+                    let config = dlock_rail_stub::RailStubConfig::load(config.as_deref())?;
+                    dlock_rail_stub::run(config).await
                 }
             },
             Command::Dev { command } => match command {

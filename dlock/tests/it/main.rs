@@ -6,3 +6,4 @@ mod crash;
 mod exclusion;
 mod expiry;
 mod harness;
+mod rail;

@@ -36,6 +36,8 @@ pub struct RailStubConfig {
     pub listen: SocketAddr,
     /// `rail.stub.latency-ms`: fixed delay before every answer.
     pub latency_ms: u64,
+    /// `rail.stub.latency-jitter-ms`: a uniform extra delay of up to this much.
+    pub latency_jitter_ms: u64,
     /// `rail.stub.failure-rate`: share of calls that fail, half as a 5xx before acceptance and
     /// half as a connection held open and dropped (after the transfer was accepted half the time).
     pub failure_rate: f64,
@@ -67,6 +69,7 @@ impl RailStubConfig {
         Ok(Self {
             listen,
             latency_ms: raw.integer("rail.stub.latency-ms", 0, 0..=600_000)? as u64,
+            latency_jitter_ms: raw.integer("rail.stub.latency-jitter-ms", 0, 0..=600_000)? as u64,
             failure_rate: raw.decimal("rail.stub.failure-rate", 0.0, 0.0..=1.0)?,
             duplicate_ack_rate: raw.decimal("rail.stub.duplicate-ack-rate", 0.0, 0.0..=1.0)?,
             decline_rate: raw.decimal("rail.stub.decline-rate", 0.0, 0.0..=1.0)?,
@@ -121,13 +124,18 @@ impl Ledger {
                 // A torn last line (a crash mid-append) was never acknowledged: skip it.
                 match serde_json::from_str::<Transfer>(line) {
                     Ok(t) => transfers.push(t),
-                    Err(e) => tracing::warn!(event = "statement_line_skipped", line = n + 1, error = %e, "unreadable statement line skipped"),
+                    Err(e) => {
+                        tracing::warn!(event = "statement_line_skipped", line = n + 1, error = %e, "unreadable statement line skipped")
+                    }
                 }
             }
         }
         let mut by_client_ref: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, t) in transfers.iter().enumerate() {
-            by_client_ref.entry(t.client_ref.clone()).or_default().push(i);
+            by_client_ref
+                .entry(t.client_ref.clone())
+                .or_default()
+                .push(i);
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -193,9 +201,13 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (server.listen)"))?;
     tracing::info!(event = "rail_stub_started", listen = %listener.local_addr()?, "rail stub is serving");
-    dlock_contract::http::serve(listener, app(state), dlock_contract::http::shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    dlock_contract::http::serve(
+        listener,
+        app(state),
+        dlock_contract::http::shutdown_signal(),
+    )
+    .await
+    .context("the HTTP server failed")?;
     Ok(())
 }
 
@@ -228,10 +240,18 @@ fn draw(config: &RailStubConfig) -> Fate {
     }
 }
 
+/// A real rail keeps processing a transfer whose caller hung up, so the work runs in its own
+/// task: a proxy that dies mid-flight cannot cancel it.
 async fn submit(
     State(state): State<StubState>,
     Json(body): Json<SubmitRequest>,
 ) -> Result<Response, ApiError> {
+    tokio::spawn(process(state, body))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("the transfer task failed: {e}"))))
+}
+
+async fn process(state: StubState, body: SubmitRequest) -> Result<Response, ApiError> {
     if body.client_ref.is_empty() || body.client_ref.len() > 128 {
         return Err(ApiError::field("clientRef", "must be 1 to 128 characters"));
     }
@@ -243,8 +263,13 @@ async fn submit(
     }
     let config = state.config.clone();
     let fate = draw(&config);
-    if config.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(config.latency_ms)).await;
+    let jitter = if config.latency_jitter_ms > 0 {
+        rand::rng().random_range(0..=config.latency_jitter_ms)
+    } else {
+        0
+    };
+    if config.latency_ms + jitter > 0 {
+        tokio::time::sleep(Duration::from_millis(config.latency_ms + jitter)).await;
     }
     let transfer = |reference: String| Transfer {
         client_ref: body.client_ref.clone(),
@@ -309,7 +334,12 @@ async fn statement(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Statement>, ApiError> {
     let mut client_ref = None;
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         match pair.split_once('=') {
             Some(("clientRef", v)) => client_ref = Some(v.to_owned()),
             _ => {

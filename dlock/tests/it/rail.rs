@@ -1,0 +1,690 @@
+//! The rail proxy and the rail stub (C3 §3.5–3.7), against real PostgreSQL, the real stub over
+//! HTTP and, where the process boundary is the point, real `dlock` processes.
+//!
+//! Payouts are set up with paydb's own functions (account, funding, payout, claim), so these
+//! tests exercise the proxy alone; tokens are plain increasing numbers, as a lock server's are.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_contract::config::{RawConfig, env_name};
+use dlock_devstack::{ManagedChild, PgServer, http_status, spawn_logged, wait_until};
+use reqwest::Method;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::conformance::assert_envelope;
+use crate::harness::{eventually, port, raw};
+
+fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
+    let env: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (env_name(k), v.clone()))
+        .collect();
+    RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub struct RailWorld {
+    pub pg: PgServer,
+    pub pool: PgPool,
+    dir: tempfile::TempDir,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RailWorld {
+    fn drop(&mut self) {
+        for s in &self.servers {
+            s.abort();
+        }
+    }
+}
+
+impl RailWorld {
+    pub async fn new() -> Self {
+        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+        pg.create_database("paydb")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&pg.url("paydb"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        dlock_rail_proxy::MIGRATOR
+            .run(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            pg,
+            pool,
+            dir: tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")),
+            servers: Vec::new(),
+        }
+    }
+
+    /// A rail stub in this process; returns its URL.
+    pub async fn stub(&mut self, name: &str, settings: &[(&str, &str)]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut pairs = vec![
+            ("server.listen", addr.to_string()),
+            (
+                "rail.stub.statement-path",
+                self.dir
+                    .path()
+                    .join(format!("{name}.jsonl"))
+                    .display()
+                    .to_string(),
+            ),
+        ];
+        pairs.extend(settings.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw_config(&pairs))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let state = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
+        self.servers.push(tokio::spawn(async move {
+            let _ = dlock_contract::http::serve(
+                listener,
+                dlock_rail_stub::app(state),
+                std::future::pending(),
+            )
+            .await;
+        }));
+        format!("http://{addr}")
+    }
+
+    fn proxy_pairs(
+        &self,
+        listen: SocketAddr,
+        rail: &str,
+        settings: &[(&str, &str)],
+    ) -> Vec<(&'static str, String)> {
+        let mut pairs: Vec<(&'static str, String)> = vec![
+            ("server.listen", listen.to_string()),
+            ("rail.proxy.pg.url", self.pg.url("paydb")),
+            ("rail.proxy.rail-url", rail.to_owned()),
+            ("rail.proxy.operator-token", "test-operator".to_owned()),
+            ("rail.proxy.pg.acquire-timeout-ms", "1000".to_owned()),
+        ];
+        for (k, v) in settings {
+            let key: &'static str = Box::leak(k.to_string().into_boxed_str());
+            pairs.push((key, (*v).to_owned()));
+        }
+        pairs
+    }
+
+    /// A rail proxy in this process; returns its URL.
+    pub async fn proxy(&mut self, rail: &str, settings: &[(&str, &str)]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let pairs = self.proxy_pairs(addr, rail, settings);
+        let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw_config(&pairs))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pool = dlock_rail_proxy::connect(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let state = dlock_rail_proxy::AppState::new(pool, Arc::new(config))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.servers.push(tokio::spawn(async move {
+            let _ = dlock_contract::http::serve(
+                listener,
+                dlock_rail_proxy::app(state),
+                std::future::pending(),
+            )
+            .await;
+        }));
+        format!("http://{addr}")
+    }
+
+    /// A rail proxy as a real `dlock serve rail-proxy` process on `port`.
+    pub fn proxy_process(&self, port: u16, rail: &str, settings: &[(&str, &str)]) -> ManagedChild {
+        let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+        let env: Vec<(String, String)> = self
+            .proxy_pairs(listen, rail, settings)
+            .into_iter()
+            .map(|(k, v)| (env_name(k), v))
+            .collect();
+        let log = self.dir.path().join("rail-proxy.log");
+        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
+        let args = vec!["serve".to_owned(), "rail-proxy".to_owned()];
+        let mut child = spawn_logged("rail-proxy", &exe, &args, &env, Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        wait_until("rail proxy process", Duration::from_secs(30), || {
+            !child.exited() && http_status(listen, "/readyz") == Some(200)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        child
+    }
+
+    pub async fn account(&self, id: &str, funds: i64) {
+        let (outcome,): (String,) =
+            sqlx::query_as("SELECT outcome FROM pay_create_account($1, 'EUR')")
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "created");
+        let (outcome,): (String,) = sqlx::query_as("SELECT outcome FROM pay_fund($1, $2, $3)")
+            .bind(id)
+            .bind(funds)
+            .bind(format!("initial-{id}"))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "funded");
+    }
+
+    /// A PENDING payout, claimed with `token`.
+    pub async fn claimed(&self, account: &str, amount: i64, token: i64) -> Uuid {
+        let payout = Uuid::new_v4();
+        let (outcome,): (String,) =
+            sqlx::query_as("SELECT outcome FROM pay_create_payout($1, $2, $3, 'EUR', 'ben')")
+                .bind(payout)
+                .bind(account)
+                .bind(amount)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "created");
+        let (outcome,): (String,) =
+            sqlx::query_as("SELECT outcome FROM pay_claim($1, $2, 'PENDING')")
+                .bind(payout)
+                .bind(token)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "claimed", "claim {payout} with {token}");
+        payout
+    }
+
+    pub async fn state(&self, payout: Uuid) -> String {
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE payout_id = $1")
+            .bind(payout)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        state
+    }
+
+    pub async fn submissions(&self, payout: Uuid) -> Vec<(String, i64)> {
+        sqlx::query_as("SELECT outcome, presented_token FROM rail_submission WHERE payout_id = $1 ORDER BY submitted_at")
+            .bind(payout)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+pub async fn submit(
+    proxy: &str,
+    account: &str,
+    payout: Uuid,
+    amount: i64,
+    token: &str,
+) -> (u16, Value) {
+    let body = json!({
+        "payoutId": payout, "accountId": account, "amountMinor": amount,
+        "currency": "EUR", "beneficiaryRef": "ben",
+    })
+    .to_string();
+    let key = format!("payout-{payout}");
+    let (status, content_type, json) = raw(
+        Method::POST,
+        &format!("{proxy}/v1/rail/submissions"),
+        &[
+            ("content-type", "application/json"),
+            ("x-owner-id", "worker"),
+            ("x-idempotency-key", &key),
+            ("x-fencing-token", token),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(content_type, "application/json; charset=utf-8");
+    (status, json)
+}
+
+pub async fn statement(stub: &str, payout: Uuid) -> Vec<Value> {
+    let (status, _, body) = raw(
+        Method::GET,
+        &format!("{stub}/statement?clientRef={payout}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    body["transfers"].as_array().cloned().unwrap_or_default()
+}
+
+async fn metric(proxy: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{proxy}/metrics"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_row_of_the_admission_table_answers_with_its_code() {
+    let mut w = RailWorld::new().await;
+    let good = w.stub("good", &[]).await;
+    let slow = w.stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
+    let declining = w
+        .stub("declining", &[("rail.stub.decline-rate", "1")])
+        .await;
+    let proxy = w.proxy(&good, &[]).await;
+    let slow_proxy = w
+        .proxy(&slow, &[("rail.proxy.read-timeout-ms", "300")])
+        .await;
+    let declining_proxy = w.proxy(&declining, &[]).await;
+    w.account("acct-a", 100_000).await;
+
+    // Admitted, forwarded once, ACKED: the payout is RAIL_ACKED and the rail shows one transfer.
+    let p1 = w.claimed("acct-a", 1_000, 10).await;
+    let (status, body) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "ACKED");
+    assert_eq!(body["presentedToken"], 10);
+    assert_eq!(w.state(p1).await, "RAIL_ACKED");
+    let transfers = statement(&good, p1).await;
+    assert_eq!(transfers.len(), 1);
+    assert_eq!(transfers[0]["railReference"], body["railReference"]);
+
+    // Step 2: the same attempt again is DUPLICATE_SUBMISSION, counted, and never forwarded.
+    let (status, dup) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
+    assert_eq!(status, 409);
+    assert_envelope("duplicate", status, &dup, "DUPLICATE_SUBMISSION");
+    assert_eq!(dup["details"]["submissionId"], body["submissionId"]);
+    assert_eq!(metric(&proxy, "rail_duplicate_attempted_total").await, 1.0);
+    assert_eq!(statement(&good, p1).await.len(), 1);
+
+    // Step 1, rail: a token at or below the high-water mark is FENCED_OUT, recorded as FENCED,
+    // and the rail never hears of it.
+    let p2 = w.claimed("acct-a", 1_000, 12).await;
+    let (status, fenced) = submit(&proxy, "acct-a", p2, 1_000, "9").await;
+    assert_eq!(status, 409);
+    assert_envelope("fenced rail", status, &fenced, "FENCED_OUT");
+    let d = &fenced["details"];
+    assert_eq!(
+        (d["presentedToken"].as_i64(), d["highestToken"].as_i64()),
+        (Some(9), Some(10))
+    );
+    assert_eq!(
+        (
+            d["resourceType"].as_str(),
+            d["resourceId"].as_str(),
+            d["ownerId"].as_str()
+        ),
+        (Some("rail"), Some("acct-a"), Some("worker"))
+    );
+    assert!(statement(&good, p2).await.is_empty());
+    assert_eq!(w.submissions(p2).await, vec![("FENCED".to_owned(), 9)]);
+    // D-2: the fenced stale attempt does not block the legitimate holder.
+    let (status, body) = submit(&proxy, "acct-a", p2, 1_000, "12").await;
+    assert_eq!(status, 200, "{body}");
+
+    // Step 1, account: a token above the mark but below a newer claim's is fenced too.
+    let p3 = w.claimed("acct-a", 1_000, 13).await;
+    let _p4 = w.claimed("acct-a", 1_000, 14).await;
+    let (status, fenced) = submit(&proxy, "acct-a", p3, 1_000, "13").await;
+    assert_eq!(status, 409);
+    assert_envelope("fenced account", status, &fenced, "FENCED_OUT");
+    assert_eq!(fenced["details"]["resourceType"], "account");
+    assert_eq!(fenced["details"]["highestToken"], 14);
+    assert!(metric(&proxy, "lock_fenced_out_total").await >= 2.0);
+
+    // A payout not claimed with this token cannot be submitted.
+    let p5 = w.claimed("acct-a", 1_000, 20).await;
+    let (status, body) = submit(&proxy, "acct-a", p5, 1_000, "21").await;
+    assert_eq!(status, 409);
+    assert_envelope("not claimable", status, &body, "PAYOUT_NOT_CLAIMABLE");
+
+    // Step 4, timeout: a rail slower than the read timeout leaves the outcome unknown.
+    let p6 = w.claimed("acct-a", 1_000, 30).await;
+    let (status, body) = submit(&slow_proxy, "acct-a", p6, 1_000, "30").await;
+    assert_eq!(status, 409, "{body}");
+    assert_envelope("ambiguous", status, &body, "RAIL_AMBIGUOUS");
+    assert_eq!(body["details"]["outcome"], "TIMEOUT");
+    assert_eq!(w.state(p6).await, "RAIL_AMBIGUOUS");
+    assert_eq!(w.submissions(p6).await, vec![("TIMEOUT".to_owned(), 30)]);
+    // The rail did take it, late: exactly the case that must never be submitted again.
+    eventually(
+        "the slow rail accepts the transfer",
+        Duration::from_secs(10),
+        || async { (statement(&slow, p6).await.len() == 1).then_some(()) },
+    )
+    .await;
+    let (status, body) = submit(&slow_proxy, "acct-a", p6, 1_000, "31").await;
+    assert_eq!(status, 409);
+    assert_envelope(
+        "ambiguous is quarantined",
+        status,
+        &body,
+        "DUPLICATE_SUBMISSION",
+    );
+
+    // Step 4, declined: REJECTED, 422 VALIDATION_FAILED, the payout FAILED and its hold released.
+    let held_before: (i64,) =
+        sqlx::query_as("SELECT held_minor FROM accounts WHERE account_id = 'acct-a'")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    let p7 = w.claimed("acct-a", 2_000, 40).await;
+    let (status, body) = submit(&declining_proxy, "acct-a", p7, 2_000, "40").await;
+    assert_eq!(status, 422, "{body}");
+    assert_envelope("declined", status, &body, "VALIDATION_FAILED");
+    assert_eq!(body["details"]["outcome"], "REJECTED");
+    assert_eq!(w.state(p7).await, "FAILED");
+    let held_after: (i64,) =
+        sqlx::query_as("SELECT held_minor FROM accounts WHERE account_id = 'acct-a'")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        held_after, held_before,
+        "the declined payout's hold is released"
+    );
+    assert!(statement(&declining, p7).await.is_empty());
+
+    // Malformed tokens and bodies change nothing.
+    let p8 = w.claimed("acct-a", 1_000, 50).await;
+    for bad in ["0", "-1", "abc", "1e3", "", "9223372036854775808"] {
+        let (status, body) = submit(&proxy, "acct-a", p8, 1_000, bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_envelope("bad token", status, &body, "INVALID_TOKEN");
+    }
+    let (status, body) = submit(&proxy, "acct-a", p8, -5, "50").await;
+    assert_eq!(status, 400);
+    assert_envelope("bad amount", status, &body, "VALIDATION_FAILED");
+    let (status, body) = submit(&proxy, "acct-a", p8, 999, "50").await;
+    assert_eq!(status, 400, "an amount that is not the payout's: {body}");
+    assert!(w.submissions(p8).await.is_empty());
+    assert_eq!(w.state(p8).await, "CLAIMED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_reaches_the_rail() {
+    let mut w = RailWorld::new().await;
+    let stub = w.stub("stub", &[]).await;
+    let proxy = w.proxy(&stub, &[]).await;
+    w.account("acct-b", 10_000).await;
+    let payout = w.claimed("acct-b", 500, 7).await;
+    w.pg.kill();
+    let (status, body) = submit(&proxy, "acct-b", payout, 500, "7").await;
+    assert_eq!(status, 503, "{body}");
+    assert_envelope("paydb down", status, &body, "RAIL_UNAVAILABLE");
+    assert!(
+        statement(&stub, payout).await.is_empty(),
+        "nothing was presented to the rail"
+    );
+    w.pg.start_again().unwrap_or_else(|e| panic!("{e:#}"));
+    // Retry-safe: once paydb is back, the same request goes through, once.
+    let (status, body) = eventually("the proxy reconnects", Duration::from_secs(20), || async {
+        let (status, body) = submit(&proxy, "acct-b", payout, 500, "7").await;
+        (status != 503).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(statement(&stub, payout).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwards_again() {
+    let mut w = RailWorld::new().await;
+    let stub = w.stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
+    let settings = [
+        ("rail.proxy.read-timeout-ms", "3000"),
+        ("rail.proxy.unresolved-margin-ms", "200"),
+        ("rail.proxy.sweep-interval-ms", "100"),
+    ];
+    let port = port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = w.proxy_process(port, &stub, &settings);
+    w.account("acct-c", 10_000).await;
+    let payout = w.claimed("acct-c", 700, 3).await;
+    let in_flight = tokio::spawn({
+        let url = url.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{url}/v1/rail/submissions"))
+                .header("content-type", "application/json")
+                .header("x-owner-id", "worker")
+                .header("x-idempotency-key", format!("payout-{payout}"))
+                .header("x-fencing-token", "3")
+                .body(
+                    json!({"payoutId": payout, "accountId": "acct-c", "amountMinor": 700,
+                           "currency": "EUR", "beneficiaryRef": "ben"})
+                    .to_string(),
+                )
+                .send()
+                .await
+        }
+    });
+    // Wait until the intent is committed and the forward is on its way, then kill the proxy.
+    eventually(
+        "the intent row is committed",
+        Duration::from_secs(10),
+        || async {
+            (w.submissions(payout).await == vec![("unresolved".to_owned(), 3)]).then_some(())
+        },
+    )
+    .await;
+    proxy.kill();
+    let answer = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(answer.is_err(), "the caller got no answer: {answer:?}");
+    assert_eq!(w.state(payout).await, "SUBMITTING");
+    // After a restart the unresolved intent is declared ambiguous, never re-forwarded.
+    let _proxy = w.proxy_process(port, &stub, &settings);
+    eventually(
+        "the payout is quarantined",
+        Duration::from_secs(20),
+        || async { (w.state(payout).await == "RAIL_AMBIGUOUS").then_some(()) },
+    )
+    .await;
+    assert_eq!(w.submissions(payout).await, vec![("TIMEOUT".to_owned(), 3)]);
+    let (status, body) = submit(&url, "acct-c", payout, 700, "3").await;
+    assert_eq!(status, 409);
+    assert_envelope("after restart", status, &body, "DUPLICATE_SUBMISSION");
+    // The rail may have taken the one attempt; it never sees a second.
+    let transfers = statement(&stub, payout).await;
+    assert!(transfers.len() <= 1, "{transfers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_token_sent_to_another_replica_is_fenced() {
+    let mut w = RailWorld::new().await;
+    let stub = w.stub("stub", &[]).await;
+    let replica_a = w.proxy(&stub, &[]).await;
+    let replica_b = w.proxy(&stub, &[]).await;
+    w.account("acct-d", 10_000).await;
+    let first = w.claimed("acct-d", 100, 20).await;
+    let (status, body) = submit(&replica_a, "acct-d", first, 100, "20").await;
+    assert_eq!(status, 200, "{body}");
+    let second = w.claimed("acct-d", 100, 25).await;
+    let stale = second;
+    // An in-memory mark on replica B would have seen nothing and let token 15 through.
+    let (status, body) = submit(&replica_b, "acct-d", stale, 100, "15").await;
+    assert_eq!(status, 409);
+    assert_envelope("other replica", status, &body, "FENCED_OUT");
+    assert_eq!(body["details"]["highestToken"], 20);
+    assert!(statement(&stub, stale).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator() {
+    let mut w = RailWorld::new().await;
+    let stub = w.stub("stub", &[]).await;
+    let proxy = w.proxy(&stub, &[]).await;
+    w.account("acct-e", 10_000).await;
+    let payout = w.claimed("acct-e", 100, 5).await;
+    let advance = |auth: Option<&'static str>| {
+        let proxy = proxy.clone();
+        async move {
+            let mut headers = vec![("content-type", "application/json"), ("x-owner-id", "ops")];
+            if let Some(a) = auth {
+                headers.push(("authorization", a));
+            }
+            raw(
+                Method::POST,
+                &format!("{proxy}/v1/rail/high-water/acct-e"),
+                &headers,
+                Some(
+                    &json!({"floor": 9, "operator": "ops", "reason": "revoked a stuck holder"})
+                        .to_string(),
+                ),
+            )
+            .await
+        }
+    };
+    let (status, _, body) = advance(None).await;
+    assert_eq!(status, 401);
+    assert_envelope("no credential", status, &body, "UNAUTHENTICATED");
+    let (status, _, body) = advance(Some("Bearer wrong")).await;
+    assert_eq!(status, 403);
+    assert_envelope("wrong credential", status, &body, "FORBIDDEN");
+    let (status, _, body) = advance(Some("Bearer test-operator")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["highestToken"], 9);
+    // The revoked holder's token is now fenced at the rail, before it ever submitted.
+    let (status, body) = submit(&proxy, "acct-e", payout, 100, "5").await;
+    assert_eq!(status, 409);
+    assert_envelope("after the floor", status, &body, "FENCED_OUT");
+    assert_eq!(body["details"]["highestToken"], 9);
+}
+
+/// A hostile rail (failures 0.3, every repeat accepted again, latency around the read timeout)
+/// under many concurrent submissions, retries and stale tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
+    let mut w = RailWorld::new().await;
+    let stub = w
+        .stub(
+            "hostile",
+            &[
+                ("rail.stub.failure-rate", "0.3"),
+                ("rail.stub.duplicate-ack-rate", "1.0"),
+                ("rail.stub.latency-ms", "150"),
+                ("rail.stub.latency-jitter-ms", "200"),
+                ("rail.stub.hang-ms", "1000"),
+            ],
+        )
+        .await;
+    let settings = [("rail.proxy.read-timeout-ms", "250")];
+    let proxies = [
+        w.proxy(&stub, &settings).await,
+        w.proxy(&stub, &settings).await,
+    ];
+    const ACCOUNTS: usize = 10;
+    const PER_ACCOUNT: usize = 12;
+    // Accounts run in parallel; within an account each payout is one lock cycle: a claim with a
+    // fresh token, then three concurrent submits with it (a retrying worker) and one with the
+    // previous cycle's token (a stale worker), spread over both replicas.
+    let world = Arc::new(w);
+    let mut accounts = Vec::new();
+    for a in 0..ACCOUNTS {
+        let account = format!("hostile-{a}");
+        world.account(&account, 1_000_000).await;
+        let (world, proxies) = (world.clone(), proxies.clone());
+        accounts.push(tokio::spawn(async move {
+            let mut cycles = Vec::new();
+            for i in 0..PER_ACCOUNT {
+                let token = 100 + 2 * i as i64;
+                let amount = 100 + i as i64;
+                let payout = world.claimed(&account, amount, token).await;
+                let mut attempts = Vec::new();
+                for attempt in 0..4 {
+                    let proxy = proxies[(i + attempt) % 2].clone();
+                    let account = account.clone();
+                    let presented = if attempt == 3 { token - 2 } else { token };
+                    attempts.push(tokio::spawn(async move {
+                        submit(&proxy, &account, payout, amount, &presented.to_string()).await
+                    }));
+                }
+                let mut statuses = Vec::new();
+                for attempt in attempts {
+                    let (status, body) = attempt.await.unwrap_or_else(|e| panic!("{e}"));
+                    assert!(
+                        [200, 409, 422].contains(&status),
+                        "unexpected {status} for {payout}: {body}"
+                    );
+                    statuses.push(status);
+                }
+                cycles.push((payout, statuses));
+            }
+            cycles
+        }));
+    }
+    let mut answers: HashMap<Uuid, Vec<u16>> = HashMap::new();
+    for task in accounts {
+        for (payout, statuses) in task.await.unwrap_or_else(|e| panic!("{e}")) {
+            answers.insert(payout, statuses);
+        }
+    }
+    let w = world;
+    let payouts: Vec<Uuid> = answers.keys().copied().collect();
+    assert_eq!(payouts.len(), ACCOUNTS * PER_ACCOUNT);
+    let mut acked = 0;
+    let mut ambiguous = 0;
+    for payout in &payouts {
+        let transfers = statement(&stub, *payout).await;
+        assert!(
+            transfers.len() <= 1,
+            "payout {payout} was paid {} times",
+            transfers.len()
+        );
+        let presented: Vec<(String, i64)> = w
+            .submissions(*payout)
+            .await
+            .into_iter()
+            .filter(|(o, _)| o != "FENCED")
+            .collect();
+        assert_eq!(
+            presented.len(),
+            1,
+            "{payout}: one presented attempt, got {presented:?}"
+        );
+        let state = w.state(*payout).await;
+        let expected = match presented[0].0.as_str() {
+            "ACKED" => "RAIL_ACKED",
+            "TIMEOUT" => "RAIL_AMBIGUOUS",
+            "REJECTED" => "FAILED",
+            other => panic!("{payout}: outcome {other}"),
+        };
+        assert_eq!(
+            state, expected,
+            "{payout}: state matches the proxy's record"
+        );
+        if state == "RAIL_ACKED" {
+            acked += 1;
+            assert_eq!(
+                transfers.len(),
+                1,
+                "{payout}: an ACKED payout is on the statement"
+            );
+        }
+        if state == "RAIL_AMBIGUOUS" {
+            ambiguous += 1;
+        }
+        let oks = answers[payout].iter().filter(|s| **s == 200).count();
+        assert!(oks <= 1, "{payout}: {oks} callers were told ACKED");
+    }
+    assert!(
+        acked > 0 && ambiguous > 0,
+        "the run saw both outcomes: {acked} acked, {ambiguous} ambiguous"
+    );
+}

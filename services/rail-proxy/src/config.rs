@@ -1,0 +1,96 @@
+//! The rail proxy's configuration.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use dlock_contract::config::{ConfigError, RawConfig};
+use dlock_contract::http::HttpLimits;
+
+#[derive(Debug, Clone)]
+pub struct RailProxyConfig {
+    pub listen: SocketAddr,
+    /// `rail.proxy.pg.url`: paydb, where the high-water marks and the intents live.
+    pub pg_url: String,
+    pub pg_pool_max: u32,
+    pub pg_acquire_timeout: Duration,
+    pub pg_migrate: bool,
+    /// `rail.proxy.rail-url`: the rail (the stub in development).
+    pub rail_url: String,
+    /// `rail.proxy.connect-timeout-ms`: 1 s by default.
+    pub rail_connect_timeout: Duration,
+    /// `rail.proxy.read-timeout-ms`: 8 s by default, below the executor's submit budget.
+    pub rail_read_timeout: Duration,
+    /// `rail.proxy.unresolved-margin-ms`: added to the read timeout before an unresolved intent
+    /// is declared ambiguous (D-5).
+    pub unresolved_margin: Duration,
+    /// `rail.proxy.sweep-interval-ms`: how often unresolved intents are checked.
+    pub sweep_interval: Duration,
+    /// `rail.proxy.operator-token`: the credential of operator-only calls (high-water advance).
+    pub operator_token: Option<String>,
+    pub http: HttpLimits,
+}
+
+impl RailProxyConfig {
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut raw = RawConfig::load(file)?;
+        let config = Self::from_raw(&mut raw)?;
+        raw.finish()?;
+        Ok(config)
+    }
+
+    pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
+        let listen_text = raw.string("server.listen", "127.0.0.1:7080")?;
+        let listen = listen_text.parse().map_err(|e| ConfigError {
+            key: "server.listen".into(),
+            origin: String::new(),
+            message: format!("must be an address like 127.0.0.1:7080, got {listen_text:?}: {e}"),
+        })?;
+        let required = |raw: &mut RawConfig, key: &str, example: &str| {
+            raw.string_optional(key)?.ok_or_else(|| ConfigError {
+                key: key.into(),
+                origin: String::new(),
+                message: format!("is required ({example})"),
+            })
+        };
+        let pg_url = required(raw, "rail.proxy.pg.url", "postgres://user@host:port/paydb")?;
+        let rail_url = required(raw, "rail.proxy.rail-url", "http://rail-stub:7090")?;
+        let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
+        let config = Self {
+            listen,
+            pg_url,
+            pg_pool_max: raw.integer("rail.proxy.pg.pool-max", 16, 1..=512)? as u32,
+            pg_acquire_timeout: Duration::from_millis(raw.integer(
+                "rail.proxy.pg.acquire-timeout-ms",
+                2_000,
+                50..=60_000,
+            )? as u64),
+            pg_migrate: raw.boolean("rail.proxy.pg.migrate", true)?,
+            rail_url,
+            rail_connect_timeout: Duration::from_millis(raw.integer(
+                "rail.proxy.connect-timeout-ms",
+                1_000,
+                10..=60_000,
+            )? as u64),
+            rail_read_timeout: Duration::from_millis(read_ms as u64),
+            unresolved_margin: Duration::from_millis(raw.integer(
+                "rail.proxy.unresolved-margin-ms",
+                2_000,
+                0..=600_000,
+            )? as u64),
+            sweep_interval: Duration::from_millis(raw.integer(
+                "rail.proxy.sweep-interval-ms",
+                5_000,
+                50..=600_000,
+            )? as u64),
+            operator_token: raw.string_optional("rail.proxy.operator-token")?,
+            http: HttpLimits {
+                body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
+                    as usize,
+                // A forward may take the whole read timeout; the request must outlive it.
+                request_timeout: Duration::from_millis(read_ms as u64 + 5_000),
+            },
+        };
+        Ok(config)
+    }
+}

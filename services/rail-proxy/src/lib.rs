@@ -1,0 +1,608 @@
+//! The rail proxy (C3 §3.5): enforcement point (c), the only component that calls the rail.
+//!
+//! Admission is written once, in `rail_admit` (migrations/paydb): the durable high-water mark,
+//! strict, then one presented attempt per payout, then the intent row — all committed before
+//! the single forward. The forward is never retried. Whatever the rail answers, or fails to,
+//! is recorded once; an attempt whose outcome is unknown quarantines its payout as
+//! RAIL_AMBIGUOUS. No correctness state lives in this process: any number of replicas share
+//! paydb and behave as one.
+
+pub mod config;
+pub mod metrics;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::headers;
+use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
+use dlock_contract::json::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use uuid::Uuid;
+
+pub use config::RailProxyConfig;
+use metrics::{Metrics, SubmissionOutcome};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub config: Arc<RailProxyConfig>,
+    pub metrics: Arc<Metrics>,
+    rail: reqwest::Client,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, config: Arc<RailProxyConfig>) -> anyhow::Result<Self> {
+        let rail = reqwest::Client::builder()
+            .connect_timeout(config.rail_connect_timeout)
+            .timeout(config.rail_read_timeout)
+            .pool_max_idle_per_host(64)
+            .build()
+            .context("building the rail HTTP client")?;
+        Ok(Self {
+            pool,
+            config,
+            metrics: Metrics::new(),
+            rail,
+        })
+    }
+}
+
+pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = config
+        .pg_url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("rail.proxy.pg.url is not a PostgreSQL URL: {e}"))?;
+    let pool = PgPoolOptions::new()
+        .max_connections(config.pg_pool_max)
+        .acquire_timeout(config.pg_acquire_timeout)
+        .connect_lazy_with(options.application_name("dlock-rail-proxy"));
+    if config.pg_migrate {
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying the paydb migrations failed: {e}"))?;
+    }
+    Ok(pool)
+}
+
+pub fn app(state: AppState) -> Router {
+    let limits = state.config.http;
+    let routes = Router::new()
+        .route("/v1/rail/submissions", post(submit))
+        .route(
+            "/v1/rail/high-water/{account_id}",
+            get(high_water).post(advance_high_water),
+        )
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(state);
+    dlock_contract::http::finish(routes, limits)
+}
+
+/// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a
+/// proxy that died mid-flight are timed out (D-5).
+pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
+    let pool = connect(&config).await?;
+    let config = Arc::new(config);
+    let state = AppState::new(pool, config.clone())?;
+    expire_unresolved(&state).await;
+    let sweeper = tokio::spawn(sweep_forever(state.clone()));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
+    // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
+    dlock_contract::http::serve(
+        listener,
+        app(state),
+        dlock_contract::http::shutdown_signal(),
+    )
+    .await
+    .context("the HTTP server failed")?;
+    sweeper.abort();
+    Ok(())
+}
+
+async fn sweep_forever(state: AppState) {
+    let mut ticker = tokio::time::interval(state.config.sweep_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        expire_unresolved(&state).await;
+    }
+}
+
+/// D-5: intents older than the rail read timeout plus the margin become TIMEOUT.
+pub async fn expire_unresolved(state: &AppState) -> usize {
+    let older_than = state.config.rail_read_timeout + state.config.unresolved_margin;
+    let rows: Result<Vec<(Uuid, Uuid)>, _> =
+        sqlx::query_as("SELECT submission_id, payout_id FROM rail_expire_unresolved($1)")
+            .bind(older_than.as_millis() as i64)
+            .fetch_all(&state.pool)
+            .await;
+    match rows {
+        Ok(rows) => {
+            for (submission_id, payout_id) in &rows {
+                state.metrics.submission(SubmissionOutcome::timeout);
+                tracing::warn!(
+                    event = "rail_ambiguous",
+                    %submission_id,
+                    %payout_id,
+                    reason = "intent left unresolved past the read timeout",
+                    "an attempt's outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS, resolve it from the rail statement"
+                );
+            }
+            rows.len()
+        }
+        Err(error) => {
+            tracing::warn!(event = "rail_sweep_failed", %error, "timing out unresolved intents failed; retried on the next tick");
+            0
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubmissionRequest {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmissionResponse {
+    pub submission_id: Uuid,
+    pub payout_id: Uuid,
+    pub presented_token: i64,
+    pub outcome: String,
+    pub rail_reference: String,
+    #[serde(with = "dlock_contract::time::millis")]
+    pub submitted_at: DateTime<Utc>,
+    #[serde(with = "dlock_contract::time::millis")]
+    pub resolved_at: DateTime<Utc>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct AdmitRow {
+    outcome: String,
+    highest_token: Option<i64>,
+    resource_type: Option<String>,
+    state: Option<String>,
+    submission_id: Option<Uuid>,
+    submission_outcome: Option<String>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct RecordRow {
+    outcome: String,
+    payout_id: Uuid,
+    rail_reference: Option<String>,
+    submitted_at: DateTime<Utc>,
+    resolved_at: Option<DateTime<Utc>>,
+}
+
+fn check_body(body: &SubmissionRequest) -> Result<(), ApiError> {
+    let mut fields = Vec::new();
+    if body.account_id.is_empty() || body.account_id.len() > 64 {
+        fields.push(FieldError::new("accountId", "must be 1 to 64 characters"));
+    }
+    if body.amount_minor <= 0 {
+        fields.push(FieldError::new(
+            "amountMinor",
+            "must be a positive integer of minor units",
+        ));
+    }
+    if body.currency.len() != 3 || !body.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        fields.push(FieldError::new(
+            "currency",
+            "must be an ISO-4217 code such as EUR",
+        ));
+    }
+    if body.beneficiary_ref.is_empty() || body.beneficiary_ref.len() > 128 {
+        fields.push(FieldError::new(
+            "beneficiaryRef",
+            "must be 1 to 128 characters",
+        ));
+    }
+    if fields.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::validation(fields))
+    }
+}
+
+/// RAIL_UNAVAILABLE: the intent did not commit, so nothing was presented to the rail.
+fn unavailable(error: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(event = "rail_intent_not_committed", error = %error, "the intent row did not commit; nothing was forwarded");
+    ApiError::new(
+        ErrorCode::RailUnavailable,
+        "the submission could not be recorded, so nothing was sent to the rail; retry after retryAfterMillis",
+    )
+    .with_retry_after_ms(500)
+}
+
+/// What the rail's answer means.
+enum RailAnswer {
+    Acked(String),
+    Rejected(String),
+    Unknown(String),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RailAck {
+    rail_reference: String,
+}
+
+async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
+    let url = format!("{}/submit", state.config.rail_url.trim_end_matches('/'));
+    let request = json!({
+        "clientRef": body.payout_id.to_string(),
+        "amountMinor": body.amount_minor,
+        "currency": body.currency,
+    });
+    let response = match state.rail.post(&url).json(&request).send().await {
+        Ok(r) => r,
+        // Even a refused connection is treated as unknown: proving that nothing was presented
+        // is the rail's business, and a wrong guess here pays twice.
+        Err(e) => return RailAnswer::Unknown(format!("no answer from the rail: {e}")),
+    };
+    let status = response.status();
+    let bytes = match response.bytes().await {
+        Ok(b) => b,
+        Err(e) => return RailAnswer::Unknown(format!("the rail's answer broke off: {e}")),
+    };
+    match status.as_u16() {
+        200 => match serde_json::from_slice::<RailAck>(&bytes) {
+            Ok(ack) if !ack.rail_reference.is_empty() && ack.rail_reference.len() <= 128 => {
+                RailAnswer::Acked(ack.rail_reference)
+            }
+            _ => RailAnswer::Unknown("a malformed acknowledgement".into()),
+        },
+        402 => RailAnswer::Rejected("the rail declined the transfer".into()),
+        other => RailAnswer::Unknown(format!("the rail answered {other}")),
+    }
+}
+
+async fn submit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<SubmissionRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut fields = Vec::new();
+    let owner = headers::owner_id(&headers).map_err(|e| fields.push(e)).ok();
+    let key = headers::idempotency_key(&headers)
+        .map_err(|e| fields.push(e))
+        .ok();
+    if !fields.is_empty() {
+        return Err(ApiError::validation(fields));
+    }
+    check_body(&body)?;
+    let (owner, key) = (owner.unwrap_or_default(), key.unwrap_or_default());
+    let submission_id = Uuid::new_v4();
+    let admitted: AdmitRow = sqlx::query_as(
+        "SELECT outcome, highest_token, resource_type, state, submission_id, submission_outcome \
+         FROM rail_admit($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(body.payout_id)
+    .bind(&body.account_id)
+    .bind(body.amount_minor)
+    .bind(&body.currency)
+    .bind(token)
+    .bind(&key)
+    .bind(submission_id)
+    .fetch_one(&state.pool)
+    .await
+    .map_err(unavailable)?;
+    let payout_id = body.payout_id;
+    match admitted.outcome.as_str() {
+        "admitted" => {}
+        "payout_unknown" => {
+            return Err(ApiError::not_found(format!(
+                "payout {payout_id} does not exist"
+            )));
+        }
+        "mismatch" => {
+            return Err(ApiError::validation(vec![FieldError::new(
+                "payoutId",
+                "accountId, amountMinor and currency must be the payout's own",
+            )]));
+        }
+        "fenced" => {
+            let resource = admitted.resource_type.unwrap_or_else(|| "rail".into());
+            let highest = admitted.highest_token.unwrap_or_default();
+            state.metrics.fenced_out(&resource);
+            state.metrics.submission(SubmissionOutcome::fenced);
+            tracing::error!(
+                event = "fenced_out",
+                resource = %resource,
+                presented_token = token,
+                highest_token = highest,
+                payout_id = %payout_id,
+                account_id = %body.account_id,
+                idempotency_key = %key,
+                owner_id = %owner,
+                "a stale token was refused at the rail; two workers believed they held one lock"
+            );
+            return Err(ApiError::new(
+                ErrorCode::FencedOut,
+                "a newer holder exists; abort the whole critical section, do not retry",
+            )
+            .with_details(json!({
+                "presentedToken": token,
+                "highestToken": highest,
+                "resourceType": resource,
+                "resourceId": body.account_id,
+                "ownerId": owner,
+            })));
+        }
+        "duplicate" => {
+            state.metrics.duplicate_attempted();
+            tracing::error!(
+                event = "duplicate_rail_submission_attempted",
+                payout_id = %payout_id,
+                presented_token = token,
+                existing_submission_id = ?admitted.submission_id,
+                existing_outcome = ?admitted.submission_outcome,
+                idempotency_key = %key,
+                owner_id = %owner,
+                "a second submission of one payout was refused; resolve from the existing record"
+            );
+            return Err(ApiError::new(
+                ErrorCode::DuplicateSubmission,
+                "this payout already has a submission record; resolve from it, never submit again",
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "submissionId": admitted.submission_id,
+                "outcome": admitted.submission_outcome,
+                "state": admitted.state,
+            })));
+        }
+        "not_claimable" => {
+            return Err(ApiError::new(
+                ErrorCode::PayoutNotClaimable,
+                "only a payout CLAIMED with this very token may be submitted",
+            )
+            .with_details(json!({ "payoutId": payout_id, "state": admitted.state })));
+        }
+        other => return Err(ApiError::internal(format!("rail_admit answered {other}"))),
+    }
+
+    // The intent is durable. Exactly one forward, never retried.
+    let answer = forward(&state, &body).await;
+    let (outcome, reference, reason) = match &answer {
+        RailAnswer::Acked(r) => ("ACKED", Some(r.as_str()), None),
+        RailAnswer::Rejected(why) => ("REJECTED", None, Some(why.clone())),
+        RailAnswer::Unknown(why) => ("TIMEOUT", None, Some(why.clone())),
+    };
+    let recorded: Result<RecordRow, _> = sqlx::query_as(
+        "SELECT outcome, payout_id, rail_reference, submitted_at, resolved_at FROM rail_record($1, $2, $3)",
+    )
+    .bind(submission_id)
+    .bind(outcome)
+    .bind(reference)
+    .fetch_one(&state.pool)
+    .await;
+    let recorded = match recorded {
+        Ok(r) => r,
+        Err(error) => {
+            // The outcome is known here but not stored; the sweeper will time the intent out.
+            tracing::error!(event = "rail_outcome_not_recorded", %submission_id, %payout_id, %error, rail_outcome = outcome, "the rail's answer could not be recorded; the intent will be timed out as ambiguous");
+            return Err(ambiguous(
+                &state,
+                submission_id,
+                payout_id,
+                "the outcome could not be recorded",
+            ));
+        }
+    };
+    match recorded.outcome.as_str() {
+        "ACKED" => {
+            state.metrics.submission(SubmissionOutcome::acked);
+            let response = SubmissionResponse {
+                submission_id,
+                payout_id: recorded.payout_id,
+                presented_token: token,
+                outcome: "ACKED".into(),
+                rail_reference: recorded.rail_reference.unwrap_or_default(),
+                submitted_at: recorded.submitted_at,
+                resolved_at: recorded.resolved_at.unwrap_or_else(Utc::now),
+            };
+            tracing::info!(event = "rail_acked", %submission_id, %payout_id, rail_reference = %response.rail_reference, owner_id = %owner, "the rail acknowledged the transfer");
+            Ok(json_response(StatusCode::OK, &response))
+        }
+        "REJECTED" => {
+            state.metrics.submission(SubmissionOutcome::rejected);
+            tracing::info!(event = "rail_rejected", %submission_id, %payout_id, owner_id = %owner, "the rail declined; the payout failed and its hold is released");
+            Err(ApiError::new(
+                ErrorCode::ValidationFailed,
+                "the rail declined the transfer; the payout is FAILED",
+            )
+            .with_status(StatusCode::UNPROCESSABLE_ENTITY)
+            .with_details(json!({
+                "submissionId": submission_id,
+                "payoutId": payout_id,
+                "outcome": "REJECTED",
+                "reason": reason,
+            })))
+        }
+        _ => Err(ambiguous(
+            &state,
+            submission_id,
+            payout_id,
+            reason.as_deref().unwrap_or("unknown"),
+        )),
+    }
+}
+
+fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &str) -> ApiError {
+    state.metrics.submission(SubmissionOutcome::timeout);
+    tracing::warn!(
+        event = "rail_ambiguous",
+        %submission_id,
+        %payout_id,
+        reason,
+        "an attempt was forwarded and its outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS"
+    );
+    ApiError::new(
+        ErrorCode::RailAmbiguous,
+        "the attempt was forwarded and its outcome is unknown; release the lock and stop, never submit again",
+    )
+    .with_details(json!({
+        "submissionId": submission_id,
+        "payoutId": payout_id,
+        "outcome": "TIMEOUT",
+        "reason": reason,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AdvanceRequest {
+    floor: i64,
+    operator: String,
+    reason: String,
+    #[serde(default)]
+    revocation_id: Option<Uuid>,
+}
+
+/// The operator credential, as `Authorization: Bearer …`.
+fn require_operator(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = state.config.operator_token.as_deref() else {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "operator operations are disabled here: rail.proxy.operator-token is not configured",
+        ));
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        None => Err(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "this operation needs the operator credential as Authorization: Bearer <token>",
+        )),
+        Some(p) if constant_time_eq(p.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "the credential presented is not the operator's",
+        )),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn advance_high_water(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<AdvanceRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_operator(&state, &headers)?;
+    let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
+    let mut fields = Vec::new();
+    if body.floor <= 0 {
+        fields.push(FieldError::new("floor", "must be a token greater than 0"));
+    }
+    if body.operator.trim().is_empty() || body.operator.len() > 128 {
+        fields.push(FieldError::new("operator", "must be 1 to 128 characters"));
+    }
+    if body.reason.trim().chars().count() < 8 {
+        fields.push(FieldError::new("reason", "must be at least 8 characters"));
+    }
+    if !fields.is_empty() {
+        return Err(ApiError::validation(fields));
+    }
+    let exists: Option<(i32,)> = sqlx::query_as("SELECT 1 FROM accounts WHERE account_id = $1")
+        .bind(&account_id)
+        .fetch_optional(&state.pool)
+        .await
+        .map_err(ApiError::internal)?;
+    if exists.is_none() {
+        return Err(ApiError::not_found(format!(
+            "account {account_id} does not exist"
+        )));
+    }
+    let (previous, new): (i64, i64) = sqlx::query_as(
+        "SELECT previous_token, new_token FROM rail_advance_high_water($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&account_id)
+    .bind(body.floor)
+    .bind(body.operator.trim())
+    .bind(&owner)
+    .bind(body.reason.trim())
+    .bind(body.revocation_id)
+    .fetch_one(&state.pool)
+    .await
+    .map_err(ApiError::internal)?;
+    tracing::warn!(event = "rail_high_water_advanced", account_id = %account_id, previous, new, operator = %body.operator, revocation_id = ?body.revocation_id, "the rail high-water mark was raised to a revocation floor");
+    Ok(Json(json!({
+        "accountId": account_id,
+        "previousToken": previous,
+        "highestToken": new,
+        "floor": body.floor,
+    })))
+}
+
+async fn high_water(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let row: Option<(i64,)> =
+        sqlx::query_as("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
+            .bind(&account_id)
+            .fetch_optional(&state.pool)
+            .await
+            .map_err(ApiError::internal)?;
+    Ok(Json(json!({
+        "accountId": account_id,
+        "highestToken": row.map(|r| r.0).unwrap_or(0),
+    })))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let check: Result<(bool,), _> = sqlx::query_as("SELECT pg_is_in_recovery()")
+        .fetch_one(&state.pool)
+        .await;
+    match check {
+        Ok((false,)) => json_response(StatusCode::OK, &json!({"status": "ready"})),
+        _ => ApiError::new(
+            ErrorCode::RailUnavailable,
+            "paydb is not reachable as a primary; this replica should not receive traffic",
+        )
+        .into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
