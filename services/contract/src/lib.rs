@@ -13,6 +13,8 @@ pub mod headers;
 pub mod http;
 pub mod json;
 pub mod lock;
+pub mod payment;
+pub mod payment_client;
 pub mod time;
 pub mod trace;
 

@@ -1,0 +1,386 @@
+//! Bodies of the payment-resource surface (C3 §3.4 and DESIGN §9), shared by the service and
+//! its typed client. Money is `i64` minor units with an ISO 4217 currency; no floats anywhere.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The longest account id; the alphabet is the lock keys' (the executor locks `payout:{id}`).
+pub const ACCOUNT_ID_LEN_MAX: usize = 64;
+/// The longest beneficiary reference, funding reference, rail reference.
+pub const REFERENCE_LEN_MAX: usize = 128;
+/// The longest operator name.
+pub const OPERATOR_LEN_MAX: usize = 128;
+/// The longest reason or evidence text of an operator action.
+pub const REASON_LEN_MAX: usize = 4096;
+/// The shortest reason of a fence advance, as for a revocation (L8).
+pub const REASON_LEN_MIN: usize = 8;
+/// The largest amount one posting or payout may move: 10^15 minor units. Far beyond any payout,
+/// and far enough below `i64::MAX` that no sum of balances can overflow.
+pub const AMOUNT_MINOR_MAX: i64 = 1_000_000_000_000_000;
+/// P1 page sizes.
+pub const LIST_LIMIT_DEFAULT: i64 = 100;
+pub const LIST_LIMIT_MAX: i64 = 500;
+/// Account-id prefixes that belong to the system accounts of a currency.
+pub const FUNDING_PREFIX: &str = "funding-";
+pub const SETTLEMENT_PREFIX: &str = "rail-settlement-";
+
+/// The active ISO 4217 codes the service accepts (the same list as paydb's `currencies`).
+pub const CURRENCIES: [&str; 155] = [
+    "AED", "AFN", "ALL", "AMD", "ANG", "AOA", "ARS", "AUD", "AWG", "AZN", "BAM", "BBD", "BDT",
+    "BGN", "BHD", "BIF", "BMD", "BND", "BOB", "BRL", "BSD", "BTN", "BWP", "BYN", "BZD", "CAD",
+    "CDF", "CHF", "CLP", "CNY", "COP", "CRC", "CUP", "CVE", "CZK", "DJF", "DKK", "DOP", "DZD",
+    "EGP", "ERN", "ETB", "EUR", "FJD", "FKP", "GBP", "GEL", "GHS", "GIP", "GMD", "GNF", "GTQ",
+    "GYD", "HKD", "HNL", "HTG", "HUF", "IDR", "ILS", "INR", "IQD", "IRR", "ISK", "JMD", "JOD",
+    "JPY", "KES", "KGS", "KHR", "KMF", "KPW", "KRW", "KWD", "KYD", "KZT", "LAK", "LBP", "LKR",
+    "LRD", "LSL", "LYD", "MAD", "MDL", "MGA", "MKD", "MMK", "MNT", "MOP", "MRU", "MUR", "MVR",
+    "MWK", "MXN", "MYR", "MZN", "NAD", "NGN", "NIO", "NOK", "NPR", "NZD", "OMR", "PAB", "PEN",
+    "PGK", "PHP", "PKR", "PLN", "PYG", "QAR", "RON", "RSD", "RUB", "RWF", "SAR", "SBD", "SCR",
+    "SDG", "SEK", "SGD", "SHP", "SLE", "SOS", "SRD", "SSP", "STN", "SVC", "SYP", "SZL", "THB",
+    "TJS", "TMT", "TND", "TOP", "TRY", "TTD", "TWD", "TZS", "UAH", "UGX", "USD", "UYU", "UZS",
+    "VES", "VND", "VUV", "WST", "XAF", "XCD", "XOF", "XPF", "YER", "ZAR", "ZMW", "ZWL",
+];
+
+pub fn currency_is_valid(code: &str) -> bool {
+    CURRENCIES.contains(&code)
+}
+
+/// Whether `id` is an account id the contract allows: 1–64 of `[a-zA-Z0-9:._-]`.
+pub fn account_id_is_valid(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= ACCOUNT_ID_LEN_MAX
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+}
+
+/// Whether `text` is an opaque reference: 1–128 visible ASCII characters, no spaces.
+pub fn reference_is_valid(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= REFERENCE_LEN_MAX
+        && text.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The eight values of `payout.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PayoutState {
+    Pending,
+    Claimed,
+    Submitting,
+    RailAcked,
+    Posted,
+    Failed,
+    RailAmbiguous,
+    Abandoned,
+}
+
+impl PayoutState {
+    pub const ALL: [PayoutState; 8] = [
+        PayoutState::Pending,
+        PayoutState::Claimed,
+        PayoutState::Submitting,
+        PayoutState::RailAcked,
+        PayoutState::Posted,
+        PayoutState::Failed,
+        PayoutState::RailAmbiguous,
+        PayoutState::Abandoned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PayoutState::Pending => "PENDING",
+            PayoutState::Claimed => "CLAIMED",
+            PayoutState::Submitting => "SUBMITTING",
+            PayoutState::RailAcked => "RAIL_ACKED",
+            PayoutState::Posted => "POSTED",
+            PayoutState::Failed => "FAILED",
+            PayoutState::RailAmbiguous => "RAIL_AMBIGUOUS",
+            PayoutState::Abandoned => "ABANDONED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Terminal states never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned
+        )
+    }
+}
+
+impl std::fmt::Display for PayoutState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Direction {
+    Debit,
+    Credit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountKind {
+    Customer,
+    Funding,
+    Settlement,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateAccountRequest {
+    pub account_id: String,
+    pub currency: String,
+}
+
+/// P5, and the answer of `POST /v1/accounts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Account {
+    pub account_id: String,
+    pub currency: String,
+    pub kind: AccountKind,
+    pub balance_minor: i64,
+    /// The amounts of this account's payouts in CLAIMED, SUBMITTING, RAIL_ACKED, RAIL_AMBIGUOUS.
+    pub held_minor: i64,
+    /// `balanceMinor - heldMinor`: what a claim may still draw on.
+    pub available_minor: i64,
+    pub fence: i64,
+    /// Recomputed from the ledger entries; equals `balanceMinor` (FR-25).
+    pub ledger_sum_minor: i64,
+    #[serde(with = "crate::time::millis")]
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FundRequest {
+    pub amount_minor: i64,
+    pub reference: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerEntry {
+    pub entry_id: Uuid,
+    pub account_id: String,
+    pub direction: Direction,
+    pub amount_minor: i64,
+    /// The fence the entry was written under (0 for funding, which is not a fenced write).
+    pub fence: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FundResponse {
+    pub account_id: String,
+    pub reference: String,
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreatePayoutRequest {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+}
+
+/// One attempt at the rail, as the rail proxy recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmissionSummary {
+    pub submission_id: Uuid,
+    pub presented_token: i64,
+    /// unresolved | ACKED | FENCED | TIMEOUT | REJECTED
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_reference: Option<String>,
+    #[serde(with = "crate::time::millis")]
+    pub submitted_at: DateTime<Utc>,
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// P4 (advisory), and the answer of `POST /v1/payouts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Payout {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+    pub state: PayoutState,
+    pub attempt_count: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_id: Option<Uuid>,
+    #[serde(with = "crate::time::millis")]
+    pub created_at: DateTime<Utc>,
+    #[serde(with = "crate::time::millis")]
+    pub updated_at: DateTime<Utc>,
+    pub submissions: Vec<SubmissionSummary>,
+}
+
+/// One item of P1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PayoutSummary {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub state: PayoutState,
+    pub attempt_count: i32,
+    #[serde(with = "crate::time::millis")]
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PayoutPage {
+    pub items: Vec<PayoutSummary>,
+    /// Opaque; pass it back as `cursor` for the next page. Absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// PENDING, or CLAIMED for a recovery re-claim by a newer holder.
+    pub expected_state: PayoutState,
+}
+
+/// P2.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimResponse {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    pub claim_token: i64,
+    /// The account's fence after the claim.
+    pub account_fence: i64,
+    pub attempt_count: i32,
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RailOutcome {
+    #[serde(rename = "ACKED")]
+    Acked,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PostRequest {
+    pub rail_reference: String,
+    pub submission_id: Uuid,
+    pub rail_outcome: RailOutcome,
+}
+
+/// P3.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostResponse {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    /// The two balanced rows: DEBIT the customer, CREDIT the rail settlement account.
+    pub entries: Vec<LedgerEntry>,
+    /// The customer account's balance after the posting.
+    pub balance_minor: i64,
+}
+
+/// D-3: advance an account's fence to a revocation floor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FenceRequest {
+    pub floor: i64,
+    pub operator: String,
+    pub reason: String,
+    pub revocation_id: Uuid,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceResponse {
+    pub account_id: String,
+    pub previous_fence: i64,
+    /// `max(previousFence, floor)`.
+    pub fence: i64,
+    pub revocation_id: Uuid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    Posted,
+    Failed,
+}
+
+/// Out-of-band resolution of a RAIL_AMBIGUOUS payout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResolveRequest {
+    pub outcome: Resolution,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_reference: Option<String>,
+    pub operator: String,
+    pub evidence: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolveResponse {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    /// Two rows when resolved POSTED, none when FAILED.
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_spell_as_on_the_wire() {
+        for state in PayoutState::ALL {
+            let wire = serde_json::to_value(state).unwrap_or_default();
+            assert_eq!(wire, serde_json::Value::String(state.as_str().to_owned()));
+            assert_eq!(PayoutState::parse(state.as_str()), Some(state));
+        }
+    }
+
+    #[test]
+    fn currencies_are_sorted_unique_iso_shapes() {
+        assert!(CURRENCIES.windows(2).all(|w| w[0] < w[1]));
+        assert!(
+            CURRENCIES
+                .iter()
+                .all(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))
+        );
+        assert!(
+            currency_is_valid("EUR") && !currency_is_valid("EURO") && !currency_is_valid("eur")
+        );
+    }
+}

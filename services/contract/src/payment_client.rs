@@ -1,0 +1,271 @@
+//! A typed async client for the payment resource, with the per-hop timeouts of C3 §3.8
+//! (500 ms connect, 3 s read for writes, 1 s for advisory reads).
+//!
+//! Like [`crate::client::LockClient`] it makes exactly one attempt per call: a 409 means the
+//! world moved on, and only the caller knows whether a retry is safe for it.
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::client::{ClientError, http_client, send};
+use crate::headers;
+use crate::payment::*;
+
+/// Read timeout for claim, post and the other writes.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Read timeout for advisory reads.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The headers that make a write idempotent and, for claim and post, fenced.
+#[derive(Debug, Clone)]
+pub struct WriteHeaders<'a> {
+    pub idempotency_key: &'a str,
+    pub fencing_token: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PaymentClient {
+    base: String,
+    owner_id: String,
+    http: reqwest::Client,
+    trace_id: Option<String>,
+    operator_token: Option<String>,
+}
+
+fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
+    body.ok_or_else(|| ClientError::Protocol {
+        url: url.to_owned(),
+        message: "204 where a body was expected".into(),
+    })
+}
+
+impl PaymentClient {
+    /// `base` is the payment resource's URL; `owner_id` goes on every write.
+    pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
+        Ok(Self::with_http(base, owner_id, http_client()?))
+    }
+
+    pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            owner_id: owner_id.to_owned(),
+            http,
+            trace_id: None,
+            operator_token: None,
+        }
+    }
+
+    /// A client whose calls all belong to one trace (one payout is one trace).
+    pub fn in_trace(&self, trace_id: &str) -> Self {
+        Self {
+            trace_id: Some(trace_id.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// A client that sends the operator credential, for fence advances and resolutions.
+    pub fn as_operator(&self, token: &str) -> Self {
+        Self {
+            operator_token: Some(token.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
+        let url = format!("{}{path}", self.base);
+        let mut builder = self
+            .http
+            .request(method, &url)
+            .timeout(timeout)
+            .header(headers::OWNER_ID, &self.owner_id)
+            .header(
+                headers::TRACEPARENT,
+                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
+            );
+        if let Some(token) = &self.operator_token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        (url, builder)
+    }
+
+    fn write<B: Serialize>(
+        &self,
+        path: &str,
+        write: &WriteHeaders<'_>,
+        body: &B,
+    ) -> (String, RequestBuilder) {
+        let (url, mut builder) = self.request(Method::POST, path, WRITE_TIMEOUT);
+        builder = builder.header(headers::IDEMPOTENCY_KEY, write.idempotency_key);
+        if let Some(token) = write.fencing_token {
+            builder = builder.header(headers::FENCING_TOKEN, token.to_string());
+        }
+        let builder = match serde_json::to_vec(body) {
+            Ok(bytes) => builder
+                .header("content-type", crate::http::JSON_CONTENT_TYPE)
+                .body(bytes),
+            Err(_) => builder,
+        };
+        (url, builder)
+    }
+
+    pub async fn create_account(
+        &self,
+        idempotency_key: &str,
+        body: &CreateAccountRequest,
+    ) -> Result<Account, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: None,
+        };
+        let (url, req) = self.write("/v1/accounts", &write, body);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    pub async fn fund(
+        &self,
+        account_id: &str,
+        idempotency_key: &str,
+        body: &FundRequest,
+    ) -> Result<FundResponse, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: None,
+        };
+        let (url, req) = self.write(&format!("/v1/accounts/{account_id}/fund"), &write, body);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    pub async fn create_payout(
+        &self,
+        idempotency_key: &str,
+        body: &CreatePayoutRequest,
+    ) -> Result<Payout, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: None,
+        };
+        let (url, req) = self.write("/v1/payouts", &write, body);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// P1, advisory.
+    pub async fn list_payouts(
+        &self,
+        state: Option<PayoutState>,
+        account_id: Option<&str>,
+        limit: Option<i64>,
+        cursor: Option<&str>,
+    ) -> Result<PayoutPage, ClientError> {
+        let (url, mut req) = self.request(Method::GET, "/v1/payouts", READ_TIMEOUT);
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(state) = state {
+            query.push(("state", state.as_str().to_owned()));
+        }
+        if let Some(account_id) = account_id {
+            query.push(("accountId", account_id.to_owned()));
+        }
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        if let Some(cursor) = cursor {
+            query.push(("cursor", cursor.to_owned()));
+        }
+        if !query.is_empty() {
+            req = req.query(&query);
+        }
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// P2.
+    pub async fn claim(
+        &self,
+        payout_id: Uuid,
+        token: i64,
+        idempotency_key: &str,
+        expected_state: PayoutState,
+    ) -> Result<ClaimResponse, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: Some(token),
+        };
+        let (url, req) = self.write(
+            &format!("/v1/payouts/{payout_id}/claim"),
+            &write,
+            &ClaimRequest { expected_state },
+        );
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// P3.
+    pub async fn post(
+        &self,
+        payout_id: Uuid,
+        token: i64,
+        idempotency_key: &str,
+        rail_reference: &str,
+        submission_id: Uuid,
+    ) -> Result<PostResponse, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: Some(token),
+        };
+        let body = PostRequest {
+            rail_reference: rail_reference.to_owned(),
+            submission_id,
+            rail_outcome: RailOutcome::Acked,
+        };
+        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/post"), &write, &body);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// P4, advisory: never a basis for deciding that a submit is safe.
+    pub async fn get_payout(&self, payout_id: Uuid) -> Result<Payout, ClientError> {
+        let path = format!("/v1/payouts/{payout_id}");
+        let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// P5, advisory.
+    pub async fn get_account(&self, account_id: &str) -> Result<Account, ClientError> {
+        let path = format!("/v1/accounts/{account_id}");
+        let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// D-3: needs [`Self::as_operator`].
+    pub async fn advance_fence(
+        &self,
+        account_id: &str,
+        idempotency_key: &str,
+        body: &FenceRequest,
+    ) -> Result<FenceResponse, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: None,
+        };
+        let (url, req) = self.write(&format!("/v1/accounts/{account_id}/fence"), &write, body);
+        expect_body(&url, send(&url, req).await?)
+    }
+
+    /// Out-of-band resolution of a RAIL_AMBIGUOUS payout: needs [`Self::as_operator`].
+    pub async fn resolve(
+        &self,
+        payout_id: Uuid,
+        idempotency_key: &str,
+        body: &ResolveRequest,
+    ) -> Result<ResolveResponse, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: None,
+        };
+        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/resolve"), &write, body);
+        expect_body(&url, send(&url, req).await?)
+    }
+}

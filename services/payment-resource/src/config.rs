@@ -1,0 +1,204 @@
+//! The payment resource's configuration: one TOML file plus `DLOCK_*` overrides, validated whole
+//! at start (DESIGN §7).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use dlock_contract::config::{ConfigError, RawConfig};
+use dlock_contract::http::HttpLimits;
+
+/// The shortest operator credential accepted: a guessable one would let anyone move a fence.
+pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    /// `payment.pg.url`: the paydb primary.
+    pub url: String,
+    /// `payment.pg.pool-max`.
+    pub pool_max: u32,
+    /// `payment.pg.acquire-timeout-ms`.
+    pub acquire_timeout: Duration,
+    /// `payment.pg.migrate`: apply the paydb migrations before serving.
+    pub migrate: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct IdempotencySettings {
+    /// `payment.idempotency.payout-retention-ms`: payout writes (ADR 0004: 72 h).
+    pub payout_retention_ms: i64,
+    /// `payment.idempotency.ledger-retention-ms`: ledger postings (ADR 0004: 7 days).
+    pub ledger_retention_ms: i64,
+    /// `payment.idempotency.sweep-interval-ms`: how often expired records are deleted.
+    pub sweep_interval_ms: u64,
+    /// `payment.idempotency.in-progress-wait-ms`: how long a duplicate waits for the identical
+    /// request in progress before it is told to retry.
+    pub in_progress_wait_ms: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct PaymentConfig {
+    /// `server.listen`.
+    pub listen: SocketAddr,
+    pub pg: PgSettings,
+    /// `payment.operator.token`: the credential of fence advances and resolutions. Without it,
+    /// those endpoints refuse everybody.
+    pub operator_token: Option<String>,
+    pub idempotency: IdempotencySettings,
+    pub http: HttpLimits,
+}
+
+fn error(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        origin: String::new(),
+        message: message.into(),
+    }
+}
+
+impl PaymentConfig {
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut raw = RawConfig::load(file)?;
+        let config = Self::from_raw(&mut raw)?;
+        raw.finish()?;
+        Ok(config)
+    }
+
+    pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
+        let listen_text = raw.string("server.listen", "127.0.0.1:7071")?;
+        let listen = listen_text.parse().map_err(|e| {
+            error(
+                "server.listen",
+                format!("must be an address like 127.0.0.1:7071, got {listen_text:?}: {e}"),
+            )
+        })?;
+        // FR-27: fencing is what this service exists for. There is no configuration in which a
+        // payout may be written without its token being checked, so `false` stops the start.
+        if !raw.boolean("payment.fencing.enabled", true)? {
+            return Err(error(
+                "payment.fencing.enabled",
+                "cannot be false: the payment resource never accepts unfenced writes (FR-27); \
+                 remove the key or set it to true",
+            ));
+        }
+        let url = raw.string_optional("payment.pg.url")?.ok_or_else(|| {
+            error(
+                "payment.pg.url",
+                "is required (postgres://user@host:port/paydb)",
+            )
+        })?;
+        let pg = PgSettings {
+            url,
+            pool_max: raw.integer("payment.pg.pool-max", 32, 1..=512)? as u32,
+            acquire_timeout: Duration::from_millis(raw.integer(
+                "payment.pg.acquire-timeout-ms",
+                2_000,
+                50..=60_000,
+            )? as u64),
+            migrate: raw.boolean("payment.pg.migrate", true)?,
+        };
+        let operator_token = raw.string_optional("payment.operator.token")?;
+        if let Some(token) = &operator_token
+            && (token.len() < OPERATOR_TOKEN_LEN_MIN
+                || !token.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(error(
+                "payment.operator.token",
+                format!(
+                    "must be at least {OPERATOR_TOKEN_LEN_MIN} visible ASCII characters without spaces"
+                ),
+            ));
+        }
+        let hour_ms = 3_600_000;
+        let idempotency = IdempotencySettings {
+            payout_retention_ms: raw.integer(
+                "payment.idempotency.payout-retention-ms",
+                72 * hour_ms,
+                1_000..=90 * 24 * hour_ms,
+            )?,
+            ledger_retention_ms: raw.integer(
+                "payment.idempotency.ledger-retention-ms",
+                7 * 24 * hour_ms,
+                1_000..=90 * 24 * hour_ms,
+            )?,
+            sweep_interval_ms: raw.integer(
+                "payment.idempotency.sweep-interval-ms",
+                60_000,
+                10..=hour_ms,
+            )? as u64,
+            in_progress_wait_ms: raw.integer(
+                "payment.idempotency.in-progress-wait-ms",
+                2_000,
+                10..=30_000,
+            )? as i32,
+        };
+        let http = HttpLimits {
+            body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
+                as usize,
+            request_timeout: Duration::from_millis(raw.integer(
+                "server.request-timeout-ms",
+                10_000,
+                1_000..=120_000,
+            )? as u64),
+        };
+        Ok(Self {
+            listen,
+            pg,
+            operator_token,
+            idempotency,
+            http,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn load(env: &[(&str, &str)]) -> Result<PaymentConfig, ConfigError> {
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (dlock_contract::config::env_name(k), (*v).to_owned()))
+            .collect();
+        let mut raw = RawConfig::from_parts(None, env)?;
+        PaymentConfig::from_raw(&mut raw)
+    }
+
+    #[test]
+    fn fencing_cannot_be_turned_off() {
+        let err = load(&[
+            ("payment.pg.url", "postgres://x/paydb"),
+            ("payment.fencing.enabled", "false"),
+        ])
+        .err();
+        assert_eq!(
+            err.map(|e| e.key),
+            Some("payment.fencing.enabled".to_owned())
+        );
+        assert!(
+            load(&[
+                ("payment.pg.url", "postgres://x/paydb"),
+                ("payment.fencing.enabled", "true")
+            ])
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn url_is_required_and_a_short_operator_token_is_refused() {
+        assert_eq!(
+            load(&[]).err().map(|e| e.key),
+            Some("payment.pg.url".to_owned())
+        );
+        let err = load(&[
+            ("payment.pg.url", "postgres://x/paydb"),
+            ("payment.operator.token", "short"),
+        ])
+        .err();
+        assert_eq!(
+            err.map(|e| e.key),
+            Some("payment.operator.token".to_owned())
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! The dlock payment resource: payouts, accounts and the double-entry ledger (C3 §3.4, P1–P5),
+//! on paydb. This is enforcement point (a): it trusts no lock state, only the token a request
+//! presents and the fence paydb stores, and every money-moving write is one conditional write
+//! that the database itself checks.
+//!
+//! [`app`] builds the router over a [`PayStore`]; [`run`] is what
+//! `dlock serve payment-resource` calls. A replica keeps nothing in memory that decides anything,
+//! so any number of them on one paydb behave as one.
+
+pub mod config;
+pub mod metrics;
+pub mod routes;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+pub use config::PaymentConfig;
+pub use routes::{AppState, app};
+pub use store::PayStore;
+
+/// Opens paydb (applying its migrations first unless `payment.pg.migrate = false`).
+pub async fn open_store(config: &PaymentConfig) -> anyhow::Result<PayStore> {
+    PayStore::connect(&config.pg).await
+}
+
+/// Serves until SIGINT or SIGTERM. Migrations are applied before the listener opens, so a new
+/// pod never serves against an old schema.
+pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
+    let store = open_store(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    let sweeper = tokio::spawn(sweep_forever(
+        store.clone(),
+        Duration::from_millis(config.idempotency.sweep_interval_ms),
+    ));
+    if config.operator_token.is_none() {
+        tracing::warn!(
+            event = "operator_credential_missing",
+            "payment.operator.token is not set; fence advances and resolutions are refused"
+        );
+    }
+    let state = AppState::new(store, Arc::new(config));
+    tracing::info!(
+        event = "payment_resource_started",
+        listen = %listener.local_addr()?,
+        "payment resource is serving"
+    );
+    dlock_contract::http::serve(
+        listener,
+        app(state),
+        dlock_contract::http::shutdown_signal(),
+    )
+    .await
+    .context("the HTTP server failed")?;
+    sweeper.abort();
+    tracing::info!(
+        event = "payment_resource_stopped",
+        "payment resource stopped"
+    );
+    Ok(())
+}
+
+/// Deletes expired idempotency records on a fixed interval (ADR 0004: expiry is a sweep, not a
+/// lazy surprise). A failed sweep is retried on the next tick.
+pub async fn sweep_forever(store: PayStore, every: Duration) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match store.sweep().await {
+            Ok(0) => {}
+            Ok(removed) => tracing::debug!(
+                event = "idempotency_sweep",
+                removed,
+                "swept expired idempotency records"
+            ),
+            Err(error) => tracing::warn!(
+                event = "idempotency_sweep_failed",
+                %error,
+                "sweeping expired idempotency records failed; it is retried on the next tick"
+            ),
+        }
+    }
+}

@@ -1,0 +1,1148 @@
+//! The HTTP surface: P1–P5, the writes around them (DESIGN §9) and the health endpoints.
+//!
+//! Every write follows one shape: validate everything (nothing is written for bad input), open
+//! the transaction and claim the idempotency record in it, run the effect (one paydb function),
+//! store the answer in the same transaction, commit, and send exactly the stored bytes.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::headers;
+use dlock_contract::http::{JSON_CONTENT_TYPE, METRICS_CONTENT_TYPE, json_response};
+use dlock_contract::json::Json;
+use dlock_contract::payment::*;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::config::PaymentConfig;
+use crate::metrics::{Lookup, Metrics, Resource};
+use crate::store::{
+    Begin, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, PayStore, Scope, StoreError, Tx,
+    parse_state,
+};
+
+/// The header that marks a replayed answer. The body is the stored one, byte for byte.
+pub const REPLAY_HEADER: &str = "x-idempotent-replay";
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: PayStore,
+    pub config: Arc<PaymentConfig>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn new(store: PayStore, config: Arc<PaymentConfig>) -> Self {
+        Self {
+            store,
+            config,
+            metrics: Metrics::new(),
+        }
+    }
+}
+
+pub fn app(state: AppState) -> Router {
+    let limits = state.config.http;
+    let routes = Router::new()
+        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts/{account_id}", get(get_account))
+        .route("/v1/accounts/{account_id}/fund", post(fund))
+        .route("/v1/accounts/{account_id}/fence", post(advance_fence))
+        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route("/v1/payouts/{payout_id}", get(get_payout))
+        .route("/v1/payouts/{payout_id}/claim", post(claim))
+        .route("/v1/payouts/{payout_id}/post", post(post_payout))
+        .route("/v1/payouts/{payout_id}/resolve", post(resolve))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state);
+    dlock_contract::http::finish(routes, limits)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+/// Collects field errors so one answer names every field at fault.
+#[derive(Default)]
+struct Checks(Vec<FieldError>);
+
+impl Checks {
+    fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.0.push(e);
+                None
+            }
+        }
+    }
+
+    fn check(&mut self, ok: bool, field: &str, reason: impl Into<String>) {
+        if !ok {
+            self.0.push(FieldError::new(field, reason));
+        }
+    }
+
+    fn done(self) -> Result<(), ApiError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::validation(self.0))
+        }
+    }
+}
+
+/// Unwraps values that [`Checks::done`] has proved present.
+fn present<T>(value: Option<T>) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::internal("a checked value was missing"))
+}
+
+fn check_account_id(checks: &mut Checks, field: &str, id: &str) {
+    checks.check(
+        account_id_is_valid(id),
+        field,
+        format!("must be 1 to {ACCOUNT_ID_LEN_MAX} characters of [a-zA-Z0-9:._-]"),
+    );
+}
+
+fn check_amount(checks: &mut Checks, amount: i64) {
+    checks.check(
+        (1..=AMOUNT_MINOR_MAX).contains(&amount),
+        "amountMinor",
+        format!(
+            "must be an integer number of minor units from 1 to {AMOUNT_MINOR_MAX}, got {amount}"
+        ),
+    );
+}
+
+fn check_currency(checks: &mut Checks, currency: &str) {
+    checks.check(
+        currency_is_valid(currency),
+        "currency",
+        format!("must be an active ISO 4217 code in upper case (EUR, USD, ...), got {currency:?}"),
+    );
+}
+
+fn check_reference(checks: &mut Checks, field: &str, text: &str) {
+    checks.check(
+        reference_is_valid(text),
+        field,
+        format!("must be 1 to {REFERENCE_LEN_MAX} visible ASCII characters without spaces"),
+    );
+}
+
+fn check_text(checks: &mut Checks, field: &str, text: &str, min: usize, max: usize) {
+    let chars = text.trim().chars().count();
+    checks.check(
+        (min..=max).contains(&chars) && !text.chars().any(char::is_control),
+        field,
+        format!("must be {min} to {max} characters without control characters, got {chars}"),
+    );
+}
+
+fn path_payout(checks: &mut Checks, text: &str) -> Option<Uuid> {
+    checks.take(Uuid::parse_str(text).map_err(|_| FieldError::new("payoutId", "must be a UUID")))
+}
+
+/// The headers every write carries.
+struct WriteHeaders {
+    owner_id: String,
+    key: String,
+}
+
+fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<WriteHeaders> {
+    let owner_id = checks.take(headers::owner_id(headers));
+    let key = checks.take(headers::idempotency_key(headers));
+    Some(WriteHeaders {
+        owner_id: owner_id?,
+        key: key?,
+    })
+}
+
+/// The operator credential of fence advances and resolutions: `Authorization: Bearer <token>`.
+fn authorize_operator(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(presented) = presented.filter(|p| !p.is_empty()) else {
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "this operator action needs Authorization: Bearer <operator credential>",
+        ));
+    };
+    let matches = state
+        .config
+        .operator_token
+        .as_deref()
+        .is_some_and(|expected| constant_time_eq(expected.as_bytes(), presented.as_bytes()));
+    if matches {
+        Ok(())
+    } else {
+        tracing::warn!(
+            event = "operator_credential_refused",
+            "an operator action presented a wrong credential"
+        );
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "the operator credential is not valid for this service",
+        ))
+    }
+}
+
+/// Compares without stopping at the first difference, so timing does not reveal a prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Idempotent execution
+// ---------------------------------------------------------------------------------------------
+
+/// An answer, as it is stored and sent.
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    fn json<T: Serialize>(status: StatusCode, value: &T) -> Result<Self, ApiError> {
+        serde_json::to_vec(value)
+            .map(|body| Self { status, body })
+            .map_err(|e| ApiError::internal(format!("response did not serialize: {e}")))
+    }
+
+    fn into_response(self, replayed: bool) -> Response {
+        let mut response = (self.status, self.body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(JSON_CONTENT_TYPE),
+        );
+        if replayed {
+            headers.insert(REPLAY_HEADER, HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+fn store_error(error: StoreError) -> ApiError {
+    match error {
+        StoreError::NotLeader(reason) => {
+            tracing::warn!(event = "backend_not_leader", %reason, "paydb refused a write");
+            ApiError::new(
+                ErrorCode::NotLeader,
+                "paydb cannot take writes right now; nothing was changed, retry",
+            )
+        }
+        StoreError::InProgress => ApiError::new(
+            ErrorCode::NotLeader,
+            "an identical request is still in progress; this one changed nothing, retry after retryAfterMillis to get its answer",
+        ),
+        StoreError::Backend(reason) => ApiError::internal(reason),
+    }
+}
+
+/// The canonical hash of a request: its route and its parsed body re-serialized, so the same
+/// request with its fields in another order or other whitespace is the same request.
+fn payload_hash<T: Serialize>(route: &str, body: &T) -> Result<[u8; 32], ApiError> {
+    let bytes = serde_json::to_vec(body)
+        .map_err(|e| ApiError::internal(format!("request did not serialize: {e}")))?;
+    let mut hasher = Sha256::new();
+    hasher.update(route.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(&bytes);
+    Ok(hasher.finalize().into())
+}
+
+enum Started {
+    Fresh(Tx),
+    Done(Response),
+}
+
+impl AppState {
+    fn scope<T: Serialize>(
+        &self,
+        route: String,
+        write: &WriteHeaders,
+        token: i64,
+        body: &T,
+        ledger: bool,
+    ) -> Result<Scope, ApiError> {
+        let retention = &self.config.idempotency;
+        Ok(Scope {
+            payload_hash: payload_hash(&route, body)?,
+            route,
+            key: write.key.clone(),
+            token,
+            owner_id: write.owner_id.clone(),
+            retention_ms: if ledger {
+                retention.ledger_retention_ms
+            } else {
+                retention.payout_retention_ms
+            },
+        })
+    }
+
+    async fn start(&self, scope: &Scope) -> Result<Started, ApiError> {
+        match self
+            .store
+            .begin(scope, self.config.idempotency.in_progress_wait_ms)
+            .await
+        {
+            Ok(Begin::Fresh(tx)) => {
+                self.metrics.lookup(Lookup::miss);
+                Ok(Started::Fresh(tx))
+            }
+            Ok(Begin::Replay { status, body }) => {
+                self.metrics.lookup(Lookup::hit);
+                let status = StatusCode::from_u16(status)
+                    .map_err(|_| ApiError::internal(format!("stored status {status}")))?;
+                tracing::debug!(event = "idempotent_replay", route = %scope.route, idempotency_key = %scope.key, "replayed a stored answer");
+                Ok(Started::Done(Reply { status, body }.into_response(true)))
+            }
+            Ok(Begin::Conflict) => {
+                self.metrics.conflict();
+                tracing::warn!(event = "idempotency_conflict", route = %scope.route, idempotency_key = %scope.key, owner = %scope.owner_id, "a key was re-used with a different body");
+                Err(ApiError::new(
+                    ErrorCode::IdempotencyConflict,
+                    "this X-Idempotency-Key was already used with this token for a different request",
+                )
+                .with_details(json!({ "idempotencyKey": scope.key, "route": scope.route })))
+            }
+            Err(StoreError::InProgress) => {
+                self.metrics.in_progress_timeout();
+                Err(store_error(StoreError::InProgress)
+                    .with_retry_after_ms(self.config.idempotency.in_progress_wait_ms as u64))
+            }
+            Err(error) => Err(store_error(error)),
+        }
+    }
+
+    /// Stores the effect's answer with the effect and commits. A server fault (5xx) rolls the
+    /// whole transaction back, record included, so a retry runs again. So does 404: nothing
+    /// happened, and the thing may exist by the time the caller retries.
+    async fn finish(&self, tx: Tx, scope: &Scope, result: Result<Reply, ApiError>) -> Response {
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(error)
+                if error.status.is_server_error() || error.status == StatusCode::NOT_FOUND =>
+            {
+                drop(tx);
+                return error.into_response();
+            }
+            Err(error) => match Reply::json(error.status, &error.body()) {
+                Ok(reply) => reply,
+                Err(error) => return error.into_response(),
+            },
+        };
+        match self
+            .store
+            .finish(tx, scope, reply.status.as_u16(), &reply.body)
+            .await
+        {
+            Ok(()) => reply.into_response(false),
+            Err(error) => store_error(error).into_response(),
+        }
+    }
+}
+
+/// Runs one idempotent write: `$effect` is an expression over `$conn: &mut PgConnection` that
+/// yields `Result<Reply, ApiError>`.
+macro_rules! idempotent {
+    ($state:expr, $scope:expr, |$conn:ident| $effect:expr) => {{
+        let state = $state;
+        let scope = $scope;
+        match state.start(&scope).await {
+            Err(error) => error.into_response(),
+            Ok(Started::Done(response)) => response,
+            Ok(Started::Fresh(mut tx)) => {
+                let result = {
+                    let $conn: &mut PgConnection = &mut tx;
+                    $effect
+                };
+                state.finish(tx, &scope, result).await
+            }
+        }
+    }};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fenced-out answers
+// ---------------------------------------------------------------------------------------------
+
+struct Fenced<'a> {
+    resource: Resource,
+    resource_id: &'a str,
+    presented: i64,
+    highest: i64,
+    payout_id: Uuid,
+    write: &'a WriteHeaders,
+}
+
+/// The 409 FENCED_OUT body is a contract (C3 §3.4): both tokens, the resource and the owner,
+/// enough to alert on without a database query. Also the log event and the counter.
+fn fenced_out(state: &AppState, f: Fenced<'_>) -> ApiError {
+    state.metrics.fenced_out(f.resource);
+    tracing::warn!(
+        event = "fenced_out",
+        resource = f.resource.as_str(),
+        resource_id = %f.resource_id,
+        payout_id = %f.payout_id,
+        idempotency_key = %f.write.key,
+        owner = %f.write.owner_id,
+        presented_token = f.presented,
+        highest_token = f.highest,
+        trace = %dlock_contract::trace::current_trace_id(),
+        "a write presented a token below the stored fence: a newer holder exists"
+    );
+    ApiError::new(
+        ErrorCode::FencedOut,
+        "a newer holder's token is stored for this resource; abort the whole critical section, do not retry",
+    )
+    .with_details(json!({
+        "presentedToken": f.presented,
+        "highestToken": f.highest,
+        "resourceType": f.resource.as_str(),
+        "resourceId": f.resource_id,
+        "ownerId": f.write.owner_id,
+    }))
+}
+
+fn not_claimable(payout_id: Uuid, state: Option<&str>, wanted: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayoutNotClaimable,
+        format!(
+            "payout {payout_id} is {} and this write needs it {wanted}; retrying changes nothing",
+            state.unwrap_or("in another state")
+        ),
+    )
+    .with_details(json!({ "payoutId": payout_id, "state": state, "requiredState": wanted }))
+}
+
+fn payout_not_found(payout_id: Uuid) -> ApiError {
+    ApiError::not_found(format!("payout {payout_id} does not exist"))
+}
+
+fn account_not_found(account_id: &str) -> ApiError {
+    ApiError::not_found(format!("account {account_id} does not exist"))
+}
+
+fn missing(what: &str) -> ApiError {
+    ApiError::internal(format!("paydb returned no {what}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accounts
+// ---------------------------------------------------------------------------------------------
+
+async fn create_account(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<CreateAccountRequest>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    check_account_id(&mut checks, "accountId", &body.account_id);
+    checks.check(
+        !body.account_id.starts_with(FUNDING_PREFIX)
+            && !body.account_id.starts_with(SETTLEMENT_PREFIX),
+        "accountId",
+        format!("{FUNDING_PREFIX}* and {SETTLEMENT_PREFIX}* are the system accounts' names"),
+    );
+    check_currency(&mut checks, &body.currency);
+    checks.done()?;
+    let write = present(write)?;
+    let scope = state.scope("POST /v1/accounts".to_owned(), &write, 0, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        create_account_effect(conn, &body).await
+    }))
+}
+
+async fn create_account_effect(
+    conn: &mut PgConnection,
+    body: &CreateAccountRequest,
+) -> Result<Reply, ApiError> {
+    match PayStore::create_account(conn, &body.account_id, &body.currency)
+        .await
+        .map_err(store_error)?
+    {
+        CreateAccountOutcome::Created | CreateAccountOutcome::Exists => {}
+        CreateAccountOutcome::Conflict { currency } => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "account {} already exists with another currency or kind",
+                    body.account_id
+                ),
+            )
+            .with_details(json!({ "accountId": body.account_id, "currency": currency })));
+        }
+    }
+    let account = PayStore::account(conn, &body.account_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| missing("account"))?;
+    Reply::json(StatusCode::CREATED, &account)
+}
+
+async fn get_account(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    check_account_id(&mut checks, "accountId", &account_id);
+    checks.done()?;
+    match state
+        .store
+        .read_account(&account_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(account) => Ok(json_response(StatusCode::OK, &account)),
+        None => Err(account_not_found(&account_id)),
+    }
+}
+
+async fn fund(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FundRequest>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    check_account_id(&mut checks, "accountId", &account_id);
+    check_amount(&mut checks, body.amount_minor);
+    check_reference(&mut checks, "reference", &body.reference);
+    checks.done()?;
+    let write = present(write)?;
+    let route = format!("POST /v1/accounts/{account_id}/fund");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        fund_effect(conn, &account_id, &body).await
+    }))
+}
+
+async fn fund_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    body: &FundRequest,
+) -> Result<Reply, ApiError> {
+    let outcome = PayStore::fund(conn, account_id, body.amount_minor, &body.reference)
+        .await
+        .map_err(store_error)?;
+    let balance_minor = match outcome {
+        FundOutcome::Funded { balance_minor } | FundOutcome::Exists { balance_minor } => {
+            balance_minor
+        }
+        FundOutcome::Conflict => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                "this funding reference was already used for another account or amount",
+            )
+            .with_details(json!({ "reference": body.reference })));
+        }
+        FundOutcome::NotFound => return Err(account_not_found(account_id)),
+        FundOutcome::NotCustomer => {
+            return Err(ApiError::field(
+                "accountId",
+                "is a system account; only customer accounts are funded",
+            ));
+        }
+    };
+    let entries = PayStore::entries(conn, &format!("fund:{}", body.reference), false)
+        .await
+        .map_err(store_error)?;
+    Reply::json(
+        StatusCode::OK,
+        &FundResponse {
+            account_id: account_id.to_owned(),
+            reference: body.reference.clone(),
+            entries,
+            balance_minor,
+        },
+    )
+}
+
+async fn advance_fence(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FenceRequest>,
+) -> Result<Response, ApiError> {
+    authorize_operator(&state, &headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    check_account_id(&mut checks, "accountId", &account_id);
+    checks.check(body.floor > 0, "floor", "must be a token greater than 0");
+    check_text(&mut checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+    check_text(
+        &mut checks,
+        "reason",
+        &body.reason,
+        REASON_LEN_MIN,
+        REASON_LEN_MAX,
+    );
+    checks.done()?;
+    let write = present(write)?;
+    let route = format!("POST /v1/accounts/{account_id}/fence");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        fence_effect(conn, &account_id, &body, &write).await
+    }))
+}
+
+async fn fence_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    body: &FenceRequest,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let row = PayStore::advance_fence(
+        conn,
+        account_id,
+        body.floor,
+        body.operator.trim(),
+        body.reason.trim(),
+        body.revocation_id,
+        &write.owner_id,
+    )
+    .await
+    .map_err(store_error)?;
+    if row.outcome != "advanced" {
+        return Err(account_not_found(account_id));
+    }
+    let previous_fence = row
+        .previous_fence
+        .ok_or_else(|| missing("previous fence"))?;
+    let fence = row.fence.ok_or_else(|| missing("fence"))?;
+    tracing::warn!(
+        event = "fence_advanced",
+        account_id,
+        previous_fence,
+        fence,
+        revocation_id = %body.revocation_id,
+        operator = %body.operator.trim(),
+        owner = %write.owner_id,
+        "account fence advanced to a revocation floor"
+    );
+    Reply::json(
+        StatusCode::OK,
+        &FenceResponse {
+            account_id: account_id.to_owned(),
+            previous_fence,
+            fence,
+            revocation_id: body.revocation_id,
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payouts
+// ---------------------------------------------------------------------------------------------
+
+async fn create_payout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<CreatePayoutRequest>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    check_account_id(&mut checks, "accountId", &body.account_id);
+    check_amount(&mut checks, body.amount_minor);
+    check_currency(&mut checks, &body.currency);
+    check_reference(&mut checks, "beneficiaryRef", &body.beneficiary_ref);
+    checks.done()?;
+    let write = present(write)?;
+    let scope = state.scope("POST /v1/payouts".to_owned(), &write, 0, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        create_payout_effect(conn, &body).await
+    }))
+}
+
+async fn create_payout_effect(
+    conn: &mut PgConnection,
+    body: &CreatePayoutRequest,
+) -> Result<Reply, ApiError> {
+    let outcome = PayStore::create_payout(
+        conn,
+        body.payout_id,
+        &body.account_id,
+        body.amount_minor,
+        &body.currency,
+        &body.beneficiary_ref,
+    )
+    .await
+    .map_err(store_error)?;
+    match outcome {
+        CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
+        CreatePayoutOutcome::Conflict => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "payout {} already exists with a different body",
+                    body.payout_id
+                ),
+            )
+            .with_details(json!({ "payoutId": body.payout_id })));
+        }
+        CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&body.account_id)),
+        CreatePayoutOutcome::CurrencyMismatch => {
+            return Err(ApiError::field(
+                "currency",
+                "differs from the account's currency",
+            ));
+        }
+    }
+    let payout = PayStore::payout(conn, body.payout_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| missing("payout"))?;
+    Reply::json(StatusCode::CREATED, &payout)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    account_id: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+fn query_error(rejection: QueryRejection) -> ApiError {
+    let text = rejection.body_text();
+    let field = text.split('`').nth(1).unwrap_or("query").to_owned();
+    let reason = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(&text)
+        .to_owned();
+    ApiError::field(field, reason)
+}
+
+/// Cursors are opaque to callers: hex of `v1:{created_at µs}:{payout_id}`.
+fn encode_cursor(created_at: DateTime<Utc>, payout_id: Uuid) -> String {
+    format!("v1:{}:{payout_id}", created_at.timestamp_micros())
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
+    if cursor.len() % 2 != 0 || cursor.len() > 256 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(cursor.get(i..i + 2)?, 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let mut parts = text.split(':');
+    if parts.next()? != "v1" {
+        return None;
+    }
+    let micros = parts.next()?.parse::<i64>().ok()?;
+    let payout_id = Uuid::parse_str(parts.next()?).ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((DateTime::from_timestamp_micros(micros)?, payout_id))
+}
+
+async fn list_payouts(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(query_error)?;
+    let mut checks = Checks::default();
+    let payout_state = match &query.state {
+        None => None,
+        Some(text) => checks
+            .take(PayoutState::parse(text).map(Some).ok_or_else(|| {
+                FieldError::new(
+                    "state",
+                    "must be one of the eight payout states (PENDING, CLAIMED, ...)",
+                )
+            }))
+            .flatten(),
+    };
+    if let Some(id) = &query.account_id {
+        check_account_id(&mut checks, "accountId", id);
+    }
+    let limit = match &query.limit {
+        None => Some(LIST_LIMIT_DEFAULT),
+        Some(text) => checks.take(
+            text.parse::<i64>()
+                .ok()
+                .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
+                .ok_or_else(|| {
+                    FieldError::new(
+                        "limit",
+                        format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
+                    )
+                }),
+        ),
+    };
+    let after =
+        match &query.cursor {
+            None => None,
+            Some(text) => checks
+                .take(decode_cursor(text).map(Some).ok_or_else(|| {
+                    FieldError::new("cursor", "is not a cursor this service issued")
+                }))
+                .flatten(),
+        };
+    checks.done()?;
+    let limit = present(limit)?;
+    let mut items = state
+        .store
+        .list_payouts(payout_state, query.account_id.as_deref(), limit, after)
+        .await
+        .map_err(store_error)?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items
+            .last()
+            .map(|p| encode_cursor(p.created_at, p.payout_id))
+    } else {
+        None
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &PayoutPage { items, next_cursor },
+    ))
+}
+
+async fn get_payout(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    let payout_id = path_payout(&mut checks, &payout_id);
+    checks.done()?;
+    let payout_id = present(payout_id)?;
+    match state
+        .store
+        .read_payout(payout_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(payout) => Ok(json_response(StatusCode::OK, &payout)),
+        None => Err(payout_not_found(payout_id)),
+    }
+}
+
+async fn claim(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<ClaimRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    let payout_id = path_payout(&mut checks, &payout_id);
+    checks.check(
+        matches!(
+            body.expected_state,
+            PayoutState::Pending | PayoutState::Claimed
+        ),
+        "expectedState",
+        "must be PENDING, or CLAIMED for a recovery re-claim",
+    );
+    checks.done()?;
+    let (write, payout_id) = (present(write)?, present(payout_id)?);
+    let route = format!("POST /v1/payouts/{payout_id}/claim");
+    let scope = state.scope(route, &write, token, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        claim_effect(&state, conn, payout_id, token, body.expected_state, &write).await
+    }))
+}
+
+async fn claim_effect(
+    state: &AppState,
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    token: i64,
+    expected_state: PayoutState,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let row = PayStore::claim(conn, payout_id, token, expected_state)
+        .await
+        .map_err(store_error)?;
+    let account_id = row.account_id.clone().unwrap_or_default();
+    match row.outcome.as_str() {
+        "claimed" => {
+            let response = ClaimResponse {
+                payout_id,
+                state: PayoutState::Claimed,
+                claim_token: row.claim_token.ok_or_else(|| missing("claim token"))?,
+                account_fence: row.fence.ok_or_else(|| missing("fence"))?,
+                attempt_count: row.attempt_count.ok_or_else(|| missing("attempt count"))?,
+                idempotency_key: write.key.clone(),
+            };
+            tracing::info!(event = "payout_claimed", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count = response.attempt_count, "payout claimed");
+            Reply::json(StatusCode::OK, &response)
+        }
+        "fenced_out" => Err(fenced_out(
+            state,
+            Fenced {
+                resource: Resource::account,
+                resource_id: &account_id,
+                presented: token,
+                highest: row.fence.unwrap_or_default(),
+                payout_id,
+                write,
+            },
+        )),
+        "not_claimable" => Err(not_claimable(
+            payout_id,
+            row.state.as_deref(),
+            expected_state.as_str(),
+        )),
+        "insufficient_funds" => {
+            tracing::info!(event = "payout_insufficient_funds", %payout_id, account_id = %account_id, owner = %write.owner_id, "claim refused for insufficient funds; payout FAILED");
+            Err(ApiError::new(
+                ErrorCode::InsufficientFunds,
+                "the account's available balance (balance minus holds) does not cover the payout; it is now FAILED",
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "accountId": account_id,
+                "state": PayoutState::Failed,
+                "availableMinor": row.available_minor,
+                "amountMinor": row.amount_minor,
+            })))
+        }
+        _ => Err(payout_not_found(payout_id)),
+    }
+}
+
+async fn post_payout(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<PostRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    let payout_id = path_payout(&mut checks, &payout_id);
+    check_reference(&mut checks, "railReference", &body.rail_reference);
+    checks.done()?;
+    let (write, payout_id) = (present(write)?, present(payout_id)?);
+    let route = format!("POST /v1/payouts/{payout_id}/post");
+    let scope = state.scope(route, &write, token, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        post_effect(&state, conn, payout_id, token, &body, &write).await
+    }))
+}
+
+async fn post_effect(
+    state: &AppState,
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    token: i64,
+    body: &PostRequest,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let row = PayStore::post(
+        conn,
+        payout_id,
+        token,
+        &body.rail_reference,
+        body.submission_id,
+    )
+    .await
+    .map_err(store_error)?;
+    match row.outcome.as_str() {
+        "posted" => {
+            let entries = PayStore::entries(conn, &format!("payout:{payout_id}"), true)
+                .await
+                .map_err(store_error)?;
+            tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
+            Reply::json(
+                StatusCode::OK,
+                &PostResponse {
+                    payout_id,
+                    state: PayoutState::Posted,
+                    entries,
+                    balance_minor: row.balance_minor.ok_or_else(|| missing("balance"))?,
+                },
+            )
+        }
+        "fenced_out" => Err(fenced_out(
+            state,
+            Fenced {
+                resource: Resource::ledger,
+                resource_id: &payout_id.to_string(),
+                presented: token,
+                highest: row.fence.unwrap_or_default(),
+                payout_id,
+                write,
+            },
+        )),
+        "not_claimable" => Err(not_claimable(payout_id, row.state.as_deref(), "RAIL_ACKED")),
+        "reference_mismatch" => Err(ApiError::validation(vec![
+            FieldError::new(
+                "railReference",
+                "must match what the rail acknowledged for this payout",
+            ),
+            FieldError::new(
+                "submissionId",
+                "must match the submission the rail acknowledged",
+            ),
+        ])),
+        _ => Err(payout_not_found(payout_id)),
+    }
+}
+
+async fn resolve(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<ResolveRequest>,
+) -> Result<Response, ApiError> {
+    authorize_operator(&state, &headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    let payout_id = path_payout(&mut checks, &payout_id);
+    match (&body.outcome, &body.rail_reference) {
+        (_, Some(reference)) => check_reference(&mut checks, "railReference", reference),
+        (Resolution::Posted, None) => checks.check(
+            false,
+            "railReference",
+            "is required to resolve POSTED: the rail's statement names the transfer",
+        ),
+        (Resolution::Failed, None) => {}
+    }
+    check_text(&mut checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+    check_text(&mut checks, "evidence", &body.evidence, 1, REASON_LEN_MAX);
+    checks.done()?;
+    let (write, payout_id) = (present(write)?, present(payout_id)?);
+    let route = format!("POST /v1/payouts/{payout_id}/resolve");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        resolve_effect(conn, payout_id, &body, &write).await
+    }))
+}
+
+async fn resolve_effect(
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    body: &ResolveRequest,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let outcome = match body.outcome {
+        Resolution::Posted => PayoutState::Posted,
+        Resolution::Failed => PayoutState::Failed,
+    };
+    let row = PayStore::resolve(
+        conn,
+        payout_id,
+        outcome,
+        body.rail_reference.as_deref(),
+        body.operator.trim(),
+        body.evidence.trim(),
+        &write.owner_id,
+    )
+    .await
+    .map_err(store_error)?;
+    match row.outcome.as_str() {
+        "resolved" => {
+            let entries = if outcome == PayoutState::Posted {
+                PayStore::entries(conn, &format!("payout:{payout_id}"), true)
+                    .await
+                    .map_err(store_error)?
+            } else {
+                Vec::new()
+            };
+            tracing::warn!(event = "rail_ambiguous_resolved", %payout_id, outcome = outcome.as_str(), operator = %body.operator.trim(), owner = %write.owner_id, "an ambiguous payout was resolved out of band");
+            Reply::json(
+                StatusCode::OK,
+                &ResolveResponse {
+                    payout_id,
+                    state: parse_state(row.state.as_deref().unwrap_or_default())
+                        .map_err(store_error)?,
+                    entries,
+                    balance_minor: row.balance_minor.ok_or_else(|| missing("balance"))?,
+                },
+            )
+        }
+        "not_claimable" => Err(not_claimable(
+            payout_id,
+            row.state.as_deref(),
+            "RAIL_AMBIGUOUS",
+        )),
+        _ => Err(payout_not_found(payout_id)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health and metrics
+// ---------------------------------------------------------------------------------------------
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.ready().await {
+        Ok(()) => json_response(StatusCode::OK, &json!({ "status": "ready" })),
+        Err(error) => {
+            tracing::warn!(event = "not_ready", %error, "paydb check failed");
+            ApiError::new(
+                ErrorCode::NotLeader,
+                "paydb is not ready for writes; this replica should not receive traffic",
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        let t = DateTime::from_timestamp_micros(1_764_692_400_123_456).unwrap_or_default();
+        let id = Uuid::new_v4();
+        assert_eq!(decode_cursor(&encode_cursor(t, id)), Some((t, id)));
+        for bad in ["", "zz", "abc", "7631", &"00".repeat(200)] {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn payload_hash_depends_on_route_and_body() {
+        let a = payload_hash("r1", &json!({"a": 1})).unwrap_or_default();
+        let b = payload_hash("r2", &json!({"a": 1})).unwrap_or_default();
+        let c = payload_hash("r1", &json!({"a": 2})).unwrap_or_default();
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a, payload_hash("r1", &json!({"a": 1})).unwrap_or_default());
+    }
+}
