@@ -14,21 +14,21 @@ use serde::Serialize;
 /// The one line `dev up` prints on stdout, in the documented field order.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct UpLine {
-    lock_server: String,
-    payment_resource: Option<String>,
-    rail_proxy: Option<String>,
-    rail_stub: Option<String>,
-    backend: &'static str,
-    pids: Pids,
-    paydb: String,
-    lockdb: String,
-    etcd: Option<String>,
+pub(crate) struct UpLine {
+    pub(crate) lock_server: String,
+    pub(crate) payment_resource: Option<String>,
+    pub(crate) rail_proxy: Option<String>,
+    pub(crate) rail_stub: Option<String>,
+    pub(crate) backend: &'static str,
+    pub(crate) pids: Pids,
+    pub(crate) paydb: String,
+    pub(crate) lockdb: String,
+    pub(crate) etcd: Option<String>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Pids {
+pub(crate) struct Pids {
     lock_server: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payment_resource: Option<u32>,
@@ -69,7 +69,7 @@ pub struct UpArgs {
 /// The operator credential of the local stack (revocation floors, resolutions). Local only.
 pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
 
-struct Stack {
+pub(crate) struct Stack {
     // Field order is drop order: services first, then the stores they use.
     services: Vec<ManagedChild>,
     etcd: Option<EtcdServer>,
@@ -130,9 +130,8 @@ pub async fn up(args: UpArgs) -> Result<()> {
             bail!("{name} must be between 0 and 1, got {rate}");
         }
     }
-    let stack = tokio::task::spawn_blocking(move || start_stack(&args)).await??;
-    let (stack, line) = stack;
-    println!("{line}");
+    let (stack, line) = tokio::task::spawn_blocking(move || start_stack(&args)).await??;
+    println!("{}", serde_json::to_string(&line)?);
     use std::io::Write;
     let _ = std::io::stdout().flush();
     eprintln!("dlock dev up: the stack is running; stop it with Ctrl-C (SIGINT) or SIGTERM");
@@ -142,7 +141,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
     Ok(())
 }
 
-fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
+pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     let (temp, dir) = match &args.data_dir {
         Some(dir) => (None, dir.clone()),
         None => {
@@ -185,6 +184,17 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
     let lock_pid = lock_server.pid();
     stack.services.push(lock_server);
 
+    let payment_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    let payment_config = vec![
+        ("server.listen", quoted(&payment_listen.to_string())),
+        ("payment.pg.url", quoted(&stack.pg.url("paydb"))),
+        ("payment.operator.token", quoted(DEV_OPERATOR_TOKEN)),
+    ];
+    let payment_resource =
+        start_service("payment-resource", &dir, &payment_config, payment_listen)?;
+    let payment_pid = payment_resource.pid();
+    stack.services.push(payment_resource);
+
     let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let stub_config = vec![
         ("server.listen", quoted(&stub_listen.to_string())),
@@ -222,7 +232,7 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
     stack.services.push(rail_proxy);
     let line = UpLine {
         lock_server: format!("http://{lock_listen}"),
-        payment_resource: None,
+        payment_resource: Some(format!("http://{payment_listen}")),
         rail_proxy: Some(format!("http://{proxy_listen}")),
         rail_stub: Some(format!("http://{stub_listen}")),
         backend: match args.backend {
@@ -231,7 +241,7 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
         },
         pids: Pids {
             lock_server: lock_pid,
-            payment_resource: None,
+            payment_resource: payment_pid,
             rail_proxy: proxy_pid,
             rail_stub: stub_pid,
         },
@@ -239,6 +249,5 @@ fn start_stack(args: &UpArgs) -> Result<(Stack, String)> {
         lockdb: stack.pg.url("lockdb"),
         etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
     };
-    let line = serde_json::to_string(&line)?;
     Ok((stack, line))
 }

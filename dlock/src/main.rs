@@ -1,6 +1,7 @@
 //! `dlock`: one binary for every part of dlock.
 
 mod dev;
+mod jobs;
 
 use std::path::PathBuf;
 
@@ -29,6 +30,14 @@ enum Command {
         #[command(subcommand)]
         command: DevCommand,
     },
+    /// Registers and executes a PayoutBatch against a running stack.
+    Run(jobs::RunArgs),
+    /// Compares paydb, the ledger and the rail's statement; reports, never repairs.
+    Reconcile(jobs::ReconcileArgs),
+    /// Resolves a RAIL_AMBIGUOUS payout out of band (attributed, audited).
+    Resolve(jobs::ResolveArgs),
+    /// Force-revokes a lock and pushes the new token floor to both enforcement points.
+    Revoke(jobs::RevokeArgs),
 }
 
 #[derive(Subcommand)]
@@ -36,6 +45,11 @@ enum Service {
     /// The lock server (sessions, leases, fencing tokens).
     LockServer {
         /// The configuration file (TOML); every key may be overridden from the environment.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The payment resource (payouts, accounts, the ledger; fenced writes).
+    PaymentResource {
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -58,11 +72,11 @@ enum DevCommand {
     Up(dev::UpArgs),
 }
 
-fn init_logging() {
+fn init_logging(default_filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("DLOCK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,h2=warn,tower=warn,hyper=warn"));
+        .unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("DLOCK_LOG_FORMAT")
         .map(|f| f != "text")
         .unwrap_or(true);
@@ -83,7 +97,14 @@ fn init_logging() {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // Services log their events; the commands people run stay quiet unless something is wrong.
+    let default_filter = match cli.command {
+        Command::Serve { .. } | Command::Dev { .. } => {
+            "info,sqlx=warn,h2=warn,tower=warn,hyper=warn"
+        }
+        _ => "warn,sqlx=error",
+    };
+    init_logging(default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -95,11 +116,15 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
+        let done: anyhow::Result<()> = match cli.command {
             Command::Serve { service } => match service {
                 Service::LockServer { config } => {
                     let config = dlock_lock_server::LockServerConfig::load(config.as_deref())?;
                     dlock_lock_server::run(config).await
+                }
+                Service::PaymentResource { config } => {
+                    let config = dlock_payment_resource::PaymentConfig::load(config.as_deref())?;
+                    dlock_payment_resource::run(config).await
                 }
                 Service::RailProxy { config } => {
                     let config = dlock_rail_proxy::RailProxyConfig::load(config.as_deref())?;
@@ -113,10 +138,15 @@ fn main() -> std::process::ExitCode {
             Command::Dev { command } => match command {
                 DevCommand::Up(args) => dev::up(args).await,
             },
-        }
+            Command::Run(args) => jobs::run(args).await,
+            Command::Reconcile(args) => return jobs::reconcile(args).await,
+            Command::Resolve(args) => jobs::resolve(args).await,
+            Command::Revoke(args) => jobs::revoke(args).await,
+        };
+        done.map(|()| std::process::ExitCode::SUCCESS)
     });
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             tracing::error!(
                 event = "fatal",

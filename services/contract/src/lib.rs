@@ -15,6 +15,7 @@ pub mod json;
 pub mod lock;
 pub mod payment;
 pub mod payment_client;
+pub mod rail;
 pub mod time;
 pub mod trace;
 

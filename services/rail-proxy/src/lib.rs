@@ -23,7 +23,7 @@ use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
 use dlock_contract::json::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -154,29 +154,7 @@ pub async fn expire_unresolved(state: &AppState) -> usize {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SubmissionRequest {
-    pub payout_id: Uuid,
-    pub account_id: String,
-    pub amount_minor: i64,
-    pub currency: String,
-    pub beneficiary_ref: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SubmissionResponse {
-    pub submission_id: Uuid,
-    pub payout_id: Uuid,
-    pub presented_token: i64,
-    pub outcome: String,
-    pub rail_reference: String,
-    #[serde(with = "dlock_contract::time::millis")]
-    pub submitted_at: DateTime<Utc>,
-    #[serde(with = "dlock_contract::time::millis")]
-    pub resolved_at: DateTime<Utc>,
-}
+pub use dlock_contract::rail::{SubmissionRequest, SubmissionResponse};
 
 #[derive(Debug, sqlx::FromRow)]
 struct AdmitRow {
@@ -474,15 +452,7 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
     }))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct AdvanceRequest {
-    floor: i64,
-    operator: String,
-    reason: String,
-    #[serde(default)]
-    revocation_id: Option<Uuid>,
-}
+use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
 
 /// The operator credential, as `Authorization: Bearer …`.
 fn require_operator(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -21,13 +21,13 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::{HttpLimits, json_response};
 use dlock_contract::json::Json;
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -89,21 +89,7 @@ pub struct SubmitRequest {
     pub currency: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Transfer {
-    pub client_ref: String,
-    pub rail_reference: String,
-    pub amount_minor: i64,
-    pub currency: String,
-    #[serde(with = "dlock_contract::time::millis")]
-    pub accepted_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Statement {
-    pub transfers: Vec<Transfer>,
-}
+pub use dlock_contract::rail::{Statement, Transfer};
 
 struct Ledger {
     transfers: Vec<Transfer>,

@@ -1,0 +1,232 @@
+//! The user-facing jobs: `dlock run`, `dlock reconcile`, `dlock resolve`, `dlock revoke`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use dlock_contract::client::LockClient;
+use dlock_contract::payment::{Resolution, ResolveRequest};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::rail::RailClient;
+use dlock_executor::{Endpoints, PayoutBatch, RunOptions};
+use uuid::Uuid;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The PayoutBatch manifest (the same YAML the operator takes).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    #[arg(long, env = "DLOCK_LOCK_SERVER")]
+    pub lock_server: String,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    #[arg(long, env = "DLOCK_RAIL_PROXY")]
+    pub rail_proxy: String,
+    /// Concurrent workers in this process (default: the manifest's spec.workers).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    #[arg(long, default_value_t = 15_000)]
+    pub session_ttl_ms: i64,
+    #[arg(long, default_value_t = 10_000)]
+    pub lock_ttl_ms: i64,
+    /// The worker identity sent as X-Owner-Id (default: host and process id).
+    #[arg(long)]
+    pub owner_id: Option<String>,
+    /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s.
+    #[arg(long, default_value_t = 8_000)]
+    pub rail_read_timeout_ms: u64,
+    /// Give up waiting for in-flight payouts after this long.
+    #[arg(long, default_value_t = 300)]
+    pub settle_timeout_s: u64,
+}
+
+impl RunArgs {
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            lock_server: self.lock_server.clone(),
+            payment_resource: self.payment_resource.clone(),
+            rail_proxy: self.rail_proxy.clone(),
+        }
+    }
+}
+
+pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    PayoutBatch::parse(&text).with_context(|| format!("in {}", file.display()))
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let batch = read_batch(&args.file)?;
+    let options = RunOptions {
+        workers: args.workers.unwrap_or(batch.spec.workers as usize),
+        session_ttl_ms: args.session_ttl_ms,
+        lock_ttl_ms: args.lock_ttl_ms,
+        owner_id: args
+            .owner_id
+            .clone()
+            .unwrap_or_else(dlock_executor::executor::default_owner_id),
+        rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
+        settle_timeout: Duration::from_secs(args.settle_timeout_s),
+        progress: true,
+        ..RunOptions::default()
+    };
+    eprintln!(
+        "running batch {} ({} payouts) with {} workers as {}",
+        batch.metadata.name,
+        batch.spec.payouts.len(),
+        options.workers,
+        options.owner_id
+    );
+    let report = dlock_executor::execute(&batch, &args.endpoints(), options).await?;
+    println!("{}", report.table());
+    if !report.ambiguous.is_empty() {
+        println!(
+            "{} payout(s) are RAIL_AMBIGUOUS and left the automated path; run `dlock reconcile` to classify them",
+            report.ambiguous.len()
+        );
+    }
+    if !report.complete {
+        bail!("the batch stopped before every payout was terminal or RAIL_AMBIGUOUS; run it again");
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// paydb (the reconciler reads it directly; it never writes).
+    #[arg(long, env = "DLOCK_PAYDB")]
+    pub paydb: String,
+    /// The rail whose statement is compared (the stub in development).
+    #[arg(long, env = "DLOCK_RAIL")]
+    pub rail: String,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// An unresolved intent older than this is reported (the rail read timeout plus margin).
+    #[arg(long, default_value_t = 10_000)]
+    pub unresolved_budget_ms: u64,
+}
+
+/// Exit status 2 when a finding is critical.
+pub async fn reconcile(args: ReconcileArgs) -> Result<std::process::ExitCode> {
+    let pool = dlock_executor::reconcile::connect(&args.paydb).await?;
+    let findings = dlock_executor::reconcile::reconcile(
+        &pool,
+        &args.rail,
+        Duration::from_millis(args.unresolved_budget_ms),
+    )
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+    } else {
+        print!("{}", findings.table());
+    }
+    Ok(if findings.critical() {
+        std::process::ExitCode::from(2)
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    pub payout_id: Uuid,
+    /// The rail did pay it: post it with the rail's reference.
+    #[arg(long, conflicts_with = "failed", requires = "rail_reference")]
+    pub posted: bool,
+    /// The rail did not pay it: fail it and release its hold.
+    #[arg(long)]
+    pub failed: bool,
+    #[arg(long)]
+    pub rail_reference: Option<String>,
+    #[arg(long)]
+    pub operator: String,
+    /// What the decision rests on (a statement line, a rail ticket).
+    #[arg(long)]
+    pub evidence: String,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    #[arg(long, env = "DLOCK_OPERATOR_TOKEN")]
+    pub operator_token: String,
+}
+
+pub async fn resolve(args: ResolveArgs) -> Result<()> {
+    let outcome = match (args.posted, args.failed) {
+        (true, false) => Resolution::Posted,
+        (false, true) => Resolution::Failed,
+        _ => bail!("say --posted --rail-reference R or --failed"),
+    };
+    let payment = PaymentClient::new(&args.payment_resource, &args.operator)?
+        .as_operator(&args.operator_token);
+    let body = ResolveRequest {
+        outcome,
+        rail_reference: args.rail_reference.clone(),
+        operator: args.operator.clone(),
+        evidence: args.evidence.clone(),
+    };
+    let resolved = payment
+        .resolve(
+            args.payout_id,
+            &format!("resolve-{}", args.payout_id),
+            &body,
+        )
+        .await
+        .with_context(|| format!("resolving {}", args.payout_id))?;
+    println!(
+        "payout {} is {} ({} ledger entries; balance {})",
+        resolved.payout_id,
+        resolved.state.as_str(),
+        resolved.entries.len(),
+        resolved.balance_minor
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct RevokeArgs {
+    /// The lock key, `payout:{accountId}`.
+    pub key: String,
+    #[arg(long)]
+    pub reason: String,
+    #[arg(long)]
+    pub operator: String,
+    #[arg(long, env = "DLOCK_LOCK_SERVER")]
+    pub lock_server: String,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    #[arg(long, env = "DLOCK_RAIL_PROXY")]
+    pub rail_proxy: String,
+    #[arg(long, env = "DLOCK_OPERATOR_TOKEN")]
+    pub operator_token: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn revoke(args: RevokeArgs) -> Result<()> {
+    let lock = LockClient::new(&args.lock_server, &args.operator)?;
+    let payment = PaymentClient::new(&args.payment_resource, &args.operator)?
+        .as_operator(&args.operator_token);
+    let rail = RailClient::new(&args.rail_proxy, &args.operator, Duration::from_secs(8))?
+        .as_operator(&args.operator_token);
+    let json = args.json;
+    let report = dlock_executor::revoke::revoke(
+        &lock,
+        &payment,
+        &rail,
+        &args.key,
+        &args.operator,
+        &args.reason,
+        |step| {
+            if !json {
+                println!("{step}");
+            }
+        },
+    )
+    .await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Bodies of the rail-proxy surface (C3 §3.5), shared by the proxy and its client, and a typed
+//! client for it. Submit is the one hop with a hard zero: the client never retries it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::client::{ClientError, http_client, send};
+use crate::headers;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubmissionRequest {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmissionResponse {
+    pub submission_id: Uuid,
+    pub payout_id: Uuid,
+    pub presented_token: i64,
+    pub outcome: String,
+    pub rail_reference: String,
+    #[serde(with = "crate::time::millis")]
+    pub submitted_at: DateTime<Utc>,
+    #[serde(with = "crate::time::millis")]
+    pub resolved_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HighWaterRequest {
+    pub floor: i64,
+    pub operator: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HighWater {
+    pub account_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_token: Option<i64>,
+    pub highest_token: i64,
+}
+
+/// One transfer on the rail's statement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Transfer {
+    pub client_ref: String,
+    pub rail_reference: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    #[serde(with = "crate::time::millis")]
+    pub accepted_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Statement {
+    pub transfers: Vec<Transfer>,
+}
+
+/// Connect timeout towards the proxy (C3 §3.8: 1 s).
+pub const SUBMIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The submit's read timeout is the rail read timeout plus this.
+pub const SUBMIT_READ_MARGIN: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct RailClient {
+    base: String,
+    owner_id: String,
+    http: reqwest::Client,
+    submit_timeout: Duration,
+    operator_token: Option<String>,
+    trace_id: Option<String>,
+}
+
+impl RailClient {
+    /// `rail_read_timeout` is the proxy's own timeout towards the rail; this client waits that
+    /// plus a margin, so that the proxy observes the outcome before its caller gives up.
+    pub fn new(
+        base: &str,
+        owner_id: &str,
+        rail_read_timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            owner_id: owner_id.to_owned(),
+            http: http_client()?,
+            submit_timeout: rail_read_timeout + SUBMIT_READ_MARGIN,
+            operator_token: None,
+            trace_id: None,
+        })
+    }
+
+    pub fn as_operator(&self, token: &str) -> Self {
+        Self {
+            operator_token: Some(token.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    pub fn in_trace(&self, trace_id: &str) -> Self {
+        Self {
+            trace_id: Some(trace_id.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        timeout: Duration,
+    ) -> (String, reqwest::RequestBuilder) {
+        let url = format!("{}{path}", self.base);
+        let mut builder = self
+            .http
+            .request(method, &url)
+            .timeout(timeout)
+            .header(headers::OWNER_ID, &self.owner_id)
+            .header(
+                headers::TRACEPARENT,
+                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
+            );
+        if let Some(token) = &self.operator_token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        (url, builder)
+    }
+
+    /// Submits once. Never call it again for the same payout after any answer, or none.
+    pub async fn submit(
+        &self,
+        token: i64,
+        idempotency_key: &str,
+        body: &SubmissionRequest,
+    ) -> Result<SubmissionResponse, ClientError> {
+        let (url, req) = self.request(Method::POST, "/v1/rail/submissions", self.submit_timeout);
+        let req = req
+            .header(headers::FENCING_TOKEN, token.to_string())
+            .header(headers::IDEMPOTENCY_KEY, idempotency_key)
+            .json(body);
+        send(&url, req).await?.ok_or_else(|| ClientError::Protocol {
+            url,
+            message: "204 where a submission was expected".into(),
+        })
+    }
+
+    /// D-3: raises the account's high-water mark to a revocation floor (operator only).
+    pub async fn advance_high_water(
+        &self,
+        account_id: &str,
+        body: &HighWaterRequest,
+    ) -> Result<HighWater, ClientError> {
+        let path = format!("/v1/rail/high-water/{account_id}");
+        let (url, req) = self.request(Method::POST, &path, crate::client::WRITE_TIMEOUT);
+        send(&url, req.json(body))
+            .await?
+            .ok_or_else(|| ClientError::Protocol {
+                url,
+                message: "204 where a high-water mark was expected".into(),
+            })
+    }
+}
+
+/// Reads a rail's statement (the stub's `GET /statement`), optionally for one clientRef.
+pub async fn read_statement(
+    rail_url: &str,
+    client_ref: Option<&str>,
+) -> Result<Statement, ClientError> {
+    let http = http_client()?;
+    let url = format!("{}/statement", rail_url.trim_end_matches('/'));
+    let mut req = http.get(&url).timeout(Duration::from_secs(30));
+    if let Some(r) = client_ref {
+        req = req.query(&[("clientRef", r)]);
+    }
+    send(&url, req).await?.ok_or_else(|| ClientError::Protocol {
+        url,
+        message: "204 where a statement was expected".into(),
+    })
+}

@@ -1,0 +1,576 @@
+//! The executor: moves a batch's payouts through acquire → claim → submit → post → release.
+//!
+//! The rules it keeps (DESIGN §4, C3 §3.7–3.8):
+//! - one lock per payout cycle, on `payout:{accountId}`, and a fresh token per payout;
+//! - a local deadline on the monotonic clock, TTL × (1 − safety margin) from sending the
+//!   acquire: no protected write starts after it;
+//! - the payout is re-read after every acquire, and the state decides what to do: a RAIL_ACKED
+//!   payout is posted, never submitted again;
+//! - submit is tried exactly once, ever; FENCED_OUT aborts the whole critical section; an
+//!   ambiguous outcome is reported, the lock released and the payout left alone.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use backon::{ExponentialBuilder, Retryable};
+use dlock_contract::ErrorCode;
+use dlock_contract::client::{ClientError, LockClient};
+use dlock_contract::lock::LockGrant;
+use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::rail::{RailClient, SubmissionRequest};
+use futures::StreamExt;
+use tokio::sync::{Mutex, Notify, RwLock};
+use uuid::Uuid;
+
+use crate::manifest::{PayoutBatch, PlannedPayout};
+
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub lock_server: String,
+    pub payment_resource: String,
+    pub rail_proxy: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub workers: usize,
+    pub session_ttl_ms: i64,
+    pub lock_ttl_ms: i64,
+    pub owner_id: String,
+    /// The share of a lock TTL kept as margin (`lock.client.safety-margin`).
+    pub safety_margin: f64,
+    /// The proxy's read timeout towards the rail; the submit waits this plus 2 s.
+    pub rail_read_timeout: Duration,
+    /// How long to wait for payouts whose submission is still in flight elsewhere.
+    pub settle_timeout: Duration,
+    /// Progress on stderr: a bar on a terminal, lines otherwise, nothing when false.
+    pub progress: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            session_ttl_ms: 15_000,
+            lock_ttl_ms: 10_000,
+            owner_id: default_owner_id(),
+            safety_margin: 0.30,
+            rail_read_timeout: Duration::from_secs(8),
+            settle_timeout: Duration::from_secs(120),
+            progress: false,
+        }
+    }
+}
+
+pub fn default_owner_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim();
+    let mut id = format!(
+        "dlock-run-{}-{}",
+        if host.is_empty() { "local" } else { host },
+        std::process::id()
+    );
+    id.truncate(64);
+    id
+}
+
+/// How one payout cycle ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CycleOutcome {
+    /// The payout is terminal or quarantined; nothing more to do.
+    Settled,
+    /// Its lock is held by another worker; come back later.
+    Contended,
+    /// Another holder's submission is in flight, or the answer was lost; re-read later.
+    Pending,
+    /// A newer holder exists: the critical section was aborted.
+    FencedOut,
+    /// The local deadline passed before a protected write.
+    DeadlinePassed,
+    /// A hop failed without a verdict; the cycle was abandoned and is retried later.
+    Unavailable,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub payouts: usize,
+    pub states: BTreeMap<String, usize>,
+    pub ambiguous: Vec<Uuid>,
+    pub fenced_out: usize,
+    pub cycles: usize,
+    pub outcomes: BTreeMap<String, usize>,
+    pub elapsed: Duration,
+    /// Every payout is terminal or RAIL_AMBIGUOUS.
+    pub complete: bool,
+}
+
+impl Report {
+    pub fn table(&self) -> String {
+        let mut out = String::from("state            payouts\n");
+        for (state, n) in &self.states {
+            out.push_str(&format!("{state:<16} {n:>7}\n"));
+        }
+        out.push_str(&format!(
+            "total            {:>7}   ({} cycles, {} fenced out, {:.1} s)\n",
+            self.payouts,
+            self.cycles,
+            self.fenced_out,
+            self.elapsed.as_secs_f64()
+        ));
+        out
+    }
+}
+
+/// The session every worker of this process shares, kept alive by heartbeats and replaced when
+/// it is lost.
+struct SessionKeeper {
+    lock: LockClient,
+    ttl_ms: i64,
+    current: RwLock<Uuid>,
+}
+
+impl SessionKeeper {
+    async fn open(lock: LockClient, ttl_ms: i64) -> Result<Arc<Self>> {
+        let session = (|| lock.create_session(Some(ttl_ms)))
+            .retry(retry_policy(5))
+            .when(|e: &ClientError| e.retry_safe())
+            .await
+            .context("opening a lock-server session")?;
+        Ok(Arc::new(Self {
+            lock,
+            ttl_ms,
+            current: RwLock::new(session.session_id),
+        }))
+    }
+
+    async fn id(&self) -> Uuid {
+        *self.current.read().await
+    }
+
+    /// Heartbeats every third of the TTL; two tries within that third (C3 §3.8).
+    async fn keep_alive(self: Arc<Self>) {
+        let every = Duration::from_millis((self.ttl_ms / 3).max(100) as u64);
+        loop {
+            tokio::time::sleep(every).await;
+            let id = self.id().await;
+            let mut beat = self.lock.heartbeat(id).await;
+            if matches!(&beat, Err(e) if e.code().is_none()) {
+                tokio::time::sleep(every / 4).await;
+                beat = self.lock.heartbeat(id).await;
+            }
+            if let Err(e) = beat
+                && matches!(
+                    e.code(),
+                    Some(ErrorCode::SessionExpired | ErrorCode::SessionUnknown)
+                )
+            {
+                tracing::warn!(event = "session_lost", session_id = %id, error = %e, "the session lapsed; its locks are gone, opening a new one");
+                if let Ok(session) = self.lock.create_session(Some(self.ttl_ms)).await {
+                    *self.current.write().await = session.session_id;
+                }
+            }
+        }
+    }
+}
+
+/// Jittered exponential backoff, 50 ms to 1 s (FR-28).
+fn retry_policy(times: usize) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_jitter()
+        .with_max_times(times)
+}
+
+/// The clients of one payout's trace.
+struct Hops {
+    lock: LockClient,
+    payment: PaymentClient,
+    rail: RailClient,
+}
+
+struct Shared {
+    options: RunOptions,
+    session: Arc<SessionKeeper>,
+    lock: LockClient,
+    payment: PaymentClient,
+    rail: RailClient,
+    queue: Mutex<VecDeque<(String, Vec<PlannedPayout>)>>,
+    wake: Notify,
+    settled: AtomicUsize,
+    fenced: AtomicUsize,
+    cycles: AtomicUsize,
+    outcomes: Mutex<BTreeMap<String, usize>>,
+    total: usize,
+}
+
+impl Shared {
+    fn hops(&self, payout: Uuid) -> Hops {
+        // One payout is one trace, across every cycle and every process.
+        let trace = payout.simple().to_string();
+        Hops {
+            lock: self.lock.in_trace(&trace),
+            payment: self.payment.in_trace(&trace),
+            rail: self.rail.in_trace(&trace),
+        }
+    }
+}
+
+/// Registers the batch's payouts (idempotently: the same file twice registers nothing new).
+pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()> {
+    let plan = batch.plan();
+    let results: Vec<Result<()>> = futures::stream::iter(plan.into_iter().map(|p| {
+        let payment = payment.clone();
+        async move {
+            let body = CreatePayoutRequest {
+                payout_id: p.payout_id,
+                account_id: p.item.account_id.clone(),
+                amount_minor: p.item.amount_minor,
+                currency: p.item.currency.clone(),
+                beneficiary_ref: p.item.beneficiary_ref.clone(),
+            };
+            let key = format!("register-{}", p.payout_id);
+            (|| payment.create_payout(&key, &body))
+                .retry(retry_policy(3))
+                .when(|e: &ClientError| e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
+                .await
+                .map(|_| ())
+                .with_context(|| format!("registering payout {} ({})", p.payout_id, p.item.key))
+        }
+    }))
+    .buffer_unordered(16)
+    .collect()
+    .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// Runs the batch until every payout is terminal or RAIL_AMBIGUOUS, or the settle timeout.
+pub async fn execute(
+    batch: &PayoutBatch,
+    endpoints: &Endpoints,
+    options: RunOptions,
+) -> Result<Report> {
+    let started = Instant::now();
+    let lock = LockClient::new(&endpoints.lock_server, &options.owner_id)?;
+    let payment = PaymentClient::new(&endpoints.payment_resource, &options.owner_id)?;
+    let rail = RailClient::new(
+        &endpoints.rail_proxy,
+        &options.owner_id,
+        options.rail_read_timeout,
+    )?;
+    register(batch, &payment).await?;
+    let session = SessionKeeper::open(lock.clone(), options.session_ttl_ms).await?;
+    let keeper = tokio::spawn(session.clone().keep_alive());
+
+    // Work is queued per account: a worker takes an account and runs its payouts one lock
+    // cycle each, so workers rarely queue on the same lock. Processes start at different
+    // places, so several `dlock run` on one file share the work.
+    let mut by_account: BTreeMap<String, Vec<PlannedPayout>> = BTreeMap::new();
+    let plan = batch.plan();
+    let total = plan.len();
+    for p in plan {
+        by_account
+            .entry(p.item.account_id.clone())
+            .or_default()
+            .push(p);
+    }
+    let mut queue: VecDeque<(String, Vec<PlannedPayout>)> = by_account.into_iter().collect();
+    let offset = rand::random_range(0..queue.len().max(1));
+    queue.rotate_left(offset);
+    let shared = Arc::new(Shared {
+        options: options.clone(),
+        session,
+        lock,
+        payment,
+        rail,
+        queue: Mutex::new(queue),
+        wake: Notify::new(),
+        settled: AtomicUsize::new(0),
+        fenced: AtomicUsize::new(0),
+        cycles: AtomicUsize::new(0),
+        outcomes: Mutex::new(BTreeMap::new()),
+        total,
+    });
+    let progress = crate::progress::Progress::start(options.progress, total as u64);
+    let mut workers = Vec::new();
+    for _ in 0..options.workers.max(1) {
+        workers.push(tokio::spawn(worker(shared.clone(), progress.clone())));
+    }
+    for w in workers {
+        w.await.context("a worker task failed")?;
+    }
+    progress.finish();
+    keeper.abort();
+    let _ = shared.lock.end_session(shared.session.id().await).await;
+
+    // The final table, from the payment resource's own record.
+    let mut report = Report {
+        payouts: total,
+        fenced_out: shared.fenced.load(Ordering::SeqCst),
+        cycles: shared.cycles.load(Ordering::SeqCst),
+        outcomes: shared.outcomes.lock().await.clone(),
+        ..Report::default()
+    };
+    let mut complete = true;
+    for p in batch.plan() {
+        let payout = (|| shared.payment.get_payout(p.payout_id))
+            .retry(retry_policy(2))
+            .await
+            .with_context(|| format!("reading payout {}", p.payout_id))?;
+        *report
+            .states
+            .entry(payout.state.as_str().to_owned())
+            .or_default() += 1;
+        if payout.state == PayoutState::RailAmbiguous {
+            report.ambiguous.push(p.payout_id);
+        }
+        if !(payout.state.is_terminal() || payout.state == PayoutState::RailAmbiguous) {
+            complete = false;
+        }
+    }
+    report.complete = complete;
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
+    let deadline = Instant::now() + shared.options.settle_timeout;
+    loop {
+        if shared.settled.load(Ordering::SeqCst) >= shared.total || Instant::now() >= deadline {
+            shared.wake.notify_waiters();
+            return;
+        }
+        let wake = shared.wake.notified();
+        let next = shared.queue.lock().await.pop_front();
+        let Some((account, payouts)) = next else {
+            // Everything left is being worked on by other workers; wait for one to hand back.
+            tokio::select! {
+                () = wake => {},
+                () = tokio::time::sleep(Duration::from_millis(200)) => {},
+            }
+            continue;
+        };
+        let mut left = Vec::new();
+        let mut contended = false;
+        let mut waiting = false;
+        for payout in payouts {
+            if contended {
+                left.push(payout);
+                continue;
+            }
+            let outcome = cycle(&shared, &payout).await;
+            shared.cycles.fetch_add(1, Ordering::SeqCst);
+            *shared
+                .outcomes
+                .lock()
+                .await
+                .entry(format!("{outcome:?}"))
+                .or_default() += 1;
+            match outcome {
+                CycleOutcome::Settled => {
+                    shared.settled.fetch_add(1, Ordering::SeqCst);
+                    progress.inc();
+                }
+                CycleOutcome::Contended => {
+                    contended = true;
+                    left.push(payout);
+                }
+                CycleOutcome::FencedOut => {
+                    shared.fenced.fetch_add(1, Ordering::SeqCst);
+                    left.push(payout);
+                }
+                CycleOutcome::Pending
+                | CycleOutcome::DeadlinePassed
+                | CycleOutcome::Unavailable => {
+                    waiting = true;
+                    left.push(payout);
+                }
+            }
+        }
+        if !left.is_empty() {
+            if contended || waiting {
+                // Give the other holder, or the in-flight submission, a moment.
+                tokio::time::sleep(Duration::from_millis(20 + rand::random_range(0..30))).await;
+            }
+            shared.queue.lock().await.push_back((account, left));
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// One lock cycle for one payout.
+async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
+    let hops = shared.hops(planned.payout_id);
+    let key = format!("payout:{}", planned.item.account_id);
+    let session = shared.session.id().await;
+    let ttl = shared.options.lock_ttl_ms;
+    let sent = Instant::now();
+    let acquired = (|| hops.lock.acquire(&key, session, Some(ttl), None))
+        .retry(retry_policy(5))
+        .when(|e: &ClientError| e.retry_safe())
+        .await;
+    let grant = match acquired {
+        Ok(grant) => grant,
+        Err(e)
+            if e.code() == Some(ErrorCode::LockContended)
+                || e.code() == Some(ErrorCode::ContentionExceeded) =>
+        {
+            return CycleOutcome::Contended;
+        }
+        Err(e) => {
+            tracing::debug!(event = "acquire_failed", key, error = %e, "acquire failed; retried later");
+            return CycleOutcome::Unavailable;
+        }
+    };
+    // The local deadline counts from sending the acquire, on this process's monotonic clock.
+    let deadline =
+        sent + Duration::from_millis((ttl as f64 * (1.0 - shared.options.safety_margin)) as u64);
+    let outcome = critical_section(shared, &hops, planned, &grant, deadline).await;
+    // Release is tried once: if it fails, the lease lapses by itself.
+    if let Err(e) = hops.lock.release(&key, session, grant.fencing_token).await {
+        tracing::debug!(event = "release_failed", key, token = grant.fencing_token, error = %e, "release failed; the lease lapses by itself");
+    }
+    outcome
+}
+
+fn past(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
+/// A write to the payment resource: no retry on a 409, one on a 503 or a connect failure.
+async fn payment_write<T, F, Fut>(call: F) -> Result<T, ClientError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    match call().await {
+        Err(e)
+            if e.code() == Some(ErrorCode::NotLeader)
+                || matches!(e, ClientError::Transport { connect: true, .. }) =>
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            call().await
+        }
+        other => other,
+    }
+}
+
+fn fenced(planned: &PlannedPayout, grant: &LockGrant, hop: &str, e: &ClientError) -> CycleOutcome {
+    tracing::error!(
+        event = "fenced_out",
+        hop,
+        payout_id = %planned.payout_id,
+        idempotency_key = %planned.idempotency_key,
+        token = grant.fencing_token,
+        error = %e,
+        "a newer holder exists; the critical section is aborted"
+    );
+    CycleOutcome::FencedOut
+}
+
+async fn critical_section(
+    shared: &Shared,
+    hops: &Hops,
+    planned: &PlannedPayout,
+    grant: &LockGrant,
+    deadline: Instant,
+) -> CycleOutcome {
+    let token = grant.fencing_token;
+    let id = planned.payout_id;
+    let key = planned.idempotency_key.as_str();
+    // FR-14: what the payout is now decides what this cycle does.
+    let payout = match (|| hops.payment.get_payout(id))
+        .retry(retry_policy(2))
+        .await
+    {
+        Ok(p) => p,
+        Err(_) => return CycleOutcome::Unavailable,
+    };
+    let (rail_reference, submission_id) = match payout.state {
+        PayoutState::Posted
+        | PayoutState::Failed
+        | PayoutState::Abandoned
+        | PayoutState::RailAmbiguous => {
+            return CycleOutcome::Settled;
+        }
+        PayoutState::Submitting => return CycleOutcome::Pending,
+        PayoutState::RailAcked => match (payout.rail_reference.clone(), payout.submission_id) {
+            (Some(r), Some(s)) => (r, s),
+            _ => return CycleOutcome::Pending,
+        },
+        PayoutState::Pending | PayoutState::Claimed => {
+            if past(deadline) {
+                return CycleOutcome::DeadlinePassed;
+            }
+            let expected = payout.state;
+            match payment_write(|| hops.payment.claim(id, token, key, expected)).await {
+                Ok(_) => {}
+                Err(e) => {
+                    return match e.code() {
+                        Some(ErrorCode::FencedOut) => fenced(planned, grant, "claim", &e),
+                        Some(ErrorCode::InsufficientFunds) => CycleOutcome::Settled,
+                        Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
+                        _ => CycleOutcome::Unavailable,
+                    };
+                }
+            }
+            if past(deadline) {
+                return CycleOutcome::DeadlinePassed;
+            }
+            let body = SubmissionRequest {
+                payout_id: id,
+                account_id: planned.item.account_id.clone(),
+                amount_minor: planned.item.amount_minor,
+                currency: planned.item.currency.clone(),
+                beneficiary_ref: planned.item.beneficiary_ref.clone(),
+            };
+            // Exactly once. Whatever happens next, this cycle never submits again.
+            match hops.rail.submit(token, key, &body).await {
+                Ok(ack) => (ack.rail_reference, ack.submission_id),
+                Err(e) => {
+                    return match e.code() {
+                        Some(ErrorCode::FencedOut) => fenced(planned, grant, "submit", &e),
+                        Some(ErrorCode::RailAmbiguous) => {
+                            tracing::warn!(event = "rail_ambiguous", payout_id = %id, idempotency_key = key, owner_id = %shared.options.owner_id, "the rail's outcome is unknown; the payout is quarantined, releasing and stopping");
+                            CycleOutcome::Settled
+                        }
+                        // The rail declined (422): the payout is FAILED.
+                        Some(ErrorCode::ValidationFailed)
+                            if matches!(&e, ClientError::Api { status: 422, .. }) =>
+                        {
+                            CycleOutcome::Settled
+                        }
+                        Some(ErrorCode::DuplicateSubmission) => {
+                            tracing::error!(event = "duplicate_rail_submission_attempted", payout_id = %id, "the proxy already had a submission for this payout");
+                            CycleOutcome::Pending
+                        }
+                        // RAIL_UNAVAILABLE: nothing was presented; a later cycle tries again.
+                        // No answer at all: the proxy records what happened; re-read later.
+                        _ => CycleOutcome::Unavailable,
+                    };
+                }
+            }
+        }
+    };
+    if past(deadline) {
+        return CycleOutcome::DeadlinePassed;
+    }
+    match payment_write(|| {
+        hops.payment
+            .post(id, token, key, &rail_reference, submission_id)
+    })
+    .await
+    {
+        Ok(_) => CycleOutcome::Settled,
+        Err(e) => match e.code() {
+            Some(ErrorCode::FencedOut) => fenced(planned, grant, "post", &e),
+            Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
+            _ => CycleOutcome::Unavailable,
+        },
+    }
+}
