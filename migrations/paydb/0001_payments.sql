@@ -260,8 +260,9 @@ CREATE FUNCTION pay_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION '% is append-only', TG_TABLE_NAME USING ERRCODE = 'check_violation';
 END $$;
-CREATE TRIGGER ledger_entries_append_only BEFORE UPDATE OR DELETE ON ledger_entries
-    FOR EACH ROW EXECUTE FUNCTION pay_append_only();
+-- Statement-level, so that a DELETE or TRUNCATE is refused even when it would match no row.
+CREATE TRIGGER ledger_entries_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON ledger_entries
+    FOR EACH STATEMENT EXECUTE FUNCTION pay_append_only();
 
 -- Every posting balances at commit: exactly one DEBIT and one CREDIT of the same amount and
 -- currency. Deferred, because the two rows are inserted one after the other.
@@ -367,8 +368,8 @@ CREATE TABLE audit_log (
     CHECK (action <> 'fence_advanced' OR (previous_fence IS NOT NULL AND new_fence >= previous_fence)),
     CHECK (action <> 'ambiguous_resolved' OR (payout_id IS NOT NULL AND outcome IS NOT NULL))
 );
-CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
-    FOR EACH ROW EXECUTE FUNCTION pay_append_only();
+CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION pay_append_only();
 
 -- ---------------------------------------------------------------------------------------------
 -- The writes. Each runs inside the caller's transaction (together with its idempotency record)

@@ -6,4 +6,5 @@ mod crash;
 mod exclusion;
 mod expiry;
 mod harness;
+mod payment;
 mod rail;

@@ -1,0 +1,349 @@
+//! The payment resource (C3 §3.4, DESIGN §9) through HTTP, against real PostgreSQL, with the
+//! server in this process on a real port. Tokens are plain increasing numbers, as a lock
+//! server's are; the rail is simulated by moving payouts to SUBMITTING and RAIL_ACKED in SQL.
+
+mod bad_input;
+mod funds;
+mod idempotency;
+mod operator;
+mod rows;
+mod schema;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use dlock_contract::config::{RawConfig, env_name};
+use dlock_devstack::PgServer;
+use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
+use reqwest::Method;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::conformance::assert_envelope;
+
+pub const OPERATOR_TOKEN: &str = "test-operator-credential-0123456789";
+pub const JSON_TYPE: &str = "application/json; charset=utf-8";
+
+pub struct PayStack {
+    pub pg: PgServer,
+    pub pool: PgPool,
+    pub url: String,
+    tokens: AtomicI64,
+    server: tokio::task::JoinHandle<()>,
+    sweeper: Option<tokio::task::JoinHandle<()>>,
+    http: reqwest::Client,
+}
+
+impl Drop for PayStack {
+    fn drop(&mut self) {
+        self.server.abort();
+        if let Some(s) = &self.sweeper {
+            s.abort();
+        }
+    }
+}
+
+/// One answer, with the raw bytes kept for byte-for-byte comparisons.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub replayed: bool,
+    pub bytes: Vec<u8>,
+    pub json: Value,
+}
+
+impl Answer {
+    /// Asserts the status (and for errors the envelope and code) and the JSON content type.
+    pub fn expect(&self, step: &str, status: u16, code: Option<&str>) -> &Value {
+        assert_eq!(self.status, status, "{step}: status, body {}", self.json);
+        assert_eq!(self.content_type, JSON_TYPE, "{step}: content type");
+        if let Some(code) = code {
+            assert_envelope(step, self.status, &self.json, code);
+        }
+        &self.json
+    }
+
+    /// The names in `details.fields[]`.
+    pub fn fields(&self) -> Vec<String> {
+        self.json["details"]["fields"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f["field"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl PayStack {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// A fresh paydb and a payment resource on it; `extra` are configuration keys.
+    pub async fn start_with(extra: &[(&str, &str)]) -> Self {
+        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+        pg.create_database("paydb")
+            .unwrap_or_else(|e| panic!("create paydb: {e:#}"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut pairs: Vec<(String, String)> = vec![
+            ("server.listen".into(), addr.to_string()),
+            ("payment.pg.url".into(), pg.url("paydb")),
+            ("payment.pg.pool-max".into(), "40".into()),
+            ("payment.pg.acquire-timeout-ms".into(), "10000".into()),
+            ("payment.operator.token".into(), OPERATOR_TOKEN.into()),
+        ];
+        pairs.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let env: BTreeMap<String, String> =
+            pairs.into_iter().map(|(k, v)| (env_name(&k), v)).collect();
+        let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+        let config = PaymentConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
+        let store = open_store(&config)
+            .await
+            .unwrap_or_else(|e| panic!("open paydb: {e:#}"));
+        let sweep_every = std::time::Duration::from_millis(config.idempotency.sweep_interval_ms);
+        let sweeper = extra
+            .iter()
+            .any(|(k, _)| *k == "payment.idempotency.sweep-interval-ms")
+            .then(|| {
+                tokio::spawn(dlock_payment_resource::sweep_forever(
+                    store.clone(),
+                    sweep_every,
+                ))
+            });
+        let pool = store.pool().clone();
+        let state = AppState::new(store, Arc::new(config));
+        let served = state.clone();
+        let server = tokio::spawn(async move {
+            let _ =
+                dlock_contract::http::serve(listener, app(served), std::future::pending()).await;
+        });
+        Self {
+            pg,
+            pool,
+            url: format!("http://{addr}"),
+            tokens: AtomicI64::new(100),
+            server,
+            sweeper,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A token above every token handed out before, as a lock server's next grant would be.
+    pub fn token(&self) -> i64 {
+        self.tokens.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub fn psql(&self, sql: &str) -> String {
+        self.pg.psql("paydb", sql).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// One request with exactly these headers and this body text.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, String)],
+        body: Option<&str>,
+    ) -> Answer {
+        let url = format!("{}{path}", self.url);
+        let mut request = self.http.request(method, &url);
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let status = response.status().as_u16();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let content_type = header("content-type");
+        let replayed = header("x-idempotent-replay") == "true";
+        let bytes = response.bytes().await.unwrap_or_default().to_vec();
+        let json = if bytes.is_empty() || content_type.starts_with("application/openmetrics") {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!(
+                    "{path}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })
+        };
+        Answer {
+            status,
+            content_type,
+            replayed,
+            bytes,
+            json,
+        }
+    }
+
+    /// A write with X-Owner-Id, X-Idempotency-Key and (when given) X-Fencing-Token.
+    pub async fn write(&self, path: &str, key: &str, token: Option<i64>, body: &Value) -> Answer {
+        let mut headers = vec![
+            ("x-owner-id", "worker-1".to_owned()),
+            ("x-idempotency-key", key.to_owned()),
+        ];
+        if let Some(token) = token {
+            headers.push(("x-fencing-token", token.to_string()));
+        }
+        self.send(Method::POST, path, &headers, Some(&body.to_string()))
+            .await
+    }
+
+    /// An operator write with the credential.
+    pub async fn operator_write(&self, path: &str, key: &str, body: &Value) -> Answer {
+        let headers = vec![
+            ("x-owner-id", "operator-cli".to_owned()),
+            ("x-idempotency-key", key.to_owned()),
+            ("authorization", format!("Bearer {OPERATOR_TOKEN}")),
+        ];
+        self.send(Method::POST, path, &headers, Some(&body.to_string()))
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(Method::GET, path, &[], None).await
+    }
+
+    pub async fn account(&self, id: &str, currency: &str) {
+        let body = json!({ "accountId": id, "currency": currency });
+        self.write("/v1/accounts", &format!("acct-{id}"), None, &body)
+            .await
+            .expect("create account", 201, None);
+    }
+
+    pub async fn fund(&self, id: &str, amount: i64) {
+        let reference = format!("fund-{}", Uuid::new_v4());
+        let body = json!({ "amountMinor": amount, "reference": reference });
+        self.write(&format!("/v1/accounts/{id}/fund"), &reference, None, &body)
+            .await
+            .expect("fund", 200, None);
+    }
+
+    pub async fn payout(&self, account: &str, amount: i64, currency: &str) -> Uuid {
+        let id = Uuid::new_v4();
+        let body = json!({
+            "payoutId": id, "accountId": account, "amountMinor": amount,
+            "currency": currency, "beneficiaryRef": format!("ben-{id}"),
+        });
+        self.write("/v1/payouts", &format!("create-{id}"), None, &body)
+            .await
+            .expect("create payout", 201, None);
+        id
+    }
+
+    pub async fn claim(&self, payout: Uuid, token: i64, expected: &str) -> Answer {
+        self.write(
+            &format!("/v1/payouts/{payout}/claim"),
+            &format!("payout-{payout}"),
+            Some(token),
+            &json!({ "expectedState": expected }),
+        )
+        .await
+    }
+
+    pub async fn post(&self, payout: Uuid, token: i64) -> Answer {
+        self.write(
+            &format!("/v1/payouts/{payout}/post"),
+            &format!("payout-{payout}"),
+            Some(token),
+            &post_body(payout),
+        )
+        .await
+    }
+
+    /// What the rail proxy would do between claim and post: SUBMITTING, then RAIL_ACKED.
+    pub async fn rail_ack(&self, payout: Uuid) {
+        rail_ack(&self.pool, payout).await;
+    }
+
+    /// The payout's state, read from paydb.
+    pub async fn state_of(&self, payout: Uuid) -> String {
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE payout_id = $1")
+            .bind(payout)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        state
+    }
+
+    pub async fn metrics(&self) -> String {
+        let response = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        response.text().await.unwrap_or_default()
+    }
+}
+
+/// The submission id and rail reference the simulated rail uses for a payout.
+pub fn rail_ids(payout: Uuid) -> (Uuid, String) {
+    (
+        Uuid::from_u128(payout.as_u128() ^ 0x5a5a),
+        format!("rail-{}", payout.simple()),
+    )
+}
+
+pub fn post_body(payout: Uuid) -> Value {
+    let (submission, reference) = rail_ids(payout);
+    json!({ "railReference": reference, "submissionId": submission, "railOutcome": "ACKED" })
+}
+
+pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
+    let (submission, reference) = rail_ids(payout);
+    let moved = sqlx::query(
+        "UPDATE payouts SET state = 'SUBMITTING', submission_id = $2 \
+         WHERE payout_id = $1 AND state = 'CLAIMED'",
+    )
+    .bind(payout)
+    .bind(submission)
+    .execute(pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .rows_affected();
+    assert_eq!(moved, 1, "payout {payout} was not CLAIMED");
+    sqlx::query(
+        "UPDATE payouts SET state = 'RAIL_ACKED', rail_reference = $2 \
+         WHERE payout_id = $1 AND state = 'SUBMITTING'",
+    )
+    .bind(payout)
+    .bind(reference)
+    .execute(pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The value of one sample line of the Prometheus text (`name{labels} value`).
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{sample} not in metrics:\n{text}"))
+}
