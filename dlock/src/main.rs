@@ -1,5 +1,6 @@
 //! `dlock`: one binary for every part of dlock.
 
+mod demo;
 mod dev;
 mod jobs;
 
@@ -30,6 +31,9 @@ enum Command {
         #[command(subcommand)]
         command: DevCommand,
     },
+    /// Starts the local stack, runs a thousand-payout demo batch with the rail's faults on,
+    /// prints the result and the reconciler's findings, and stops everything.
+    Demo(demo::DemoArgs),
     /// Registers and executes a PayoutBatch against a running stack.
     Run(jobs::RunArgs),
     /// Compares paydb, the ledger and the rail's statement; reports, never repairs.
@@ -72,14 +76,15 @@ enum DevCommand {
     Up(dev::UpArgs),
 }
 
-fn init_logging(default_filter: &str) {
+fn init_logging(default_filter: &str, json_by_default: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("DLOCK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // Services log JSON lines for machines; commands people run log text unless told otherwise.
     let json = std::env::var("DLOCK_LOG_FORMAT")
         .map(|f| f != "text")
-        .unwrap_or(true);
+        .unwrap_or(json_by_default);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -98,13 +103,13 @@ fn init_logging(default_filter: &str) {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // Services log their events; the commands people run stay quiet unless something is wrong.
-    let default_filter = match cli.command {
+    let (default_filter, json) = match cli.command {
         Command::Serve { .. } | Command::Dev { .. } => {
-            "info,sqlx=warn,h2=warn,tower=warn,hyper=warn"
+            ("info,sqlx=warn,h2=warn,tower=warn,hyper=warn", true)
         }
-        _ => "warn,sqlx=error",
+        _ => ("warn,sqlx=error", false),
     };
-    init_logging(default_filter);
+    init_logging(default_filter, json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -138,6 +143,7 @@ fn main() -> std::process::ExitCode {
             Command::Dev { command } => match command {
                 DevCommand::Up(args) => dev::up(args).await,
             },
+            Command::Demo(args) => return demo::demo(args).await,
             Command::Run(args) => jobs::run(args).await,
             Command::Reconcile(args) => return jobs::reconcile(args).await,
             Command::Resolve(args) => jobs::resolve(args).await,

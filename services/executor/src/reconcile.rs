@@ -60,13 +60,33 @@ impl Findings {
         if self.findings.is_empty() {
             out.push_str("no findings\n");
         }
+        // Every warning and critical finding; the informational ones up to a screenful.
+        let shown_info = 10;
+        let info_total = self
+            .findings
+            .iter()
+            .filter(|f| f.severity == Severity::Info)
+            .count();
+        let mut info_seen = 0;
         for f in &self.findings {
+            if f.severity == Severity::Info {
+                info_seen += 1;
+                if info_seen > shown_info {
+                    continue;
+                }
+            }
             out.push_str(&format!(
                 "{:<8} {:<32} {:<40} {}\n",
                 format!("{:?}", f.severity).to_lowercase(),
                 f.kind,
                 f.subject,
                 f.detail
+            ));
+        }
+        if info_total > shown_info {
+            out.push_str(&format!(
+                "... and {} more informational findings (--json lists them all)\n",
+                info_total - shown_info
             ));
         }
         out
