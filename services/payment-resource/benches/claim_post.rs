@@ -1,1 +1,352 @@
-fn main() {}
+//! Claim+post pairs through the payment resource over HTTP against the same SQL issued directly
+//! through sqlx (the store functions the service calls: idempotency record, paydb function,
+//! stored answer, commit), at 1 and 16 concurrent clients.
+//!
+//! Each pair is one payout on its own account, as the executor locks `payout:{accountId}`: claim
+//! under a fresh token, the simulated rail moves it to RAIL_ACKED in SQL (not timed: it is the
+//! rail proxy's work), post under the same token. A round times all claims, acknowledges them in
+//! one statement, then times all posts; pairs/s is pairs over the timed phases.
+//!
+//! `cargo bench -p dlock-payment-resource --bench claim_post` (optionally `-- --seconds 5`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_contract::config::{RawConfig, env_name};
+use dlock_contract::payment::PayoutState;
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::PgServer;
+use dlock_payment_resource::store::{Begin, PayStore, Scope};
+use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
+use uuid::Uuid;
+
+/// Payouts per client per round.
+const BATCH: usize = 40;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Service,
+    Raw,
+}
+
+struct Run {
+    pairs: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.pairs as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn config(env: &[(&str, String)]) -> PaymentConfig {
+    let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (env_name(k), v.clone())).collect();
+    let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+    PaymentConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Accounts, funding and payouts for one round, in three statements (not timed).
+async fn prepare(store: &PayStore, count: usize) -> Vec<Uuid> {
+    let ids: Vec<String> = (0..count)
+        .map(|_| format!("b-{}", Uuid::new_v4().simple()))
+        .collect();
+    let payouts: Vec<Uuid> = (0..count).map(|_| Uuid::new_v4()).collect();
+    for sql in [
+        "SELECT count(*) FROM unnest($1::text[]) id, LATERAL pay_create_account(id, 'EUR')",
+        "SELECT count(*) FROM unnest($1::text[]) id, LATERAL pay_fund(id, 1000000, id)",
+        "SELECT count(*) FROM unnest($1::text[], $2::uuid[]) t(id, pid), \
+         LATERAL pay_create_payout(pid, id, 100, 'EUR', 'ben')",
+    ] {
+        sqlx::query(sql)
+            .bind(&ids)
+            .bind(&payouts)
+            .execute(store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    payouts
+}
+
+async fn rail_ack(store: &PayStore, payouts: &[Uuid]) {
+    for sql in [
+        "UPDATE payouts SET state = 'SUBMITTING', submission_id = payout_id \
+         WHERE payout_id = ANY($1) AND state = 'CLAIMED'",
+        "UPDATE payouts SET state = 'RAIL_ACKED', rail_reference = 'rail-' || payout_id \
+         WHERE payout_id = ANY($1) AND state = 'SUBMITTING'",
+    ] {
+        sqlx::query(sql)
+            .bind(payouts)
+            .execute(store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+fn scope(route: String, key: &str, token: i64, body: &[u8]) -> Scope {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(route.as_bytes());
+    hasher.update(body);
+    Scope {
+        route,
+        key: key.to_owned(),
+        token,
+        owner_id: "bench".to_owned(),
+        payload_hash: hasher.finalize().into(),
+        retention_ms: 3_600_000,
+    }
+}
+
+/// One write through the store, as the service does it: record, function, answer, commit.
+async fn raw_claim(store: &PayStore, payout: Uuid, token: i64) {
+    let key = format!("payout-{payout}");
+    let scope = scope(
+        format!("POST /v1/payouts/{payout}/claim"),
+        &key,
+        token,
+        b"PENDING",
+    );
+    let Begin::Fresh(mut tx) = store
+        .begin(&scope, 2_000)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    else {
+        panic!("a fresh key was not fresh");
+    };
+    let row = PayStore::claim(&mut tx, payout, token, PayoutState::Pending)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(row.outcome, "claimed");
+    let body = serde_json::to_vec(&serde_json::json!({ "payoutId": payout, "claimToken": token }))
+        .unwrap_or_default();
+    store
+        .finish(tx, &scope, 200, &body)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn raw_post(store: &PayStore, payout: Uuid, token: i64) {
+    let key = format!("payout-{payout}");
+    let scope = scope(
+        format!("POST /v1/payouts/{payout}/post"),
+        &key,
+        token,
+        b"ACKED",
+    );
+    let Begin::Fresh(mut tx) = store
+        .begin(&scope, 2_000)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    else {
+        panic!("a fresh key was not fresh");
+    };
+    let row = PayStore::post(&mut tx, payout, token, &format!("rail-{payout}"), payout)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(row.outcome, "posted");
+    let entries = PayStore::entries(&mut tx, &format!("payout:{payout}"), true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = serde_json::to_vec(&entries).unwrap_or_default();
+    store
+        .finish(tx, &scope, 200, &body)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn phase(
+    store: &PayStore,
+    client: &Option<PaymentClient>,
+    batch: &[(Uuid, i64)],
+    post: bool,
+) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(batch.len());
+    for &(payout, token) in batch {
+        let t = Instant::now();
+        let key = format!("payout-{payout}");
+        match (client, post) {
+            (Some(c), false) => {
+                c.claim(payout, token, &key, PayoutState::Pending)
+                    .await
+                    .unwrap_or_else(|e| panic!("claim: {e}"));
+            }
+            (Some(c), true) => {
+                c.post(payout, token, &key, &format!("rail-{payout}"), payout)
+                    .await
+                    .unwrap_or_else(|e| panic!("post: {e}"));
+            }
+            (None, false) => raw_claim(store, payout, token).await,
+            (None, true) => raw_post(store, payout, token).await,
+        }
+        latencies.push(t.elapsed());
+    }
+    latencies
+}
+
+async fn pairs(
+    store: PayStore,
+    url: &str,
+    path: Path,
+    clients: usize,
+    run_for: Duration,
+    tokens: Arc<AtomicI64>,
+) -> Run {
+    let http: Vec<Option<PaymentClient>> = (0..clients)
+        .map(|c| {
+            (path == Path::Service).then(|| {
+                PaymentClient::new(url, &format!("bench-{c}")).unwrap_or_else(|e| panic!("{e}"))
+            })
+        })
+        .collect();
+    let mut run = Run {
+        pairs: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+    };
+    while run.elapsed < run_for {
+        let payouts = prepare(&store, clients * BATCH).await;
+        let batches: Vec<Vec<(Uuid, i64)>> = payouts
+            .chunks(BATCH)
+            .map(|chunk| {
+                chunk
+                    .iter()
+                    .map(|p| (*p, tokens.fetch_add(1, Ordering::SeqCst) + 1))
+                    .collect()
+            })
+            .collect();
+        let mut per_pair = vec![Duration::ZERO; payouts.len()];
+        for post in [false, true] {
+            if post {
+                rail_ack(&store, &payouts).await;
+            }
+            let started = Instant::now();
+            let tasks: Vec<_> = batches
+                .iter()
+                .zip(&http)
+                .map(|(batch, client)| {
+                    let (store, client, batch) = (store.clone(), client.clone(), batch.clone());
+                    tokio::spawn(async move { phase(&store, &client, &batch, post).await })
+                })
+                .collect();
+            for (c, task) in tasks.into_iter().enumerate() {
+                let latencies = task.await.unwrap_or_else(|e| panic!("{e}"));
+                for (i, l) in latencies.into_iter().enumerate() {
+                    per_pair[c * BATCH + i] += l;
+                }
+            }
+            run.elapsed += started.elapsed();
+        }
+        run.pairs += payouts.len();
+        run.latencies.extend(per_pair);
+    }
+    run
+}
+
+fn main() {
+    let seconds = std::env::args()
+        .skip_while(|a| a != "--seconds")
+        .nth(1)
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(4);
+    let run_for = Duration::from_secs(seconds);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    pg.create_database("paydb")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!(
+        "claim+post pairs, {seconds} s of timed phases per row, one account per payout, rail ack in SQL (untimed)"
+    );
+    println!(
+        "{:>7} {:>15} {:>9} {:>9} {:>15} {:>9} {:>9} {:>15}",
+        "clients",
+        "service pairs/s",
+        "p50 ms",
+        "p99 ms",
+        "raw pairs/s",
+        "p50 ms",
+        "p99 ms",
+        "service/raw"
+    );
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let config = config(&[
+            ("server.listen", addr.to_string()),
+            ("payment.pg.url", pg.url("paydb")),
+            ("payment.pg.pool-max", "32".to_owned()),
+        ]);
+        let store = open_store(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let state = AppState::new(store.clone(), Arc::new(config));
+        let server = tokio::spawn(async move {
+            let _ = dlock_contract::http::serve(listener, app(state), std::future::pending()).await;
+        });
+        let url = format!("http://{addr}");
+        let tokens = Arc::new(AtomicI64::new(1));
+        // Warm up connections, caches and the plan cache.
+        for path in [Path::Service, Path::Raw] {
+            pairs(
+                store.clone(),
+                &url,
+                path,
+                4,
+                Duration::from_millis(300),
+                tokens.clone(),
+            )
+            .await;
+        }
+        for clients in [1usize, 16] {
+            let service = pairs(
+                store.clone(),
+                &url,
+                Path::Service,
+                clients,
+                run_for,
+                tokens.clone(),
+            )
+            .await;
+            let raw = pairs(
+                store.clone(),
+                &url,
+                Path::Raw,
+                clients,
+                run_for,
+                tokens.clone(),
+            )
+            .await;
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            println!(
+                "{:>7} {:>15.0} {:>9.2} {:>9.2} {:>15.0} {:>9.2} {:>9.2} {:>15.2}",
+                clients,
+                service.per_second(),
+                ms(service.percentile(0.50)),
+                ms(service.percentile(0.99)),
+                raw.per_second(),
+                ms(raw.percentile(0.50)),
+                ms(raw.percentile(0.99)),
+                service.per_second() / raw.per_second(),
+            );
+        }
+        server.abort();
+    });
+    drop(pg);
+}
