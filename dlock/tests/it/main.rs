@@ -1,6 +1,7 @@
 //! dlock's integration tests: real PostgreSQL, real etcd and real HTTP, started by the harness.
 
 mod bad_input;
+mod chaos;
 mod conformance;
 mod crash;
 mod exclusion;

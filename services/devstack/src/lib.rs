@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use nix::sys::signal::{Signal, kill};
+pub use nix::sys::signal::Signal;
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 /// A port that was free a moment ago on 127.0.0.1.
@@ -143,6 +144,21 @@ impl ManagedChild {
             self.child.as_mut().map(Child::try_wait),
             Some(Ok(Some(_))) | None
         )
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; its status, or `None`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// Stops the process with `signal`, escalating to SIGKILL after `grace`.

@@ -1,0 +1,710 @@
+//! The chaos suite: the whole payout path as real processes — lock server, payment resource,
+//! rail stub, rail proxy and `dlock run` executors — started and torn down here, with faults
+//! injected while batches run. Every scenario ends with one shared invariant checker and prints
+//! its figures.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dlock_contract::ErrorCode;
+use dlock_contract::client::LockClient;
+use dlock_contract::config::env_name;
+use dlock_contract::payment::{
+    CreateAccountRequest, CreatePayoutRequest, FundRequest, PayoutState,
+};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
+use dlock_devstack::{
+    EtcdServer, ManagedChild, PgServer, Signal, free_port, http_status, spawn_logged, wait_until,
+};
+use dlock_executor::manifest::{idempotency_key, payout_id};
+
+use uuid::Uuid;
+
+use crate::harness::{Backend, eventually};
+
+const OPERATOR_TOKEN: &str = "chaos-operator-token";
+const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+
+struct Service {
+    name: &'static str,
+    port: u16,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<ManagedChild>,
+}
+
+impl Service {
+    fn new(name: &'static str, dir: &Path, pairs: Vec<(&str, String)>) -> Self {
+        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
+        let mut env: Vec<(String, String)> =
+            vec![(env_name("server.listen"), format!("127.0.0.1:{port}"))];
+        env.extend(pairs.into_iter().map(|(k, v)| (env_name(k), v)));
+        Self {
+            name,
+            port,
+            env,
+            log: dir.join(format!("{name}.log")),
+            child: None,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn start(&mut self) {
+        let args = vec!["serve".to_owned(), self.name.to_owned()];
+        let mut child = spawn_logged(self.name, Path::new(EXE), &args, &self.env, Some(&self.log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        wait_until(self.name, Duration::from_secs(60), || {
+            !child.exited() && http_status(addr, "/readyz") == Some(200)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+        });
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    scenario: &'static str,
+    payouts: usize,
+    faults: usize,
+    fenced_out: usize,
+    ambiguous: usize,
+    double_payments: usize,
+    lost: usize,
+}
+
+impl Figures {
+    fn print(&self) {
+        println!(
+            "| {:<34} | {:>7} | {:>6} | {:>10} | {:>9} | {:>15} | {:>12} |",
+            self.scenario,
+            self.payouts,
+            self.faults,
+            self.fenced_out,
+            self.ambiguous,
+            self.double_payments,
+            self.lost
+        );
+    }
+}
+
+struct Chaos {
+    dir: tempfile::TempDir,
+    pg: PgServer,
+    etcd: Option<EtcdServer>,
+    lock: Service,
+    payment: Service,
+    stub: Service,
+    proxy: Service,
+    read_timeout_ms: u64,
+}
+
+impl Chaos {
+    fn start(backend: Backend, rail: &[(&str, &str)], read_timeout_ms: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+        pg.create_database("lockdb")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        pg.create_database("paydb")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let etcd = (backend == Backend::Etcd)
+            .then(|| EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}")));
+        let lock_pairs = match &etcd {
+            Some(etcd) => vec![
+                ("lock.backend", "etcd".to_owned()),
+                ("lock.etcd.endpoints", etcd.endpoint()),
+            ],
+            None => vec![
+                ("lock.backend", "pg".to_owned()),
+                ("lock.pg.url", pg.url("lockdb")),
+            ],
+        };
+        let mut lock = Service::new("lock-server", dir.path(), lock_pairs);
+        let mut payment = Service::new(
+            "payment-resource",
+            dir.path(),
+            vec![
+                ("payment.pg.url", pg.url("paydb")),
+                ("payment.operator.token", OPERATOR_TOKEN.to_owned()),
+            ],
+        );
+        let mut stub_pairs = vec![(
+            "rail.stub.statement-path",
+            dir.path().join("statement.jsonl").display().to_string(),
+        )];
+        stub_pairs.extend(rail.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let mut stub = Service::new("rail-stub", dir.path(), stub_pairs);
+        lock.start();
+        payment.start();
+        stub.start();
+        let mut proxy = Service::new(
+            "rail-proxy",
+            dir.path(),
+            vec![
+                ("rail.proxy.pg.url", pg.url("paydb")),
+                ("rail.proxy.rail-url", stub.url()),
+                ("rail.proxy.read-timeout-ms", read_timeout_ms.to_string()),
+                ("rail.proxy.unresolved-margin-ms", "500".to_owned()),
+                ("rail.proxy.sweep-interval-ms", "200".to_owned()),
+                ("rail.proxy.operator-token", OPERATOR_TOKEN.to_owned()),
+            ],
+        );
+        proxy.start();
+        Self {
+            dir,
+            pg,
+            etcd,
+            lock,
+            payment,
+            stub,
+            proxy,
+            read_timeout_ms,
+        }
+    }
+
+    fn payment_client(&self) -> PaymentClient {
+        PaymentClient::new(&self.payment.url(), "chaos").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
+        let payment = self.payment_client();
+        for i in 0..n {
+            let account = format!("{prefix}-{i:02}");
+            let body = CreateAccountRequest {
+                account_id: account.clone(),
+                currency: "EUR".into(),
+            };
+            payment
+                .create_account(&format!("open-{account}"), &body)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let fund = FundRequest {
+                amount_minor: funds,
+                reference: format!("seed-{account}"),
+            };
+            payment
+                .fund(&account, &format!("fund-{account}"), &fund)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    /// Writes a batch of `n` payouts spread over `accounts` accounts.
+    fn batch(&self, name: &str, prefix: &str, accounts: usize, n: usize) -> PathBuf {
+        let mut text = format!(
+            "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 4\n  payouts:\n"
+        );
+        for i in 0..n {
+            text.push_str(&format!(
+                "    - key: item-{i:04}\n      accountId: {prefix}-{:02}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
+                i % accounts,
+                1_000 + i
+            ));
+        }
+        let path = self.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    fn executor(&self, batch: &Path, owner: &str, extra: &[&str]) -> (ManagedChild, PathBuf) {
+        let log = self.dir.path().join(format!("{owner}.log"));
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-f".into(),
+            batch.display().to_string(),
+            "--lock-server".into(),
+            self.lock.url(),
+            "--payment-resource".into(),
+            self.payment.url(),
+            "--rail-proxy".into(),
+            self.proxy.url(),
+            "--workers".into(),
+            "4".into(),
+            "--owner-id".into(),
+            owner.into(),
+            "--rail-read-timeout-ms".into(),
+            self.read_timeout_ms.to_string(),
+            "--settle-timeout-s".into(),
+            "120".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let child = spawn_logged(owner, Path::new(EXE), &args, &[], Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        (child, log)
+    }
+
+    /// Waits for an executor to finish and returns how many fenced-out events it reported.
+    fn finish(&self, mut executor: ManagedChild, log: &Path) -> usize {
+        let status = executor.wait_exit(Duration::from_secs(180));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "executor failed: {status:?}\n{text}"
+        );
+        text.lines()
+            .find_map(|l| {
+                l.split(" fenced out")
+                    .next()
+                    .filter(|_| l.contains(" fenced out"))?
+                    .rsplit(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
+    async fn posted_count(&self) -> usize {
+        self.pg
+            .psql(
+                "paydb",
+                "SELECT count(*) FROM payouts WHERE state = 'POSTED'",
+            )
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The shared invariant checker.
+    async fn check(
+        &self,
+        scenario: &'static str,
+        batches: &[(&str, &str, usize)],
+        faults: usize,
+        fenced_out: usize,
+    ) -> Figures {
+        let payment = self.payment_client();
+        let statement = read_statement(&self.stub.url(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut on_rail: HashMap<String, usize> = HashMap::new();
+        for t in &statement.transfers {
+            *on_rail.entry(t.client_ref.clone()).or_default() += 1;
+        }
+        let mut figures = Figures {
+            scenario,
+            faults,
+            fenced_out,
+            ..Figures::default()
+        };
+        for (name, _, n) in batches {
+            for i in 0..*n {
+                let id = payout_id(name, &format!("item-{i:04}"));
+                figures.payouts += 1;
+                let payout = payment.get_payout(id).await;
+                match payout.map(|p| p.state) {
+                    Ok(s) if s.is_terminal() || s == PayoutState::RailAmbiguous => {
+                        if s == PayoutState::RailAmbiguous {
+                            figures.ambiguous += 1;
+                        }
+                    }
+                    other => {
+                        figures.lost += 1;
+                        eprintln!("{scenario}: payout {id} not settled: {other:?}");
+                    }
+                }
+                if on_rail.get(&id.to_string()).copied().unwrap_or(0) > 1 {
+                    figures.double_payments += 1;
+                }
+            }
+        }
+        let pool = dlock_executor::reconcile::connect(&self.pg.url("paydb"))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let findings = dlock_executor::reconcile::reconcile(
+            &pool,
+            &self.stub.url(),
+            Duration::from_millis(self.read_timeout_ms + 2_000),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        figures.print();
+        assert_eq!(
+            figures.double_payments, 0,
+            "{scenario}: a payout was paid twice"
+        );
+        assert_eq!(
+            findings.double_payments, 0,
+            "{scenario}: the rail statement holds a double payment"
+        );
+        assert_eq!(figures.lost, 0, "{scenario}: payouts did not settle");
+        assert!(
+            !findings.critical(),
+            "{scenario}: critical findings:\n{}",
+            findings.table()
+        );
+        let (ambiguous_total,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM payouts WHERE state = 'RAIL_AMBIGUOUS'")
+                .fetch_one(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (findings.ambiguous_found_on_rail + findings.ambiguous_not_on_rail) as i64,
+            ambiguous_total,
+            "{scenario}: every RAIL_AMBIGUOUS payout is classified"
+        );
+        figures
+    }
+}
+
+fn header() {
+    println!(
+        "| scenario                           | payouts | faults | fenced out | ambiguous | double payments | lost payouts |"
+    );
+}
+
+/// A worker that acquires and claims, then "pauses": the test drives its steps by hand.
+struct ScriptedHolder {
+    lock: LockClient,
+    payment: PaymentClient,
+    rail: RailClient,
+    session: Uuid,
+    token: i64,
+}
+
+impl ScriptedHolder {
+    async fn claim(chaos: &Chaos, account: &str, payout: Uuid, ttl_ms: i64) -> Self {
+        let lock =
+            LockClient::new(&chaos.lock.url(), "paused-holder").unwrap_or_else(|e| panic!("{e}"));
+        let payment = PaymentClient::new(&chaos.payment.url(), "paused-holder")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rail = RailClient::new(
+            &chaos.proxy.url(),
+            "paused-holder",
+            Duration::from_millis(chaos.read_timeout_ms),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let session = lock
+            .create_session(Some(ttl_ms))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .session_id;
+        let grant = lock
+            .acquire(
+                &format!("payout:{account}"),
+                session,
+                Some(ttl_ms),
+                Some(5_000),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        payment
+            .claim(
+                payout,
+                grant.fencing_token,
+                &idempotency_key(payout),
+                PayoutState::Pending,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the holder's claim: {e}"));
+        Self {
+            lock,
+            payment,
+            rail,
+            session,
+            token: grant.fencing_token,
+        }
+    }
+
+    /// The holder wakes up and carries on with its old token: every write must be fenced.
+    async fn resume(&self, account: &str, payout: Uuid, amount: i64) -> usize {
+        let key = idempotency_key(payout);
+        let body = SubmissionRequest {
+            payout_id: payout,
+            account_id: account.into(),
+            amount_minor: amount,
+            currency: "EUR".into(),
+            beneficiary_ref: "ben-0".into(),
+        };
+        let submit = self.rail.submit(self.token, &key, &body).await;
+        assert_eq!(
+            submit.err().and_then(|e| e.code()),
+            Some(ErrorCode::FencedOut),
+            "the stale submit is fenced at the rail"
+        );
+        let post = self
+            .payment
+            .post(payout, self.token, &key, "rail-forged", Uuid::new_v4())
+            .await;
+        assert_eq!(
+            post.err().and_then(|e| e.code()),
+            Some(ErrorCode::FencedOut),
+            "the stale post is fenced at the account"
+        );
+        let _ = self.lock.end_session(self.session).await;
+        2
+    }
+}
+
+async fn register_one(chaos: &Chaos, batch: &str, account: &str, amount: i64) -> Uuid {
+    let id = payout_id(batch, "item-0000");
+    let body = CreatePayoutRequest {
+        payout_id: id,
+        account_id: account.into(),
+        amount_minor: amount,
+        currency: "EUR".into(),
+        beneficiary_ref: "ben-0".into(),
+    };
+    chaos
+        .payment_client()
+        .create_payout(&format!("register-{id}"), &body)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_holder_is_fenced_after_another_takes_the_account_over() {
+    let chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "20")], 2_000);
+    chaos.accounts("paused", 4, 10_000_000).await;
+    // The scripted holder claims item-0000 of the batch, then sleeps past its lease.
+    let batch = chaos.batch("paused-batch", "paused", 4, 80);
+    let payout = register_one(&chaos, "paused-batch", "paused-00", 1_000).await;
+    let holder = ScriptedHolder::claim(&chaos, "paused-00", payout, 1_000).await;
+    let lock = LockClient::new(&chaos.lock.url(), "watcher").unwrap_or_else(|e| panic!("{e}"));
+    eventually(
+        "the paused holder's lease lapses",
+        Duration::from_secs(15),
+        || async { (!lock.get("payout:paused-00").await.ok()?.held).then_some(()) },
+    )
+    .await;
+    // A real executor process is paused too, mid-run, while another takes its accounts over.
+    let (stopped, stopped_log) = chaos.executor(
+        &batch,
+        "executor-stopped",
+        &["--lock-ttl-ms", "1500", "--session-ttl-ms", "1500"],
+    );
+    eventually(
+        "the first executor makes progress",
+        Duration::from_secs(30),
+        || async { (chaos.posted_count().await >= 5).then_some(()) },
+    )
+    .await;
+    stopped
+        .signal(Signal::SIGSTOP)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (taker, taker_log) = chaos.executor(&batch, "executor-taker", &[]);
+    let mut fenced = chaos.finish(taker, &taker_log);
+    stopped
+        .signal(Signal::SIGCONT)
+        .unwrap_or_else(|e| panic!("{e}"));
+    fenced += chaos.finish(stopped, &stopped_log);
+    // The taker re-claimed item-0000 under a newer token; the holder's every write is refused.
+    fenced += holder.resume("paused-00", payout, 1_000).await;
+    header();
+    chaos
+        .check(
+            "paused holder (expiry)",
+            &[("paused-batch", "paused", 80)],
+            2,
+            fenced,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_revocation_the_holder_is_fenced_at_the_account_and_at_the_rail() {
+    let chaos = Chaos::start(Backend::Pg, &[], 2_000);
+    chaos.accounts("revoked", 1, 1_000_000).await;
+    let payout = register_one(&chaos, "revoked-batch", "revoked-00", 1_000).await;
+    // A long lease: only the revocation can take it away.
+    let holder = ScriptedHolder::claim(&chaos, "revoked-00", payout, 60_000).await;
+    let output = std::process::Command::new(EXE)
+        .args([
+            "revoke",
+            "payout:revoked-00",
+            "--reason",
+            "holder stuck in a GC pause",
+            "--operator",
+            "oncall",
+        ])
+        .args([
+            "--lock-server",
+            &chaos.lock.url(),
+            "--payment-resource",
+            &chaos.payment.url(),
+        ])
+        .args([
+            "--rail-proxy",
+            &chaos.proxy.url(),
+            "--operator-token",
+            OPERATOR_TOKEN,
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "dlock revoke failed: {said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(said.contains("lock server: revoked token"), "{said}");
+    assert!(
+        said.contains("payment resource: account revoked-00 fence"),
+        "{said}"
+    );
+    assert!(
+        said.contains("rail proxy: account revoked-00 high-water"),
+        "{said}"
+    );
+    assert!(said.contains("done"), "{said}");
+    // Nobody else has written yet; the floor alone fences the holder everywhere.
+    let fenced = holder.resume("revoked-00", payout, 1_000).await;
+    // A new holder finishes the payout.
+    let batch = chaos.batch("revoked-batch", "revoked", 1, 1);
+    let (runner, log) = chaos.executor(&batch, "executor-after-revoke", &[]);
+    let fenced = fenced + chaos.finish(runner, &log);
+    header();
+    chaos
+        .check(
+            "paused holder (revocation)",
+            &[("revoked-batch", "revoked", 1)],
+            1,
+            fenced,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_each_service_mid_batch_pays_nobody_twice() {
+    let mut chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "150")], 1_000);
+    chaos.accounts("kill", 10, 10_000_000).await;
+    let batch = chaos.batch("kill-batch", "kill", 10, 150);
+    let (a, a_log) = chaos.executor(&batch, "executor-kill-a", &[]);
+    let (b, b_log) = chaos.executor(&batch, "executor-kill-b", &[]);
+    let mut faults = 0;
+    for (n, target) in ["lock-server", "payment-resource", "rail-proxy"]
+        .into_iter()
+        .enumerate()
+    {
+        let floor = 20 * (n + 1);
+        eventually(
+            "the batch makes progress",
+            Duration::from_secs(60),
+            || async { (chaos.posted_count().await >= floor).then_some(()) },
+        )
+        .await;
+        let service = match target {
+            "lock-server" => &mut chaos.lock,
+            "payment-resource" => &mut chaos.payment,
+            _ => &mut chaos.proxy,
+        };
+        // The proxy dies with forwards in flight (the rail takes 150 ms each).
+        service.kill();
+        service.start();
+        faults += 1;
+    }
+    let fenced = chaos.finish(a, &a_log) + chaos.finish(b, &b_log);
+    header();
+    chaos
+        .check(
+            "SIGKILL lock server, payment, proxy",
+            &[("kill-batch", "kill", 150)],
+            faults,
+            fenced,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_restart_mid_batch_pays_nobody_twice() {
+    let mut chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "20")], 1_000);
+    chaos.accounts("pgr", 8, 10_000_000).await;
+    let batch = chaos.batch("pgr-batch", "pgr", 8, 120);
+    let (a, a_log) = chaos.executor(&batch, "executor-pgr", &[]);
+    eventually(
+        "the batch makes progress",
+        Duration::from_secs(60),
+        || async { (chaos.posted_count().await >= 30).then_some(()) },
+    )
+    .await;
+    chaos.pg.restart().unwrap_or_else(|e| panic!("{e:#}"));
+    let fenced = chaos.finish(a, &a_log);
+    header();
+    chaos
+        .check(
+            "PostgreSQL restart",
+            &[("pgr-batch", "pgr", 120)],
+            1,
+            fenced,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_etcd_restart_mid_batch_pays_nobody_twice() {
+    let mut chaos = Chaos::start(Backend::Etcd, &[("rail.stub.latency-ms", "20")], 1_000);
+    chaos.accounts("etcdr", 8, 10_000_000).await;
+    let batch = chaos.batch("etcdr-batch", "etcdr", 8, 120);
+    let (a, a_log) = chaos.executor(&batch, "executor-etcdr", &[]);
+    eventually(
+        "the batch makes progress",
+        Duration::from_secs(60),
+        || async { (chaos.posted_count().await >= 30).then_some(()) },
+    )
+    .await;
+    if let Some(etcd) = chaos.etcd.as_mut() {
+        etcd.stop();
+        etcd.start_again().unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    let fenced = chaos.finish(a, &a_log);
+    header();
+    chaos
+        .check(
+            "etcd restart (etcd backend)",
+            &[("etcdr-batch", "etcdr", 120)],
+            1,
+            fenced,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_rail_mid_batch_pays_nobody_twice() {
+    let chaos = Chaos::start(
+        Backend::Pg,
+        &[
+            ("rail.stub.failure-rate", "0.2"),
+            ("rail.stub.duplicate-ack-rate", "0.5"),
+            ("rail.stub.latency-ms", "250"),
+            ("rail.stub.latency-jitter-ms", "200"),
+            ("rail.stub.hang-ms", "1500"),
+        ],
+        400,
+    );
+    chaos.accounts("hostile", 10, 10_000_000).await;
+    let batch = chaos.batch("hostile-batch", "hostile", 10, 150);
+    let (a, a_log) = chaos.executor(&batch, "executor-hostile-a", &[]);
+    let (b, b_log) = chaos.executor(&batch, "executor-hostile-b", &[]);
+    let fenced = chaos.finish(a, &a_log) + chaos.finish(b, &b_log);
+    header();
+    let figures = chaos
+        .check(
+            "hostile rail",
+            &[("hostile-batch", "hostile", 150)],
+            0,
+            fenced,
+        )
+        .await;
+    assert!(
+        figures.ambiguous > 0,
+        "a hostile rail leaves some payouts ambiguous"
+    );
+}
