@@ -743,7 +743,7 @@ fn encode_cursor(created_at: DateTime<Utc>, payout_id: Uuid) -> String {
 }
 
 fn decode_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
-    if cursor.len() % 2 != 0 || cursor.len() > 256 {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 256 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..cursor.len())

@@ -48,7 +48,10 @@ async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_fun
         .post(first, t1)
         .await
         .expect("post under the superseded token", 409, Some("FENCED_OUT"));
-    stack.post(first, stack.token()).await.expect("post", 200, None);
+    stack
+        .post(first, stack.token())
+        .await
+        .expect("post", 200, None);
     let account = stack.get("/v1/accounts/acct-h").await;
     let a = account.expect("P5 after post", 200, None);
     assert_eq!(a["balanceMinor"], 40);
