@@ -39,6 +39,9 @@ pub struct RunArgs {
     /// Give up waiting for in-flight payouts after this long.
     #[arg(long, default_value_t = 300)]
     pub settle_timeout_s: u64,
+    /// Serve `/metrics` (payout_execute_total, payout_backlog_age_seconds) here while running.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl RunArgs {
@@ -79,7 +82,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         options.workers,
         options.owner_id
     );
+    let metrics_server = args
+        .metrics_listen
+        .map(|addr| tokio::spawn(options.metrics.clone().serve(addr)));
     let report = dlock_executor::execute(&batch, &args.endpoints(), options).await?;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     println!("{}", report.table());
     if !report.ambiguous.is_empty() {
         println!(

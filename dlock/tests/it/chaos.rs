@@ -708,3 +708,37 @@ async fn a_hostile_rail_mid_batch_pays_nobody_twice() {
         "a hostile rail leaves some payouts ambiguous"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn running_the_same_batch_again_pays_nobody_twice() {
+    let chaos = Chaos::start(Backend::Pg, &[], 2_000);
+    chaos.accounts("again", 5, 10_000_000).await;
+    let batch = chaos.batch("again-batch", "again", 5, 60);
+    let (first, first_log) = chaos.executor(&batch, "executor-first", &[]);
+    let mut fenced = chaos.finish(first, &first_log);
+    let transfers = read_statement(&chaos.stub.url(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .transfers
+        .len();
+    assert_eq!(transfers, 60);
+    // The same file again, as a re-applied or re-synced manifest would be: the ids come from the
+    // batch name and item keys, so it finds every payout already settled and moves no money.
+    let (second, second_log) = chaos.executor(&batch, "executor-second", &[]);
+    fenced += chaos.finish(second, &second_log);
+    let again = read_statement(&chaos.stub.url(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .transfers
+        .len();
+    assert_eq!(again, 60, "the second run presented nothing to the rail");
+    header();
+    chaos
+        .check(
+            "same batch run twice",
+            &[("again-batch", "again", 60)],
+            0,
+            fenced,
+        )
+        .await;
+}

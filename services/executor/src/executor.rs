@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub settle_timeout: Duration,
     /// Progress on stderr: a bar on a terminal, lines otherwise, nothing when false.
     pub progress: bool,
+    /// `payout_execute_total{outcome}` and `payout_backlog_age_seconds`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for RunOptions {
@@ -62,6 +64,7 @@ impl Default for RunOptions {
             rail_read_timeout: Duration::from_secs(8),
             settle_timeout: Duration::from_secs(120),
             progress: false,
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 }
@@ -93,6 +96,24 @@ pub enum CycleOutcome {
     DeadlinePassed,
     /// A hop failed without a verdict; the cycle was abandoned and is retried later.
     Unavailable,
+    /// The rail's outcome is unknown: the payout is quarantined (RAIL_AMBIGUOUS) and settled
+    /// as far as automation goes.
+    Ambiguous,
+}
+
+impl CycleOutcome {
+    /// The `outcome` label of `payout_execute_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            CycleOutcome::Settled => "settled",
+            CycleOutcome::Contended => "contended",
+            CycleOutcome::Pending => "pending",
+            CycleOutcome::FencedOut => "fenced_out",
+            CycleOutcome::DeadlinePassed => "deadline_passed",
+            CycleOutcome::Unavailable => "unavailable",
+            CycleOutcome::Ambiguous => "ambiguous",
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -339,8 +360,19 @@ pub async fn execute(
 }
 
 async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
-    let deadline = Instant::now() + shared.options.settle_timeout;
+    let started = Instant::now();
+    let deadline = started + shared.options.settle_timeout;
     loop {
+        // Every payout is registered when the run starts, so the oldest unsettled one is as
+        // old as the run while any is left.
+        let backlog = shared
+            .total
+            .saturating_sub(shared.settled.load(Ordering::SeqCst));
+        shared.options.metrics.backlog(if backlog > 0 {
+            started.elapsed()
+        } else {
+            Duration::ZERO
+        });
         if shared.settled.load(Ordering::SeqCst) >= shared.total || Instant::now() >= deadline {
             shared.wake.notify_waiters();
             return;
@@ -372,7 +404,7 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
                 .entry(format!("{outcome:?}"))
                 .or_default() += 1;
             match outcome {
-                CycleOutcome::Settled => {
+                CycleOutcome::Settled | CycleOutcome::Ambiguous => {
                     shared.settled.fetch_add(1, Ordering::SeqCst);
                     progress.inc();
                 }
@@ -537,7 +569,7 @@ async fn critical_section(
                         Some(ErrorCode::FencedOut) => fenced(planned, grant, "submit", &e),
                         Some(ErrorCode::RailAmbiguous) => {
                             tracing::warn!(event = "rail_ambiguous", payout_id = %id, idempotency_key = key, owner_id = %shared.options.owner_id, "the rail's outcome is unknown; the payout is quarantined, releasing and stopping");
-                            CycleOutcome::Settled
+                            CycleOutcome::Ambiguous
                         }
                         // The rail declined (422): the payout is FAILED.
                         Some(ErrorCode::ValidationFailed)

@@ -3,6 +3,7 @@
 
 pub mod executor;
 pub mod manifest;
+pub mod metrics;
 pub mod progress;
 pub mod reconcile;
 pub mod revoke;
