@@ -42,6 +42,14 @@ enum Command {
     Resolve(jobs::ResolveArgs),
     /// Force-revokes a lock and pushes the new token floor to both enforcement points.
     Revoke(jobs::RevokeArgs),
+    /// Runs the Kubernetes operator (leader-elected controllers, /healthz, /metrics).
+    Operator(dlock_operator::OperatorArgs),
+    /// Writes the CustomResourceDefinitions as `<dir>/<plural>.yaml`.
+    Crdgen {
+        /// The directory to write into.
+        #[arg(long, default_value = "crds")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -107,6 +115,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve { .. } | Command::Dev { .. } => {
             ("info,sqlx=warn,h2=warn,tower=warn,hyper=warn", true)
         }
+        Command::Operator(_) => ("info,kube=warn,hyper=warn,tower=warn", true),
         _ => ("warn,sqlx=error", false),
     };
     init_logging(default_filter, json);
@@ -148,6 +157,12 @@ fn main() -> std::process::ExitCode {
             Command::Reconcile(args) => return jobs::reconcile(args).await,
             Command::Resolve(args) => jobs::resolve(args).await,
             Command::Revoke(args) => jobs::revoke(args).await,
+            Command::Operator(args) => dlock_operator::run(args).await,
+            Command::Crdgen { out } => dlock_operator::crd::write_all(&out).map(|written| {
+                for path in written {
+                    println!("{}", path.display());
+                }
+            }),
         };
         done.map(|()| std::process::ExitCode::SUCCESS)
     });

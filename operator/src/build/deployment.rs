@@ -1,0 +1,234 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha2::{Digest, Sha256};
+
+use super::config_map::CONFIG_FILE;
+use crate::workload::{PORT, Workload};
+
+/// The pod annotation that rolls the pods when their configuration changes.
+pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
+/// The non-root user of the `dlock` image.
+pub const RUN_AS_USER: i64 = 65532;
+
+/// The first 16 hex digits of the configuration's SHA-256.
+pub fn config_hash(config_toml: &str) -> String {
+    let digest = Sha256::digest(config_toml.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("http".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period_seconds),
+        failure_threshold: Some(failure_threshold),
+        ..Probe::default()
+    }
+}
+
+fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The Deployment of one dlock service.
+///
+/// - `maxUnavailable: 0`: a rollout adds a ready pod before it removes one.
+/// - Readiness on `/readyz`, which answers only when the backend is reachable. Each service
+///   applies its sqlx migrations at start, before it listens, so a new pod is never ready (and
+///   never receives traffic) before the migrations are in: readiness gating is the migration gate,
+///   with no separate init container or Job.
+/// - Liveness on `/healthz` (process up), with room for a slow backend at start.
+/// - The Cloud SQL Auth Proxy, when asked for, runs as a native sidecar (an init container with
+///   `restartPolicy: Always`), so it is up before the service starts and stops after it.
+pub fn deployment(workload: &Workload) -> Deployment {
+    let selector = super::selector_labels(workload.component, &workload.instance);
+    let mut pod_labels = super::labels(workload.component, &workload.instance);
+    pod_labels.extend(selector.clone());
+
+    let mut env: Vec<EnvVar> = workload
+        .secret_env
+        .iter()
+        .map(|secret| EnvVar {
+            name: secret.name.clone(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.secret.name.clone(),
+                    key: secret.secret.key.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+        .collect();
+    env.push(EnvVar {
+        name: "DLOCK_LOG_FORMAT".to_owned(),
+        value: Some("json".to_owned()),
+        ..EnvVar::default()
+    });
+
+    let mut volume_mounts = vec![VolumeMount {
+        name: "config".to_owned(),
+        mount_path: "/config".to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "config".to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: workload.name.clone(),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    if workload.data_volume {
+        volume_mounts.push(VolumeMount {
+            name: "data".to_owned(),
+            mount_path: "/data".to_owned(),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "data".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if let Some(secret) = &workload.etcd_tls_secret {
+        volume_mounts.push(VolumeMount {
+            name: "etcd-tls".to_owned(),
+            mount_path: "/etc/dlock/etcd-tls".to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "etcd-tls".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+
+    let main = Container {
+        name: workload.component.as_str().to_owned(),
+        image: Some(workload.image.clone()),
+        args: Some(vec![
+            "serve".to_owned(),
+            workload.component.as_str().to_owned(),
+            "--config".to_owned(),
+            format!("/config/{CONFIG_FILE}"),
+        ]),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_owned()),
+            container_port: PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(10),
+            ..http_probe("/healthz", 10, 6)
+        }),
+        volume_mounts: Some(volume_mounts),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
+    };
+
+    let init_containers = workload.cloud_sql.as_ref().map(|cloud_sql| {
+        vec![Container {
+            name: "cloud-sql-proxy".to_owned(),
+            image: Some(cloud_sql.image.clone()),
+            args: Some(vec![
+                "--port=5432".to_owned(),
+                "--structured-logs".to_owned(),
+                "--health-check".to_owned(),
+                "--http-address=0.0.0.0".to_owned(),
+                cloud_sql.instance_connection_name.clone(),
+            ]),
+            restart_policy: Some("Always".to_owned()),
+            startup_probe: Some(Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/startup".to_owned()),
+                    port: IntOrString::Int(9090),
+                    ..HTTPGetAction::default()
+                }),
+                period_seconds: Some(1),
+                failure_threshold: Some(60),
+                ..Probe::default()
+            }),
+            security_context: Some(restricted_security_context()),
+            ..Container::default()
+        }]
+    });
+
+    Deployment {
+        metadata: super::workload_meta(workload, workload.name.clone()),
+        spec: Some(DeploymentSpec {
+            replicas: Some(workload.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        CONFIG_HASH_ANNOTATION.to_owned(),
+                        config_hash(&workload.config_toml),
+                    )])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    init_containers,
+                    containers: vec![main],
+                    volumes: Some(volumes),
+                    termination_grace_period_seconds: Some(
+                        workload.termination_grace_period_seconds,
+                    ),
+                    automount_service_account_token: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(RUN_AS_USER),
+                        run_as_group: Some(RUN_AS_USER),
+                        fs_group: Some(RUN_AS_USER),
+                        ..PodSecurityContext::default()
+                    }),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}

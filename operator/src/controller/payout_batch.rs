@@ -1,0 +1,219 @@
+//! PayoutBatch: the manifest ConfigMap and the executor Job, with a finalizer.
+//!
+//! The finalizer exists because the batch's state lives outside Kubernetes: the executor pod
+//! holds lock-server sessions and claims payouts in paydb. Before the batch object goes, the
+//! operator deletes the executor Job in the foreground and waits until its pods are gone, so no
+//! executor keeps working for a batch that no longer exists. The payouts themselves stay in paydb:
+//! they are money history, and a batch re-created under the same name names the same payouts
+//! (ids from the batch name and item keys), which paydb refuses to create twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PropagationPolicy};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+
+use super::status::{Conditions, ready_of};
+use super::{Context, Error, Result, apply, apply_status, is_paused, publish, reconciled};
+use crate::build::job::{self, ValidatedBatch};
+use crate::crd::{PayoutBatch, PayoutBatchStatus};
+use crate::validate;
+
+pub const FINALIZER: &str = "dlock.io/executor-drained";
+/// How often a running batch's status is refreshed.
+pub const RUNNING_RESYNC: Duration = Duration::from_secs(10);
+
+pub async fn reconcile_payout_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
+    if is_paused(object.as_ref()) {
+        ctx.metrics.count("PayoutBatch", "paused");
+        return Ok(Action::await_change());
+    }
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<PayoutBatch> = Api::namespaced(ctx.client.clone(), &namespace);
+    let ctx2 = ctx.clone();
+    finalizer(&api, FINALIZER, object, |event| async move {
+        match event {
+            Finalizer::Apply(batch) => apply_batch(batch, ctx2).await,
+            Finalizer::Cleanup(batch) => drain_executor(batch, ctx2).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// The phase of an applied executor Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Running { active: i32 },
+    Succeeded,
+    Failed { message: String },
+}
+
+pub fn job_phase(job: &Job) -> JobPhase {
+    let Some(status) = &job.status else {
+        return JobPhase::Running { active: 0 };
+    };
+    for condition in status.conditions.iter().flatten() {
+        if condition.status != "True" {
+            continue;
+        }
+        match condition.type_.as_str() {
+            "Complete" => return JobPhase::Succeeded,
+            "Failed" => {
+                return JobPhase::Failed {
+                    message: condition.message.clone().unwrap_or_default(),
+                };
+            }
+            _ => {}
+        }
+    }
+    JobPhase::Running {
+        active: status.active.unwrap_or(0),
+    }
+}
+
+/// The batch's status from its applied Job (pure).
+pub fn batch_status(
+    object: &PayoutBatch,
+    batch: &ValidatedBatch,
+    applied_job: &Job,
+    now: &str,
+) -> PayoutBatchStatus {
+    let previous = object.status.clone().unwrap_or_default();
+    let generation = object.metadata.generation;
+    let payouts = object.spec.payouts.len();
+    let (conditions, summary) = match job_phase(applied_job) {
+        JobPhase::Succeeded => (
+            Conditions::ready(format!("the executor finished all {payouts} payouts")),
+            format!("{payouts} done"),
+        ),
+        JobPhase::Running { active } => (
+            Conditions::progressing(
+                "Executing",
+                format!("{active} executor pod(s) working on {payouts} payouts"),
+            ),
+            format!("{payouts} running"),
+        ),
+        JobPhase::Failed { message } => (
+            Conditions::degraded("ExecutorFailed", message),
+            format!("{payouts} stopped"),
+        ),
+    };
+    PayoutBatchStatus {
+        observed_generation: generation,
+        conditions: conditions.render(&previous.conditions, generation, now),
+        accepted: Some(true),
+        job_name: Some(batch.job_name()),
+        summary: Some(summary),
+        counts: previous.counts,
+        ambiguous_count: Some(previous.ambiguous.len() as i64),
+        ambiguous: previous.ambiguous,
+        fenced_out: previous.fenced_out,
+    }
+}
+
+async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
+    let previous = object.status.clone().unwrap_or_default();
+    let batch = match validate::payout_batch(&object, &ctx.settings) {
+        Ok(batch) => batch,
+        Err(invalid) => {
+            let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
+            let status = PayoutBatchStatus {
+                observed_generation: object.metadata.generation,
+                conditions: conditions.render(
+                    &previous.conditions,
+                    object.metadata.generation,
+                    &ctx.now(),
+                ),
+                ..previous.clone()
+            };
+            apply_status(&ctx.client, object.as_ref(), &status).await?;
+            if ready_of(&previous.conditions) != ready_of(&status.conditions) {
+                publish(
+                    &ctx,
+                    object.as_ref(),
+                    EventType::Warning,
+                    "InvalidSpec",
+                    invalid.to_string(),
+                )
+                .await;
+            }
+            return Err(Error::Invalid(invalid));
+        }
+    };
+    apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
+    let applied_job = apply(&ctx.client, &job::executor_job(&batch)).await?;
+    let status = batch_status(&object, &batch, &applied_job, &ctx.now());
+    let running = matches!(job_phase(&applied_job), JobPhase::Running { .. });
+    apply_status(&ctx.client, object.as_ref(), &status).await?;
+    if ready_of(&previous.conditions) != ready_of(&status.conditions)
+        && let Some(ready) = status.conditions.first()
+    {
+        let (type_, reason) = match job_phase(&applied_job) {
+            JobPhase::Succeeded => (EventType::Normal, "Completed"),
+            JobPhase::Running { .. } => (EventType::Normal, "Executing"),
+            JobPhase::Failed { .. } => (EventType::Warning, "ExecutorFailed"),
+        };
+        publish(&ctx, object.as_ref(), type_, reason, ready.message.clone()).await;
+    }
+    reconciled(&ctx, object.as_ref());
+    ctx.metrics.count("PayoutBatch", "ok");
+    Ok(if running {
+        Action::requeue(RUNNING_RESYNC)
+    } else {
+        Action::await_change()
+    })
+}
+
+async fn drain_executor(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = object.namespace().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let name = format!("{}-executor", object.name_any());
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..DeleteParams::default()
+    };
+    match jobs.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(source) => {
+            return Err(Error::Apply {
+                kind: "Job",
+                name,
+                source,
+            });
+        }
+    }
+    // Foreground deletion keeps the Job until its pods are gone; wait for that.
+    match jobs.get_opt(&name).await {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            return Err(Error::Finalizer(format!(
+                "waiting for the executor Job {name} and its pods to go"
+            )));
+        }
+        Err(source) => {
+            return Err(Error::Read {
+                what: "the executor Job",
+                source,
+            });
+        }
+    }
+    publish(
+        &ctx,
+        object.as_ref(),
+        EventType::Normal,
+        "ExecutorDrained",
+        format!("the executor Job {name} is gone; the payouts stay in paydb"),
+    )
+    .await;
+    Ok(Action::await_change())
+}

@@ -1,0 +1,297 @@
+//! `dlock operator`: leader election on a Lease, the controllers, `/healthz` and `/metrics`, and a
+//! graceful shutdown on SIGTERM or a lost lease.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use kube_lease_manager::LeaseManagerBuilder;
+use serde::de::DeserializeOwned;
+
+use crate::controller::{self, Context, Error, error_policy};
+use crate::crd::{Lock, LockRevocation, LockServer, PaymentResource, PayoutBatch, RailProxy};
+use crate::metrics::Metrics;
+use crate::services::HttpServices;
+use crate::validate::Settings;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct OperatorArgs {
+    /// Where `/healthz` and `/metrics` listen.
+    #[arg(long, env = "DLOCK_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// The image the operator's pods run when a spec names none (the operator's own image).
+    #[arg(
+        long,
+        env = "DLOCK_OPERATOR_IMAGE",
+        default_value = "ghcr.io/dlock/dlock:latest"
+    )]
+    pub image: String,
+    /// The Lease of the leader election.
+    #[arg(long, env = "DLOCK_OPERATOR_LEASE", default_value = "dlock-operator")]
+    pub lease_name: String,
+    /// The Lease's namespace (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the election.
+    #[arg(long, env = "POD_NAME", default_value = "dlock-operator")]
+    pub identity: String,
+    /// Seconds a leader's lease lasts without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_s: u64,
+    /// The operator token for revocations (`Authorization: Bearer …`).
+    #[arg(long, env = "DLOCK_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
+}
+
+/// The label every object the operator builds carries; the owned-object watches select on it.
+const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=dlock-operator";
+
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
+    let metrics = Arc::new(Metrics::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let http = tokio::spawn(serve_http(args.listen, metrics.clone(), stop_rx.clone()));
+
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.lease_namespace)
+        .with_identity(&args.identity)
+        .with_duration(args.lease_duration_s)
+        .with_grace(args.lease_duration_s / 3)
+        .build()
+        .await
+        .context("preparing the leader-election Lease")?;
+    let (mut leader, lease_task) = manager.watch().await;
+    tracing::info!(event = "waiting_for_leadership", lease = %args.lease_name);
+    let signal = shutdown_signal().shared();
+    let elected = tokio::select! {
+        _ = signal.clone() => false,
+        became = leader.wait_for(|is_leader| *is_leader) => {
+            became.context("the leader election stopped")?;
+            true
+        }
+    };
+    if !elected {
+        let _ = stop_tx.send(true);
+        drop(leader);
+        let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+        let _ = http.await;
+        return Ok(());
+    }
+    tracing::info!(event = "leading", identity = %args.identity);
+
+    // Stop when signalled or when the lease is lost: a former leader must not keep writing.
+    let mut lost = leader.clone();
+    let stop = async move {
+        tokio::select! {
+            _ = signal => {}
+            _ = lost.wait_for(|is_leader| !*is_leader) => {
+                tracing::error!(event = "leadership_lost");
+            }
+        }
+    }
+    .boxed()
+    .shared();
+
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Arc::new(HttpServices::new(args.operator_token.clone())?),
+        Settings {
+            image: args.image.clone(),
+        },
+        metrics.clone(),
+        controller::system_clock(),
+    ));
+    let owned = || watcher::Config::default().labels(MANAGED_SELECTOR);
+
+    let lock_servers = Controller::new(
+        Api::<DeserializeGuard<LockServer>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Deployment>::all(client.clone()), owned())
+    .owns(Api::<ConfigMap>::all(client.clone()), owned())
+    .owns(Api::<Service>::all(client.clone()), owned())
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::workloads::reconcile_lock_server),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+    let payment_resources = Controller::new(
+        Api::<DeserializeGuard<PaymentResource>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Deployment>::all(client.clone()), owned())
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::workloads::reconcile_payment_resource),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+    let rail_proxies = Controller::new(
+        Api::<DeserializeGuard<RailProxy>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Deployment>::all(client.clone()), owned())
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::workloads::reconcile_rail_proxy),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+    let batches = Controller::new(
+        Api::<DeserializeGuard<PayoutBatch>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Job>::all(client.clone()), owned())
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::payout_batch::reconcile_payout_batch),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+    let locks = Controller::new(
+        Api::<DeserializeGuard<Lock>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::lock::reconcile_lock),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+    let revocations = Controller::new(
+        Api::<DeserializeGuard<LockRevocation>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::lock::reconcile_lock_revocation),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+
+    futures::join!(
+        lock_servers,
+        payment_resources,
+        rail_proxies,
+        batches,
+        locks,
+        revocations
+    );
+    let still_leader = *leader.borrow();
+    let _ = stop_tx.send(true);
+    drop(leader);
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    let _ = http.await;
+    if !still_leader {
+        anyhow::bail!("lost the leader-election lease; restarting to campaign again");
+    }
+    tracing::info!(event = "stopped");
+    Ok(())
+}
+
+/// The deserialize guard: an object that does not parse fails its own reconcile (permanently,
+/// until it changes) instead of wedging the watcher for every other object.
+async fn guarded<K, F, Fut>(
+    object: Arc<DeserializeGuard<K>>,
+    ctx: Arc<Context>,
+    reconcile: F,
+) -> Result<Action, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>>,
+{
+    match &object.0 {
+        Ok(inner) => reconcile(Arc::new(inner.clone()), ctx).await,
+        Err(invalid) => {
+            tracing::warn!(
+                event = "malformed_object",
+                name = invalid.metadata.name.as_deref().unwrap_or(""),
+                error = %invalid.error
+            );
+            Err(Error::Malformed(invalid.error.clone()))
+        }
+    }
+}
+
+async fn log_result<T: Debug, E: std::fmt::Display>(result: Result<T, E>) {
+    match result {
+        Ok(object) => tracing::debug!(event = "reconciled", object = ?object),
+        Err(error) => tracing::debug!(event = "reconcile_error", error = %error),
+    }
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!(event = "shutdown_requested");
+}
+
+/// `/healthz` (the process is up) and `/metrics` (Prometheus text).
+pub fn http_app(metrics: Arc<Metrics>) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.encode(),
+                    )
+                }
+            }),
+        )
+}
+
+async fn serve_http(
+    listen: SocketAddr,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    axum::serve(listener, http_app(metrics))
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })
+        .await?;
+    Ok(())
+}

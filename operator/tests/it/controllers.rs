@@ -1,0 +1,718 @@
+//! Each controller's conversation with the API server, through kube's mock service: the exact
+//! method, path, field manager and body of every call, in order, and a timeout that catches a
+//! call that never came (or one that should not have been made).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_operator::build::lock::HeldLock;
+use dlock_operator::controller::{self, Context};
+use dlock_operator::metrics::Metrics;
+use dlock_operator::services::{FenceRequest, Revocation, RevokeRequest, ServiceError, Services};
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use crate::fixtures::{self, NOW};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// Calls the fake services received, in order.
+#[derive(Default)]
+struct FakeServices {
+    calls: Mutex<Vec<(String, Value)>>,
+    held: Vec<HeldLock>,
+    rail_down: bool,
+}
+
+impl FakeServices {
+    fn record(&self, call: String, body: Value) {
+        self.calls.lock().unwrap().push((call, body));
+    }
+    fn calls(&self) -> Vec<(String, Value)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Services for FakeServices {
+    fn held_locks<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<HeldLock>, ServiceError>> {
+        self.record(format!("GET {url}/v1/locks"), Value::Null);
+        Box::pin(async move { Ok(self.held.clone()) })
+    }
+    fn revoke_lock<'a>(
+        &'a self,
+        url: &'a str,
+        key: &'a str,
+        request: &'a RevokeRequest,
+    ) -> BoxFuture<'a, Result<Revocation, ServiceError>> {
+        self.record(
+            format!("POST {url}/v1/locks/{key}/revoke"),
+            serde_json::to_value(request).unwrap(),
+        );
+        Box::pin(async move {
+            Ok(Revocation {
+                key: key.to_owned(),
+                revoked_token: 41,
+                revoked_owner_id: "executor-7".to_owned(),
+                new_token_floor: 42,
+                revocation_id: "7f9c0000-0000-4000-8000-000000000001".to_owned(),
+            })
+        })
+    }
+    fn fence_account<'a>(
+        &'a self,
+        url: &'a str,
+        account: &'a str,
+        request: &'a FenceRequest,
+    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+        self.record(
+            format!("POST {url}/v1/accounts/{account}/fence"),
+            serde_json::to_value(request).unwrap(),
+        );
+        Box::pin(async { Ok(()) })
+    }
+    fn raise_high_water<'a>(
+        &'a self,
+        url: &'a str,
+        account: &'a str,
+        request: &'a FenceRequest,
+    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+        self.record(
+            format!("POST {url}/v1/rail/high-water/{account}"),
+            serde_json::to_value(request).unwrap(),
+        );
+        let down = self.rail_down;
+        Box::pin(async move {
+            if down {
+                Err(ServiceError::Unavailable {
+                    service: "rail-proxy",
+                    message: "connection refused".to_owned(),
+                })
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+fn context(services: Arc<FakeServices>) -> (Arc<Context>, ApiServerVerifier) {
+    let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(mock, "default");
+    let ctx = Context::new(
+        client,
+        services,
+        fixtures::settings(),
+        Arc::new(Metrics::default()),
+        Box::new(|| NOW.to_owned()),
+    );
+    (Arc::new(ctx), ApiServerVerifier(handle))
+}
+
+/// One call the API server received.
+struct Call {
+    method: Method,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+    respond: tower_test::mock::SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn expect(&self, method: Method, path: &str) {
+        assert_eq!(
+            (&self.method, self.path.as_str()),
+            (&method, path),
+            "query {}",
+            self.query
+        );
+    }
+    /// A server-side apply under the operator's one field manager.
+    fn expect_apply(&self, path: &str) {
+        self.expect(Method::PATCH, path);
+        assert!(
+            self.query.contains("fieldManager=dlock-operator") && self.query.contains("force=true"),
+            "{path}: query {}",
+            self.query
+        );
+        assert_eq!(self.content_type, "application/apply-patch+yaml", "{path}");
+    }
+    fn reply(self, status: u16, body: &Value) {
+        self.respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(body).unwrap()))
+                .unwrap(),
+        );
+    }
+    /// Answers with the body it was sent, as an API server does for an apply.
+    fn echo(self) {
+        let body = self.body.clone();
+        self.reply(200, &body);
+    }
+}
+
+struct ApiServerVerifier(Handle);
+
+impl ApiServerVerifier {
+    async fn next(&mut self) -> Call {
+        let (request, respond) =
+            tokio::time::timeout(Duration::from_secs(1), self.0.next_request())
+                .await
+                .expect(
+                    "an API call that never came (did the reconcile return early? see its result)",
+                )
+                .expect("the client went away (the reconcile returned early)");
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let query = request.uri().query().unwrap_or("").to_owned();
+        let content_type = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        Call {
+            method,
+            path,
+            query,
+            content_type,
+            body,
+            respond,
+        }
+    }
+
+    /// Asserts that no further call arrives.
+    async fn done(mut self) {
+        let extra = tokio::time::timeout(Duration::from_millis(200), self.0.next_request()).await;
+        if let Ok(Some((request, _))) = extra {
+            panic!("an unexpected call: {} {}", request.method(), request.uri());
+        }
+    }
+}
+
+const NS: &str = "/api/v1/namespaces/default";
+const APPS: &str = "/apis/apps/v1/namespaces/default";
+const POLICY: &str = "/apis/policy/v1/namespaces/default";
+const DLOCK: &str = "/apis/dlock.io/v1alpha1/namespaces/default";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+fn ready_deployment(mut body: Value, replicas: i64) -> Value {
+    body["metadata"]["generation"] = json!(1);
+    body["status"] = json!({
+        "observedGeneration": 1,
+        "replicas": replicas,
+        "readyReplicas": replicas,
+        "updatedReplicas": replicas,
+        "availableReplicas": replicas,
+    });
+    body
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({
+        "type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": NOW, "observedGeneration": 1,
+    })
+}
+
+#[tokio::test]
+async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_and_an_event() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let object = Arc::new(fixtures::lock_server());
+    let expected_deployment = {
+        let workload =
+            dlock_operator::validate::lock_server(&object, &fixtures::settings()).unwrap();
+        serde_json::to_value(dlock_operator::build::deployment::deployment(&workload)).unwrap()
+    };
+    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(object, ctx));
+
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/configmaps/lock-server"));
+    assert_eq!(call.body["kind"], "ConfigMap");
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/services/lock-server"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    assert_eq!(call.body, expected_deployment);
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    assert_eq!(
+        call.body,
+        json!({
+            "apiVersion": "dlock.io/v1alpha1",
+            "kind": "LockServer",
+            "status": {
+                "observedGeneration": 1,
+                "conditions": [
+                    condition("Ready", "False", "RollingOut", "0/2 replicas ready"),
+                    condition("Progressing", "True", "RollingOut", "0/2 replicas ready"),
+                    condition("Degraded", "False", "Healthy", ""),
+                ],
+                "readyReplicas": 0,
+                "summary": "0/2",
+                "url": "http://lock-server.default.svc:8080",
+            },
+        })
+    );
+    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "RollingOut");
+    assert_eq!(call.body["type"], "Normal");
+    assert_eq!(call.body["regarding"]["name"], "lock-server");
+    call.echo();
+
+    let action = reconcile.await.unwrap().unwrap();
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(controller::RESYNC)
+    );
+    api.done().await;
+    assert!(
+        services.calls().is_empty(),
+        "a lock server that is not ready is not mirrored"
+    );
+}
+
+/// `kubectl get locks`: a ready lock server's held locks become Lock objects with their holder,
+/// token and expiry in status, and Locks of released keys are deleted. A steady status raises no
+/// Event (events only on transitions).
+#[tokio::test]
+async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_locks() {
+    let held = HeldLock {
+        key: "account:acct-17".to_owned(),
+        owner_id: "executor-7".to_owned(),
+        fencing_token: 42,
+        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
+        expires_at: "2026-12-02T17:00:10Z".to_owned(),
+    };
+    let services = Arc::new(FakeServices {
+        held: vec![held],
+        ..FakeServices::default()
+    });
+    let (ctx, mut api) = context(services.clone());
+    let mut object = fixtures::lock_server();
+    object.spec.replicas = Some(3);
+    object.status = Some(dlock_operator::crd::WorkloadStatus {
+        conditions: serde_json::from_value(json!([condition(
+            "Ready",
+            "True",
+            "Available",
+            "2/2 replicas ready"
+        ),]))
+        .unwrap(),
+        ..Default::default()
+    });
+    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
+        Arc::new(object),
+        ctx,
+    ));
+
+    for kind in ["configmaps", "services"] {
+        let call = api.next().await;
+        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
+        call.echo();
+    }
+    let call = api.next().await;
+    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    assert_eq!(
+        call.body["spec"]["replicas"], 3,
+        "the update reaches the Deployment"
+    );
+    let body = ready_deployment(call.body.clone(), 3);
+    call.reply(200, &body);
+    let call = api.next().await;
+    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
+    assert_eq!(call.body["status"]["summary"], "3/3");
+    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+
+    // The mirror.
+    let name = dlock_operator::build::lock::lock_name("lock-server", "account:acct-17");
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/{name}"));
+    assert_eq!(
+        call.body["spec"],
+        json!({"key": "account:acct-17", "lockServer": "lock-server", "accountId": "acct-17"})
+    );
+    let mut applied = call.body.clone();
+    applied["metadata"]["generation"] = json!(1);
+    call.reply(200, &applied.clone());
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/{name}/status"));
+    let status = &call.body["status"];
+    assert_eq!(
+        (&status["holder"], &status["token"], &status["expiresAt"]),
+        (
+            &json!("executor-7"),
+            &json!(42),
+            &json!("2026-12-02T17:00:10Z")
+        )
+    );
+    call.reply(200, &applied);
+    let call = api.next().await;
+    call.expect(Method::GET, &format!("{DLOCK}/locks"));
+    assert!(
+        call.query
+            .contains("labelSelector=dlock.io%2Flock-server%3Dlock-server"),
+        "{}",
+        call.query
+    );
+    let mut stale = serde_json::to_value(fixtures::lock()).unwrap();
+    stale["metadata"]["name"] = json!("released-key-00000000");
+    call.reply(200, &json!({"apiVersion": "dlock.io/v1alpha1", "kind": "LockList", "metadata": {}, "items": [applied, stale]}));
+    let call = api.next().await;
+    call.expect(
+        Method::DELETE,
+        &format!("{DLOCK}/locks/released-key-00000000"),
+    );
+    call.reply(
+        200,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+    );
+
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+    assert_eq!(services.calls().len(), 1);
+}
+
+/// Incident handling: `dlock.io/reconcile: paused` stops the controller from changing anything.
+#[tokio::test]
+async fn a_paused_object_gets_no_call_at_all() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, api) = context(services.clone());
+    controller::workloads::reconcile_lock_server(
+        Arc::new(fixtures::paused(fixtures::lock_server())),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    controller::payout_batch::reconcile_payout_batch(
+        Arc::new(fixtures::paused(fixtures::payout_batch())),
+        ctx.clone(),
+    )
+    .await
+    .unwrap();
+    let revoke = fixtures::with_annotations(
+        fixtures::paused(fixtures::lock()),
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    );
+    controller::lock::reconcile_lock(Arc::new(revoke), ctx)
+        .await
+        .unwrap();
+    api.done().await;
+    assert!(services.calls().is_empty());
+}
+
+/// An invalid spec is reported in status (Degraded) with a Warning Event, nothing is applied,
+/// and the error is permanent: the controller waits for the spec to change.
+#[tokio::test]
+async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services);
+    let mut object = fixtures::lock_server();
+    object.spec.backend.etcd = fixtures::etcd_backend().etcd;
+    let object = Arc::new(object);
+    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
+        object.clone(),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    assert_eq!(call.body["status"]["conditions"][2]["status"], "True");
+    assert_eq!(
+        call.body["status"]["conditions"][2]["reason"],
+        "InvalidSpec"
+    );
+    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["type"], "Warning");
+    call.echo();
+    let error = reconcile.await.unwrap().unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    assert_eq!(
+        controller::error_policy(object, &error, ctx),
+        kube::runtime::controller::Action::await_change()
+    );
+    api.done().await;
+}
+
+/// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…`: the lock server
+/// revokes, both enforcement points get the new floor with the revocation id and the operator's
+/// name, the result lands in status and an Event; the same annotation value never runs again.
+#[tokio::test]
+async fn the_revoke_annotations_run_the_revocation_once_per_value() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let reason = "worker wedged past its lease";
+    let lock = fixtures::with_annotations(
+        fixtures::lock(),
+        &[
+            ("dlock.io/revoke-reason", reason),
+            ("dlock.io/revoked-by", "oncall-ana"),
+        ],
+    );
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
+        Arc::new(lock.clone()),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/account-acct-17-0a1b2c3d/status"));
+    let revocation = call.body["status"]["revocation"].clone();
+    assert_eq!(
+        revocation,
+        json!({
+            "request": "oncall-ana: worker wedged past its lease",
+            "outcome": "Complete",
+            "revocationId": "7f9c0000-0000-4000-8000-000000000001",
+            "revokedToken": 41,
+            "newTokenFloor": 42,
+            "paymentFenced": true,
+            "railFenced": true,
+            "summary": "revoked token 41, floor 42 at both fences",
+        })
+    );
+    assert_eq!(
+        call.body["status"]["holder"], "executor-7",
+        "the mirror's fields are kept"
+    );
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("Revoked"), &json!("Normal"))
+    );
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+
+    let fence = json!({
+        "floor": 42, "operator": "oncall-ana", "reason": reason,
+        "revocationId": "7f9c0000-0000-4000-8000-000000000001",
+    });
+    assert_eq!(
+        services.calls(),
+        vec![
+            (
+                "POST http://lock-server.default.svc:8080/v1/locks/account:acct-17/revoke"
+                    .to_owned(),
+                json!({"operator": "oncall-ana", "reason": reason}),
+            ),
+            (
+                "POST http://payment-resource.default.svc:8080/v1/accounts/acct-17/fence"
+                    .to_owned(),
+                fence.clone()
+            ),
+            (
+                "POST http://rail-proxy.default.svc:8080/v1/rail/high-water/acct-17".to_owned(),
+                fence
+            ),
+        ]
+    );
+
+    // The same annotation value again (a resync, a restart): nothing is sent, nothing written.
+    let mut done = lock;
+    done.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
+    controller::lock::reconcile_lock(Arc::new(done), ctx)
+        .await
+        .unwrap();
+    api.done().await;
+    assert_eq!(services.calls().len(), 3);
+}
+
+/// A fence that did not answer leaves the revocation Incomplete: recorded, warned about, retried
+/// with back-off, and the retry pushes only the missing fence with the same floor and id.
+#[tokio::test]
+async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
+    let services = Arc::new(FakeServices {
+        rail_down: true,
+        ..FakeServices::default()
+    });
+    let (ctx, mut api) = context(services.clone());
+    let lock = fixtures::with_annotations(
+        fixtures::lock(),
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    );
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
+        Arc::new(lock.clone()),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    assert_eq!(call.body["status"]["revocation"]["outcome"], "Incomplete");
+    assert_eq!(call.body["status"]["revocation"]["paymentFenced"], true);
+    assert_eq!(call.body["status"]["revocation"]["railFenced"], false);
+    let revocation = call.body["status"]["revocation"].clone();
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    let call = api.next().await;
+    assert_eq!(call.body["reason"], "RevocationIncomplete");
+    call.echo();
+    let error = reconcile.await.unwrap().unwrap_err();
+    assert!(!error.is_permanent());
+
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let mut retry = lock;
+    retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
+    let call = api.next().await;
+    assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    api.next().await.echo();
+    reconcile.await.unwrap().unwrap();
+    let calls = services.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(calls[0].0.ends_with("/v1/rail/high-water/acct-17"));
+    assert_eq!(calls[0].1["floor"], 42);
+}
+
+/// A new batch first gets the finalizer, then its manifest ConfigMap and executor Job, then
+/// `accepted: true` in status (from which on its payouts are immutable) and an Event.
+#[tokio::test]
+async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services);
+    let batch = fixtures::payout_batch();
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch.clone()),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    call.expect(
+        Method::PATCH,
+        &format!("{DLOCK}/payoutbatches/payroll-2026-12"),
+    );
+    assert_eq!(call.content_type, "application/json-patch+json");
+    assert!(
+        call.body.to_string().contains("dlock.io/executor-drained"),
+        "{}",
+        call.body
+    );
+    let mut with_finalizer = batch.clone();
+    with_finalizer.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    call.reply(200, &serde_json::to_value(&with_finalizer).unwrap());
+    reconcile.await.unwrap().unwrap();
+
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(with_finalizer),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply("/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor");
+    assert_eq!(
+        call.body["spec"]["template"]["spec"]["containers"][0]["args"][4],
+        "8"
+    );
+    let mut job = call.body.clone();
+    job["status"] = json!({"active": 1});
+    call.reply(200, &job);
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"));
+    assert_eq!(call.body["status"]["accepted"], true);
+    assert_eq!(call.body["status"]["jobName"], "payroll-2026-12-executor");
+    assert_eq!(call.body["status"]["conditions"][1]["status"], "True");
+    call.reply(
+        200,
+        &serde_json::to_value(fixtures::payout_batch()).unwrap(),
+    );
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "Executing");
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// Deleting a batch: the executor Job goes in the foreground first (its pods hold lock sessions
+/// and claims outside Kubernetes), then the finalizer is removed. The payouts stay in paydb.
+#[tokio::test]
+async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services);
+    let mut batch = fixtures::payout_batch();
+    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch.clone()),
+        ctx,
+    ));
+    let job_path = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
+    let call = api.next().await;
+    call.expect(Method::DELETE, job_path);
+    assert_eq!(call.body["propagationPolicy"], "Foreground");
+    call.reply(
+        200,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+    );
+    let call = api.next().await;
+    call.expect(Method::GET, job_path);
+    call.reply(404, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found", "metadata": {}}));
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "ExecutorDrained");
+    call.echo();
+    let call = api.next().await;
+    call.expect(
+        Method::PATCH,
+        &format!("{DLOCK}/payoutbatches/payroll-2026-12"),
+    );
+    assert_eq!(call.content_type, "application/json-patch+json");
+    assert!(call.body.to_string().contains("remove"), "{}", call.body);
+    batch.metadata.finalizers = None;
+    call.reply(200, &serde_json::to_value(&batch).unwrap());
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// Transient errors back off, doubling per consecutive failure up to a ceiling.
+#[tokio::test]
+async fn transient_errors_back_off_exponentially() {
+    let (ctx, _api) = context(Arc::new(FakeServices::default()));
+    let object = Arc::new(fixtures::lock_server());
+    let error = || {
+        controller::Error::Service(ServiceError::Unavailable {
+            service: "x",
+            message: "down".to_owned(),
+        })
+    };
+    let delays: Vec<_> = (0..3)
+        .map(|_| controller::error_policy(object.clone(), &error(), ctx.clone()))
+        .collect();
+    assert_eq!(
+        delays,
+        vec![
+            kube::runtime::controller::Action::requeue(Duration::from_secs(5)),
+            kube::runtime::controller::Action::requeue(Duration::from_secs(10)),
+            kube::runtime::controller::Action::requeue(Duration::from_secs(20)),
+        ]
+    );
+}

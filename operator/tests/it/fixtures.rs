@@ -1,0 +1,194 @@
+//! Custom resources for the tests, as builders: `fixtures::lock_server().paused()`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dlock_operator::crd::*;
+use kube::api::ObjectMeta;
+use serde::Serialize;
+
+pub const NAMESPACE: &str = "default";
+pub const IMAGE: &str = "dlock:test";
+pub const NOW: &str = "2026-12-02T17:00:00Z";
+
+pub fn settings() -> dlock_operator::validate::Settings {
+    dlock_operator::validate::Settings {
+        image: IMAGE.to_owned(),
+    }
+}
+
+pub fn meta(name: &str, uid: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(NAMESPACE.to_owned()),
+        uid: Some(uid.to_owned()),
+        generation: Some(1),
+        ..ObjectMeta::default()
+    }
+}
+
+pub fn secret(name: &str, key: &str) -> SecretKeyRef {
+    SecretKeyRef {
+        name: name.to_owned(),
+        key: key.to_owned(),
+    }
+}
+
+pub fn lock_server() -> LockServer {
+    LockServer {
+        metadata: meta("lock-server", "uid-lock-server"),
+        spec: LockServerSpec {
+            backend: LockBackend {
+                type_: BackendType::Pg,
+                pg: Some(PgBackend {
+                    url_secret: secret("lockdb", "url"),
+                }),
+                etcd: None,
+            },
+            replicas: None,
+            image: None,
+            cloud_sql: None,
+        },
+        status: None,
+    }
+}
+
+pub fn etcd_backend() -> LockBackend {
+    LockBackend {
+        type_: BackendType::Etcd,
+        pg: None,
+        etcd: Some(EtcdBackend {
+            endpoints: vec!["https://etcd-0.etcd:2379".to_owned()],
+            tls_secret: Some("etcd-client-tls".to_owned()),
+        }),
+    }
+}
+
+pub fn payment_resource() -> PaymentResource {
+    PaymentResource {
+        metadata: meta("payment-resource", "uid-payment-resource"),
+        spec: PaymentResourceSpec {
+            database_url_secret: secret("paydb", "url"),
+            operator_token_secret: Some(secret("operator-token", "token")),
+            replicas: Some(3),
+            image: None,
+            cloud_sql: Some(CloudSql {
+                instance_connection_name: "acme:europe-west1:paydb".to_owned(),
+                image: None,
+            }),
+        },
+        status: None,
+    }
+}
+
+pub fn rail_proxy() -> RailProxy {
+    RailProxy {
+        metadata: meta("rail-proxy", "uid-rail-proxy"),
+        spec: RailProxySpec {
+            database_url_secret: secret("paydb", "url"),
+            rail_url: None,
+            read_timeout_ms: Some(8_000),
+            operator_token_secret: Some(secret("operator-token", "token")),
+            replicas: None,
+            image: None,
+            cloud_sql: None,
+            stub: Some(RailStubSpec {
+                latency_ms: Some(200),
+                failure_rate: Some(0.05),
+                duplicate_ack_rate: Some(0.01),
+            }),
+        },
+        status: None,
+    }
+}
+
+pub fn payout_item(key: &str, account: &str, amount_minor: i64) -> PayoutItem {
+    PayoutItem {
+        key: key.to_owned(),
+        account_id: account.to_owned(),
+        amount_minor,
+        currency: "EUR".to_owned(),
+        beneficiary_ref: format!("ben-{key}"),
+    }
+}
+
+pub fn payout_batch() -> PayoutBatch {
+    PayoutBatch {
+        metadata: meta("payroll-2026-12", "uid-batch"),
+        spec: PayoutBatchSpec {
+            workers: Some(8),
+            payouts: vec![
+                payout_item("emp-0001", "acct-17", 125_000),
+                payout_item("emp-0002", "acct-18", 98_000),
+            ],
+            lock_server: None,
+            payment_resource: None,
+            rail_proxy: None,
+            image: None,
+        },
+        status: None,
+    }
+}
+
+pub fn lock() -> Lock {
+    let mut lock = Lock {
+        metadata: meta("account-acct-17-0a1b2c3d", "uid-lock"),
+        spec: LockSpec {
+            key: "account:acct-17".to_owned(),
+            lock_server: "lock-server".to_owned(),
+            account_id: "acct-17".to_owned(),
+        },
+        status: Some(LockStatus {
+            holder: Some("executor-7".to_owned()),
+            token: Some(41),
+            ..LockStatus::default()
+        }),
+    };
+    lock.metadata.labels = Some(BTreeMap::from([(
+        "dlock.io/lock-server".to_owned(),
+        "lock-server".to_owned(),
+    )]));
+    lock
+}
+
+pub fn with_annotations<K: kube::Resource>(mut object: K, pairs: &[(&str, &str)]) -> K {
+    let annotations = object
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new);
+    for (key, value) in pairs {
+        annotations.insert((*key).to_owned(), (*value).to_owned());
+    }
+    object
+}
+
+pub fn paused<K: kube::Resource>(object: K) -> K {
+    with_annotations(object, &[("dlock.io/reconcile", "paused")])
+}
+
+pub fn snapshot_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots")
+}
+
+/// Compares `value`, as YAML, with the committed snapshot `tests/snapshots/<name>.yaml`.
+/// `UPDATE_SNAPSHOTS=1` rewrites the snapshot instead (review the diff before committing).
+pub fn assert_snapshot(name: &str, value: &impl Serialize) {
+    let path = snapshot_dir().join(format!("{name}.yaml"));
+    let actual = serde_yaml_ng::to_string(value).expect("serializes");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, &actual).expect("writes the snapshot");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "no snapshot {}: run `UPDATE_SNAPSHOTS=1 cargo nextest run -p dlock-operator` and review it",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual,
+        expected,
+        "{name} differs from {}; if the change is intended, rerun with UPDATE_SNAPSHOTS=1",
+        path.display()
+    );
+}

@@ -1,0 +1,12 @@
+//! The operator's tests: builders against whole expected objects, the controllers' conversations
+//! with a mocked API server, the generated CRDs and their CEL rules, and the Argo CD health
+//! scripts. No API server runs here.
+
+// A test that cannot set itself up should stop right there, with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod argocd;
+mod builders;
+mod controllers;
+mod crds;
+mod fixtures;
