@@ -228,6 +228,6 @@ impl Services for HttpServices {
 mod tests {
     #[test]
     fn lock_keys_are_percent_encoded_as_one_path_segment() {
-        assert_eq!(super::segment("account:acct-17/x"), "account%3Aacct-17%2Fx");
+        assert_eq!(super::segment("payout:acct-17/x"), "payout%3Aacct-17%2Fx");
     }
 }

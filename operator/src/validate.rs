@@ -403,6 +403,12 @@ pub fn revocation_target(
             format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
         ));
     }
+    if account_id.is_empty() {
+        return Err(invalid(
+            "accountId",
+            format!("{key:?} is not a payout lock key (payout:{{accountId}}); nothing to fence"),
+        ));
+    }
     let [lock_server, payment_resource, rail_proxy] = services;
     Ok(RevocationTarget {
         key: key.to_owned(),

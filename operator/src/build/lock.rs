@@ -44,12 +44,10 @@ pub fn lock_name(lock_server: &str, key: &str) -> String {
     }
 }
 
-/// The account a lock key fences: the key less an `account:` or `account/` prefix.
+/// The account a lock key fences: the executor locks `payout:{accountId}`. Any other key has no
+/// account (empty), and a revocation of it is refused before anything is sent.
 pub fn account_of_key(key: &str) -> String {
-    key.strip_prefix("account:")
-        .or_else(|| key.strip_prefix("account/"))
-        .unwrap_or(key)
-        .to_owned()
+    key.strip_prefix("payout:").unwrap_or_default().to_owned()
 }
 
 /// The mirrored Lock of one held lock, owned by its LockServer (so it goes with it).

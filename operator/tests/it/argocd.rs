@@ -98,3 +98,26 @@ fn a_status_written_by_the_operator_reads_as_healthy() {
         }
     );
 }
+
+/// The argocd-cm snippet in docs/argocd.md is the shipped script, word for word.
+#[test]
+fn the_argocd_cm_snippet_in_the_docs_is_the_shipped_script() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/argocd.md"))
+            .unwrap();
+    let start = docs.find("&dlockHealth |\n").expect("the snippet") + "&dlockHealth |\n".len();
+    let snippet: String = docs[start..]
+        .lines()
+        .take_while(|line| line.starts_with("    ") || line.is_empty())
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
+        .collect();
+    for kind in KINDS {
+        let script = std::fs::read_to_string(kind_dir(kind).join("health.lua")).unwrap();
+        let body: String = script
+            .lines()
+            .skip_while(|line| line.starts_with("--"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_eq!(snippet, body, "{kind}");
+    }
+}

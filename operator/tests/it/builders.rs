@@ -253,14 +253,14 @@ fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
     let server = fixtures::lock_server();
     let owner = kube::Resource::controller_owner_ref(&server, &()).unwrap();
     let held = lock::HeldLock {
-        key: "account:acct-17".to_owned(),
+        key: "payout:acct-17".to_owned(),
         owner_id: "executor-7".to_owned(),
         fencing_token: 42,
         acquired_at: "2026-12-02T16:59:00Z".to_owned(),
         expires_at: "2026-12-02T17:00:10Z".to_owned(),
     };
     let name = lock::lock_name("lock-server", &held.key);
-    assert!(name.starts_with("account-acct-17-"), "{name}");
+    assert!(name.starts_with("payout-acct-17-"), "{name}");
     assert_eq!(
         serde_json::to_value(lock::mirrored_lock("lock-server", "default", &held, &owner)).unwrap(),
         json!({
@@ -276,7 +276,7 @@ fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
                 },
                 "ownerReferences": [owner_json()],
             },
-            "spec": {"key": "account:acct-17", "lockServer": "lock-server", "accountId": "acct-17"},
+            "spec": {"key": "payout:acct-17", "lockServer": "lock-server", "accountId": "acct-17"},
         })
     );
 }

@@ -297,7 +297,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
 #[tokio::test]
 async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_locks() {
     let held = HeldLock {
-        key: "account:acct-17".to_owned(),
+        key: "payout:acct-17".to_owned(),
         owner_id: "executor-7".to_owned(),
         fencing_token: 42,
         acquired_at: "2026-12-02T16:59:00Z".to_owned(),
@@ -348,12 +348,12 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
 
     // The mirror.
-    let name = dlock_operator::build::lock::lock_name("lock-server", "account:acct-17");
+    let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
     let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/locks/{name}"));
     assert_eq!(
         call.body["spec"],
-        json!({"key": "account:acct-17", "lockServer": "lock-server", "accountId": "acct-17"})
+        json!({"key": "payout:acct-17", "lockServer": "lock-server", "accountId": "acct-17"})
     );
     let mut applied = call.body.clone();
     applied["metadata"]["generation"] = json!(1);
@@ -481,7 +481,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         ctx.clone(),
     ));
     let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/account-acct-17-0a1b2c3d/status"));
+    call.expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"));
     let revocation = call.body["status"]["revocation"].clone();
     assert_eq!(
         revocation,
@@ -518,7 +518,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         services.calls(),
         vec![
             (
-                "POST http://lock-server.default.svc:8080/v1/locks/account:acct-17/revoke"
+                "POST http://lock-server.default.svc:8080/v1/locks/payout:acct-17/revoke"
                     .to_owned(),
                 json!({"operator": "oncall-ana", "reason": reason}),
             ),

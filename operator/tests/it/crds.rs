@@ -226,7 +226,7 @@ fn a_lock_revocation_is_immutable() {
     let old = json!({
         "apiVersion": "dlock.io/v1alpha1", "kind": "LockRevocation",
         "metadata": {"name": "r1", "namespace": "default"},
-        "spec": {"key": "account:acct-17", "accountId": "acct-17", "reason": "worker wedged for 10 min", "revokedBy": "oncall"},
+        "spec": {"key": "payout:acct-17", "accountId": "acct-17", "reason": "worker wedged for 10 min", "revokedBy": "oncall"},
     });
     let mut new = old.clone();
     new["spec"]["reason"] = json!("a different reason entirely");

@@ -132,9 +132,9 @@ pub fn payout_batch() -> PayoutBatch {
 
 pub fn lock() -> Lock {
     let mut lock = Lock {
-        metadata: meta("account-acct-17-0a1b2c3d", "uid-lock"),
+        metadata: meta("payout-acct-17-0a1b2c3d", "uid-lock"),
         spec: LockSpec {
-            key: "account:acct-17".to_owned(),
+            key: "payout:acct-17".to_owned(),
             lock_server: "lock-server".to_owned(),
             account_id: "acct-17".to_owned(),
         },

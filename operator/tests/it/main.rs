@@ -9,4 +9,5 @@ mod argocd;
 mod builders;
 mod controllers;
 mod crds;
+mod examples;
 mod fixtures;
