@@ -506,11 +506,15 @@ pub struct LockRevocationStatus {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ReconciliationSpec {
+    /// paydb (the payouts, the ledger and the rail proxy's intents).
+    pub database_url_secret: SecretKeyRef,
+    /// The rail whose statement is compared; defaults to the stub of `railProxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_url: Option<String>,
     /// A cron schedule; absent runs once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payment_resource: Option<String>,
+    /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_proxy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

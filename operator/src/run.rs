@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use kube::core::DeserializeGuard;
@@ -21,7 +21,9 @@ use kube_lease_manager::LeaseManagerBuilder;
 use serde::de::DeserializeOwned;
 
 use crate::controller::{self, Context, Error, error_policy};
-use crate::crd::{Lock, LockRevocation, LockServer, PaymentResource, PayoutBatch, RailProxy};
+use crate::crd::{
+    Lock, LockRevocation, LockServer, PaymentResource, PayoutBatch, RailProxy, Reconciliation,
+};
 use crate::metrics::Metrics;
 use crate::services::HttpServices;
 use crate::validate::Settings;
@@ -190,7 +192,22 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     )
     .for_each(log_result);
 
+    let reconciliations = Controller::new(
+        Api::<DeserializeGuard<Reconciliation>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Job>::all(client.clone()), owned())
+    .owns(Api::<CronJob>::all(client.clone()), owned())
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        |o, c| guarded(o, c, controller::reconciliation::reconcile_reconciliation),
+        error_policy,
+        ctx.clone(),
+    )
+    .for_each(log_result);
+
     futures::join!(
+        reconciliations,
         lock_servers,
         payment_resources,
         rail_proxies,
@@ -212,7 +229,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 
 /// The deserialize guard: an object that does not parse fails its own reconcile (permanently,
 /// until it changes) instead of wedging the watcher for every other object.
-async fn guarded<K, F, Fut>(
+pub async fn guarded<K, F, Fut>(
     object: Arc<DeserializeGuard<K>>,
     ctx: Arc<Context>,
     reconcile: F,

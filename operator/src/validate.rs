@@ -439,3 +439,49 @@ pub fn lock_revocation(object: &LockRevocation) -> Result<RevocationTarget, Inva
         ],
     )
 }
+
+/// A validated Reconciliation: what the reconciler Job runs against.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedReconciliation {
+    pub name: String,
+    pub namespace: String,
+    pub image: String,
+    pub schedule: Option<String>,
+    pub paydb: crate::crd::SecretKeyRef,
+    pub rail_url: String,
+    pub owner: OwnerReference,
+}
+
+pub fn reconciliation(
+    object: &crate::crd::Reconciliation,
+    settings: &Settings,
+) -> Result<ValidatedReconciliation, Invalid> {
+    let spec = &object.spec;
+    let namespace = namespace_of(object)?;
+    if let Some(schedule) = &spec.schedule
+        && schedule.split_whitespace().count() != 5
+    {
+        return Err(invalid(
+            "spec.schedule",
+            "must be a five-field cron schedule (minute hour day month weekday)",
+        ));
+    }
+    let rail_url = spec.rail_url.clone().unwrap_or_else(|| {
+        service_url(
+            &format!(
+                "{}-stub",
+                spec.rail_proxy.as_deref().unwrap_or("rail-proxy")
+            ),
+            &namespace,
+        )
+    });
+    Ok(ValidatedReconciliation {
+        name: object.name_any(),
+        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
+        schedule: spec.schedule.clone(),
+        paydb: spec.database_url_secret.clone(),
+        rail_url,
+        owner: owner_of(object)?,
+        namespace,
+    })
+}

@@ -5,6 +5,7 @@
 
 pub mod lock;
 pub mod payout_batch;
+pub mod reconciliation;
 pub mod revoke;
 pub mod status;
 pub mod workloads;

@@ -1,7 +1,9 @@
 //! Every builder's whole output, compared with an expected object (inline JSON for the small
 //! ones, committed YAML snapshots for the rest).
 
-use dlock_operator::build::{config_map, deployment, job, lock, network_policy, pdb, service};
+use dlock_operator::build::{
+    config_map, deployment, job, lock, network_policy, pdb, reconciler, service,
+};
 use dlock_operator::validate;
 use serde_json::json;
 
@@ -283,4 +285,22 @@ fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
 
 fn owner_json() -> serde_json::Value {
     owner("LockServer", "lock-server", "uid-lock-server")
+}
+
+/// The reconciler reads paydb from its Secret and the rail's statement from the proxy's stub;
+/// scheduled runs never overlap (`Forbid`), and a run that found something is not retried.
+#[test]
+fn the_reconciler_runs_once_as_a_job_or_on_a_schedule_as_a_cron_job() {
+    let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
+    assert_snapshot("reconciliation-job", &reconciler::reconciler_job(&once));
+    let hourly =
+        validate::reconciliation(&fixtures::reconciliation(Some("0 * * * *")), &settings())
+            .unwrap();
+    assert_snapshot(
+        "reconciliation-cron-job",
+        &reconciler::reconciler_cron_job(&hourly, "0 * * * *"),
+    );
+    let error = validate::reconciliation(&fixtures::reconciliation(Some("hourly")), &settings())
+        .unwrap_err();
+    assert_eq!(error.field, "spec.schedule");
 }

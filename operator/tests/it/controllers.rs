@@ -716,3 +716,84 @@ async fn transient_errors_back_off_exponentially() {
         ]
     );
 }
+
+/// One malformed object (here a LockServer whose backend type is not pg or etcd) fails only its
+/// own reconcile, permanently until it changes, and never reaches the API or the services.
+#[tokio::test]
+async fn a_malformed_object_fails_alone_behind_the_deserialize_guard() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, api) = context(services.clone());
+    let mut raw = serde_json::to_value(fixtures::lock_server()).unwrap();
+    raw["spec"]["backend"]["type"] = json!("redis");
+    let guard: kube::core::DeserializeGuard<dlock_operator::crd::LockServer> =
+        serde_json::from_value(raw).unwrap();
+    assert!(guard.0.is_err());
+    let error = dlock_operator::run::guarded(
+        Arc::new(guard),
+        ctx,
+        controller::workloads::reconcile_lock_server,
+    )
+    .await
+    .unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    api.done().await;
+    assert!(services.calls().is_empty());
+}
+
+/// Only payout lock keys (`payout:{accountId}`) name an account to fence; revoking any other key
+/// is refused before a single call, and recorded.
+#[tokio::test]
+async fn a_lock_that_names_no_account_is_refused_without_a_call() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let mut lock = fixtures::lock();
+    lock.spec.key = "batch:payroll".to_owned();
+    lock.spec.account_id = String::new();
+    let lock = fixtures::with_annotations(
+        lock,
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    );
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    let call = api.next().await;
+    assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    let call = api.next().await;
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("RevocationRefused"), &json!("Warning"))
+    );
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+    assert!(services.calls().is_empty());
+}
+
+/// A scheduled Reconciliation becomes a CronJob, then a Ready status and an Event.
+#[tokio::test]
+async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services);
+    let object = fixtures::reconciliation(Some("0 * * * *"));
+    let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
+        Arc::new(object.clone()),
+        ctx,
+    ));
+    let call = api.next().await;
+    call.expect_apply("/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile");
+    assert_eq!(call.body["spec"]["concurrencyPolicy"], "Forbid");
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"));
+    assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
+    assert_eq!(call.body["status"]["lastRunJob"], "hourly-reconcile");
+    call.reply(200, &serde_json::to_value(&object).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "Ready");
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}

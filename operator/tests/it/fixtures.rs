@@ -192,3 +192,17 @@ pub fn assert_snapshot(name: &str, value: &impl Serialize) {
         path.display()
     );
 }
+
+pub fn reconciliation(schedule: Option<&str>) -> Reconciliation {
+    Reconciliation {
+        metadata: meta("hourly", "uid-reconciliation"),
+        spec: ReconciliationSpec {
+            database_url_secret: secret("paydb", "url"),
+            rail_url: None,
+            schedule: schedule.map(str::to_owned),
+            rail_proxy: None,
+            image: None,
+        },
+        status: None,
+    }
+}
