@@ -54,7 +54,16 @@ pub struct FenceRequest {
     pub revocation_id: String,
 }
 
+/// A payout's state in paydb (`GET /v1/payouts/{id}`); `None` when it is not registered yet.
+pub type PayoutState = Option<String>;
+
 pub trait Services: Send + Sync {
+    /// The states of the given payouts, in order.
+    fn payout_states<'a>(
+        &'a self,
+        payment_resource_url: &'a str,
+        payout_ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<PayoutState>, ServiceError>>;
     fn held_locks<'a>(
         &'a self,
         lock_server_url: &'a str,
@@ -154,7 +163,36 @@ fn segment(value: &str) -> String {
     out
 }
 
+#[derive(Deserialize)]
+struct PayoutView {
+    state: String,
+}
+
 impl Services for HttpServices {
+    fn payout_states<'a>(
+        &'a self,
+        payment_resource_url: &'a str,
+        payout_ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<PayoutState>, ServiceError>> {
+        Box::pin(async move {
+            let mut states = Vec::with_capacity(payout_ids.len());
+            for id in payout_ids {
+                let url = format!("{payment_resource_url}/v1/payouts/{}", segment(id));
+                match Self::send::<PayoutView>(
+                    "payment-resource",
+                    self.request(reqwest::Method::GET, url),
+                )
+                .await
+                {
+                    Ok(view) => states.push(Some(view.state)),
+                    Err(ServiceError::Refused { status: 404, .. }) => states.push(None),
+                    Err(error) => return Err(error),
+                }
+            }
+            Ok(states)
+        })
+    }
+
     fn held_locks<'a>(
         &'a self,
         lock_server_url: &'a str,

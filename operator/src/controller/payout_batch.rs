@@ -24,6 +24,29 @@ use crate::crd::{PayoutBatch, PayoutBatchStatus};
 use crate::validate;
 
 pub const FINALIZER: &str = "dlock.io/executor-drained";
+/// The largest batch whose payouts' states the operator reads on each resync (one request per
+/// payout); larger batches report the executor's progress only.
+pub const COUNTED_PAYOUTS_MAX: usize = 1_000;
+/// The payouts' states that are listed by id in status for an operator to resolve.
+pub const AMBIGUOUS: &str = "RAIL_AMBIGUOUS";
+
+/// Payouts per state, and the ambiguous payouts' ids (pure).
+pub fn tally(
+    payout_ids: &[String],
+    states: &[crate::services::PayoutState],
+) -> (std::collections::BTreeMap<String, i64>, Vec<String>) {
+    let mut counts = std::collections::BTreeMap::new();
+    let mut ambiguous = Vec::new();
+    for (id, state) in payout_ids.iter().zip(states) {
+        let state = state.clone().unwrap_or_else(|| "UNREGISTERED".to_owned());
+        if state == AMBIGUOUS {
+            ambiguous.push(id.clone());
+        }
+        *counts.entry(state).or_insert(0) += 1;
+    }
+    (counts, ambiguous)
+}
+
 /// How often a running batch's status is refreshed.
 pub const RUNNING_RESYNC: Duration = Duration::from_secs(10);
 
@@ -120,6 +143,16 @@ pub fn batch_status(
     }
 }
 
+/// `"3/4 POSTED, 1 RAIL_AMBIGUOUS"`: the terminal count first, for `kubectl get`.
+fn summarize(counts: &std::collections::BTreeMap<String, i64>, total: usize) -> String {
+    let posted = counts.get("POSTED").copied().unwrap_or(0);
+    let mut text = format!("{posted}/{total} POSTED");
+    for (state, count) in counts.iter().filter(|(s, _)| s.as_str() != "POSTED") {
+        text.push_str(&format!(", {count} {state}"));
+    }
+    text
+}
+
 async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
     let previous = object.status.clone().unwrap_or_default();
     let batch = match validate::payout_batch(&object, &ctx.settings) {
@@ -151,7 +184,32 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     };
     apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
     let applied_job = apply(&ctx.client, &job::executor_job(&batch)).await?;
-    let status = batch_status(&object, &batch, &applied_job, &ctx.now());
+    let mut status = batch_status(&object, &batch, &applied_job, &ctx.now());
+    if object.spec.payouts.len() <= COUNTED_PAYOUTS_MAX {
+        // The same ids the executor derives: uuid5 of the batch name and the item key.
+        let ids: Vec<String> = object
+            .spec
+            .payouts
+            .iter()
+            .map(|p| dlock_executor::manifest::payout_id(&batch.name, &p.key).to_string())
+            .collect();
+        match ctx
+            .services
+            .payout_states(&batch.payment_resource_url, &ids)
+            .await
+        {
+            Ok(states) => {
+                let (counts, ambiguous) = tally(&ids, &states);
+                status.ambiguous_count = Some(ambiguous.len() as i64);
+                status.summary = Some(summarize(&counts, object.spec.payouts.len()));
+                status.counts = counts;
+                status.ambiguous = ambiguous;
+            }
+            Err(error) => {
+                tracing::warn!(event = "payout_states_unavailable", batch = %batch.name, error = %error);
+            }
+        }
+    }
     let running = matches!(job_phase(&applied_job), JobPhase::Running { .. });
     apply_status(&ctx.client, object.as_ref(), &status).await?;
     if ready_of(&previous.conditions) != ready_of(&status.conditions)

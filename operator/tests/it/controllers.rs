@@ -36,6 +36,28 @@ impl FakeServices {
 }
 
 impl Services for FakeServices {
+    fn payout_states<'a>(
+        &'a self,
+        url: &'a str,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>, ServiceError>> {
+        self.record(
+            format!("GET {url}/v1/payouts/{{id}} x{}", ids.len()),
+            json!(ids),
+        );
+        let states = ids
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                if i == 0 {
+                    Some("POSTED".to_owned())
+                } else {
+                    Some("RAIL_AMBIGUOUS".to_owned())
+                }
+            })
+            .collect();
+        Box::pin(async move { Ok(states) })
+    }
     fn held_locks<'a>(
         &'a self,
         url: &'a str,
@@ -639,6 +661,18 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     call.expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"));
     assert_eq!(call.body["status"]["accepted"], true);
     assert_eq!(call.body["status"]["jobName"], "payroll-2026-12-executor");
+    // Counts per state from paydb, and the ambiguous payouts by id (the executor's uuid5 ids).
+    let second = dlock_executor::manifest::payout_id("payroll-2026-12", "emp-0002").to_string();
+    assert_eq!(
+        call.body["status"]["counts"],
+        json!({"POSTED": 1, "RAIL_AMBIGUOUS": 1})
+    );
+    assert_eq!(call.body["status"]["ambiguous"], json!([second]));
+    assert_eq!(call.body["status"]["ambiguousCount"], 1);
+    assert_eq!(
+        call.body["status"]["summary"],
+        "1/2 POSTED, 1 RAIL_AMBIGUOUS"
+    );
     assert_eq!(call.body["status"]["conditions"][1]["status"], "True");
     call.reply(
         200,
