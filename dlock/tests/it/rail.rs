@@ -4,7 +4,7 @@
 //! Payouts are set up with paydb's own functions (account, funding, payout, claim), so these
 //! tests exercise the proxy alone; tokens are plain increasing numbers, as a lock server's are.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +20,7 @@ use crate::conformance::assert_envelope;
 use crate::harness::{eventually, port, raw};
 
 fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
-    let env: BTreeMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (env_name(k), v.clone()))
-        .collect();
-    RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"))
+    RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub struct RailWorld {

@@ -92,6 +92,16 @@ impl RawConfig {
         })
     }
 
+    /// Configuration given as `(key, value)` pairs, as if each came from its environment
+    /// variable: for embedding a service in a test or a benchmark without a file.
+    pub fn from_pairs(pairs: &[(&str, String)]) -> Result<Self, ConfigError> {
+        let env = pairs
+            .iter()
+            .map(|(key, value)| (env_name(key), value.clone()))
+            .collect();
+        Self::from_parts(None, env)
+    }
+
     fn lookup(&mut self, key: &str) -> Option<(toml::Value, Origin)> {
         self.used.insert(key.to_owned());
         let env_key = env_name(key);

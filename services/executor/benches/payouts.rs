@@ -6,12 +6,11 @@
 //!
 //! `cargo bench -p dlock-executor --bench payouts` (optionally `-- --payouts 1200`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_contract::config::{RawConfig, env_name};
+use dlock_contract::config::RawConfig;
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
@@ -19,11 +18,7 @@ use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
 use dlock_executor::{Endpoints, RunOptions};
 
 fn raw(pairs: &[(&str, String)]) -> RawConfig {
-    let env: BTreeMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (env_name(k), v.clone()))
-        .collect();
-    RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"))
+    RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn bind() -> (tokio::net::TcpListener, String) {

@@ -4,12 +4,11 @@
 //!
 //! `cargo bench -p dlock-lock-server --bench lock` (optionally `-- --seconds 5`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_contract::config::{RawConfig, env_name};
+use dlock_contract::config::RawConfig;
 use dlock_devstack::{EtcdServer, PgServer};
 use dlock_lock_server::store::{Acquire, Store};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
@@ -42,8 +41,7 @@ impl Run {
 }
 
 fn config(env: &[(&str, String)]) -> LockServerConfig {
-    let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (env_name(k), v.clone())).collect();
-    let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+    let mut raw = RawConfig::from_pairs(env).unwrap_or_else(|e| panic!("{e}"));
     LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
 }
 

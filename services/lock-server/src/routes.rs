@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -272,13 +273,12 @@ async fn end_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn contended(state: &AppState, key: &str, c: Contention) -> ApiError {
+fn contended(key: &str, c: Contention) -> ApiError {
     let retry_after = c
         .expires_at
         .map(|t| (t - chrono::Utc::now()).num_milliseconds())
         .unwrap_or(0)
         .clamp(1, 1_000) as u64;
-    let _ = state;
     ApiError::new(
         ErrorCode::LockContended,
         "the lock is held by another grant; retry after a bounded, jittered backoff",
@@ -367,7 +367,7 @@ async fn acquire_waiting(
     match first {
         Acquire::Granted(grant) => return Ok(grant),
         Acquire::Contended(c) if wait_ms == 0 => {
-            return Err((AcquireOutcome::contended, contended(state, key, c)));
+            return Err((AcquireOutcome::contended, contended(key, c)));
         }
         Acquire::Contended(_) => {}
     }
@@ -396,7 +396,7 @@ async fn acquire_waiting(
             Ok(Acquire::Granted(grant)) => break Ok(grant),
             Ok(Acquire::Contended(c)) => {
                 if Instant::now() >= deadline {
-                    break Err((AcquireOutcome::timeout, contended(state, key, c)));
+                    break Err((AcquireOutcome::timeout, contended(key, c)));
                 }
             }
             Err(e) => break Err(fail(e)),
@@ -455,7 +455,7 @@ struct ReleaseQuery {
 async fn release(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    RawQuery(query): RawQuery,
+    query: Result<Query<ReleaseQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
@@ -468,7 +468,7 @@ async fn release(
     let session_id = if body.iter().any(|b| !b.is_ascii_whitespace()) {
         Some(parse_body::<ReleaseRequest>(&body)?.session_id)
     } else {
-        let query: ReleaseQuery = serde_urlencoded_query(query.as_deref())?;
+        let query = strict_query(query)?;
         match query.session_id {
             Some(text) => checks.take(path_session(&text)),
             None => {
@@ -497,59 +497,16 @@ async fn release(
     }
 }
 
-/// Parses a query string strictly: unknown parameters are refused like unknown body fields.
-fn serde_urlencoded_query<T: serde::de::DeserializeOwned>(
-    query: Option<&str>,
+/// A strict query string: an unknown parameter is refused like an unknown body field, and every
+/// refusal is the contract's envelope naming the parameter.
+fn strict_query<T: serde::de::DeserializeOwned>(
+    query: Result<Query<T>, QueryRejection>,
 ) -> Result<T, ApiError> {
-    let pairs: serde_json::Map<String, serde_json::Value> = query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (
-                percent_decode(k),
-                serde_json::Value::String(percent_decode(v)),
-            )
-        })
-        .collect();
-    serde_json::from_value(serde_json::Value::Object(pairs.clone())).map_err(|e| {
-        let message = e.to_string();
+    query.map(|Query(q)| q).map_err(|rejection| {
+        let message = rejection.body_text();
         let field = message.split('`').nth(1).unwrap_or("query").to_owned();
         ApiError::field(field, message)
     })
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                    }
-                    None => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn lock_info(
@@ -581,9 +538,9 @@ pub const HELD_LIMIT_MAX: i64 = 1_000;
 
 async fn held_locks(
     State(state): State<AppState>,
-    RawQuery(query): RawQuery,
+    query: Result<Query<HeldQuery>, QueryRejection>,
 ) -> Result<Json<HeldLocks>, ApiError> {
-    let query: HeldQuery = serde_urlencoded_query(query.as_deref())?;
+    let query = strict_query(query)?;
     let limit = match query.limit {
         None => 500,
         Some(text) => match text.parse::<i64>() {

@@ -9,12 +9,11 @@
 //!
 //! `cargo bench -p dlock-payment-resource --bench claim_post` (optionally `-- --seconds 5`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_contract::config::{RawConfig, env_name};
+use dlock_contract::config::RawConfig;
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
@@ -53,8 +52,7 @@ impl Run {
 }
 
 fn config(env: &[(&str, String)]) -> PaymentConfig {
-    let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (env_name(k), v.clone())).collect();
-    let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+    let mut raw = RawConfig::from_pairs(env).unwrap_or_else(|e| panic!("{e}"));
     PaymentConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
 }
 
