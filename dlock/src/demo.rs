@@ -122,11 +122,17 @@ async fn run_demo(
         payment_resource: payment_url.clone(),
         rail_proxy: rail_url,
     };
-    let payment = PaymentClient::new(&payment_url, "dlock-demo")?;
+    // The stack checks credentials; the demo writes as the stack's executor identity.
+    let credential = Some(dlock_contract::auth::Credential::fixed(
+        &line.credentials.executor,
+    ));
+    let owner = format!("{}/dlock-demo", crate::dev::DEV_EXECUTOR_IDENTITY);
+    let payment = PaymentClient::new(&payment_url, &owner)?.with_credential(credential.clone());
     open_accounts(&payment, batch).await?;
     let options = RunOptions {
         workers: args.workers,
-        owner_id: "dlock-demo".into(),
+        owner_id: owner.clone(),
+        credential,
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         progress: true,
         ..RunOptions::default()

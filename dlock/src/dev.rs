@@ -24,6 +24,18 @@ pub(crate) struct UpLine {
     pub(crate) paydb: String,
     pub(crate) lockdb: String,
     pub(crate) etcd: Option<String>,
+    /// Every service runs with `auth.mode = "tokens"` on this file.
+    pub(crate) tokens_file: String,
+    pub(crate) credentials: Credentials,
+}
+
+/// The local stack's bearer tokens: `executor` for `dlock run` (owner ids `executor/…`),
+/// `operator` for revocations, fence advances and resolutions.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Credentials {
+    pub(crate) executor: String,
+    pub(crate) operator: String,
 }
 
 #[derive(Serialize)]
@@ -68,6 +80,42 @@ pub struct UpArgs {
 
 /// The operator credential of the local stack (revocation floors, resolutions). Local only.
 pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
+/// The identity `dlock run` and the demo write as on the local stack.
+pub const DEV_EXECUTOR_IDENTITY: &str = "executor";
+
+fn random_token() -> String {
+    use rand::Rng;
+    let bytes: [u8; 24] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes the stack's tokens file (and the proxy's own credential towards the rail).
+fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
+    let executor = random_token();
+    let proxy = random_token();
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!(
+            "# written by `dlock dev up`: <identity> <token>\n\
+             {DEV_EXECUTOR_IDENTITY} {executor}\n\
+             operator {DEV_OPERATOR_TOKEN}\n\
+             rail-proxy {proxy}\n"
+        ),
+    )
+    .with_context(|| format!("writing {}", tokens.display()))?;
+    let proxy_credential = dir.join("rail-proxy.credential");
+    std::fs::write(&proxy_credential, format!("{proxy}\n"))
+        .with_context(|| format!("writing {}", proxy_credential.display()))?;
+    Ok((
+        tokens,
+        proxy_credential,
+        Credentials {
+            executor,
+            operator: DEV_OPERATOR_TOKEN.to_owned(),
+        },
+    ))
+}
 
 pub(crate) struct Stack {
     // Field order is drop order: services first, then the stores they use.
@@ -165,8 +213,17 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         pg,
         _temp: temp,
     };
+    let (tokens_file, proxy_credential, credentials) = write_tokens(&dir)?;
+    let auth = [
+        ("auth.mode", quoted("tokens")),
+        (
+            "auth.tokens-file",
+            quoted(&tokens_file.display().to_string()),
+        ),
+    ];
     let lock_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let mut lock_config = vec![("server.listen", quoted(&lock_listen.to_string()))];
+    lock_config.extend(auth.iter().cloned());
     match &stack.etcd {
         Some(etcd) => {
             lock_config.push(("lock.backend", quoted("etcd")));
@@ -185,18 +242,18 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     stack.services.push(lock_server);
 
     let payment_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let payment_config = vec![
+    let mut payment_config = vec![
         ("server.listen", quoted(&payment_listen.to_string())),
         ("payment.pg.url", quoted(&stack.pg.url("paydb"))),
-        ("payment.operator.token", quoted(DEV_OPERATOR_TOKEN)),
     ];
+    payment_config.extend(auth.iter().cloned());
     let payment_resource =
         start_service("payment-resource", &dir, &payment_config, payment_listen)?;
     let payment_pid = payment_resource.pid();
     stack.services.push(payment_resource);
 
     let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let stub_config = vec![
+    let mut stub_config = vec![
         ("server.listen", quoted(&stub_listen.to_string())),
         ("rail.stub.latency-ms", args.rail_latency_ms.to_string()),
         ("rail.stub.failure-rate", args.rail_failure_rate.to_string()),
@@ -209,12 +266,13 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
             quoted(&dir.join("rail-statement.jsonl").display().to_string()),
         ),
     ];
+    stub_config.extend(auth.iter().cloned());
     let rail_stub = start_service("rail-stub", &dir, &stub_config, stub_listen)?;
     let stub_pid = rail_stub.pid();
     stack.services.push(rail_stub);
 
     let proxy_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let proxy_config = vec![
+    let mut proxy_config = vec![
         ("server.listen", quoted(&proxy_listen.to_string())),
         ("rail.proxy.pg.url", quoted(&stack.pg.url("paydb"))),
         (
@@ -225,8 +283,12 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
             "rail.proxy.read-timeout-ms",
             args.rail_read_timeout_ms.to_string(),
         ),
-        ("rail.proxy.operator-token", quoted(DEV_OPERATOR_TOKEN)),
+        (
+            "rail.proxy.rail-credential-file",
+            quoted(&proxy_credential.display().to_string()),
+        ),
     ];
+    proxy_config.extend(auth.iter().cloned());
     let rail_proxy = start_service("rail-proxy", &dir, &proxy_config, proxy_listen)?;
     let proxy_pid = rail_proxy.pid();
     stack.services.push(rail_proxy);
@@ -248,6 +310,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         paydb: stack.pg.url("paydb"),
         lockdb: stack.pg.url("lockdb"),
         etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
+        tokens_file: tokens_file.display().to_string(),
+        credentials,
     };
     Ok((stack, line))
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::{Resolution, ResolveRequest};
 use dlock_contract::payment_client::PaymentClient;
@@ -30,9 +31,17 @@ pub struct RunArgs {
     pub session_ttl_ms: i64,
     #[arg(long, default_value_t = 10_000)]
     pub lock_ttl_ms: i64,
-    /// The worker identity sent as X-Owner-Id (default: host and process id).
+    /// The worker identity sent as X-Owner-Id (default: `<identity>/<host>-<pid>`, or
+    /// `dlock-run-<host>-<pid>` without an identity).
     #[arg(long)]
     pub owner_id: Option<String>,
+    /// The identity the credential authenticates as; owner ids are bound to it.
+    #[arg(long, env = "DLOCK_IDENTITY")]
+    pub identity: Option<String>,
+    /// A file holding the bearer token to present (re-read as it rotates; a projected
+    /// service-account token in Kubernetes). `DLOCK_CREDENTIAL` passes the token itself.
+    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
+    pub credential_file: Option<PathBuf>,
     /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s.
     #[arg(long, default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
@@ -54,6 +63,16 @@ impl RunArgs {
     }
 }
 
+/// The credential of this process: `--credential-file`, else `DLOCK_CREDENTIAL`.
+pub fn credential(file: Option<&std::path::Path>) -> Result<Option<Credential>> {
+    match file {
+        Some(path) => Credential::from_file(path)
+            .map(Some)
+            .map_err(anyhow::Error::msg),
+        None => Credential::from_env().map_err(anyhow::Error::msg),
+    }
+}
+
 pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -69,7 +88,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         owner_id: args
             .owner_id
             .clone()
-            .unwrap_or_else(dlock_executor::executor::default_owner_id),
+            .unwrap_or_else(|| dlock_executor::executor::owner_id_for(args.identity.as_deref())),
+        credential: credential(args.credential_file.as_deref())?,
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,
@@ -214,7 +234,8 @@ pub struct RevokeArgs {
 }
 
 pub async fn revoke(args: RevokeArgs) -> Result<()> {
-    let lock = LockClient::new(&args.lock_server, &args.operator)?;
+    let lock = LockClient::new(&args.lock_server, &args.operator)?
+        .with_credential(Some(Credential::fixed(&args.operator_token)));
     let payment = PaymentClient::new(&args.payment_resource, &args.operator)?
         .as_operator(&args.operator_token);
     let rail = RailClient::new(&args.rail_proxy, &args.operator, Duration::from_secs(8))?

@@ -99,6 +99,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl HttpServices {
     pub fn new(operator_token: Option<String>) -> anyhow::Result<Self> {
+        // HTTPS to the services needs the process's TLS provider (ring, as kube uses).
+        dlock_contract::tls::install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .build()?;

@@ -154,7 +154,7 @@ pub async fn raw(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> (u16, String, serde_json::Value) {
-    let http = reqwest::Client::new();
+    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let mut request = http.request(method, url);
     for (name, value) in headers {
         request = request.header(*name, *value);

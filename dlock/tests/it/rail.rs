@@ -456,7 +456,8 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     let in_flight = tokio::spawn({
         let url = url.clone();
         async move {
-            reqwest::Client::new()
+            dlock_contract::client::http_client()
+                .unwrap_or_else(|e| panic!("{e}"))
                 .post(format!("{url}/v1/rail/submissions"))
                 .header("content-type", "application/json")
                 .header("x-owner-id", "worker")
@@ -550,9 +551,10 @@ async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator()
     let (status, _, body) = advance(None).await;
     assert_eq!(status, 401);
     assert_envelope("no credential", status, &body, "UNAUTHENTICATED");
+    // A credential that authenticates nobody is 401; 403 is for a known non-operator.
     let (status, _, body) = advance(Some("Bearer wrong")).await;
-    assert_eq!(status, 403);
-    assert_envelope("wrong credential", status, &body, "FORBIDDEN");
+    assert_eq!(status, 401);
+    assert_envelope("wrong credential", status, &body, "UNAUTHENTICATED");
     let (status, _, body) = advance(Some("Bearer test-operator")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["highestToken"], 9);

@@ -119,8 +119,16 @@ fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
 }
 
 /// Builds the shared HTTP client for dlock's hops.
+/// HTTPS trusts the roots of `DLOCK_CA_FILE` when it is set, the system's otherwise.
 pub fn http_client() -> Result<reqwest::Client, ClientError> {
+    let tls = crate::tls::client_config(crate::tls::ca_file_from_env().as_deref()).map_err(
+        |message| ClientError::Protocol {
+            url: String::new(),
+            message: format!("TLS for the HTTP client (DLOCK_CA_FILE): {message}"),
+        },
+    )?;
     reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
         .connect_timeout(CONNECT_TIMEOUT)
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
@@ -137,6 +145,7 @@ pub struct LockClient {
     owner_id: String,
     http: reqwest::Client,
     trace_id: Option<String>,
+    credential: Option<crate::auth::Credential>,
 }
 
 impl LockClient {
@@ -151,6 +160,15 @@ impl LockClient {
             owner_id: owner_id.to_owned(),
             http,
             trace_id: None,
+            credential: None,
+        }
+    }
+
+    /// A client that presents `credential` on every call (`None`: none).
+    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
+        Self {
+            credential,
+            ..self.clone()
         }
     }
 
@@ -172,7 +190,7 @@ impl LockClient {
 
     fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
         let url = format!("{}{path}", self.base);
-        let builder = self
+        let mut builder = self
             .http
             .request(method, &url)
             .timeout(timeout)
@@ -181,6 +199,9 @@ impl LockClient {
                 headers::TRACEPARENT,
                 crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
             );
+        if let Some(credential) = &self.credential {
+            builder = builder.header("authorization", credential.header_value());
+        }
         (url, builder)
     }
 

@@ -7,9 +7,10 @@ use serde_json::Value;
 
 /// Stable machine identifiers. Alerts filter on these, never on the message.
 ///
-/// The first fifteen are the contract's catalogue. The last five are the project's own, for
+/// The first fifteen are the contract's catalogue. The last six are the project's own, for
 /// situations the catalogue does not name but a JSON client still has to tell apart: an unknown
-/// route, a wrong method, a missing or wrong credential, and a server fault.
+/// route, a wrong method, a missing or wrong credential, a credential that could not be checked
+/// because the identity provider (Kubernetes TokenReview) did not answer, and a server fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
@@ -32,11 +33,12 @@ pub enum ErrorCode {
     MethodNotAllowed,
     Unauthenticated,
     Forbidden,
+    AuthUnavailable,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -56,6 +58,7 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
+        ErrorCode::AuthUnavailable,
         ErrorCode::Internal,
     ];
 
@@ -66,7 +69,7 @@ impl ErrorCode {
             LockContended | LockLost | FencedOut | PayoutNotClaimable | DuplicateSubmission
             | RailAmbiguous => StatusCode::CONFLICT,
             ContentionExceeded => StatusCode::TOO_MANY_REQUESTS,
-            NotLeader | RailUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            NotLeader | RailUnavailable | AuthUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             SessionUnknown | NotFound => StatusCode::NOT_FOUND,
             SessionExpired => StatusCode::GONE,
             InvalidToken | ValidationFailed => StatusCode::BAD_REQUEST,
@@ -84,7 +87,7 @@ impl ErrorCode {
         use ErrorCode::*;
         matches!(
             self,
-            LockContended | ContentionExceeded | NotLeader | RailUnavailable
+            LockContended | ContentionExceeded | NotLeader | RailUnavailable | AuthUnavailable
         )
     }
 
@@ -93,7 +96,7 @@ impl ErrorCode {
         use ErrorCode::*;
         matches!(
             self,
-            LockContended | ContentionExceeded | NotLeader | RailUnavailable
+            LockContended | ContentionExceeded | NotLeader | RailUnavailable | AuthUnavailable
         )
     }
 
@@ -119,6 +122,7 @@ impl ErrorCode {
             MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Unauthenticated => "UNAUTHENTICATED",
             Forbidden => "FORBIDDEN",
+            AuthUnavailable => "AUTH_UNAVAILABLE",
             Internal => "INTERNAL",
         }
     }
@@ -321,6 +325,7 @@ mod tests {
                         | ErrorCode::ContentionExceeded
                         | ErrorCode::NotLeader
                         | ErrorCode::RailUnavailable
+                        | ErrorCode::AuthUnavailable
                 ),
                 "{code}"
             );

@@ -128,6 +128,24 @@ pub async fn serve(
         .await
 }
 
+/// Serves `app` over TLS when `tls` is set, plain HTTP otherwise, until `shutdown` resolves.
+pub async fn serve_maybe_tls(
+    listener: tokio::net::TcpListener,
+    tls: Option<&crate::tls::TlsSettings>,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        None => serve(listener, app, shutdown).await,
+        Some(settings) => {
+            let listener = crate::tls::TlsListener::new(listener, settings)?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

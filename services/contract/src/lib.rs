@@ -6,6 +6,7 @@
 //! services disagree about what a malformed token means, and a malformed token coerced to `0` is
 //! precisely how a stale writer slips below every fence.
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod payment;
 pub mod payment_client;
 pub mod rail;
 pub mod time;
+pub mod tls;
 pub mod trace;
 
 pub use error::{ApiError, ErrorBody, ErrorCode, FieldError};

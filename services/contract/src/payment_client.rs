@@ -32,7 +32,7 @@ pub struct PaymentClient {
     owner_id: String,
     http: reqwest::Client,
     trace_id: Option<String>,
-    operator_token: Option<String>,
+    credential: Option<crate::auth::Credential>,
 }
 
 fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
@@ -54,7 +54,7 @@ impl PaymentClient {
             owner_id: owner_id.to_owned(),
             http,
             trace_id: None,
-            operator_token: None,
+            credential: None,
         }
     }
 
@@ -67,9 +67,17 @@ impl PaymentClient {
     }
 
     /// A client that sends the operator credential, for fence advances and resolutions.
+    /// A client that presents `credential` on every call (`None`: none).
+    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
+        Self {
+            credential,
+            ..self.clone()
+        }
+    }
+
     pub fn as_operator(&self, token: &str) -> Self {
         Self {
-            operator_token: Some(token.to_owned()),
+            credential: Some(crate::auth::Credential::fixed(token)),
             ..self.clone()
         }
     }
@@ -89,8 +97,8 @@ impl PaymentClient {
                 headers::TRACEPARENT,
                 crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
             );
-        if let Some(token) = &self.operator_token {
-            builder = builder.header("authorization", format!("Bearer {token}"));
+        if let Some(credential) = &self.credential {
+            builder = builder.header("authorization", credential.header_value());
         }
         (url, builder)
     }

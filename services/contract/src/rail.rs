@@ -82,7 +82,7 @@ pub struct RailClient {
     owner_id: String,
     http: reqwest::Client,
     submit_timeout: Duration,
-    operator_token: Option<String>,
+    credential: Option<crate::auth::Credential>,
     trace_id: Option<String>,
 }
 
@@ -99,14 +99,22 @@ impl RailClient {
             owner_id: owner_id.to_owned(),
             http: http_client()?,
             submit_timeout: rail_read_timeout + SUBMIT_READ_MARGIN,
-            operator_token: None,
+            credential: None,
             trace_id: None,
         })
     }
 
+    /// A client that presents `credential` on every call (`None`: none).
+    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
+        Self {
+            credential,
+            ..self.clone()
+        }
+    }
+
     pub fn as_operator(&self, token: &str) -> Self {
         Self {
-            operator_token: Some(token.to_owned()),
+            credential: Some(crate::auth::Credential::fixed(token)),
             ..self.clone()
         }
     }
@@ -134,8 +142,8 @@ impl RailClient {
                 headers::TRACEPARENT,
                 crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
             );
-        if let Some(token) = &self.operator_token {
-            builder = builder.header("authorization", format!("Bearer {token}"));
+        if let Some(credential) = &self.credential {
+            builder = builder.header("authorization", credential.header_value());
         }
         (url, builder)
     }

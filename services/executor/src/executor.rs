@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// `payout_execute_total{outcome}` and `payout_backlog_age_seconds`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The bearer credential presented to every service (`auth.mode` tokens or tokenreview).
+    pub credential: Option<dlock_contract::auth::Credential>,
 }
 
 impl Default for RunOptions {
@@ -65,20 +67,27 @@ impl Default for RunOptions {
             settle_timeout: Duration::from_secs(120),
             progress: false,
             metrics: crate::metrics::Metrics::new(),
+            credential: None,
         }
     }
 }
 
 pub fn default_owner_id() -> String {
+    owner_id_for(None)
+}
+
+/// The worker's X-Owner-Id: `<identity>/<host>-<pid>` when the process has an identity (the
+/// servers bind owners to authenticated identities), `dlock-run-<host>-<pid>` otherwise; at
+/// most 64 characters, cut on a character boundary.
+pub fn owner_id_for(identity: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let host = host.trim();
-    let mut id = format!(
-        "dlock-run-{}-{}",
-        if host.is_empty() { "local" } else { host },
-        std::process::id()
-    );
-    id.truncate(64);
-    id
+    let host = if host.is_empty() { "local" } else { host };
+    let id = match identity {
+        Some(identity) => format!("{identity}/{host}-{}", std::process::id()),
+        None => format!("dlock-run-{host}-{}", std::process::id()),
+    };
+    id.chars().take(64).collect()
 }
 
 /// How one payout cycle ended.
@@ -277,13 +286,17 @@ pub async fn execute(
     options: RunOptions,
 ) -> Result<Report> {
     let started = Instant::now();
-    let lock = LockClient::new(&endpoints.lock_server, &options.owner_id)?;
-    let payment = PaymentClient::new(&endpoints.payment_resource, &options.owner_id)?;
+    let credential = options.credential.clone();
+    let lock = LockClient::new(&endpoints.lock_server, &options.owner_id)?
+        .with_credential(credential.clone());
+    let payment = PaymentClient::new(&endpoints.payment_resource, &options.owner_id)?
+        .with_credential(credential.clone());
     let rail = RailClient::new(
         &endpoints.rail_proxy,
         &options.owner_id,
         options.rail_read_timeout,
-    )?;
+    )?
+    .with_credential(credential);
     register(batch, &payment).await?;
     let session = SessionKeeper::open(lock.clone(), options.session_ttl_ms).await?;
     let keeper = tokio::spawn(session.clone().keep_alive());

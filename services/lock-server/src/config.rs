@@ -4,9 +4,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
 use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
+use dlock_contract::tls::TlsSettings;
 
 use crate::store::pg::PgSettings;
 
@@ -50,6 +52,10 @@ pub struct LockServerConfig {
     /// `lock.sweep.interval-ms`: how often lapsed rows are cleaned up.
     pub sweep_interval_ms: u64,
     pub http: HttpLimits,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<TlsSettings>,
+    /// `auth.*`: who may call. L8 (revoke) needs an operator identity once auth is on.
+    pub auth: Authenticator,
 }
 
 impl LockServerConfig {
@@ -127,6 +133,12 @@ impl LockServerConfig {
                 WAIT_MS_MAX + 1_000..=600_000,
             )? as u64),
         };
+        let tls = TlsSettings::from_raw(raw)?;
+        let auth = Authenticator::new(
+            &AuthSettings::from_raw(raw)?,
+            None,
+            OperatorWithoutAuth::Open,
+        )?;
         Ok(Self {
             listen,
             backend,
@@ -150,6 +162,8 @@ impl LockServerConfig {
             sweep_interval_ms: raw.integer("lock.sweep.interval-ms", 30_000, 100..=3_600_000)?
                 as u64,
             http,
+            tls,
+            auth,
         })
     }
 

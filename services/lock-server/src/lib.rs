@@ -45,10 +45,13 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         event = "lock_server_started",
         listen = %listener.local_addr()?,
         backend = config.backend_name(),
+        tls = config.tls.is_some(),
         "lock server is serving"
     );
-    dlock_contract::http::serve(
+    config.auth.announce("lock-server");
+    dlock_contract::http::serve_maybe_tls(
         listener,
+        config.tls.as_ref(),
         app(state),
         dlock_contract::http::shutdown_signal(),
     )

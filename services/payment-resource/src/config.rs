@@ -5,8 +5,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
+use dlock_contract::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
@@ -46,6 +48,10 @@ pub struct PaymentConfig {
     pub operator_token: Option<String>,
     pub idempotency: IdempotencySettings,
     pub http: HttpLimits,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<TlsSettings>,
+    /// `auth.*`: who may call; `payment.operator.token` is one more operator credential.
+    pub auth: Authenticator,
 }
 
 fn error(key: &str, message: impl Into<String>) -> ConfigError {
@@ -141,12 +147,20 @@ impl PaymentConfig {
                 1_000..=120_000,
             )? as u64),
         };
+        let tls = TlsSettings::from_raw(raw)?;
+        let auth = Authenticator::new(
+            &AuthSettings::from_raw(raw)?,
+            operator_token.as_deref(),
+            OperatorWithoutAuth::Refused,
+        )?;
         Ok(Self {
             listen,
             pg,
             operator_token,
             idempotency,
             http,
+            tls,
+            auth,
         })
     }
 }

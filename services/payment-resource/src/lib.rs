@@ -36,10 +36,11 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         store.clone(),
         Duration::from_millis(config.idempotency.sweep_interval_ms),
     ));
-    if config.operator_token.is_none() {
+    if config.operator_token.is_none() && config.auth.mode() == dlock_contract::auth::AuthMode::None
+    {
         tracing::warn!(
             event = "operator_credential_missing",
-            "payment.operator.token is not set; fence advances and resolutions are refused"
+            "neither auth.mode nor payment.operator.token is set; fence advances and resolutions are refused"
         );
     }
     let state = AppState::new(store, Arc::new(config));
@@ -48,8 +49,11 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         listen = %listener.local_addr()?,
         "payment resource is serving"
     );
-    dlock_contract::http::serve(
+    state.config.auth.announce("payment-resource");
+    let tls = state.config.tls.clone();
+    dlock_contract::http::serve_maybe_tls(
         listener,
+        tls.as_ref(),
         app(state),
         dlock_contract::http::shutdown_signal(),
     )

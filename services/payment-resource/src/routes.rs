@@ -66,7 +66,8 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state);
+        .with_state(state.clone());
+    let routes = state.config.auth.protect(routes);
     dlock_contract::http::finish(routes, limits)
 }
 
@@ -171,41 +172,26 @@ fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<WriteHeader
     })
 }
 
-/// The operator credential of fence advances and resolutions: `Authorization: Bearer <token>`.
-fn authorize_operator(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(presented) = presented.filter(|p| !p.is_empty()) else {
-        return Err(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "this operator action needs Authorization: Bearer <operator credential>",
-        ));
+/// Fence advances and resolutions need an operator identity; the auth middleware has judged
+/// the caller (with `payment.operator.token` standing for the operator when `auth.mode` is none).
+fn authorize_operator(
+    caller: Option<&dlock_contract::auth::Caller>,
+    what: &str,
+) -> Result<(), ApiError> {
+    let verdict = match caller {
+        Some(caller) => caller.require_operator(what),
+        None => Err(ApiError::internal(
+            "the auth middleware did not run for this route; this is a bug in the server",
+        )),
     };
-    let matches = state
-        .config
-        .operator_token
-        .as_deref()
-        .is_some_and(|expected| constant_time_eq(expected.as_bytes(), presented.as_bytes()));
-    if matches {
-        Ok(())
-    } else {
+    if let Err(error) = &verdict {
         tracing::warn!(
             event = "operator_credential_refused",
-            "an operator action presented a wrong credential"
+            code = error.code.as_str(),
+            "an operator action was refused"
         );
-        Err(ApiError::new(
-            ErrorCode::Forbidden,
-            "the operator credential is not valid for this service",
-        ))
     }
-}
-
-/// Compares without stopping at the first difference, so timing does not reveal a prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    verdict
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -580,11 +566,12 @@ async fn fund_effect(
 
 async fn advance_fence(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<FenceRequest>,
 ) -> Result<Response, ApiError> {
-    authorize_operator(&state, &headers)?;
+    authorize_operator(caller.as_deref(), "the fence advance")?;
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     check_account_id(&mut checks, "accountId", &account_id);
@@ -1013,11 +1000,12 @@ async fn post_effect(
 
 async fn resolve(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
     Path(payout_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<ResolveRequest>,
 ) -> Result<Response, ApiError> {
-    authorize_operator(&state, &headers)?;
+    authorize_operator(caller.as_deref(), "resolution")?;
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     let payout_id = path_payout(&mut checks, &payout_id);

@@ -1,11 +1,13 @@
 //! The rail proxy's configuration.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use dlock_contract::auth::{AuthSettings, Authenticator, Credential, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
+use dlock_contract::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {
@@ -29,6 +31,14 @@ pub struct RailProxyConfig {
     /// `rail.proxy.operator-token`: the credential of operator-only calls (high-water advance).
     pub operator_token: Option<String>,
     pub http: HttpLimits,
+    /// `rail.proxy.rail-credential-file`: the bearer token this proxy presents to the rail.
+    pub rail_credential: Option<Credential>,
+    /// `rail.proxy.rail-ca-file`: the CA bundle of an HTTPS rail (the system's roots otherwise).
+    pub rail_ca_file: Option<PathBuf>,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<TlsSettings>,
+    /// `auth.*`: who may call; `rail.proxy.operator-token` is one more operator credential.
+    pub auth: Authenticator,
 }
 
 impl RailProxyConfig {
@@ -90,7 +100,27 @@ impl RailProxyConfig {
                 // A forward may take the whole read timeout; the request must outlive it.
                 request_timeout: Duration::from_millis(read_ms as u64 + 5_000),
             },
+            rail_credential: match raw.string_optional("rail.proxy.rail-credential-file")? {
+                None => None,
+                Some(path) => Some(Credential::from_file(Path::new(&path)).map_err(|message| {
+                    ConfigError {
+                        key: "rail.proxy.rail-credential-file".into(),
+                        origin: String::new(),
+                        message,
+                    }
+                })?),
+            },
+            rail_ca_file: raw
+                .string_optional("rail.proxy.rail-ca-file")?
+                .map(PathBuf::from),
+            tls: TlsSettings::from_raw(raw)?,
+            auth: Authenticator::disabled(OperatorWithoutAuth::Refused),
         };
-        Ok(config)
+        let auth = Authenticator::new(
+            &AuthSettings::from_raw(raw)?,
+            config.operator_token.as_deref(),
+            OperatorWithoutAuth::Refused,
+        )?;
+        Ok(Self { auth, ..config })
     }
 }

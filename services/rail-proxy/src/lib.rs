@@ -44,7 +44,10 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(pool: PgPool, config: Arc<RailProxyConfig>) -> anyhow::Result<Self> {
+        let tls = dlock_contract::tls::client_config(config.rail_ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("TLS towards the rail (rail.proxy.rail-ca-file): {e}"))?;
         let rail = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
             .connect_timeout(config.rail_connect_timeout)
             .timeout(config.rail_read_timeout)
             .pool_max_idle_per_host(64)
@@ -88,7 +91,8 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(state);
+        .with_state(state.clone());
+    let routes = state.config.auth.protect(routes);
     dlock_contract::http::finish(routes, limits)
 }
 
@@ -105,8 +109,10 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
-    dlock_contract::http::serve(
+    config.auth.announce("rail-proxy");
+    dlock_contract::http::serve_maybe_tls(
         listener,
+        config.tls.as_ref(),
         app(state),
         dlock_contract::http::shutdown_signal(),
     )
@@ -235,7 +241,11 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
         "amountMinor": body.amount_minor,
         "currency": body.currency,
     });
-    let response = match state.rail.post(&url).json(&request).send().await {
+    let mut forward = state.rail.post(&url).json(&request);
+    if let Some(credential) = &state.config.rail_credential {
+        forward = forward.header(axum::http::header::AUTHORIZATION, credential.header_value());
+    }
+    let response = match forward.send().await {
         Ok(r) => r,
         // Even a refused connection is treated as unknown: proving that nothing was presented
         // is the rail's business, and a wrong guess here pays twice.
@@ -454,42 +464,25 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
 
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
 
-/// The operator credential, as `Authorization: Bearer …`.
-fn require_operator(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = state.config.operator_token.as_deref() else {
-        return Err(ApiError::new(
-            ErrorCode::Forbidden,
-            "operator operations are disabled here: rail.proxy.operator-token is not configured",
-        ));
-    };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        None => Err(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "this operation needs the operator credential as Authorization: Bearer <token>",
-        )),
-        Some(p) if constant_time_eq(p.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(
-            ErrorCode::Forbidden,
-            "the credential presented is not the operator's",
+/// High-water advances need an operator identity; the auth middleware has judged the caller
+/// (with `rail.proxy.operator-token` standing for the operator when `auth.mode` is none).
+fn require_operator(caller: Option<&dlock_contract::auth::Caller>) -> Result<(), ApiError> {
+    match caller {
+        Some(caller) => caller.require_operator("the high-water advance"),
+        None => Err(ApiError::internal(
+            "the auth middleware did not run for this route; this is a bug in the server",
         )),
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn advance_high_water(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<AdvanceRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_operator(&state, &headers)?;
+    require_operator(caller.as_deref())?;
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
     let mut fields = Vec::new();
     if body.floor <= 0 {

@@ -49,6 +49,10 @@ pub struct RailStubConfig {
     pub hang_ms: u64,
     /// `rail.stub.statement-path`: the durable statement (JSON lines).
     pub statement_path: PathBuf,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<dlock_contract::tls::TlsSettings>,
+    /// `auth.*`: who may submit (the rail proxy's identity).
+    pub auth: dlock_contract::auth::Authenticator,
 }
 
 impl RailStubConfig {
@@ -77,6 +81,12 @@ impl RailStubConfig {
             statement_path: PathBuf::from(
                 raw.string("rail.stub.statement-path", "rail-statement.jsonl")?,
             ),
+            tls: dlock_contract::tls::TlsSettings::from_raw(raw)?,
+            auth: dlock_contract::auth::Authenticator::new(
+                &dlock_contract::auth::AuthSettings::from_raw(raw)?,
+                None,
+                dlock_contract::auth::OperatorWithoutAuth::Refused,
+            )?,
         })
     }
 }
@@ -173,7 +183,8 @@ pub fn app(state: StubState) -> Router {
         .route("/statement", get(statement))
         .route("/healthz", get(healthz))
         .route("/readyz", get(healthz))
-        .with_state(state);
+        .with_state(state.clone());
+    let routes = state.config.auth.protect(routes);
     let limits = HttpLimits {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
@@ -183,13 +194,16 @@ pub fn app(state: StubState) -> Router {
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
     let listen = config.listen;
+    let tls = config.tls.clone();
+    config.auth.announce("rail-stub");
     let state = StubState::open(config)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen} (server.listen)"))?;
     tracing::info!(event = "rail_stub_started", listen = %listener.local_addr()?, "rail stub is serving");
-    dlock_contract::http::serve(
+    dlock_contract::http::serve_maybe_tls(
         listener,
+        tls.as_ref(),
         app(state),
         dlock_contract::http::shutdown_signal(),
     )

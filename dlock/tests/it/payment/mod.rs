@@ -137,7 +137,7 @@ impl PayStack {
             tokens: AtomicI64::new(100),
             server,
             sweeper,
-            http: reqwest::Client::new(),
+            http: dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}")),
         }
     }
 

@@ -44,7 +44,7 @@ async fn fence_advance_needs_the_credential_and_fences_out_the_revoked_token() {
             Some(&text),
         )
         .await
-        .expect("wrong credential", 403, Some("FORBIDDEN"));
+        .expect("wrong credential", 401, Some("UNAUTHENTICATED"));
     stack
         .send(Method::POST, path, &headers(Some("Basic abc")), Some(&text))
         .await
