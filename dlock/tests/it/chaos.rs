@@ -79,19 +79,20 @@ impl Service {
     }
 }
 
+/// One scenario's figures row (shared with the netfault suite).
 #[derive(Debug, Default)]
-struct Figures {
-    scenario: &'static str,
-    payouts: usize,
-    faults: usize,
-    fenced_out: usize,
-    ambiguous: usize,
-    double_payments: usize,
-    lost: usize,
+pub(crate) struct Figures {
+    pub(crate) scenario: &'static str,
+    pub(crate) payouts: usize,
+    pub(crate) faults: usize,
+    pub(crate) fenced_out: usize,
+    pub(crate) ambiguous: usize,
+    pub(crate) double_payments: usize,
+    pub(crate) lost: usize,
 }
 
 impl Figures {
-    fn print(&self) {
+    pub(crate) fn print(&self) {
         println!(
             "| {:<34} | {:>7} | {:>6} | {:>10} | {:>9} | {:>15} | {:>12} |",
             self.scenario,
@@ -258,17 +259,7 @@ impl Chaos {
             status.is_some_and(|s| s.success()),
             "executor failed: {status:?}\n{text}"
         );
-        text.lines()
-            .find_map(|l| {
-                l.split(" fenced out")
-                    .next()
-                    .filter(|_| l.contains(" fenced out"))?
-                    .rsplit(' ')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0)
+        fenced_out_in(&text)
     }
 
     async fn posted_count(&self) -> usize {
@@ -290,81 +281,123 @@ impl Chaos {
         faults: usize,
         fenced_out: usize,
     ) -> Figures {
-        let payment = self.payment_client();
-        let statement = read_statement(&self.stub.url(), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut on_rail: HashMap<String, usize> = HashMap::new();
-        for t in &statement.transfers {
-            *on_rail.entry(t.client_ref.clone()).or_default() += 1;
-        }
-        let mut figures = Figures {
-            scenario,
-            faults,
-            fenced_out,
-            ..Figures::default()
+        let stack = CheckedStack {
+            payment_url: self.payment.url(),
+            stub_url: self.stub.url(),
+            paydb_url: self.pg.url("paydb"),
+            read_timeout_ms: self.read_timeout_ms,
         };
-        for (name, _, n) in batches {
-            for i in 0..*n {
-                let id = payout_id(name, &format!("item-{i:04}"));
-                figures.payouts += 1;
-                let payout = payment.get_payout(id).await;
-                match payout.map(|p| p.state) {
-                    Ok(s) if s.is_terminal() || s == PayoutState::RailAmbiguous => {
-                        if s == PayoutState::RailAmbiguous {
-                            figures.ambiguous += 1;
-                        }
-                    }
-                    other => {
-                        figures.lost += 1;
-                        eprintln!("{scenario}: payout {id} not settled: {other:?}");
-                    }
-                }
-                if on_rail.get(&id.to_string()).copied().unwrap_or(0) > 1 {
-                    figures.double_payments += 1;
-                }
-            }
-        }
-        let pool = dlock_executor::reconcile::connect(&self.pg.url("paydb"))
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let findings = dlock_executor::reconcile::reconcile(
-            &pool,
-            &self.stub.url(),
-            Duration::from_millis(self.read_timeout_ms + 2_000),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-        figures.print();
-        assert_eq!(
-            figures.double_payments, 0,
-            "{scenario}: a payout was paid twice"
-        );
-        assert_eq!(
-            findings.double_payments, 0,
-            "{scenario}: the rail statement holds a double payment"
-        );
-        assert_eq!(figures.lost, 0, "{scenario}: payouts did not settle");
-        assert!(
-            !findings.critical(),
-            "{scenario}: critical findings:\n{}",
-            findings.table()
-        );
-        let (ambiguous_total,): (i64,) =
-            sqlx::query_as("SELECT count(*) FROM payouts WHERE state = 'RAIL_AMBIGUOUS'")
-                .fetch_one(&pool)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            (findings.ambiguous_found_on_rail + findings.ambiguous_not_on_rail) as i64,
-            ambiguous_total,
-            "{scenario}: every RAIL_AMBIGUOUS payout is classified"
-        );
-        figures
+        check_invariants(&stack, scenario, batches, faults, fenced_out).await
     }
 }
 
-fn header() {
+/// How many fenced-out events an executor's log reports (its final table's line).
+pub(crate) fn fenced_out_in(text: &str) -> usize {
+    text.lines()
+        .find_map(|l| {
+            l.split(" fenced out")
+                .next()
+                .filter(|_| l.contains(" fenced out"))?
+                .rsplit(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// What the invariant checker reads: the payment resource, the rail stub's statement and paydb.
+pub(crate) struct CheckedStack {
+    pub(crate) payment_url: String,
+    pub(crate) stub_url: String,
+    pub(crate) paydb_url: String,
+    pub(crate) read_timeout_ms: u64,
+}
+
+/// The shared invariant checker: at most one transfer per payout on the rail statement, every
+/// payout terminal or RAIL_AMBIGUOUS, no critical reconciler finding (ledger = balance, …), every
+/// RAIL_AMBIGUOUS payout classified. Prints the figures row and asserts.
+pub(crate) async fn check_invariants(
+    stack: &CheckedStack,
+    scenario: &'static str,
+    batches: &[(&str, &str, usize)],
+    faults: usize,
+    fenced_out: usize,
+) -> Figures {
+    let payment = PaymentClient::new(&stack.payment_url, "chaos").unwrap_or_else(|e| panic!("{e}"));
+    let statement = read_statement(&stack.stub_url, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut on_rail: HashMap<String, usize> = HashMap::new();
+    for t in &statement.transfers {
+        *on_rail.entry(t.client_ref.clone()).or_default() += 1;
+    }
+    let mut figures = Figures {
+        scenario,
+        faults,
+        fenced_out,
+        ..Figures::default()
+    };
+    for (name, _, n) in batches {
+        for i in 0..*n {
+            let id = payout_id(name, &format!("item-{i:04}"));
+            figures.payouts += 1;
+            let payout = payment.get_payout(id).await;
+            match payout.map(|p| p.state) {
+                Ok(s) if s.is_terminal() || s == PayoutState::RailAmbiguous => {
+                    if s == PayoutState::RailAmbiguous {
+                        figures.ambiguous += 1;
+                    }
+                }
+                other => {
+                    figures.lost += 1;
+                    eprintln!("{scenario}: payout {id} not settled: {other:?}");
+                }
+            }
+            if on_rail.get(&id.to_string()).copied().unwrap_or(0) > 1 {
+                figures.double_payments += 1;
+            }
+        }
+    }
+    let pool = dlock_executor::reconcile::connect(&stack.paydb_url)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let findings = dlock_executor::reconcile::reconcile(
+        &pool,
+        &stack.stub_url,
+        Duration::from_millis(stack.read_timeout_ms + 2_000),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    figures.print();
+    assert_eq!(
+        figures.double_payments, 0,
+        "{scenario}: a payout was paid twice"
+    );
+    assert_eq!(
+        findings.double_payments, 0,
+        "{scenario}: the rail statement holds a double payment"
+    );
+    assert_eq!(figures.lost, 0, "{scenario}: payouts did not settle");
+    assert!(
+        !findings.critical(),
+        "{scenario}: critical findings:\n{}",
+        findings.table()
+    );
+    let (ambiguous_total,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM payouts WHERE state = 'RAIL_AMBIGUOUS'")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (findings.ambiguous_found_on_rail + findings.ambiguous_not_on_rail) as i64,
+        ambiguous_total,
+        "{scenario}: every RAIL_AMBIGUOUS payout is classified"
+    );
+    figures
+}
+
+pub(crate) fn header() {
     println!(
         "| scenario                           | payouts | faults | fenced out | ambiguous | double payments | lost payouts |"
     );

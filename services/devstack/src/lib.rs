@@ -6,8 +6,11 @@
 //! loopback ports. PostgreSQL refuses to run as root, so as root it runs as the `postgres` user
 //! through `setpriv`, which execs (no intermediate process that could outlive a kill).
 
+pub mod faultproxy;
+pub mod netfault;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -278,6 +281,8 @@ pub struct PgServer {
     pub port: u16,
     bin: PathBuf,
     dir: PathBuf,
+    /// Addresses it listens on besides 127.0.0.1 (a netfault veth, say).
+    extra_listen: Vec<IpAddr>,
     _temp: Option<tempfile::TempDir>,
     child: Option<ManagedChild>,
 }
@@ -285,6 +290,12 @@ pub struct PgServer {
 impl PgServer {
     /// Starts a server in `dir` (initialized from the template if empty) or in a temp dir.
     pub fn start(dir: Option<&Path>) -> Result<Self> {
+        Self::start_listening(dir, &[])
+    }
+
+    /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with
+    /// trust authentication for clients on their subnets (`samenet`).
+    pub fn start_listening(dir: Option<&Path>, extra: &[IpAddr]) -> Result<Self> {
         let bin = pg_bin_dir()?;
         let (temp, dir) = match dir {
             Some(dir) => (None, dir.to_path_buf()),
@@ -312,10 +323,19 @@ impl PgServer {
                 );
             }
         }
+        if !extra.is_empty() {
+            let hba = data.join("pg_hba.conf");
+            let text = std::fs::read_to_string(&hba).context("reading pg_hba.conf")?;
+            let line = "host all all samenet trust";
+            if !text.lines().any(|l| l.trim() == line) {
+                std::fs::write(&hba, format!("{text}\n{line}\n")).context("writing pg_hba.conf")?;
+            }
+        }
         let mut server = Self {
             port: free_port()?,
             bin,
             dir,
+            extra_listen: extra.to_vec(),
             _temp: temp,
             child: None,
         };
@@ -329,6 +349,11 @@ impl PgServer {
         std::fs::create_dir_all(&socket_dir)?;
         chown_for_postgres(&socket_dir)?;
         let (stdout, stderr) = log_stdio(Some(&self.dir.join("postgres.log")))?;
+        let listen = std::iter::once("127.0.0.1".to_owned())
+            .chain(self.extra_listen.iter().map(IpAddr::to_string))
+            .collect::<Vec<_>>()
+            .join(",");
+        let listen = format!("listen_addresses={listen}");
         let child = pg_command(&self.bin.join("postgres"))
             .arg("-D")
             .arg(&data)
@@ -336,7 +361,7 @@ impl PgServer {
             .arg(&socket_dir)
             .args([
                 "-c",
-                "listen_addresses=127.0.0.1",
+                listen.as_str(),
                 "-c",
                 "max_connections=300",
                 "-c",
@@ -466,6 +491,8 @@ impl Drop for PgServer {
 pub struct EtcdServer {
     pub client_port: u16,
     peer_port: u16,
+    /// Addresses its client port listens on besides 127.0.0.1.
+    extra_listen: Vec<IpAddr>,
     dir: PathBuf,
     _temp: Option<tempfile::TempDir>,
     child: Option<ManagedChild>,
@@ -479,6 +506,11 @@ fn etcd_bin() -> PathBuf {
 
 impl EtcdServer {
     pub fn start(dir: Option<&Path>) -> Result<Self> {
+        Self::start_listening(dir, &[])
+    }
+
+    /// Like [`EtcdServer::start`], the client port also listening on `extra` addresses.
+    pub fn start_listening(dir: Option<&Path>, extra: &[IpAddr]) -> Result<Self> {
         let (temp, dir) = match dir {
             Some(dir) => (None, dir.to_path_buf()),
             None => {
@@ -491,6 +523,7 @@ impl EtcdServer {
         let mut server = Self {
             client_port: free_port()?,
             peer_port: free_port()?,
+            extra_listen: extra.to_vec(),
             dir,
             _temp: temp,
             child: None,
@@ -500,7 +533,11 @@ impl EtcdServer {
     }
 
     fn launch(&mut self) -> Result<()> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = std::iter::once(IpAddr::from([127, 0, 0, 1]))
+            .chain(self.extra_listen.iter().copied())
+            .map(|ip| format!("http://{}", SocketAddr::new(ip, self.client_port)))
+            .collect::<Vec<_>>()
+            .join(",");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let (stdout, stderr) = log_stdio(Some(&self.dir.join("etcd.log")))?;
         let child = Command::new(etcd_bin())
