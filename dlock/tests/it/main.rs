@@ -1,5 +1,6 @@
 //! dlock's integration tests: real PostgreSQL, real etcd and real HTTP, started by the harness.
 
+mod auth;
 mod bad_input;
 mod chaos;
 mod conformance;
