@@ -176,3 +176,66 @@ mod tests {
         assert!(check_owner_id("o", "a\tb").is_err());
     }
 }
+
+/// Property tests: the parsers accept exactly the contract's spelling and never panic.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use axum::http::HeaderValue;
+    use proptest::prelude::*;
+
+    /// The contract's spelling of a token, as a reference model: a positive int64 in plain
+    /// ASCII decimal without sign or leading zero.
+    fn model(raw: &[u8]) -> Option<i64> {
+        let text = std::str::from_utf8(raw).ok()?;
+        let canonical =
+            !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && !text.starts_with('0');
+        let value: i64 = text.parse().ok()?;
+        (canonical && value > 0).then_some(value)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn every_positive_int64_round_trips(n in 1..=i64::MAX) {
+            prop_assert_eq!(parse_fencing_token(n.to_string().as_bytes()), Ok(n));
+        }
+
+        #[test]
+        fn arbitrary_bytes_parse_exactly_as_the_model_says(raw in proptest::collection::vec(any::<u8>(), 0..24)) {
+            prop_assert_eq!(parse_fencing_token(&raw).ok(), model(&raw));
+        }
+
+        #[test]
+        fn near_misses_of_a_token_are_refused(
+            n in 1..=i64::MAX,
+            decoration in prop_oneof![
+                Just("+{}"), Just("-{}"), Just("0{}"), Just(" {}"), Just("{} "),
+                Just("{}.0"), Just("{}e0"), Just("0x{}"), Just("{}0000000000000000000"),
+            ],
+        ) {
+            let text = decoration.replace("{}", &n.to_string());
+            prop_assert!(parse_fencing_token(text.as_bytes()).is_err(), "{} was accepted", text);
+        }
+
+        #[test]
+        fn owner_ids_are_accepted_iff_one_to_64_chars_without_controls(owner in "\\PC{0,70}|[\\x00-\\x7f]{0,70}") {
+            let chars = owner.chars().count();
+            let expected = (1..=OWNER_ID_LEN_MAX).contains(&chars) && !owner.chars().any(char::is_control);
+            prop_assert_eq!(check_owner_id("X-Owner-Id", &owner).is_ok(), expected);
+        }
+
+        #[test]
+        fn idempotency_keys_are_accepted_iff_1_to_128_visible_ascii(key in "[\\x20-\\x7e]{0,140}") {
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_str(&key) {
+                headers.insert(IDEMPOTENCY_KEY, value);
+                let expected = !key.is_empty()
+                    && key.len() <= IDEMPOTENCY_KEY_LEN_MAX
+                    && key.bytes().all(|b| b.is_ascii_graphic());
+                prop_assert_eq!(idempotency_key(&headers).ok(), expected.then(|| key.clone()));
+            }
+        }
+    }
+}

@@ -1133,4 +1133,33 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(a, payload_hash("r1", &json!({"a": 1})).unwrap_or_default());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// The idempotency fingerprint: the same route and body always give the same digest
+        /// (a replay is recognised), and any change to either gives another (a reused key
+        /// with a different body is IDEMPOTENCY_CONFLICT, never a wrong replay).
+        #[test]
+        fn the_fingerprint_is_stable_and_tells_any_change_apart(
+            route in "/v1/[a-z/{}]{1,30}",
+            other_route in "/v1/[a-z/{}]{1,30}",
+            amount in proptest::prelude::any::<i64>(),
+            other_amount in proptest::prelude::any::<i64>(),
+            reference in "\\PC{0,40}",
+        ) {
+            let body = json!({"amountMinor": amount, "reference": reference});
+            let same = payload_hash(&route, &body).unwrap_or_default();
+            proptest::prop_assert_eq!(same, payload_hash(&route, &body.clone()).unwrap_or_default());
+            let moved = json!({"amountMinor": other_amount, "reference": reference});
+            proptest::prop_assert_eq!(
+                amount == other_amount,
+                same == payload_hash(&route, &moved).unwrap_or_default()
+            );
+            proptest::prop_assert_eq!(
+                route == other_route,
+                same == payload_hash(&other_route, &body).unwrap_or_default()
+            );
+        }
+    }
 }
