@@ -44,6 +44,11 @@ enum Command {
     Revoke(jobs::RevokeArgs),
     /// Runs the Kubernetes operator (leader-elected controllers, /healthz, /metrics).
     Operator(dlock_operator::OperatorArgs),
+    /// Prints a service's OpenAPI document (the one it serves at GET /v1/openapi.json).
+    Openapi {
+        #[arg(value_enum)]
+        service: OpenapiService,
+    },
     /// Writes the CustomResourceDefinitions as `<dir>/<plural>.yaml`.
     Crdgen {
         /// The directory to write into.
@@ -75,6 +80,14 @@ enum Service {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OpenapiService {
+    LockServer,
+    PaymentResource,
+    RailProxy,
+    RailStub,
 }
 
 #[derive(Subcommand)]
@@ -158,6 +171,16 @@ fn main() -> std::process::ExitCode {
             Command::Resolve(args) => jobs::resolve(args).await,
             Command::Revoke(args) => jobs::revoke(args).await,
             Command::Operator(args) => dlock_operator::run(args).await,
+            Command::Openapi { service } => {
+                let doc = match service {
+                    OpenapiService::LockServer => dlock_lock_server::openapi::document(),
+                    OpenapiService::PaymentResource => dlock_payment_resource::openapi::document(),
+                    OpenapiService::RailProxy => dlock_rail_proxy::openapi::document(),
+                    OpenapiService::RailStub => dlock_rail_stub::openapi::document(),
+                };
+                print!("{}", dlock_contract::openapi::pretty(&doc));
+                Ok(())
+            }
             Command::Crdgen { out } => dlock_operator::crd::write_all(&out).map(|written| {
                 for path in written {
                     println!("{}", path.display());

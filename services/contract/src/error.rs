@@ -11,7 +11,7 @@ use serde_json::Value;
 /// situations the catalogue does not name but a JSON client still has to tell apart: an unknown
 /// route, a wrong method, a missing or wrong credential, a credential that could not be checked
 /// because the identity provider (Kubernetes TokenReview) did not answer, and a server fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     LockContended,
@@ -135,7 +135,7 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// One field at fault in a rejected request, listed under `details.fields[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// The JSON path of the field (`ttlMillis`, `payouts[3].amountMinor`), a header name
     /// (`X-Owner-Id`), a path parameter (`key`) or `body` for the body as a whole.
@@ -153,7 +153,7 @@ impl FieldError {
 }
 
 /// The envelope as it travels on the wire. Field order is the contract's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorBody {
     pub code: ErrorCode,

@@ -14,6 +14,7 @@ pub mod headers;
 pub mod http;
 pub mod json;
 pub mod lock;
+pub mod openapi;
 pub mod payment;
 pub mod payment_client;
 pub mod rail;

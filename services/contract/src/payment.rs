@@ -62,7 +62,7 @@ pub fn reference_is_valid(text: &str) -> bool {
 }
 
 /// The eight values of `payout.state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PayoutState {
     Pending,
@@ -119,14 +119,14 @@ impl std::fmt::Display for PayoutState {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Direction {
     Debit,
     Credit,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AccountKind {
     Customer,
@@ -134,7 +134,7 @@ pub enum AccountKind {
     Settlement,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAccountRequest {
     pub account_id: String,
@@ -142,7 +142,7 @@ pub struct CreateAccountRequest {
 }
 
 /// P5, and the answer of `POST /v1/accounts`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Account {
     pub account_id: String,
@@ -160,14 +160,14 @@ pub struct Account {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FundRequest {
     pub amount_minor: i64,
     pub reference: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LedgerEntry {
     pub entry_id: Uuid,
@@ -178,7 +178,7 @@ pub struct LedgerEntry {
     pub fence: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FundResponse {
     pub account_id: String,
@@ -187,7 +187,7 @@ pub struct FundResponse {
     pub balance_minor: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatePayoutRequest {
     pub payout_id: Uuid,
@@ -198,7 +198,7 @@ pub struct CreatePayoutRequest {
 }
 
 /// One attempt at the rail, as the rail proxy recorded it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionSummary {
     pub submission_id: Uuid,
@@ -218,7 +218,7 @@ pub struct SubmissionSummary {
 }
 
 /// P4 (advisory), and the answer of `POST /v1/payouts`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Payout {
     pub payout_id: Uuid,
@@ -242,7 +242,7 @@ pub struct Payout {
 }
 
 /// One item of P1.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutSummary {
     pub payout_id: Uuid,
@@ -255,7 +255,7 @@ pub struct PayoutSummary {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutPage {
     pub items: Vec<PayoutSummary>,
@@ -264,7 +264,7 @@ pub struct PayoutPage {
     pub next_cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimRequest {
     /// PENDING, or CLAIMED for a recovery re-claim by a newer holder.
@@ -272,7 +272,7 @@ pub struct ClaimRequest {
 }
 
 /// P2.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimResponse {
     pub payout_id: Uuid,
@@ -284,13 +284,13 @@ pub struct ClaimResponse {
     pub idempotency_key: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum RailOutcome {
     #[serde(rename = "ACKED")]
     Acked,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PostRequest {
     pub rail_reference: String,
@@ -299,7 +299,7 @@ pub struct PostRequest {
 }
 
 /// P3.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PostResponse {
     pub payout_id: Uuid,
@@ -311,7 +311,7 @@ pub struct PostResponse {
 }
 
 /// D-3: advance an account's fence to a revocation floor.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FenceRequest {
     pub floor: i64,
@@ -320,7 +320,7 @@ pub struct FenceRequest {
     pub revocation_id: Uuid,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceResponse {
     pub account_id: String,
@@ -330,7 +330,7 @@ pub struct FenceResponse {
     pub revocation_id: Uuid,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Resolution {
     Posted,
@@ -338,7 +338,7 @@ pub enum Resolution {
 }
 
 /// Out-of-band resolution of a RAIL_AMBIGUOUS payout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResolveRequest {
     pub outcome: Resolution,
@@ -348,7 +348,7 @@ pub struct ResolveRequest {
     pub evidence: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResolveResponse {
     pub payout_id: Uuid,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::client::{ClientError, http_client, send};
 use crate::headers;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubmissionRequest {
     pub payout_id: Uuid,
@@ -21,7 +21,7 @@ pub struct SubmissionRequest {
     pub beneficiary_ref: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionResponse {
     pub submission_id: Uuid,
@@ -35,7 +35,7 @@ pub struct SubmissionResponse {
     pub resolved_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HighWaterRequest {
     pub floor: i64,
@@ -45,7 +45,7 @@ pub struct HighWaterRequest {
     pub revocation_id: Option<Uuid>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HighWater {
     pub account_id: String,
@@ -55,7 +55,7 @@ pub struct HighWater {
 }
 
 /// One transfer on the rail's statement.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Transfer {
     pub client_ref: String,
@@ -66,7 +66,7 @@ pub struct Transfer {
     pub accepted_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Statement {
     pub transfers: Vec<Transfer>,
 }

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod openapi;
 pub mod routes;
 pub mod store;
 

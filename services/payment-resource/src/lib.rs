@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod openapi;
 pub mod routes;
 pub mod store;
 

@@ -66,6 +66,10 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route(
+            dlock_contract::openapi::PATH,
+            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
+        )
         .with_state(state.clone());
     let routes = state.config.auth.protect(routes);
     dlock_contract::http::finish(routes, limits)

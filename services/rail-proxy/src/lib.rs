@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -91,6 +92,10 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route(
+            dlock_contract::openapi::PATH,
+            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
+        )
         .with_state(state.clone());
     let routes = state.config.auth.protect(routes);
     dlock_contract::http::finish(routes, limits)

@@ -91,7 +91,7 @@ impl RailStubConfig {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubmitRequest {
     pub client_ref: String,
@@ -183,6 +183,10 @@ pub fn app(state: StubState) -> Router {
         .route("/statement", get(statement))
         .route("/healthz", get(healthz))
         .route("/readyz", get(healthz))
+        .route(
+            dlock_contract::openapi::PATH,
+            get(|| async { dlock_contract::openapi::response(&openapi::document()) }),
+        )
         .with_state(state.clone());
     let routes = state.config.auth.protect(routes);
     let limits = HttpLimits {
@@ -365,4 +369,55 @@ async fn statement(
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
+}
+
+/// The rail stub's OpenAPI document (C3 §3.6), served at `GET /v1/openapi.json`. Each operation
+/// documents the handler of the same name above.
+pub mod openapi {
+    #![allow(dead_code)]
+
+    use dlock_contract::error::ErrorBody;
+    use dlock_contract::rail::Statement;
+    use utoipa::OpenApi;
+
+    use super::SubmitRequest;
+
+    #[derive(OpenApi)]
+    #[openapi(
+        info(
+            title = "dlock rail stub",
+            description = "A hostile stand-in for the payment rail: slow, lossy, non-idempotent (C3 §3.6)."
+        ),
+        paths(submit, statement, healthz, readyz)
+    )]
+    pub struct ApiDoc;
+
+    /// The rail stub's document.
+    pub fn document() -> utoipa::openapi::OpenApi {
+        ApiDoc::openapi()
+    }
+
+    /// One transfer; every accepted call is a fresh transfer.
+    #[utoipa::path(post, path = "/submit", request_body = SubmitRequest, responses(
+        (status = 200, description = "accepted: railReference, acceptedAt", body = serde_json::Value),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 402, description = "declined (the rail's own body, not the envelope)", body = serde_json::Value),
+        (status = 502, description = "the rail failed (the rail's own body, not the envelope)", body = serde_json::Value),
+    ))]
+    fn submit() {}
+
+    /// The durable statement, optionally for one clientRef.
+    #[utoipa::path(get, path = "/statement", params(("clientRef" = Option<String>, Query)), responses(
+        (status = 200, body = Statement),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+    ))]
+    fn statement() {}
+
+    /// Process up.
+    #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
+    fn healthz() {}
+
+    /// Ready.
+    #[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value)))]
+    fn readyz() {}
 }

@@ -1,0 +1,160 @@
+//! The lock server's OpenAPI document (C3 §3.3), served at `GET /v1/openapi.json`. Each
+//! operation below documents the handler of the same name in `routes.rs`; the integration test
+//! `openapi` sends a request to every documented operation and checks the status is documented.
+
+#![allow(dead_code)]
+
+use dlock_contract::error::ErrorBody;
+use dlock_contract::lock::*;
+use dlock_contract::openapi::BearerAuth;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "dlock lock server", description = "Sessions, leases and fencing tokens (C3 §3.3)."),
+    paths(create_session, heartbeat, end_session, held_locks, acquire, renew, revoke, lock_info, release, healthz, readyz),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+/// L1: open a session.
+#[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest,
+    params(("X-Owner-Id" = Option<String>, Header, description = "owner id, ≤64 chars (or ownerId in the body)")),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 201, body = Session),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn create_session() {}
+
+/// L2: heartbeat a session.
+#[utoipa::path(post, path = "/v1/sessions/{sessionId}/heartbeat",
+    params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = Heartbeat),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn heartbeat() {}
+
+/// L3: end a session, releasing every lock it holds.
+#[utoipa::path(delete, path = "/v1/sessions/{sessionId}",
+    params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 204, description = "ended"),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn end_session() {}
+
+/// Every held lock (advisory).
+#[utoipa::path(get, path = "/v1/locks",
+    params(("limit" = Option<i64>, Query, description = "1 to 1000, default 500")),
+    responses(
+        (status = 200, body = HeldLocks),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn held_locks() {}
+
+/// L4: acquire a lock, optionally waiting in the key's FIFO queue.
+#[utoipa::path(post, path = "/v1/locks/{key}/acquire", request_body = AcquireRequest,
+    params(("key" = String, Path, description = "1–128 of [a-zA-Z0-9:._-]"), ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = LockGrant),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+        (status = 409, description = "LOCK_CONTENDED", body = ErrorBody),
+        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn acquire() {}
+
+/// L5: renew a grant; the token never changes.
+#[utoipa::path(post, path = "/v1/locks/{key}/renew", request_body = RenewRequest,
+    params(("key" = String, Path), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = LockGrant),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+        (status = 409, description = "LOCK_LOST", body = ErrorBody),
+        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn renew() {}
+
+/// L8: force-revoke a held lock (operator).
+#[utoipa::path(post, path = "/v1/locks/{key}/revoke", request_body = RevokeRequest,
+    params(("key" = String, Path), ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = Revocation),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: not held", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: expectedToken stale", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn revoke() {}
+
+/// L7: who holds a key (advisory only).
+#[utoipa::path(get, path = "/v1/locks/{key}",
+    params(("key" = String, Path)),
+    responses(
+        (status = 200, body = LockInfo),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: never locked", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn lock_info() {}
+
+/// L6: release a grant (compare-and-delete on key and token).
+#[utoipa::path(delete, path = "/v1/locks/{key}", request_body(content = Option<ReleaseRequest>, description = "or sessionId in the query"),
+    params(("key" = String, Path), ("sessionId" = Option<String>, Query), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 204, description = "released"),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 409, description = "LOCK_LOST", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn release() {}
+
+/// Process up.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
+fn healthz() {}
+
+/// The backend takes writes.
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, body = serde_json::Value),
+    (status = 503, description = "NOT_LEADER", body = ErrorBody),
+))]
+fn readyz() {}
+
+/// The lock server's document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}

@@ -1,0 +1,174 @@
+//! The payment resource's OpenAPI document (C3 §3.4), served at `GET /v1/openapi.json`. Each
+//! operation documents the handler of the same name in `routes.rs`; the integration test
+//! `openapi` sends a request to every documented operation and checks the status is documented.
+
+#![allow(dead_code)]
+
+use dlock_contract::error::ErrorBody;
+use dlock_contract::openapi::BearerAuth;
+use dlock_contract::payment::*;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings (C3 §3.4)."),
+    paths(create_account, get_account, fund, advance_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, healthz, readyz),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+/// The payment resource's document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// Opens an account.
+#[utoipa::path(post, path = "/v1/accounts", request_body = CreateAccountRequest,
+    params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 201, body = Account),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn create_account() {}
+
+/// P5: an account (advisory).
+#[utoipa::path(get, path = "/v1/accounts/{accountId}", params(("accountId" = String, Path)),
+    responses(
+        (status = 200, body = Account),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn get_account() {}
+
+/// Funds an account.
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/fund", request_body = FundRequest,
+    params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = FundResponse),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn fund() {}
+
+/// D-3: advances an account's fence to a revocation floor (operator).
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
+    params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = FenceResponse),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn advance_fence() {}
+
+/// Registers a payout.
+#[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
+    params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 201, body = Payout),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn create_payout() {}
+
+/// P1: lists payouts.
+#[utoipa::path(get, path = "/v1/payouts",
+    params(("state" = Option<PayoutState>, Query), ("accountId" = Option<String>, Query),
+           ("limit" = Option<i64>, Query, description = "1 to 500, default 100"), ("cursor" = Option<String>, Query)),
+    responses(
+        (status = 200, body = PayoutPage),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn list_payouts() {}
+
+/// P4: a payout (advisory).
+#[utoipa::path(get, path = "/v1/payouts/{payoutId}", params(("payoutId" = String, Path)),
+    responses(
+        (status = 200, body = Payout),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn get_payout() {}
+
+/// P2: a fenced claim.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", request_body = ClaimRequest,
+    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = ClaimResponse),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+        (status = 422, description = "INSUFFICIENT_FUNDS or IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn claim() {}
+
+/// P3: a fenced posting.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", request_body = PostRequest,
+    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = PostResponse),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn post_payout() {}
+
+/// Out-of-band resolution of a RAIL_AMBIGUOUS payout (operator).
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolve", request_body = ResolveRequest,
+    params(("payoutId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = ResolveResponse),
+        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn resolve() {}
+
+/// Process up.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
+fn healthz() {}
+
+/// paydb takes writes.
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, body = serde_json::Value),
+    (status = 503, description = "NOT_LEADER", body = ErrorBody),
+))]
+fn readyz() {}
