@@ -8,5 +8,6 @@ mod crash;
 mod exclusion;
 mod expiry;
 mod harness;
+mod netfault;
 mod payment;
 mod rail;
