@@ -189,6 +189,19 @@ impl Caller {
 
     /// `Ok` when the caller may run an operator-only operation (`what` names it in the error).
     pub fn require_operator(&self, what: &str) -> Result<(), ApiError> {
+        let verdict = self.operator_verdict(what);
+        if let Err(error) = &verdict {
+            tracing::warn!(
+                event = "operator_credential_refused",
+                code = error.code.as_str(),
+                operation = what,
+                "an operator-only operation was refused"
+            );
+        }
+        verdict
+    }
+
+    fn operator_verdict(&self, what: &str) -> Result<(), ApiError> {
         match self.operator {
             OperatorVerdict::Allowed => Ok(()),
             OperatorVerdict::Anonymous if self.presented => Err(ApiError::new(
@@ -218,6 +231,23 @@ impl Caller {
                 ),
             )),
         }
+    }
+}
+
+/// Handlers take the caller as an extractor; the middleware of [`Authenticator::protect`] put
+/// it there, so a missing one is a route wired without it.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+            ApiError::internal(
+                "the auth middleware did not run for this route; this is a bug in the server",
+            )
+        })
     }
 }
 
@@ -289,21 +319,6 @@ impl Authenticator {
                 review,
             }),
         })
-    }
-
-    /// No authentication at all; operator routes follow `without_auth`.
-    pub fn disabled(without_auth: OperatorWithoutAuth) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                mode: AuthMode::None,
-                operators: BTreeSet::from([DEFAULT_OPERATOR_IDENTITY.to_owned()]),
-                owner_binding: false,
-                legacy_operator: None,
-                without_auth,
-                tokens: None,
-                review: None,
-            }),
-        }
     }
 
     pub fn mode(&self) -> AuthMode {

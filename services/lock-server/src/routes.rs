@@ -88,19 +88,6 @@ pub fn app(state: AppState) -> Router {
     dlock_contract::http::finish(routes, limits)
 }
 
-/// Operator-only operations: the auth middleware has judged the caller.
-fn require_operator(
-    caller: Option<&dlock_contract::auth::Caller>,
-    what: &str,
-) -> Result<(), ApiError> {
-    match caller {
-        Some(caller) => caller.require_operator(what),
-        None => Err(ApiError::internal(
-            "the auth middleware did not run for this route; this is a bug in the server",
-        )),
-    }
-}
-
 /// Maps a store outcome to the contract's envelope.
 fn store_error(error: StoreError, key: Option<&str>) -> ApiError {
     match error {
@@ -581,12 +568,12 @@ async fn held_locks(
 
 async fn revoke(
     State(state): State<AppState>,
-    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
+    caller: dlock_contract::auth::Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     Json(body): Json<RevokeRequest>,
 ) -> Result<Json<Revocation>, ApiError> {
-    require_operator(caller.as_deref(), "L8 revoke")?;
+    caller.require_operator("L8 revoke")?;
     let mut checks = Checks::default();
     checks.take(path_key(&key));
     checks.take(headers::owner_id(&headers));

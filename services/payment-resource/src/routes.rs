@@ -176,28 +176,6 @@ fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<WriteHeader
     })
 }
 
-/// Fence advances and resolutions need an operator identity; the auth middleware has judged
-/// the caller (with `payment.operator.token` standing for the operator when `auth.mode` is none).
-fn authorize_operator(
-    caller: Option<&dlock_contract::auth::Caller>,
-    what: &str,
-) -> Result<(), ApiError> {
-    let verdict = match caller {
-        Some(caller) => caller.require_operator(what),
-        None => Err(ApiError::internal(
-            "the auth middleware did not run for this route; this is a bug in the server",
-        )),
-    };
-    if let Err(error) = &verdict {
-        tracing::warn!(
-            event = "operator_credential_refused",
-            code = error.code.as_str(),
-            "an operator action was refused"
-        );
-    }
-    verdict
-}
-
 // ---------------------------------------------------------------------------------------------
 // Idempotent execution
 // ---------------------------------------------------------------------------------------------
@@ -570,12 +548,12 @@ async fn fund_effect(
 
 async fn advance_fence(
     State(state): State<AppState>,
-    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
+    caller: dlock_contract::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<FenceRequest>,
 ) -> Result<Response, ApiError> {
-    authorize_operator(caller.as_deref(), "the fence advance")?;
+    caller.require_operator("the fence advance")?;
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     check_account_id(&mut checks, "accountId", &account_id);
@@ -1004,12 +982,12 @@ async fn post_effect(
 
 async fn resolve(
     State(state): State<AppState>,
-    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
+    caller: dlock_contract::auth::Caller,
     Path(payout_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<ResolveRequest>,
 ) -> Result<Response, ApiError> {
-    authorize_operator(caller.as_deref(), "resolution")?;
+    caller.require_operator("resolution")?;
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     let payout_id = path_payout(&mut checks, &payout_id);

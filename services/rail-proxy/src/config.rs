@@ -66,6 +66,7 @@ impl RailProxyConfig {
         let pg_url = required(raw, "rail.proxy.pg.url", "postgres://user@host:port/paydb")?;
         let rail_url = required(raw, "rail.proxy.rail-url", "http://rail-stub:7090")?;
         let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
+        let operator_token = raw.string_optional("rail.proxy.operator-token")?;
         let config = Self {
             listen,
             pg_url,
@@ -93,7 +94,6 @@ impl RailProxyConfig {
                 5_000,
                 50..=600_000,
             )? as u64),
-            operator_token: raw.string_optional("rail.proxy.operator-token")?,
             http: HttpLimits {
                 body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
                     as usize,
@@ -114,13 +114,13 @@ impl RailProxyConfig {
                 .string_optional("rail.proxy.rail-ca-file")?
                 .map(PathBuf::from),
             tls: TlsSettings::from_raw(raw)?,
-            auth: Authenticator::disabled(OperatorWithoutAuth::Refused),
+            auth: Authenticator::new(
+                &AuthSettings::from_raw(raw)?,
+                operator_token.as_deref(),
+                OperatorWithoutAuth::Refused,
+            )?,
+            operator_token,
         };
-        let auth = Authenticator::new(
-            &AuthSettings::from_raw(raw)?,
-            config.operator_token.as_deref(),
-            OperatorWithoutAuth::Refused,
-        )?;
-        Ok(Self { auth, ..config })
+        Ok(config)
     }
 }

@@ -469,25 +469,14 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
 
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
 
-/// High-water advances need an operator identity; the auth middleware has judged the caller
-/// (with `rail.proxy.operator-token` standing for the operator when `auth.mode` is none).
-fn require_operator(caller: Option<&dlock_contract::auth::Caller>) -> Result<(), ApiError> {
-    match caller {
-        Some(caller) => caller.require_operator("the high-water advance"),
-        None => Err(ApiError::internal(
-            "the auth middleware did not run for this route; this is a bug in the server",
-        )),
-    }
-}
-
 async fn advance_high_water(
     State(state): State<AppState>,
-    caller: Option<axum::Extension<dlock_contract::auth::Caller>>,
+    caller: dlock_contract::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<AdvanceRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_operator(caller.as_deref())?;
+    caller.require_operator("the high-water advance")?;
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
     let mut fields = Vec::new();
     if body.floor <= 0 {
