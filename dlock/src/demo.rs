@@ -14,7 +14,7 @@ use dlock_executor::{Endpoints, PayoutBatch, RunOptions};
 
 use crate::dev::{BackendArg, UpArgs, start_stack};
 
-const DEMO_BATCH: &str = include_str!("../../examples/demo-payoutbatch.yaml");
+const DEMO_BATCH: &str = include_str!("demo-payoutbatch.yaml");
 /// Accounts the demo batch pays from, and what each is funded with (minor units).
 const ACCOUNTS: usize = 40;
 const FUNDING_MINOR: i64 = 10_000_000;

@@ -26,6 +26,9 @@ pub(crate) struct UpLine {
     pub(crate) etcd: Option<String>,
     /// Every service runs with `auth.mode = "tokens"` on this file.
     pub(crate) tokens_file: String,
+    /// The lock server, payment resource and rail proxy prove fencing tokens with this file
+    /// (`fencing.proof-keys-file`, DESIGN D-8).
+    pub(crate) proof_keys_file: String,
     pub(crate) credentials: Credentials,
 }
 
@@ -115,6 +118,28 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
             operator: DEV_OPERATOR_TOKEN.to_owned(),
         },
     ))
+}
+
+/// Writes the stack's fencing-proof keys (`<key-id> <secret>`; the first line signs), readable
+/// by this user only. A fresh secret every start: proofs of an earlier run prove nothing.
+fn write_proof_keys(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("fencing-proof-keys");
+    let secret = format!("{}{}", random_token(), random_token());
+    std::fs::write(
+        &path,
+        format!(
+            "# written by `dlock dev up`: <key-id> <secret>, the first line signs
+dev {secret}
+"
+        ),
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("restricting {}", path.display()))?;
+    }
+    Ok(path)
 }
 
 pub(crate) struct Stack {
@@ -221,9 +246,15 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
             quoted(&tokens_file.display().to_string()),
         ),
     ];
+    let proof_keys_file = write_proof_keys(&dir)?;
+    let proofs = (
+        dlock_contract::proof::KEYS_FILE_KEY,
+        quoted(&proof_keys_file.display().to_string()),
+    );
     let lock_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let mut lock_config = vec![("server.listen", quoted(&lock_listen.to_string()))];
     lock_config.extend(auth.iter().cloned());
+    lock_config.push(proofs.clone());
     match &stack.etcd {
         Some(etcd) => {
             lock_config.push(("lock.backend", quoted("etcd")));
@@ -247,6 +278,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         ("payment.pg.url", quoted(&stack.pg.url("paydb"))),
     ];
     payment_config.extend(auth.iter().cloned());
+    payment_config.push(proofs.clone());
     let payment_resource =
         start_service("payment-resource", &dir, &payment_config, payment_listen)?;
     let payment_pid = payment_resource.pid();
@@ -289,6 +321,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         ),
     ];
     proxy_config.extend(auth.iter().cloned());
+    proxy_config.push(proofs);
     let rail_proxy = start_service("rail-proxy", &dir, &proxy_config, proxy_listen)?;
     let proxy_pid = rail_proxy.pid();
     stack.services.push(rail_proxy);
@@ -311,6 +344,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         lockdb: stack.pg.url("lockdb"),
         etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
         tokens_file: tokens_file.display().to_string(),
+        proof_keys_file: proof_keys_file.display().to_string(),
         credentials,
     };
     Ok((stack, line))

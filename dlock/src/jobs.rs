@@ -136,6 +136,53 @@ pub struct ReconcileArgs {
     /// An unresolved intent older than this is reported (the rail read timeout plus margin).
     #[arg(long, default_value_t = 10_000)]
     pub unresolved_budget_ms: u64,
+    /// Also write a compact JSON summary of the findings (at most 4096 bytes) to this file: in
+    /// Kubernetes `/dev/termination-log`, which the operator reads into the Reconciliation's
+    /// status. Off when unset.
+    #[arg(long, env = "DLOCK_TERMINATION_LOG")]
+    pub termination_log: Option<PathBuf>,
+}
+
+pub use dlock_contract::reconcile::{ReconcileSummary, TERMINATION_MESSAGE_MAX};
+
+/// The termination summary of `findings`, within [`TERMINATION_MESSAGE_MAX`] bytes as JSON.
+pub fn termination_summary(findings: &dlock_executor::reconcile::Findings) -> String {
+    use dlock_executor::reconcile::Severity;
+    let count = |s: Severity| findings.findings.iter().filter(|f| f.severity == s).count();
+    let mut ordered: Vec<_> = findings.findings.iter().collect();
+    ordered.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let lines: Vec<String> = ordered
+        .iter()
+        .map(|f| {
+            let severity = match f.severity {
+                Severity::Critical => "critical",
+                Severity::Warning => "warning",
+                Severity::Info => "info",
+            };
+            let line = format!("{severity} {} {}: {}", f.kind, f.subject, f.detail);
+            line.chars().take(240).collect()
+        })
+        .collect();
+    let mut summary = ReconcileSummary {
+        critical: count(Severity::Critical),
+        warning: count(Severity::Warning),
+        info: count(Severity::Info),
+        accounts_checked: findings.accounts_checked,
+        payouts_checked: findings.payouts_checked,
+        ambiguous_found_on_rail: findings.ambiguous_found_on_rail,
+        ambiguous_not_on_rail: findings.ambiguous_not_on_rail,
+        double_payments: findings.double_payments,
+        findings: lines,
+        omitted: 0,
+    };
+    loop {
+        let text = serde_json::to_string(&summary).unwrap_or_default();
+        if text.len() <= TERMINATION_MESSAGE_MAX || summary.findings.is_empty() {
+            return text;
+        }
+        summary.findings.pop();
+        summary.omitted += 1;
+    }
 }
 
 /// Exit status 2 when a finding is critical.
@@ -151,6 +198,10 @@ pub async fn reconcile(args: ReconcileArgs) -> Result<std::process::ExitCode> {
         println!("{}", serde_json::to_string_pretty(&findings)?);
     } else {
         print!("{}", findings.table());
+    }
+    if let Some(path) = &args.termination_log {
+        std::fs::write(path, termination_summary(&findings))
+            .with_context(|| format!("writing the summary to {}", path.display()))?;
     }
     Ok(if findings.critical() {
         std::process::ExitCode::from(2)
@@ -221,6 +272,16 @@ pub struct RevokeArgs {
     pub reason: String,
     #[arg(long)]
     pub operator: String,
+    /// Revoke only the grant with this fencing token (L8's expectedToken guard).
+    #[arg(long)]
+    pub expected_token: Option<i64>,
+    /// Resume an earlier revocation that did not reach every fence: its revocation id (printed by
+    /// that run). L8 is not called again; both fences get the recorded floor.
+    #[arg(long, requires = "floor")]
+    pub resume: Option<Uuid>,
+    /// The new token floor of the revocation given with --resume.
+    #[arg(long, requires = "resume")]
+    pub floor: Option<i64>,
     #[arg(long, env = "DLOCK_LOCK_SERVER")]
     pub lock_server: String,
     #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
@@ -234,29 +295,87 @@ pub struct RevokeArgs {
 }
 
 pub async fn revoke(args: RevokeArgs) -> Result<()> {
-    let lock = LockClient::new(&args.lock_server, &args.operator)?
-        .with_credential(Some(Credential::fixed(&args.operator_token)));
-    let payment = PaymentClient::new(&args.payment_resource, &args.operator)?
-        .as_operator(&args.operator_token);
-    let rail = RailClient::new(&args.rail_proxy, &args.operator, Duration::from_secs(8))?
-        .as_operator(&args.operator_token);
-    let json = args.json;
-    let report = dlock_executor::revoke::revoke(
-        &lock,
-        &payment,
-        &rail,
-        &args.key,
-        &args.operator,
-        &args.reason,
-        |step| {
-            if !json {
-                println!("{step}");
-            }
-        },
-    )
-    .await?;
-    if json {
+    use dlock_contract::revoke::{Outcome, Progress, RevokeClients, RevokeOrder};
+
+    let credential = Some(Credential::fixed(&args.operator_token));
+    let clients = RevokeClients {
+        lock: LockClient::new(&args.lock_server, &args.operator)?
+            .with_credential(credential.clone()),
+        payment: PaymentClient::new(&args.payment_resource, &args.operator)?
+            .with_credential(credential.clone()),
+        rail: RailClient::new(&args.rail_proxy, &args.operator, Duration::from_secs(8))?
+            .with_credential(credential),
+    };
+    let order = RevokeOrder::for_key(&args.key, &args.operator, &args.reason, args.expected_token)
+        .map_err(anyhow::Error::msg)?;
+    let resume = match (args.resume, args.floor) {
+        (Some(revocation_id), Some(new_token_floor)) => Some(Progress {
+            revocation_id,
+            new_token_floor,
+            revoked_token: None,
+            payment_fenced: false,
+            rail_fenced: false,
+        }),
+        _ => None,
+    };
+    let report = dlock_contract::revoke::run(&clients, &order, resume.as_ref()).await;
+    if args.json {
         println!("{}", serde_json::to_string(&report)?);
+    } else {
+        for line in report.lines() {
+            println!("{line}");
+        }
     }
-    Ok(())
+    match (report.outcome, &report.progress) {
+        (Outcome::Complete, _) => Ok(()),
+        (Outcome::Incomplete, Some(p)) => bail!(
+            "the revocation is not at every fence yet; finish it with --resume {} --floor {}",
+            p.revocation_id,
+            p.new_token_floor
+        ),
+        _ => bail!("the revocation did not complete: {}", report.summary()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_executor::reconcile::{Finding, Findings, Severity};
+
+    #[test]
+    fn the_termination_summary_fits_4096_bytes_most_severe_first() {
+        let finding = |severity, n: usize| Finding {
+            severity,
+            kind: "ambiguous_not_on_rail",
+            subject: format!("payout-{n}"),
+            detail: "x".repeat(300),
+        };
+        let mut findings = Findings {
+            payouts_checked: 500,
+            ambiguous_not_on_rail: 100,
+            ..Findings::default()
+        };
+        findings
+            .findings
+            .extend((0..100).map(|n| finding(Severity::Info, n)));
+        findings.findings.push(finding(Severity::Critical, 1000));
+        let text = termination_summary(&findings);
+        assert!(text.len() <= TERMINATION_MESSAGE_MAX, "{}", text.len());
+        let parsed: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(parsed["critical"], 1);
+        assert_eq!(parsed["info"], 100);
+        assert_eq!(parsed["payoutsChecked"], 500);
+        let lines = parsed["findings"].as_array().cloned().unwrap_or_default();
+        let first = lines.first().and_then(|l| l.as_str()).unwrap_or_default();
+        assert!(
+            first.starts_with("critical ambiguous_not_on_rail payout-1000: "),
+            "{first}"
+        );
+        let omitted = parsed["omitted"].as_u64().unwrap_or_default() as usize;
+        assert!(omitted > 0, "{text}");
+        assert_eq!(omitted + lines.len(), 101);
+        let empty = termination_summary(&Findings::default());
+        assert!(empty.contains("\"findings\":[]"), "{empty}");
+    }
 }

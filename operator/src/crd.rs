@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,28 @@ pub struct CloudSql {
     /// The proxy image; the operator's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+}
+
+/// How a service checks its callers (`auth.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AuthMode {
+    /// Projected service-account tokens (audience `dlock`), checked with TokenReview.
+    #[default]
+    #[serde(rename = "tokenreview")]
+    TokenReview,
+    /// No check: any pod that reaches the service may create, fund, claim, post, submit and
+    /// revoke. The operator raises `AuthenticationDisabled=True` and a Warning Event.
+    #[serde(rename = "none")]
+    None,
+}
+
+/// `spec.auth`: authentication is on unless turned off here, explicitly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAuth {
+    /// `tokenreview` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<AuthMode>,
 }
 
 /// One status condition (`Ready`, `Progressing`, `Degraded`).
@@ -115,6 +138,20 @@ pub struct LockServerSpec {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -165,7 +202,7 @@ pub struct EtcdBackend {
     kind = "PaymentResource",
     namespaced,
     status = "WorkloadStatus",
-    shortname = "pr",
+    shortname = "payres",
     category = "dlock",
     printcolumn(
         name = "Ready",
@@ -193,6 +230,20 @@ pub struct PaymentResourceSpec {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,6 +292,20 @@ pub struct RailProxySpec {
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
     /// Deploys the rail stub and points the proxy at it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stub: Option<RailStubSpec>,
@@ -258,6 +323,9 @@ pub struct RailStubSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub duplicate_ack_rate: Option<f64>,
+    /// Requests and limits of the stub's container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -286,7 +354,11 @@ pub struct PayoutBatchSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub workers: Option<i32>,
-    #[schemars(length(min = 1, max = 5000))]
+    /// At most 500, a limit that holds for any valid item: the largest item (three 128-character
+    /// strings and an int64) is about 475 bytes of JSON, so 500 of them stay under the 256 KiB
+    /// that client-side `kubectl apply` may keep in its last-applied annotation, and the
+    /// manifest ConfigMap stays far under its 1 MiB. Larger runs are several batches.
+    #[schemars(length(min = 1, max = 500))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
     pub payouts: Vec<PayoutItem>,
     /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
@@ -299,6 +371,37 @@ pub struct PayoutBatchSpec {
     pub rail_proxy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// How the executor authenticates to the services. Absent: a projected service-account
+    /// token of the `default` service account (audience `dlock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<ExecutorSpec>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+}
+
+/// The executor's credential. `dlock run -f` ignores this section.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.credentialSecret) || has(self.identity)").message("spec.executor.credentialSecret needs spec.executor.identity, the identity its token authenticates as"))]
+pub struct ExecutorSpec {
+    /// The identity the credential authenticates as; the workers' `X-Owner-Id` is
+    /// `<identity>/<batch>`. Without `credentialSecret` it is the service account's
+    /// (`system:serviceaccount:<namespace>:<serviceAccountName>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub identity: Option<String>,
+    /// A Secret key holding the bearer token (services with `auth.mode = "tokens"`). Absent: a
+    /// projected service-account token with audience `dlock` (`auth.mode = "tokenreview"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret: Option<SecretKeyRef>,
+    /// The executor pod's service account (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -360,7 +463,9 @@ pub struct PayoutBatchStatus {
     printcolumn(name = "Key", type_ = "string", json_path = ".spec.key"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.token"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt"),
+    // `type: date` renders an age, which kubectl prints as `<invalid>` for every future time:
+    // the expiry is shown as the RFC 3339 timestamp it is.
+    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -458,11 +563,20 @@ pub struct LockRevocationSpec {
     pub reason: String,
     #[schemars(length(min = 1, max = 128))]
     pub revoked_by: String,
-    /// Defaults to `lock-server`.
+    /// Revoke only the grant with this fencing token (L8's `expectedToken`); the lock server
+    /// refuses when another grant holds the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub expected_token: Option<i64>,
+    /// The LockServer; defaults to the only one in the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock_server: Option<String>,
+    /// The PaymentResource whose account fence is advanced; defaults to the only one in the
+    /// namespace (with none or several the revocation is refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_resource: Option<String>,
+    /// The RailProxy whose high-water mark is advanced; defaults to the only one in the
+    /// namespace (with none or several the revocation is refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_proxy: Option<String>,
 }
@@ -519,6 +633,12 @@ pub struct ReconciliationSpec {
     pub rail_proxy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -25,10 +25,12 @@ use crate::crd::{
     Lock, LockRevocation, LockServer, PaymentResource, PayoutBatch, RailProxy, Reconciliation,
 };
 use crate::metrics::Metrics;
-use crate::services::HttpServices;
+use crate::services::ContractServices;
 use crate::validate::Settings;
+use dlock_contract::auth::Credential;
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = AFTER_HELP)]
 pub struct OperatorArgs {
     /// Where `/healthz` and `/metrics` listen.
     #[arg(long, env = "DLOCK_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
@@ -49,18 +51,72 @@ pub struct OperatorArgs {
     /// This replica's identity in the election.
     #[arg(long, env = "POD_NAME", default_value = "dlock-operator")]
     pub identity: String,
-    /// Seconds a leader's lease lasts without renewal.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds a leader's lease lasts without renewal (the chart's
+    /// `leaderElection.durationSeconds`).
+    #[arg(long, env = "DLOCK_OPERATOR_LEASE_DURATION_S", default_value_t = 15)]
     pub lease_duration_s: u64,
-    /// The operator token for revocations (`Authorization: Bearer …`).
-    #[arg(long, env = "DLOCK_OPERATOR_TOKEN", hide_env_values = true)]
+    /// The operator's own service account (the chart's): the services' configuration names
+    /// `system:serviceaccount:<POD_NAMESPACE>:<this>` as their operator identity, the identity its
+    /// projected token authenticates as.
+    #[arg(
+        long,
+        env = "DLOCK_OPERATOR_SERVICE_ACCOUNT",
+        default_value = "dlock-operator"
+    )]
+    pub service_account: String,
+    /// The identity the operator's calls to the dlock services carry (`X-Owner-Id`, 1-64
+    /// characters).
+    #[arg(long, env = "DLOCK_OPERATOR_OWNER_ID", default_value = "operator")]
+    pub owner_id: String,
+    /// The operator credential (`Authorization: Bearer …`), fixed. Prefer --credential-file.
+    #[arg(
+        long,
+        env = "DLOCK_OPERATOR_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "credential_file"
+    )]
     pub operator_token: Option<String>,
+    /// A file holding the operator credential (a mounted Secret key or a projected
+    /// service-account token); re-read every 30 s, so a rotated token is picked up.
+    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
+    pub credential_file: Option<std::path::PathBuf>,
+}
+
+/// `--help`'s closing words.
+pub const AFTER_HELP: &str = "Outside the cluster, DLOCK_SERVICE_ADDRESSES maps the services' \
+in-cluster addresses to reachable ones, like curl --resolve: a comma-separated list of \
+host:port=host:port, e.g. lock-server.ns1.svc:8080=127.0.0.1:40123. Every service URL whose \
+host:port matches an entry exactly is rewritten; a malformed entry stops the operator at start.";
+
+impl OperatorArgs {
+    /// The credential: the file when given (it rotates), else the fixed token, else none.
+    pub fn credential(&self) -> anyhow::Result<Option<Credential>> {
+        if let Some(path) = &self.credential_file {
+            return Credential::from_file(path)
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("--credential-file (DLOCK_CREDENTIAL_FILE): {e}"));
+        }
+        Ok(self
+            .operator_token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(Credential::fixed))
+    }
+
+    /// The services' clients, or why the operator must not start (a malformed address map, an
+    /// unreadable credential file, an owner id the contract refuses).
+    pub fn services(&self) -> anyhow::Result<ContractServices> {
+        ContractServices::new(&self.owner_id, self.credential()?)
+    }
 }
 
 /// The label every object the operator builds carries; the owned-object watches select on it.
 const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=dlock-operator";
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    // Before anything else: a malformed address map or credential must stop the start.
+    let services = Arc::new(args.services()?);
     let client = Client::try_default()
         .await
         .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
@@ -110,9 +166,14 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 
     let ctx = Arc::new(Context::new(
         client.clone(),
-        Arc::new(HttpServices::new(args.operator_token.clone())?),
+        services,
         Settings {
             image: args.image.clone(),
+            operator_namespace: args.lease_namespace.clone(),
+            operator_identity: crate::validate::service_account_identity(
+                &args.lease_namespace,
+                &args.service_account,
+            ),
         },
         metrics.clone(),
         controller::system_clock(),
@@ -311,4 +372,41 @@ async fn serve_http(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    #[test]
+    fn the_owner_id_defaults_to_operator_and_the_credential_may_come_from_a_file() {
+        let cli = Cli::parse_from(["dlock-operator"]);
+        assert_eq!(cli.args.owner_id, "operator");
+        let path =
+            std::env::temp_dir().join(format!("dlock-operator-token-{}", std::process::id()));
+        std::fs::write(&path, "s3cret-operator-token\n").unwrap_or_else(|e| panic!("{e}"));
+        let cli = Cli::parse_from([
+            "dlock-operator",
+            "--owner-id",
+            "ops-1",
+            "--credential-file",
+            path.to_str().unwrap_or_default(),
+        ]);
+        let credential = cli.args.credential().ok().flatten().map(|c| c.token());
+        assert_eq!(credential.as_deref(), Some("s3cret-operator-token"));
+        assert!(cli.args.services().is_ok());
+        let _ = std::fs::remove_file(&path);
+        let cli = Cli::parse_from(["dlock-operator", "--credential-file", "/nonexistent/x"]);
+        assert!(cli.args.credential().is_err());
+        let cli = Cli::parse_from(["dlock-operator", "--owner-id", &"o".repeat(65)]);
+        assert!(cli.args.services().is_err());
+    }
 }

@@ -1,12 +1,25 @@
-//! The dlock services' HTTP calls the operator makes, behind a small trait so that controller
-//! tests use a fake.
+//! The dlock services' calls the operator makes, behind a small trait so that controller tests use
+//! a fake. The real implementation is the contract's clients ([`ContractServices`]): the same
+//! headers (`X-Owner-Id`, `X-Idempotency-Key`, `traceparent`), credential and timeouts as
+//! `dlock run` and `dlock revoke`, and the address map of `DLOCK_SERVICE_ADDRESSES`.
+//!
+//! Lock keys and account ids reach a URL only after the contract's alphabet check
+//! (`[a-zA-Z0-9:._-]`, all valid path characters): [`dlock_contract::revoke::run`] checks revoke
+//! orders, held keys come from the lock server, payout ids are UUIDs.
 
 use std::time::Duration;
 
+use dlock_contract::auth::Credential;
+use dlock_contract::client::{ClientError, LockClient};
+use dlock_contract::lock::{Revocation, RevokeRequest};
+use dlock_contract::payment::{FenceRequest, FenceResponse};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::rail::{HighWater, HighWaterRequest, RailClient};
+use dlock_contract::revoke::{RevokeSteps, StepFuture};
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 
 use crate::build::lock::HeldLock;
+use crate::validate::RevocationTarget;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ServiceError {
@@ -25,37 +38,39 @@ pub enum ServiceError {
     },
 }
 
-/// `POST /v1/locks/{key}/revoke` on the lock server (L8).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RevokeRequest {
-    pub operator: String,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Revocation {
-    pub key: String,
-    pub revoked_token: i64,
-    pub revoked_owner_id: String,
-    pub new_token_floor: i64,
-    pub revocation_id: String,
-}
-
-/// The body of both fence advances (D-3): the payment resource's account fence and the rail
-/// proxy's high-water mark.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FenceRequest {
-    pub floor: i64,
-    pub operator: String,
-    pub reason: String,
-    pub revocation_id: String,
+impl ServiceError {
+    /// A contract client's error, classified as [`dlock_contract::revoke::classify`] does.
+    pub fn from_client(service: &'static str, error: &ClientError) -> Self {
+        match (error, dlock_contract::revoke::classify(error)) {
+            (ClientError::Api { status, body }, dlock_contract::revoke::Failure::Refused) => {
+                ServiceError::Refused {
+                    service,
+                    status: *status,
+                    body: format!("{}: {}", body.code, body.message),
+                }
+            }
+            _ => ServiceError::Unavailable {
+                service,
+                message: error.to_string(),
+            },
+        }
+    }
 }
 
 /// A payout's state in paydb (`GET /v1/payouts/{id}`); `None` when it is not registered yet.
 pub type PayoutState = Option<String>;
+
+/// One answer of the held-locks list (`GET /v1/locks`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeldList {
+    pub items: Vec<HeldLock>,
+    /// The lock server holds more than it listed: the mirror must not treat an unlisted key as
+    /// released.
+    pub truncated: bool,
+}
+
+/// The most held locks one list asks for (the lock server's maximum).
+pub const HELD_LIST_LIMIT: u32 = 1_000;
 
 pub trait Services: Send + Sync {
     /// The states of the given payouts, in order.
@@ -67,128 +82,141 @@ pub trait Services: Send + Sync {
     fn held_locks<'a>(
         &'a self,
         lock_server_url: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<HeldLock>, ServiceError>>;
+    ) -> BoxFuture<'a, Result<HeldList, ServiceError>>;
+    /// L8.
     fn revoke_lock<'a>(
         &'a self,
         lock_server_url: &'a str,
         key: &'a str,
         request: &'a RevokeRequest,
-    ) -> BoxFuture<'a, Result<Revocation, ServiceError>>;
+    ) -> StepFuture<'a, Revocation>;
+    /// The payment resource's account fence (D-3).
     fn fence_account<'a>(
         &'a self,
         payment_resource_url: &'a str,
         account_id: &'a str,
+        idempotency_key: &'a str,
         request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>>;
+    ) -> StepFuture<'a, FenceResponse>;
+    /// The rail proxy's high-water mark (D-3).
     fn raise_high_water<'a>(
         &'a self,
         rail_proxy_url: &'a str,
         account_id: &'a str,
+        request: &'a HighWaterRequest,
+    ) -> StepFuture<'a, HighWater>;
+}
+
+/// The revocation flow's steps against one target's services.
+pub struct TargetSteps<'a> {
+    pub services: &'a dyn Services,
+    pub target: &'a RevocationTarget,
+}
+
+impl RevokeSteps for TargetSteps<'_> {
+    fn revoke_lock<'a>(
+        &'a self,
+        key: &'a str,
+        request: &'a RevokeRequest,
+    ) -> StepFuture<'a, Revocation> {
+        self.services
+            .revoke_lock(&self.target.lock_server_url, key, request)
+    }
+
+    fn advance_fence<'a>(
+        &'a self,
+        account_id: &'a str,
+        idempotency_key: &'a str,
         request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>>;
+    ) -> StepFuture<'a, FenceResponse> {
+        self.services.fence_account(
+            &self.target.payment_resource_url,
+            account_id,
+            idempotency_key,
+            request,
+        )
+    }
+
+    fn advance_high_water<'a>(
+        &'a self,
+        account_id: &'a str,
+        request: &'a HighWaterRequest,
+    ) -> StepFuture<'a, HighWater> {
+        self.services
+            .raise_high_water(&self.target.rail_proxy_url, account_id, request)
+    }
 }
 
-/// The real calls, with the operator token as `Authorization: Bearer …`.
-pub struct HttpServices {
+/// The real calls: the contract's clients with the operator's owner id and credential.
+pub struct ContractServices {
     http: reqwest::Client,
-    operator_token: Option<String>,
+    owner_id: String,
+    credential: Option<Credential>,
 }
 
-/// Every call's budget: the operator never waits on a service longer than this.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The rail proxy's read timeout the high-water client assumes (only submits use it).
+const RAIL_READ_TIMEOUT: Duration = Duration::from_secs(8);
 
-impl HttpServices {
-    pub fn new(operator_token: Option<String>) -> anyhow::Result<Self> {
+impl ContractServices {
+    /// Fails on a malformed `DLOCK_SERVICE_ADDRESSES` or TLS set-up, so the operator refuses to
+    /// start instead of failing every call.
+    pub fn new(owner_id: &str, credential: Option<Credential>) -> anyhow::Result<Self> {
         // HTTPS to the services needs the process's TLS provider (ring, as kube uses).
         dlock_contract::tls::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .build()?;
+        dlock_contract::address_map::from_env()?;
+        let header = http::HeaderValue::from_str(owner_id);
+        if dlock_contract::headers::check_owner_id("ownerId", owner_id).is_err() || header.is_err()
+        {
+            anyhow::bail!(
+                "the operator's owner id {owner_id:?} is not a valid X-Owner-Id (1-64 characters)"
+            );
+        }
         Ok(Self {
-            http,
-            operator_token,
+            http: dlock_contract::client::http_client()?,
+            owner_id: owner_id.to_owned(),
+            credential,
         })
     }
 
-    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
-        let builder = self.http.request(method, url);
-        match &self.operator_token {
-            Some(token) => builder.bearer_auth(token),
-            None => builder,
-        }
+    fn lock(&self, url: &str) -> LockClient {
+        LockClient::with_http(url, &self.owner_id, self.http.clone())
+            .with_credential(self.credential.clone())
     }
 
-    async fn send<T: serde::de::DeserializeOwned>(
-        service: &'static str,
-        builder: reqwest::RequestBuilder,
-    ) -> Result<T, ServiceError> {
-        let unavailable = |e: reqwest::Error| ServiceError::Unavailable {
-            service,
-            message: e.to_string(),
-        };
-        let response = builder.send().await.map_err(unavailable)?;
-        let status = response.status();
-        if status.is_success() {
-            return response.json::<T>().await.map_err(unavailable);
-        }
-        let body = response.text().await.unwrap_or_default();
-        if status.is_client_error() {
-            Err(ServiceError::Refused {
-                service,
-                status: status.as_u16(),
-                body,
-            })
-        } else {
-            Err(ServiceError::Unavailable {
-                service,
-                message: format!("HTTP {status}: {body}"),
-            })
-        }
+    fn payment(&self, url: &str) -> PaymentClient {
+        PaymentClient::with_http(url, &self.owner_id, self.http.clone())
+            .with_credential(self.credential.clone())
+    }
+
+    fn rail(&self, url: &str) -> Result<RailClient, ClientError> {
+        Ok(
+            RailClient::with_http(url, &self.owner_id, RAIL_READ_TIMEOUT, self.http.clone())?
+                .with_credential(self.credential.clone()),
+        )
     }
 }
 
-#[derive(Deserialize)]
-struct HeldLocks {
-    items: Vec<HeldLock>,
-}
-
-/// A path segment, percent-encoded (lock keys may hold `/` or `:`).
-fn segment(value: &str) -> String {
-    let mut out = String::new();
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-#[derive(Deserialize)]
-struct PayoutView {
-    state: String,
-}
-
-impl Services for HttpServices {
+impl Services for ContractServices {
     fn payout_states<'a>(
         &'a self,
         payment_resource_url: &'a str,
         payout_ids: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<PayoutState>, ServiceError>> {
         Box::pin(async move {
+            let client = self.payment(payment_resource_url);
             let mut states = Vec::with_capacity(payout_ids.len());
             for id in payout_ids {
-                let url = format!("{payment_resource_url}/v1/payouts/{}", segment(id));
-                match Self::send::<PayoutView>(
-                    "payment-resource",
-                    self.request(reqwest::Method::GET, url),
-                )
-                .await
-                {
-                    Ok(view) => states.push(Some(view.state)),
-                    Err(ServiceError::Refused { status: 404, .. }) => states.push(None),
-                    Err(error) => return Err(error),
+                // A payout id is a UUID (the executor's uuid5); anything else is not registered.
+                let Ok(uuid) = serde_json::from_value(serde_json::Value::String(id.clone())) else {
+                    states.push(None);
+                    continue;
+                };
+                match client.get_payout(uuid).await {
+                    Ok(payout) => states.push(Some(payout.state.as_str().to_owned())),
+                    Err(ClientError::Api { status: 404, .. }) => states.push(None),
+                    Err(error) => {
+                        return Err(ServiceError::from_client("payment-resource", &error));
+                    }
                 }
             }
             Ok(states)
@@ -198,12 +226,30 @@ impl Services for HttpServices {
     fn held_locks<'a>(
         &'a self,
         lock_server_url: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<HeldLock>, ServiceError>> {
+    ) -> BoxFuture<'a, Result<HeldList, ServiceError>> {
         Box::pin(async move {
-            let url = format!("{lock_server_url}/v1/locks");
-            let held: HeldLocks =
-                Self::send("lock-server", self.request(reqwest::Method::GET, url)).await?;
-            Ok(held.items)
+            let held = self
+                .lock(lock_server_url)
+                .held(Some(HELD_LIST_LIMIT))
+                .await
+                .map_err(|e| ServiceError::from_client("lock-server", &e))?;
+            let rfc3339 = |t: chrono::DateTime<chrono::Utc>| {
+                t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            };
+            Ok(HeldList {
+                items: held
+                    .items
+                    .into_iter()
+                    .map(|g| HeldLock {
+                        key: g.key,
+                        owner_id: g.owner_id,
+                        fencing_token: g.fencing_token,
+                        acquired_at: rfc3339(g.acquired_at),
+                        expires_at: rfc3339(g.expires_at),
+                    })
+                    .collect(),
+                truncated: held.truncated,
+            })
         })
     }
 
@@ -212,14 +258,16 @@ impl Services for HttpServices {
         lock_server_url: &'a str,
         key: &'a str,
         request: &'a RevokeRequest,
-    ) -> BoxFuture<'a, Result<Revocation, ServiceError>> {
+    ) -> StepFuture<'a, Revocation> {
         Box::pin(async move {
-            let url = format!("{lock_server_url}/v1/locks/{}/revoke", segment(key));
-            Self::send(
-                "lock-server",
-                self.request(reqwest::Method::POST, url).json(request),
-            )
-            .await
+            self.lock(lock_server_url)
+                .revoke(
+                    key,
+                    &request.operator,
+                    &request.reason,
+                    request.expected_token,
+                )
+                .await
         })
     }
 
@@ -227,19 +275,13 @@ impl Services for HttpServices {
         &'a self,
         payment_resource_url: &'a str,
         account_id: &'a str,
+        idempotency_key: &'a str,
         request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+    ) -> StepFuture<'a, FenceResponse> {
         Box::pin(async move {
-            let url = format!(
-                "{payment_resource_url}/v1/accounts/{}/fence",
-                segment(account_id)
-            );
-            Self::send::<serde_json::Value>(
-                "payment-resource",
-                self.request(reqwest::Method::POST, url).json(request),
-            )
-            .await
-            .map(|_| ())
+            self.payment(payment_resource_url)
+                .advance_fence(account_id, idempotency_key, request)
+                .await
         })
     }
 
@@ -247,27 +289,12 @@ impl Services for HttpServices {
         &'a self,
         rail_proxy_url: &'a str,
         account_id: &'a str,
-        request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+        request: &'a HighWaterRequest,
+    ) -> StepFuture<'a, HighWater> {
         Box::pin(async move {
-            let url = format!(
-                "{rail_proxy_url}/v1/rail/high-water/{}",
-                segment(account_id)
-            );
-            Self::send::<serde_json::Value>(
-                "rail-proxy",
-                self.request(reqwest::Method::POST, url).json(request),
-            )
-            .await
-            .map(|_| ())
+            self.rail(rail_proxy_url)?
+                .advance_high_water(account_id, request)
+                .await
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn lock_keys_are_percent_encoded_as_one_path_segment() {
-        assert_eq!(super::segment("payout:acct-17/x"), "payout%3Aacct-17%2Fx");
     }
 }

@@ -5,14 +5,17 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-use crate::build::job::ValidatedBatch;
+use crate::build::job::{
+    ExecutorCredential, TOKEN_AUDIENCE, TokenSource, ValidatedBatch, executor_owner_id,
+};
 use crate::crd::{
-    BackendType, CloudSql, LockRevocation, LockServer, PaymentResource, PayoutBatch, RailProxy,
+    AuthMode, BackendType, CloudSql, LockRevocation, LockServer, PaymentResource, PayoutBatch,
+    RailProxy, ServiceAuth,
 };
 use crate::workload::{
-    CLOUD_SQL_PROXY_IMAGE, Component, PORT, SecretEnv,
-    TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT, ValidCloudSql,
-    Workload, service_url, toml_string,
+    CLOUD_SQL_PROXY_IMAGE, Component, FENCING_PROOF_KEYS_DIR, PORT, PodSettings, SERVICE_ACCOUNT,
+    SecretEnv, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT,
+    ValidCloudSql, Workload, service_resources, service_url, small_resources, toml_string,
 };
 
 /// The rail proxy's read timeout when the spec names none (the service's own default).
@@ -25,6 +28,44 @@ pub const WORKERS_DEFAULT: i32 = 4;
 pub struct Settings {
     /// The `dlock` image every pod runs when the spec names none.
     pub image: String,
+    /// The operator's own identity at the services (`system:serviceaccount:<ns>:<sa>`), written
+    /// into their `auth.operator-identities` so its revocations are allowed.
+    pub operator_identity: String,
+    /// The operator's own namespace: the services' NetworkPolicies let its pods in.
+    pub operator_namespace: String,
+}
+
+/// The identity a service account's projected token authenticates as under TokenReview.
+pub fn service_account_identity(namespace: &str, service_account: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{service_account}")
+}
+
+/// The `auth.*` lines of a service's configuration: TokenReview with the audience `dlock` (the
+/// executor's and the operator's projected tokens), and the operator as the only operator
+/// identity.
+///
+/// `spec.auth.mode: none` writes `auth.mode = "none"` and nothing else.
+pub fn auth_lines(settings: &Settings, auth: AuthMode) -> Vec<(&'static str, String)> {
+    if auth == AuthMode::None {
+        return vec![("auth.mode", toml_string("none"))];
+    }
+    let list = |items: &[&str]| {
+        toml::Value::Array(
+            items
+                .iter()
+                .map(|i| toml::Value::String((*i).to_owned()))
+                .collect(),
+        )
+        .to_string()
+    };
+    vec![
+        ("auth.mode", toml_string("tokenreview")),
+        ("auth.tokenreview.audiences", list(&[TOKEN_AUDIENCE])),
+        (
+            "auth.operator-identities",
+            list(&[settings.operator_identity.as_str()]),
+        ),
+    ]
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -63,6 +104,54 @@ fn cloud_sql(spec: Option<&CloudSql>) -> Option<ValidCloudSql> {
             .clone()
             .unwrap_or_else(|| CLOUD_SQL_PROXY_IMAGE.to_owned()),
     })
+}
+
+fn auth_mode(spec: Option<&ServiceAuth>) -> AuthMode {
+    spec.and_then(|a| a.mode).unwrap_or_default()
+}
+
+/// The pod's service account: the namespace's `dlock-service` when it calls TokenReview.
+fn service_account(auth: AuthMode) -> Option<String> {
+    (auth == AuthMode::TokenReview).then(|| SERVICE_ACCOUNT.to_owned())
+}
+
+/// Lines of a service's TOML configuration: key, TOML value.
+type ConfigLines = Vec<(&'static str, String)>;
+
+/// `fencing.proof-keys-file` and the Secret to mount for `spec.fencingProofKeysSecret`.
+fn fencing_proof_keys(
+    spec: Option<&crate::crd::SecretKeyRef>,
+) -> Result<(ConfigLines, Option<String>), Invalid> {
+    let Some(secret) = spec else {
+        return Ok((Vec::new(), None));
+    };
+    let valid_name = |v: &str, max: usize| {
+        !v.is_empty()
+            && v.len() <= max
+            && v != "."
+            && v != ".."
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    if !valid_name(&secret.name, 253) {
+        return Err(invalid(
+            "spec.fencingProofKeysSecret.name",
+            "must be a Secret name",
+        ));
+    }
+    if !valid_name(&secret.key, 253) {
+        return Err(invalid(
+            "spec.fencingProofKeysSecret.key",
+            "must be a Secret key (1 to 253 of [-._a-zA-Z0-9], not . or ..)",
+        ));
+    }
+    Ok((
+        vec![(
+            "fencing.proof-keys-file",
+            toml_string(&format!("{FENCING_PROOF_KEYS_DIR}/{}", secret.key)),
+        )],
+        Some(secret.name.clone()),
+    ))
 }
 
 fn replicas(spec: Option<i32>) -> Result<i32, Invalid> {
@@ -141,6 +230,11 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
             etcd_tls_secret = etcd.tls_secret.clone();
         }
     }
+    let auth = auth_mode(spec.auth.as_ref());
+    lines.extend(auth_lines(settings, auth));
+    let (proof_lines, fencing_proof_keys_secret) =
+        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
+    lines.extend(proof_lines);
     Ok(Workload {
         namespace: namespace_of(object)?,
         component: Component::LockServer,
@@ -153,6 +247,14 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret,
+        service_account: service_account(auth),
+        auth_disabled: auth == AuthMode::None,
+        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
         owner: owner_of(object)?,
         name,
     })
@@ -164,6 +266,9 @@ pub fn payment_resource(
 ) -> Result<Workload, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();
+    let auth = auth_mode(spec.auth.as_ref());
+    let (proof_lines, fencing_proof_keys_secret) =
+        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
     let mut secret_env = vec![SecretEnv {
         name: "DLOCK_PAYMENT_PG_URL".to_owned(),
         secret: spec.database_url_secret.clone(),
@@ -180,12 +285,27 @@ pub fn payment_resource(
         instance: name.clone(),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         replicas: replicas(spec.replicas)?,
-        config_toml: config(&[("server.listen", listen())]),
+        config_toml: config(
+            &[
+                vec![("server.listen", listen())],
+                auth_lines(settings, auth),
+                proof_lines,
+            ]
+            .concat(),
+        ),
         secret_env,
         termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret: None,
+        service_account: service_account(auth),
+        auth_disabled: auth == AuthMode::None,
+        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
         owner: owner_of(object)?,
         name,
     })
@@ -219,6 +339,9 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
     if !(100..=120_000).contains(&read_timeout_ms) {
         return Err(invalid("spec.readTimeoutMs", "must be 100 to 120000"));
     }
+    let auth = auth_mode(spec.auth.as_ref());
+    let (proof_lines, fencing_proof_keys_secret) =
+        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
     let mut secret_env = vec![SecretEnv {
         name: "DLOCK_RAIL_PROXY_PG_URL".to_owned(),
         secret: spec.database_url_secret.clone(),
@@ -239,16 +362,31 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         instance: name.clone(),
         image: image.clone(),
         replicas: replicas(spec.replicas)?,
-        config_toml: config(&[
-            ("server.listen", listen()),
-            ("rail.proxy.rail-url", toml_string(&rail_url)),
-            ("rail.proxy.read-timeout-ms", read_timeout_ms.to_string()),
-        ]),
+        config_toml: config(
+            &[
+                vec![
+                    ("server.listen", listen()),
+                    ("rail.proxy.rail-url", toml_string(&rail_url)),
+                    ("rail.proxy.read-timeout-ms", read_timeout_ms.to_string()),
+                ],
+                auth_lines(settings, auth),
+                proof_lines,
+            ]
+            .concat(),
+        ),
         secret_env,
         termination_grace_period_seconds: grace,
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret: None,
+        service_account: service_account(auth),
+        auth_disabled: auth == AuthMode::None,
+        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
         owner: owner.clone(),
     };
     let stub = spec.stub.as_ref().map(|stub| Workload {
@@ -283,9 +421,82 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         cloud_sql: None,
         data_volume: true,
         etcd_tls_secret: None,
+        service_account: None,
+        auth_disabled: false,
+        fencing_proof_keys_secret: None,
+        pod: PodSettings::from_spec(
+            stub.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            small_resources(),
+        ),
         owner,
     });
     Ok(ValidatedRail { proxy, stub })
+}
+
+/// The service account of executor pods when `spec.executor.serviceAccountName` is absent.
+pub const EXECUTOR_SERVICE_ACCOUNT_DEFAULT: &str = "default";
+
+/// The executor's identity, owner id and token source (`spec.executor`).
+pub fn executor_credential(
+    spec: Option<&crate::crd::ExecutorSpec>,
+    namespace: &str,
+    batch: &str,
+) -> Result<ExecutorCredential, Invalid> {
+    let default = crate::crd::ExecutorSpec::default();
+    let spec = spec.unwrap_or(&default);
+    let service_account_name = spec
+        .service_account_name
+        .clone()
+        .unwrap_or_else(|| EXECUTOR_SERVICE_ACCOUNT_DEFAULT.to_owned());
+    let service_account_identity = service_account_identity(namespace, &service_account_name);
+    let given = spec
+        .identity
+        .as_deref()
+        .map(str::trim)
+        .filter(|i| !i.is_empty());
+    let (identity, token) = match (&spec.credential_secret, given) {
+        (Some(secret), Some(identity)) => {
+            (identity.to_owned(), TokenSource::Secret(secret.clone()))
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                "spec.executor.identity",
+                "credentialSecret needs the identity its token authenticates as",
+            ));
+        }
+        (None, Some(identity)) if identity != service_account_identity => {
+            return Err(invalid(
+                "spec.executor.identity",
+                format!(
+                    "without credentialSecret the executor authenticates with its service \
+                     account's token, as {service_account_identity}; name a credentialSecret \
+                     for {identity:?}"
+                ),
+            ));
+        }
+        (None, _) => (
+            service_account_identity,
+            TokenSource::ProjectedServiceAccountToken {
+                audience: TOKEN_AUDIENCE.to_owned(),
+            },
+        ),
+    };
+    let owner_id = executor_owner_id(&identity, batch).ok_or_else(|| {
+        invalid(
+            "spec.executor.identity",
+            format!(
+                "{identity:?} is longer than the 64 characters of an owner id; use a shorter \
+                 service account name or a credentialSecret with a shorter identity"
+            ),
+        )
+    })?;
+    Ok(ExecutorCredential {
+        identity,
+        owner_id,
+        service_account_name,
+        token,
+    })
 }
 
 /// The executor's manifest, in the DESIGN §11 format `dlock run -f` reads.
@@ -356,7 +567,14 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
     let url = |spec: &Option<String>, default: &str| {
         service_url(spec.as_deref().unwrap_or(default), &namespace)
     };
+    let credential = executor_credential(spec.executor.as_ref(), &namespace, &name)?;
     Ok(ValidatedBatch {
+        credential,
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         workers,
         manifest_yaml,
@@ -376,6 +594,8 @@ pub struct RevocationTarget {
     pub account_id: String,
     pub operator: String,
     pub reason: String,
+    /// L8's CAS guard: revoke only the grant with this token.
+    pub expected_token: Option<i64>,
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
@@ -384,14 +604,70 @@ pub struct RevocationTarget {
 /// The shortest revocation reason the lock server accepts (L8).
 pub const REVOKE_REASON_LEN_MIN: usize = 8;
 
-pub fn revocation_target(
-    namespace: &str,
-    key: &str,
-    account_id: &str,
-    operator: &str,
-    reason: &str,
-    services: [Option<&str>; 3],
-) -> Result<RevocationTarget, Invalid> {
+/// The LockServer, PaymentResource and RailProxy objects present in a namespace, by name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceTargets {
+    pub lock_servers: Vec<String>,
+    pub payment_resources: Vec<String>,
+    pub rail_proxies: Vec<String>,
+}
+
+/// Which enforcement point (or lock server) of a namespace a revocation goes to.
+///
+/// The rule: a name given explicitly (a LockRevocation's `spec.paymentResource`, `spec.railProxy`,
+/// `spec.lockServer`; a Lock's `spec.lockServer`) is used as given. Otherwise the namespace must
+/// hold exactly one object of the kind, and that one is used: with none there is nothing to
+/// fence, and with several the operator cannot know which holds the account, so the revocation is
+/// refused before anything is sent (name the target in a LockRevocation). Fixed service names are
+/// never assumed: a fence pushed to a service that does not exist leaves the real one open.
+pub fn fence_target(
+    kind: &str,
+    field: &str,
+    named: Option<&str>,
+    present: &[String],
+) -> Result<String, Invalid> {
+    if let Some(name) = named.map(str::trim).filter(|n| !n.is_empty()) {
+        return Ok(name.to_owned());
+    }
+    match present {
+        [one] => Ok(one.clone()),
+        [] => Err(invalid(
+            field,
+            format!("no {kind} in the namespace; there is nothing to send the revocation to"),
+        )),
+        several => Err(invalid(
+            field,
+            format!(
+                "{} {kind}s in the namespace ({}); name one in a LockRevocation",
+                several.len(),
+                several.join(", ")
+            ),
+        )),
+    }
+}
+
+/// What a revocation asks for, before its targets are resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RevocationAsk<'a> {
+    pub key: &'a str,
+    pub account_id: &'a str,
+    pub operator: &'a str,
+    pub reason: &'a str,
+    pub expected_token: Option<i64>,
+    /// Explicit names: lock server, payment resource, rail proxy.
+    pub named: [Option<&'a str>; 3],
+}
+
+/// What a revocation must say, checked before any target is looked up.
+pub fn check_ask(ask: &RevocationAsk<'_>) -> Result<(), Invalid> {
+    let RevocationAsk {
+        key,
+        account_id,
+        operator,
+        reason,
+        expected_token,
+        named: _,
+    } = *ask;
     let operator = operator.trim();
     if operator.is_empty() || operator.chars().count() > 128 {
         return Err(invalid("revokedBy", "must be 1 to 128 characters"));
@@ -409,34 +685,82 @@ pub fn revocation_target(
             format!("{key:?} is not a payout lock key (payout:{{accountId}}); nothing to fence"),
         ));
     }
-    let [lock_server, payment_resource, rail_proxy] = services;
+    if !dlock_contract::lock::key_is_valid(key) {
+        return Err(invalid("key", "must be 1 to 128 of [a-zA-Z0-9:._-]"));
+    }
+    if !dlock_contract::payment::account_id_is_valid(account_id) {
+        return Err(invalid("accountId", "must be 1 to 64 of [a-zA-Z0-9:._-]"));
+    }
+    if expected_token.is_some_and(|t| t <= 0) {
+        return Err(invalid("expectedToken", "must be greater than 0"));
+    }
+    Ok(())
+}
+
+pub fn revocation_target(
+    namespace: &str,
+    ask: &RevocationAsk<'_>,
+    present: &NamespaceTargets,
+) -> Result<RevocationTarget, Invalid> {
+    check_ask(ask)?;
+    let RevocationAsk {
+        key,
+        account_id,
+        operator,
+        reason,
+        expected_token,
+        named: [lock_server, payment_resource, rail_proxy],
+    } = *ask;
+    let lock_server = fence_target(
+        "LockServer",
+        "lockServer",
+        lock_server,
+        &present.lock_servers,
+    )?;
+    let payment_resource = fence_target(
+        "PaymentResource",
+        "paymentResource",
+        payment_resource,
+        &present.payment_resources,
+    )?;
+    let rail_proxy = fence_target("RailProxy", "railProxy", rail_proxy, &present.rail_proxies)?;
     Ok(RevocationTarget {
         key: key.to_owned(),
         account_id: account_id.to_owned(),
-        operator: operator.to_owned(),
+        operator: operator.trim().to_owned(),
         reason: reason.trim().to_owned(),
-        lock_server_url: service_url(lock_server.unwrap_or("lock-server"), namespace),
-        payment_resource_url: service_url(
-            payment_resource.unwrap_or("payment-resource"),
-            namespace,
-        ),
-        rail_proxy_url: service_url(rail_proxy.unwrap_or("rail-proxy"), namespace),
+        expected_token,
+        lock_server_url: service_url(&lock_server, namespace),
+        payment_resource_url: service_url(&payment_resource, namespace),
+        rail_proxy_url: service_url(&rail_proxy, namespace),
     })
 }
 
-pub fn lock_revocation(object: &LockRevocation) -> Result<RevocationTarget, Invalid> {
+/// The ask of a LockRevocation.
+pub fn lock_revocation_ask(object: &LockRevocation) -> RevocationAsk<'_> {
     let spec = &object.spec;
-    revocation_target(
-        &namespace_of(object)?,
-        &spec.key,
-        &spec.account_id,
-        &spec.revoked_by,
-        &spec.reason,
-        [
+    RevocationAsk {
+        key: &spec.key,
+        account_id: &spec.account_id,
+        operator: &spec.revoked_by,
+        reason: &spec.reason,
+        expected_token: spec.expected_token,
+        named: [
             spec.lock_server.as_deref(),
             spec.payment_resource.as_deref(),
             spec.rail_proxy.as_deref(),
         ],
+    }
+}
+
+pub fn lock_revocation(
+    object: &LockRevocation,
+    present: &NamespaceTargets,
+) -> Result<RevocationTarget, Invalid> {
+    revocation_target(
+        &namespace_of(object)?,
+        &lock_revocation_ask(object),
+        present,
     )
 }
 
@@ -449,6 +773,7 @@ pub struct ValidatedReconciliation {
     pub schedule: Option<String>,
     pub paydb: crate::crd::SecretKeyRef,
     pub rail_url: String,
+    pub pod: PodSettings,
     pub owner: OwnerReference,
 }
 
@@ -476,6 +801,11 @@ pub fn reconciliation(
         )
     });
     Ok(ValidatedReconciliation {
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
         name: object.name_any(),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         schedule: spec.schedule.clone(),
@@ -484,4 +814,68 @@ pub fn reconciliation(
         owner: owner_of(object)?,
         namespace,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_fence_target_is_the_named_one_or_the_namespaces_only_one() {
+        let kind = "PaymentResource";
+        assert_eq!(
+            fence_target(kind, "f", Some("pay"), &names(&["a", "b"])),
+            Ok("pay".to_owned())
+        );
+        assert_eq!(
+            fence_target(kind, "f", None, &names(&["payments-eu"])),
+            Ok("payments-eu".to_owned())
+        );
+        let Err(none) = fence_target(kind, "f", None, &[]) else {
+            panic!("chosen from none");
+        };
+        assert!(none.message.contains("no PaymentResource"), "{none}");
+        let Err(several) = fence_target(kind, "f", Some(" "), &names(&["a", "b"])) else {
+            panic!("chosen from several");
+        };
+        assert!(
+            several
+                .message
+                .contains("2 PaymentResources in the namespace (a, b)"),
+            "{several}"
+        );
+    }
+
+    #[test]
+    fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
+        let ask = RevocationAsk {
+            key: "payout:acct-17",
+            account_id: "acct-17",
+            operator: " oncall ",
+            reason: "worker wedged",
+            expected_token: Some(41),
+            named: [Some("locks"), None, None],
+        };
+        let present = NamespaceTargets {
+            lock_servers: Vec::new(),
+            payment_resources: names(&["payments"]),
+            rail_proxies: names(&["rail"]),
+        };
+        let target = revocation_target("ns1", &ask, &present).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(target.lock_server_url, "http://locks.ns1.svc:8080");
+        assert_eq!(target.payment_resource_url, "http://payments.ns1.svc:8080");
+        assert_eq!(target.rail_proxy_url, "http://rail.ns1.svc:8080");
+        assert_eq!(target.operator, "oncall");
+        assert_eq!(target.expected_token, Some(41));
+        let bad_key = RevocationAsk {
+            key: "payout:a/b",
+            account_id: "a/b",
+            ..ask.clone()
+        };
+        assert!(check_ask(&bad_key).is_err());
+    }
 }

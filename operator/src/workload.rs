@@ -2,6 +2,10 @@
 //! the only input of the builders in `build/`. The raw custom resource is used only for the owner
 //! reference.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, SeccompProfile};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::crd::SecretKeyRef;
@@ -15,6 +19,13 @@ pub const PAUSED_ANNOTATION: &str = "dlock.io/reconcile";
 pub const PAUSED_VALUE: &str = "paused";
 /// The Cloud SQL Auth Proxy image when `spec.cloudSql.image` is absent.
 pub const CLOUD_SQL_PROXY_IMAGE: &str = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.14.3";
+/// The service account of the services' pods, one per namespace, made by the operator. Their
+/// TokenReview calls need `system:auth-delegator`, which the chart binds to this name in the
+/// namespaces it lists (`serviceAuth.namespaces`): a ClusterRoleBinding is cluster-scoped, so the
+/// operator does not make one.
+pub const SERVICE_ACCOUNT: &str = "dlock-service";
+/// Where a workload's fencing-token proof keys Secret is mounted.
+pub const FENCING_PROOF_KEYS_DIR: &str = "/etc/dlock/fencing-proof-keys";
 /// Termination grace of the services that hold no forward in flight.
 pub const TERMINATION_GRACE_SECONDS_DEFAULT: i64 = 30;
 /// How much longer than the rail read timeout a rail-proxy pod may take to stop.
@@ -73,6 +84,15 @@ pub struct Workload {
     pub data_volume: bool,
     /// A Secret mounted at `/etc/dlock/etcd-tls`.
     pub etcd_tls_secret: Option<String>,
+    /// The pod's service account, with its token mounted (TokenReview needs it); `None`: the
+    /// namespace's default account and no token.
+    pub service_account: Option<String>,
+    /// The fencing-token proof keys' Secret, mounted (as a directory, so a rotation reaches the
+    /// pod) at [`FENCING_PROOF_KEYS_DIR`].
+    pub fencing_proof_keys_secret: Option<String>,
+    /// `spec.auth.mode: none`: the service checks no caller (the status says so, every time).
+    pub auth_disabled: bool,
+    pub pod: PodSettings,
     pub owner: OwnerReference,
 }
 
@@ -90,4 +110,67 @@ pub fn service_url(name: &str, namespace: &str) -> String {
 /// A TOML basic string, quoted and escaped.
 pub fn toml_string(value: &str) -> String {
     toml::Value::String(value.to_owned()).to_string()
+}
+
+/// What every pod the operator builds takes from its custom resource.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodSettings {
+    /// The main container's requests and limits.
+    pub resources: ResourceRequirements,
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+}
+
+impl PodSettings {
+    /// The spec's resources (as given) or `default`, and its pull secrets.
+    pub fn from_spec(
+        resources: Option<&ResourceRequirements>,
+        image_pull_secrets: Option<&Vec<LocalObjectReference>>,
+        default: ResourceRequirements,
+    ) -> Self {
+        Self {
+            resources: resources.cloned().unwrap_or(default),
+            image_pull_secrets: image_pull_secrets.cloned().unwrap_or_default(),
+        }
+    }
+
+    /// `imagePullSecrets` of the pod spec: absent when there are none.
+    pub fn pull_secrets(&self) -> Option<Vec<LocalObjectReference>> {
+        (!self.image_pull_secrets.is_empty()).then(|| self.image_pull_secrets.clone())
+    }
+}
+
+/// Requests of `cpu` and `memory`, and a memory limit. No CPU limit by default: a throttled
+/// lock server or executor misses its renewals and heartbeats, which costs leases; a spec that
+/// wants one sets `resources` itself.
+pub fn resources(cpu: &str, memory: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity(memory_limit.to_owned()),
+        )])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The defaults of the services (lock server, payment resource, rail proxy), the executor and
+/// the reconciler.
+pub fn service_resources() -> ResourceRequirements {
+    resources("100m", "128Mi", "512Mi")
+}
+
+/// The rail stub's and the Cloud SQL Auth Proxy's defaults.
+pub fn small_resources() -> ResourceRequirements {
+    resources("50m", "64Mi", "256Mi")
+}
+
+/// `seccompProfile: {type: RuntimeDefault}` of every pod the operator builds.
+pub fn runtime_default_seccomp() -> Option<SeccompProfile> {
+    Some(SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        ..SeccompProfile::default()
+    })
 }

@@ -24,14 +24,15 @@ use crate::harness::{eventually, raw};
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
 
-struct DevStack {
+/// `dlock dev up` as a process, its JSON line parsed; shared by the tests that need the stack.
+pub(crate) struct DevStack {
     line: Value,
     _child: ManagedChild,
     _dir: tempfile::TempDir,
 }
 
 impl DevStack {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let mut child = Command::new(EXE)
             .args(["dev", "up", "--data-dir"])
@@ -56,14 +57,15 @@ impl DevStack {
         }
     }
 
-    fn url(&self, service: &str) -> String {
+    /// A string field of the line (a service URL, `paydb`, `proofKeysFile`).
+    pub(crate) fn url(&self, service: &str) -> String {
         self.line[service]
             .as_str()
             .unwrap_or_else(|| panic!("no {service} in {}", self.line))
             .to_owned()
     }
 
-    fn token(&self, who: &str) -> String {
+    pub(crate) fn token(&self, who: &str) -> String {
         self.line["credentials"][who]
             .as_str()
             .unwrap_or_else(|| panic!("no credential {who}"))

@@ -228,9 +228,21 @@ pub async fn submit(
     amount: i64,
     token: &str,
 ) -> (u16, Value) {
+    submit_to(proxy, account, payout, amount, token, "ben").await
+}
+
+/// `submit` with another beneficiary: the same key and token with a different body.
+pub async fn submit_to(
+    proxy: &str,
+    account: &str,
+    payout: Uuid,
+    amount: i64,
+    token: &str,
+    beneficiary: &str,
+) -> (u16, Value) {
     let body = json!({
         "payoutId": payout, "accountId": account, "amountMinor": amount,
-        "currency": "EUR", "beneficiaryRef": "ben",
+        "currency": "EUR", "beneficiaryRef": beneficiary,
     })
     .to_string();
     let key = format!("payout-{payout}");
@@ -262,7 +274,7 @@ pub async fn statement(stub: &str, payout: Uuid) -> Vec<Value> {
     body["transfers"].as_array().cloned().unwrap_or_default()
 }
 
-async fn metric(proxy: &str, name: &str) -> f64 {
+pub async fn metric(proxy: &str, name: &str) -> f64 {
     let text = reqwest::get(format!("{proxy}/metrics"))
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -301,8 +313,12 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_eq!(transfers.len(), 1);
     assert_eq!(transfers[0]["railReference"], body["railReference"]);
 
-    // Step 2: the same attempt again is DUPLICATE_SUBMISSION, counted, and never forwarded.
-    let (status, dup) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
+    // C3 §3.1: the identical request again is a replay of the first answer, not a duplicate.
+    let (status, replay) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
+    assert_eq!((status, &replay), (200, &body));
+    assert_eq!(metric(&proxy, "rail_duplicate_attempted_total").await, 0.0);
+    // Step 2: another attempt (a newer token) is DUPLICATE_SUBMISSION, counted, never forwarded.
+    let (status, dup) = submit(&proxy, "acct-a", p1, 1_000, "11").await;
     assert_eq!(status, 409);
     assert_envelope("duplicate", status, &dup, "DUPLICATE_SUBMISSION");
     assert_eq!(dup["details"]["submissionId"], body["submissionId"]);
@@ -494,7 +510,12 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     )
     .await;
     assert_eq!(w.submissions(payout).await, vec![("TIMEOUT".to_owned(), 3)]);
+    // The identical request is answered from the timed-out attempt; another token is a duplicate.
     let (status, body) = submit(&url, "acct-c", payout, 700, "3").await;
+    assert_eq!(status, 409);
+    assert_envelope("replay after restart", status, &body, "RAIL_AMBIGUOUS");
+    assert_eq!(body["details"]["outcome"], "TIMEOUT");
+    let (status, body) = submit(&url, "acct-c", payout, 700, "4").await;
     assert_eq!(status, 409);
     assert_envelope("after restart", status, &body, "DUPLICATE_SUBMISSION");
     // The rail may have taken the one attempt; it never sees a second.
@@ -620,14 +641,15 @@ async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
                         [200, 409, 422].contains(&status),
                         "unexpected {status} for {payout}: {body}"
                     );
-                    statuses.push(status);
+                    // Identical retries replay one answer: every 200 names the same attempt.
+                    statuses.push((status, body["submissionId"].as_str().map(str::to_owned)));
                 }
                 cycles.push((payout, statuses));
             }
             cycles
         }));
     }
-    let mut answers: HashMap<Uuid, Vec<u16>> = HashMap::new();
+    let mut answers: HashMap<Uuid, Vec<(u16, Option<String>)>> = HashMap::new();
     for task in accounts {
         for (payout, statuses) in task.await.unwrap_or_else(|e| panic!("{e}")) {
             answers.insert(payout, statuses);
@@ -678,11 +700,58 @@ async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
         if state == "RAIL_AMBIGUOUS" {
             ambiguous += 1;
         }
-        let oks = answers[payout].iter().filter(|s| **s == 200).count();
-        assert!(oks <= 1, "{payout}: {oks} callers were told ACKED");
+        let acked_ids: std::collections::HashSet<_> = answers[payout]
+            .iter()
+            .filter(|(s, _)| *s == 200)
+            .map(|(_, id)| id.clone())
+            .collect();
+        assert!(
+            acked_ids.len() <= 1,
+            "{payout}: callers were told ACKED for {acked_ids:?}"
+        );
     }
     assert!(
         acked > 0 && ambiguous > 0,
         "the run saw both outcomes: {acked} acked, {ambiguous} ambiguous"
+    );
+}
+
+/// C3 §3.5 step 4, forward once: a rail (or a gateway in front of it) that takes the transfer and
+/// answers `307` must not see the transfer again. Following the redirect re-sends the POST body,
+/// and a rail that takes repeats (duplicate-ack rate 1) would pay it once per hop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rail_that_redirects_after_taking_a_transfer_is_ambiguous_and_paid_once() {
+    let mut w = RailWorld::new().await;
+    let stub = w
+        .stub(
+            "redirecting",
+            &[
+                ("rail.stub.redirect-rate", "1.0"),
+                ("rail.stub.duplicate-ack-rate", "1.0"),
+            ],
+        )
+        .await;
+    let proxy = w.proxy(&stub, &[]).await;
+    w.account("redirected", 10_000).await;
+    let payout = w.claimed("redirected", 700, 5).await;
+    let (status, body) = submit(&proxy, "redirected", payout, 700, "5").await;
+    assert_envelope(
+        "submit to a redirecting rail",
+        status,
+        &body,
+        "RAIL_AMBIGUOUS",
+    );
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(w.state(payout).await, "RAIL_AMBIGUOUS");
+    assert_eq!(
+        w.submissions(payout).await,
+        vec![("TIMEOUT".to_owned(), 5)],
+        "one presented attempt, recorded as an unknown outcome"
+    );
+    let transfers = statement(&stub, payout).await;
+    assert_eq!(
+        transfers.len(),
+        1,
+        "the rail took the transfer once and was never asked again: {transfers:?}"
     );
 }

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
 use super::config_map::CONFIG_FILE;
-use crate::workload::{PORT, Workload};
+use crate::workload::{FENCING_PROOF_KEYS_DIR, PORT, Workload};
 
 /// The pod annotation that rolls the pods when their configuration changes.
 pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
@@ -64,7 +64,7 @@ fn restricted_security_context() -> SecurityContext {
 ///   `restartPolicy: Always`), so it is up before the service starts and stops after it.
 pub fn deployment(workload: &Workload) -> Deployment {
     let selector = super::selector_labels(workload.component, &workload.instance);
-    let mut pod_labels = super::labels(workload.component, &workload.instance);
+    let mut pod_labels = super::pod_labels(workload.component, &workload.instance);
     pod_labels.extend(selector.clone());
 
     let mut env: Vec<EnvVar> = workload
@@ -132,6 +132,25 @@ pub fn deployment(workload: &Workload) -> Deployment {
         });
     }
 
+    if let Some(secret) = &workload.fencing_proof_keys_secret {
+        // A directory, never a subPath: kubelet updates a directory mount when the Secret
+        // changes, and the service re-reads the file within 2 s (key rotation without a restart).
+        volume_mounts.push(VolumeMount {
+            name: "fencing-proof-keys".to_owned(),
+            mount_path: FENCING_PROOF_KEYS_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "fencing-proof-keys".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+
     let main = Container {
         name: workload.component.as_str().to_owned(),
         image: Some(workload.image.clone()),
@@ -154,6 +173,7 @@ pub fn deployment(workload: &Workload) -> Deployment {
             ..http_probe("/healthz", 10, 6)
         }),
         volume_mounts: Some(volume_mounts),
+        resources: Some(workload.pod.resources.clone()),
         security_context: Some(restricted_security_context()),
         ..Container::default()
     };
@@ -170,6 +190,7 @@ pub fn deployment(workload: &Workload) -> Deployment {
                 cloud_sql.instance_connection_name.clone(),
             ]),
             restart_policy: Some("Always".to_owned()),
+            resources: Some(crate::workload::small_resources()),
             startup_probe: Some(Probe {
                 http_get: Some(HTTPGetAction {
                     path: Some("/startup".to_owned()),
@@ -216,12 +237,17 @@ pub fn deployment(workload: &Workload) -> Deployment {
                     termination_grace_period_seconds: Some(
                         workload.termination_grace_period_seconds,
                     ),
-                    automount_service_account_token: Some(false),
+                    // The token is mounted only for the TokenReview calls of `auth.mode =
+                    // "tokenreview"`; a pod without a service account needs none.
+                    automount_service_account_token: Some(workload.service_account.is_some()),
+                    service_account_name: workload.service_account.clone(),
+                    image_pull_secrets: workload.pod.pull_secrets(),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(RUN_AS_USER),
                         run_as_group: Some(RUN_AS_USER),
                         fs_group: Some(RUN_AS_USER),
+                        seccomp_profile: crate::workload::runtime_default_seccomp(),
                         ..PodSecurityContext::default()
                     }),
                     ..PodSpec::default()

@@ -2,10 +2,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, PodSecurityContext, PodSpec,
-    PodTemplateSpec, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use sha2::{Digest, Sha256};
 
 use super::deployment::RUN_AS_USER;
 
@@ -27,8 +30,38 @@ pub struct ValidatedBatch {
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
+    /// How the executor authenticates to the services.
+    pub credential: ExecutorCredential,
+    pub pod: crate::workload::PodSettings,
     pub owner: OwnerReference,
 }
+
+/// The executor's identity and where its bearer token comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutorCredential {
+    /// `DLOCK_IDENTITY`: the identity the token authenticates as.
+    pub identity: String,
+    /// `--owner-id`: `<identity>/<batch>`, bound to the identity (`auth.owner-binding`).
+    pub owner_id: String,
+    pub service_account_name: String,
+    pub token: TokenSource,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenSource {
+    /// `DLOCK_CREDENTIAL` from this Secret key.
+    Secret(crate::crd::SecretKeyRef),
+    /// A projected service-account token with this audience, as `DLOCK_CREDENTIAL_FILE`.
+    ProjectedServiceAccountToken { audience: String },
+}
+
+/// The audience of the executor's projected service-account token: the services' default
+/// `auth.tokenreview.audiences`.
+pub const TOKEN_AUDIENCE: &str = "dlock";
+/// Where the projected token is mounted.
+pub const TOKEN_DIR: &str = "/var/run/secrets/dlock/executor";
+/// Seconds a projected token lives; kubelet rotates it at 80 % and `dlock run` re-reads the file.
+pub const TOKEN_EXPIRATION_SECONDS: i64 = 3600;
 
 impl ValidatedBatch {
     pub fn manifest_name(&self) -> String {
@@ -39,20 +72,33 @@ impl ValidatedBatch {
     }
 }
 
-/// The labels of a batch's objects. `app.kubernetes.io/component: executor`.
+/// The executor's `X-Owner-Id`: `<identity>/<batch>`, bounded to the contract's 64 characters
+/// and always bound to the identity (the services accept the identity itself or
+/// `<identity>/…`). A longer one keeps its first 55 characters and ends in `-` and 8 hex digits of
+/// its SHA-256, so two long ids that share a prefix still differ and the same batch always gets
+/// the same id; an identity too long to leave room for that is the owner id by itself. `None`
+/// when the identity alone exceeds 64 characters.
+pub fn executor_owner_id(identity: &str, batch: &str) -> Option<String> {
+    let max = dlock_contract::headers::OWNER_ID_LEN_MAX;
+    let full = format!("{identity}/{batch}");
+    if full.chars().count() <= max {
+        return Some(full);
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let keep = max - 1 - hash.len();
+    if identity.chars().count() < keep {
+        let prefix: String = full.chars().take(keep).collect();
+        return Some(format!("{prefix}-{hash}"));
+    }
+    (identity.chars().count() <= max).then(|| identity.to_owned())
+}
+
+/// The labels of a batch's objects and its executor pods. `app.kubernetes.io/component:
+/// executor`; the batch is named by `dlock.io/instance`, never `app.kubernetes.io/instance`
+/// (Argo CD's tracking label).
 pub fn batch_labels(batch: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
-        (
-            "app.kubernetes.io/component".to_owned(),
-            "executor".to_owned(),
-        ),
-        ("app.kubernetes.io/instance".to_owned(), batch.to_owned()),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            super::MANAGED_BY.to_owned(),
-        ),
-    ])
+    super::owned_labels("executor", batch)
 }
 
 /// The manifest ConfigMap: the Job reads the batch from here, never from the API server.
@@ -72,7 +118,52 @@ pub fn manifest_config_map(batch: &ValidatedBatch) -> ConfigMap {
     }
 }
 
-/// The executor Job: `dlock run -f /config/payoutbatch.yaml --workers N` against the services.
+fn credential_env(token: &TokenSource) -> EnvVar {
+    match token {
+        TokenSource::Secret(secret) => EnvVar {
+            name: "DLOCK_CREDENTIAL".to_owned(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        TokenSource::ProjectedServiceAccountToken { .. } => EnvVar {
+            name: "DLOCK_CREDENTIAL_FILE".to_owned(),
+            value: Some(format!("{TOKEN_DIR}/token")),
+            ..EnvVar::default()
+        },
+    }
+}
+
+/// The annotation on the executor Job with [`template_hash`] of the pod template it was created
+/// with.
+pub const TEMPLATE_HASH_ANNOTATION: &str = "dlock.io/template-hash";
+
+/// A short SHA-256 of a Job's pod template, to tell whether an existing Job was built from the
+/// same template as the one the operator would build now.
+pub fn template_hash(job: &Job) -> String {
+    let template = job
+        .spec
+        .as_ref()
+        .map(|s| serde_json::to_vec(&s.template).unwrap_or_default())
+        .unwrap_or_default();
+    Sha256::digest(&template)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The executor Job: `dlock run -f /config/payoutbatch.yaml` against the services.
+///
+/// A Job's pod template is immutable, so nothing that may change while a batch runs is in it:
+/// the worker count comes from the manifest ConfigMap (`dlock run` uses `spec.workers` when
+/// `--workers` is absent), and the controller creates the Job once and never patches it.
 pub fn executor_job(batch: &ValidatedBatch) -> Job {
     let env = [
         ("DLOCK_LOCK_SERVER", &batch.lock_server_url),
@@ -85,13 +176,58 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
         value: Some(value.clone()),
         ..EnvVar::default()
     })
-    .chain(std::iter::once(EnvVar {
-        name: "DLOCK_LOG_FORMAT".to_owned(),
-        value: Some("json".to_owned()),
-        ..EnvVar::default()
-    }))
+    .chain([
+        EnvVar {
+            name: "DLOCK_LOG_FORMAT".to_owned(),
+            value: Some("json".to_owned()),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: "DLOCK_IDENTITY".to_owned(),
+            value: Some(batch.credential.identity.clone()),
+            ..EnvVar::default()
+        },
+        credential_env(&batch.credential.token),
+    ])
     .collect();
-    Job {
+    let mut volume_mounts = vec![VolumeMount {
+        name: "manifest".to_owned(),
+        mount_path: "/config".to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "manifest".to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: batch.manifest_name(),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    if let TokenSource::ProjectedServiceAccountToken { audience } = &batch.credential.token {
+        volume_mounts.push(VolumeMount {
+            name: "credential".to_owned(),
+            mount_path: TOKEN_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "credential".to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(audience.clone()),
+                        expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                        path: "token".to_owned(),
+                    }),
+                    ..VolumeProjection::default()
+                }]),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let mut job = Job {
         metadata: super::owned_meta(
             batch.job_name(),
             &batch.namespace,
@@ -109,6 +245,8 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".to_owned()),
+                    service_account_name: Some(batch.credential.service_account_name.clone()),
+                    // The API token stays out: the executor calls the dlock services only.
                     automount_service_account_token: Some(false),
                     containers: vec![Container {
                         name: "executor".to_owned(),
@@ -117,18 +255,12 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                             "run".to_owned(),
                             "-f".to_owned(),
                             format!("/config/{MANIFEST_FILE}"),
-                            "--workers".to_owned(),
-                            batch.workers.to_string(),
                             "--owner-id".to_owned(),
-                            format!("{}/{}", batch.namespace, batch.job_name()),
+                            batch.credential.owner_id.clone(),
                         ]),
                         env: Some(env),
-                        volume_mounts: Some(vec![VolumeMount {
-                            name: "manifest".to_owned(),
-                            mount_path: "/config".to_owned(),
-                            read_only: Some(true),
-                            ..VolumeMount::default()
-                        }]),
+                        volume_mounts: Some(volume_mounts),
+                        resources: Some(batch.pod.resources.clone()),
                         security_context: Some(SecurityContext {
                             allow_privilege_escalation: Some(false),
                             read_only_root_filesystem: Some(true),
@@ -141,18 +273,13 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                         }),
                         ..Container::default()
                     }],
-                    volumes: Some(vec![Volume {
-                        name: "manifest".to_owned(),
-                        config_map: Some(ConfigMapVolumeSource {
-                            name: batch.manifest_name(),
-                            ..ConfigMapVolumeSource::default()
-                        }),
-                        ..Volume::default()
-                    }]),
+                    volumes: Some(volumes),
+                    image_pull_secrets: batch.pod.pull_secrets(),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(RUN_AS_USER),
                         run_as_group: Some(RUN_AS_USER),
+                        seccomp_profile: crate::workload::runtime_default_seccomp(),
                         ..PodSecurityContext::default()
                     }),
                     ..PodSpec::default()
@@ -161,5 +288,54 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
             ..JobSpec::default()
         }),
         ..Job::default()
+    };
+    job.metadata.annotations = Some(BTreeMap::from([(
+        TEMPLATE_HASH_ANNOTATION.to_owned(),
+        template_hash(&job),
+    )]));
+    job
+}
+
+#[cfg(test)]
+mod tests {
+    use super::executor_owner_id;
+
+    fn id(identity: &str, batch: &str) -> String {
+        executor_owner_id(identity, batch).unwrap_or_else(|| panic!("no owner id for {identity}"))
+    }
+
+    #[test]
+    fn the_executor_owner_id_is_bound_to_its_identity_within_64_characters() {
+        assert_eq!(
+            id("executor", "payroll-2026-12"),
+            "executor/payroll-2026-12"
+        );
+        let batch = "b".repeat(63);
+        for identity in [
+            "executor",
+            "system:serviceaccount:payments-eu:default",
+            &"i".repeat(54),
+        ] {
+            let long = id(identity, &batch);
+            assert_eq!(long.chars().count(), 64, "{long}");
+            assert!(long.starts_with(&format!("{identity}/")), "{long}");
+            assert!(
+                dlock_contract::headers::check_owner_id("ownerId", &long).is_ok(),
+                "{long}"
+            );
+            assert_eq!(long, id(identity, &batch), "stable");
+            assert_ne!(
+                long,
+                id(identity, &format!("{}c", "b".repeat(62))),
+                "distinct"
+            );
+        }
+        // Exactly 64 stays as it is.
+        let exact = format!("{}/{}", "n".repeat(30), "x".repeat(33));
+        assert_eq!(id(&"n".repeat(30), &"x".repeat(33)), exact);
+        // No room for `<identity>/…`: the identity alone, which the services also accept.
+        let sa = format!("system:serviceaccount:{}:default", "n".repeat(34));
+        assert_eq!(id(&sa, "payroll"), sa);
+        assert_eq!(executor_owner_id(&"i".repeat(65), "payroll"), None);
     }
 }

@@ -9,6 +9,7 @@ pub mod network_policy;
 pub mod pdb;
 pub mod reconciler;
 pub mod service;
+pub mod service_account;
 
 use std::collections::BTreeMap;
 
@@ -31,14 +32,44 @@ pub fn selector_labels(component: Component, instance: &str) -> BTreeMap<String,
     ])
 }
 
-/// The selector labels plus `managed-by`.
-pub fn labels(component: Component, instance: &str) -> BTreeMap<String, String> {
+/// The label naming the custom resource an object was made for. `app.kubernetes.io/instance` is
+/// Argo CD's default tracking label: on the operator's objects it would let an Application whose
+/// name equals the custom resource's claim them as its own, report them OutOfSync and prune
+/// them. The objects the operator makes carry this label instead.
+pub const INSTANCE_LABEL: &str = "dlock.io/instance";
+
+/// The labels of a workload's pods: the selector labels plus `managed-by`. Only pods (owned by
+/// ReplicaSets, never tracked by Argo CD) carry `app.kubernetes.io/instance`, because the
+/// Deployments' immutable selectors were made with it.
+pub fn pod_labels(component: Component, instance: &str) -> BTreeMap<String, String> {
     let mut labels = selector_labels(component, instance);
     labels.insert(
         "app.kubernetes.io/managed-by".to_owned(),
         MANAGED_BY.to_owned(),
     );
     labels
+}
+
+/// The labels of the objects the operator makes (metadata, never a selector): name, component,
+/// `managed-by` and [`INSTANCE_LABEL`], never `app.kubernetes.io/instance`.
+pub fn labels(component: Component, instance: &str) -> BTreeMap<String, String> {
+    owned_labels(component.as_str(), instance)
+}
+
+/// [`labels`] for any component name (the executor and the reconciler too).
+pub fn owned_labels(component: &str, instance: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
+        (
+            "app.kubernetes.io/component".to_owned(),
+            component.to_owned(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            MANAGED_BY.to_owned(),
+        ),
+        (INSTANCE_LABEL.to_owned(), instance.to_owned()),
+    ])
 }
 
 /// The metadata of an object built for a workload: its name, labels and owner reference.

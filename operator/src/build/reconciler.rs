@@ -10,27 +10,29 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::deployment::RUN_AS_USER;
 use crate::validate::ValidatedReconciliation;
 
-/// The reconciler's objects' labels. `app.kubernetes.io/component: reconciler`.
+/// The reconciler's objects' and pods' labels. `app.kubernetes.io/component: reconciler`; the
+/// Reconciliation is named by `dlock.io/instance`, never `app.kubernetes.io/instance` (Argo CD's
+/// tracking label).
 pub fn reconciler_labels(instance: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
-        (
-            "app.kubernetes.io/component".to_owned(),
-            "reconciler".to_owned(),
-        ),
-        ("app.kubernetes.io/instance".to_owned(), instance.to_owned()),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            super::MANAGED_BY.to_owned(),
-        ),
-    ])
+    super::owned_labels("reconciler", instance)
+}
+
+/// Where `dlock reconcile` writes its findings summary: the container's termination message.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The labels that select one Reconciliation's reconciler pods (every run, once or scheduled).
+pub fn reconciler_selector(instance: &str) -> BTreeMap<String, String> {
+    let mut labels = reconciler_labels(instance);
+    labels.remove("app.kubernetes.io/managed-by");
+    labels
 }
 
 pub fn object_name(reconciliation: &ValidatedReconciliation) -> String {
     format!("{}-reconcile", reconciliation.name)
 }
 
-/// The reconciler's Job spec: `dlock reconcile --json`, which reports and never repairs. One
+/// The reconciler's Job spec: `dlock reconcile --json`, which reports and never repairs, and
+/// leaves a JSON summary of its findings as the container's termination message. One
 /// attempt: a report that found something is an answer, not a failure to retry.
 fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
     JobSpec {
@@ -65,7 +67,16 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                             value: Some(reconciliation.rail_url.clone()),
                             ..EnvVar::default()
                         },
+                        // The compact findings summary the operator reads into status.
+                        EnvVar {
+                            name: "DLOCK_TERMINATION_LOG".to_owned(),
+                            value: Some(TERMINATION_LOG.to_owned()),
+                            ..EnvVar::default()
+                        },
                     ]),
+                    termination_message_path: Some(TERMINATION_LOG.to_owned()),
+                    termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+                    resources: Some(reconciliation.pod.resources.clone()),
                     security_context: Some(SecurityContext {
                         allow_privilege_escalation: Some(false),
                         read_only_root_filesystem: Some(true),
@@ -78,10 +89,12 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     }),
                     ..Container::default()
                 }],
+                image_pull_secrets: reconciliation.pod.pull_secrets(),
                 security_context: Some(PodSecurityContext {
                     run_as_non_root: Some(true),
                     run_as_user: Some(RUN_AS_USER),
                     run_as_group: Some(RUN_AS_USER),
+                    seccomp_profile: crate::workload::runtime_default_seccomp(),
                     ..PodSecurityContext::default()
                 }),
                 ..PodSpec::default()

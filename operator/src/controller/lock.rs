@@ -3,13 +3,20 @@
 use std::sync::Arc;
 
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::revoke::{self, COMPLETE, REFUSED};
 use super::status::Conditions;
-use super::{Context, Error, Result, apply_status, is_paused, publish, reconciled};
-use crate::crd::{Lock, LockRevocation, LockRevocationStatus, LockStatus, RevocationResult};
+use super::{
+    Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, is_paused, publish,
+    reconciled,
+};
+use crate::crd::{
+    Lock, LockRevocation, LockRevocationStatus, LockServer, LockStatus, PaymentResource, RailProxy,
+    RevocationResult,
+};
 use crate::validate;
 
 pub const REVOKE_REASON_ANNOTATION: &str = "dlock.io/revoke-reason";
@@ -52,22 +59,45 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         ctx.metrics.count("Lock", "paused");
         return Ok(Action::await_change());
     }
+    let previous = object.status.clone().unwrap_or_default();
     let Some((reason, revoked_by)) = requested(&object) else {
+        // A mirrored Lock nobody asked to revoke: Ready, once (the conditions are this
+        // controller's fields, never the mirror's).
+        if previous.conditions.is_empty() {
+            let status = revoke_fields(
+                object.metadata.generation,
+                Conditions::ready("mirrored from its lock server; no revocation asked").render(
+                    &[],
+                    object.metadata.generation,
+                    &ctx.now(),
+                ),
+                None,
+            );
+            apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
+        }
         return Ok(Action::await_change());
     };
     let request = request_key(&reason, &revoked_by);
-    let previous = object.status.clone().unwrap_or_default();
     if revoke::is_settled(previous.revocation.as_ref(), &request) {
         return Ok(Action::await_change());
     }
-    let target = validate::revocation_target(
-        &object.namespace().unwrap_or_default(),
-        &object.spec.key,
-        &object.spec.account_id,
-        &revoked_by,
-        &reason,
-        [Some(object.spec.lock_server.as_str()), None, None],
-    );
+    let namespace = object.namespace().unwrap_or_default();
+    // The mirrored token guards L8: only the grant this Lock shows is revoked, never a newer one.
+    let ask = validate::RevocationAsk {
+        key: &object.spec.key,
+        account_id: &object.spec.account_id,
+        operator: &revoked_by,
+        reason: &reason,
+        expected_token: object.status.as_ref().and_then(|s| s.token),
+        named: [Some(object.spec.lock_server.as_str()), None, None],
+    };
+    let target = match validate::check_ask(&ask) {
+        Ok(()) => {
+            let present = namespace_targets(&ctx, &namespace, &ask).await?;
+            validate::revocation_target(&namespace, &ask, &present)
+        }
+        Err(invalid) => Err(invalid),
+    };
     let result = match target {
         Ok(target) => {
             revoke::run(
@@ -85,17 +115,12 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
             ..RevocationResult::default()
         },
     };
-    let status = LockStatus {
-        observed_generation: object.metadata.generation,
-        conditions: conditions_of(&result).render(
-            &previous.conditions,
-            object.metadata.generation,
-            &ctx.now(),
-        ),
-        revocation: Some(result.clone()),
-        ..previous
-    };
-    apply_status(&ctx.client, object.as_ref(), &status).await?;
+    let status = revoke_fields(
+        object.metadata.generation,
+        conditions_of(&result).render(&previous.conditions, object.metadata.generation, &ctx.now()),
+        Some(result.clone()),
+    );
+    apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
     let (type_, event_reason) = event_of(&result);
     publish(
         &ctx,
@@ -113,6 +138,65 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         })
         .inc();
     finish(&ctx, object.as_ref(), &result, "Lock")
+}
+
+/// The Lock status fields this controller owns (under [`LOCK_REVOKE_MANAGER`]), and only those:
+/// `holder`, `token`, `acquiredAt` and `expiresAt` are the mirror's.
+pub fn revoke_fields(
+    generation: Option<i64>,
+    conditions: Vec<crate::crd::Condition>,
+    revocation: Option<RevocationResult>,
+) -> LockStatus {
+    LockStatus {
+        observed_generation: generation,
+        conditions,
+        revocation,
+        ..LockStatus::default()
+    }
+}
+
+/// The names of the LockServers, PaymentResources and RailProxies in `namespace`, read only for
+/// the kinds `ask` does not name (see [`validate::fence_target`] for the rule).
+async fn namespace_targets(
+    ctx: &Context,
+    namespace: &str,
+    ask: &validate::RevocationAsk<'_>,
+) -> Result<validate::NamespaceTargets> {
+    let [lock_server, payment_resource, rail_proxy] = ask.named.map(|n| n.is_some());
+    Ok(validate::NamespaceTargets {
+        lock_servers: if lock_server {
+            Vec::new()
+        } else {
+            names_in::<LockServer>(ctx, namespace, "LockServers").await?
+        },
+        payment_resources: if payment_resource {
+            Vec::new()
+        } else {
+            names_in::<PaymentResource>(ctx, namespace, "PaymentResources").await?
+        },
+        rail_proxies: if rail_proxy {
+            Vec::new()
+        } else {
+            names_in::<RailProxy>(ctx, namespace, "RailProxies").await?
+        },
+    })
+}
+
+async fn names_in<K>(ctx: &Context, namespace: &str, what: &'static str) -> Result<Vec<String>>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let listed = api
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(|source| Error::Read { what, source })?;
+    let mut names: Vec<String> = listed.items.iter().map(|o| o.name_any()).collect();
+    names.sort();
+    Ok(names)
 }
 
 fn outcome_label(outcome: &str) -> &'static str {
@@ -155,7 +239,16 @@ pub async fn reconcile_lock_revocation(
     if revoke::is_settled(previous.result.as_ref(), &request) {
         return Ok(Action::await_change());
     }
-    let result = match validate::lock_revocation(&object) {
+    let ask = validate::lock_revocation_ask(&object);
+    let target = match validate::check_ask(&ask) {
+        Ok(()) => {
+            let present =
+                namespace_targets(&ctx, &object.namespace().unwrap_or_default(), &ask).await?;
+            validate::lock_revocation(&object, &present)
+        }
+        Err(invalid) => Err(invalid),
+    };
+    let result = match target {
         Ok(target) => {
             revoke::run(
                 ctx.services.as_ref(),

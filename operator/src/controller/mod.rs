@@ -208,12 +208,38 @@ fn kind_name<T: Resource<DynamicType = ()>>() -> &'static str {
         "NetworkPolicy" => "NetworkPolicy",
         "Job" => "Job",
         "Lock" => "Lock",
+        "ServiceAccount" => "ServiceAccount",
         _ => "object",
     }
 }
 
+/// The field manager of the Lock mirror's status fields (`holder`, `token`, `acquiredAt`,
+/// `expiresAt`). Lock status is written by two controllers from cached copies, so each applies
+/// only its own fields under its own manager and neither erases the other's.
+pub const LOCK_MIRROR_MANAGER: &str = "dlock-operator-lock-mirror";
+/// The field manager of the Lock controller's status fields (`observedGeneration`, `conditions`,
+/// `revocation`).
+pub const LOCK_REVOKE_MANAGER: &str = "dlock-operator-lock-revoke";
+
 /// Server-side apply of `status` on the status subresource.
 pub async fn apply_status<K, S>(client: &Client, object: &K, status: &S) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + Debug,
+    S: Serialize,
+{
+    apply_status_as(client, object, status, FIELD_MANAGER).await
+}
+
+/// Server-side apply of `status` under `manager`: the fields it sends are the fields it owns.
+pub async fn apply_status_as<K, S>(
+    client: &Client,
+    object: &K,
+    status: &S,
+    manager: &str,
+) -> Result<()>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + DeserializeOwned
@@ -228,7 +254,8 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(&object.name_any(), &apply_params(), &Patch::Apply(&patch))
+    let params = PatchParams::apply(manager).force();
+    api.patch_status(&object.name_any(), &params, &Patch::Apply(&patch))
         .await
         .map_err(Error::Status)?;
     Ok(())

@@ -17,7 +17,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
-use super::status::{Conditions, ready_of};
+use super::status::{Conditions, Observed, condition, ready_of};
 use super::{Context, Error, Result, apply, apply_status, is_paused, publish, reconciled};
 use crate::build::job::{self, ValidatedBatch};
 use crate::crd::{PayoutBatch, PayoutBatchStatus};
@@ -143,6 +143,35 @@ pub fn batch_status(
     }
 }
 
+/// The condition that says whether the executor Job's pod template is the one the operator
+/// would build now. A Job's template is immutable, so an existing Job is never patched: after a
+/// change of the image or an operator upgrade it runs on as it was created.
+pub const JOB_TEMPLATE_CURRENT: &str = "JobTemplateCurrent";
+
+/// [`JOB_TEMPLATE_CURRENT`] for an existing Job and the Job that would be built now (pure).
+pub fn template_condition(existing: &Job, built: &Job) -> Observed {
+    let recorded = existing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(job::TEMPLATE_HASH_ANNOTATION));
+    let now = job::template_hash(built);
+    if recorded == Some(&now) {
+        Observed::new(true, "Current", "")
+    } else {
+        Observed::new(
+            false,
+            "Outdated",
+            format!(
+                "the executor Job {} was created from another pod template (an earlier image or \
+                 operator version); a Job's template is immutable, so it runs on unchanged. Delete \
+                 the Job to have it re-created (payouts are idempotent)",
+                existing.metadata.name.as_deref().unwrap_or_default()
+            ),
+        )
+    }
+}
+
 /// `"3/4 POSTED, 1 RAIL_AMBIGUOUS"`: the terminal count first, for `kubectl get`.
 fn summarize(counts: &std::collections::BTreeMap<String, i64>, total: usize) -> String {
     let posted = counts.get("POSTED").copied().unwrap_or(0);
@@ -183,8 +212,34 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
         }
     };
     apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
-    let applied_job = apply(&ctx.client, &job::executor_job(&batch)).await?;
+    let built = job::executor_job(&batch);
+    // A Job's pod template is immutable: create the Job when it is absent, never patch it.
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &batch.namespace);
+    let existing = jobs
+        .get_opt(&batch.job_name())
+        .await
+        .map_err(|source| Error::Read {
+            what: "the executor Job",
+            source,
+        })?;
+    let applied_job = match existing {
+        Some(job) => job,
+        None => apply(&ctx.client, &built).await?,
+    };
     let mut status = batch_status(&object, &batch, &applied_job, &ctx.now());
+    let template_current = template_condition(&applied_job, &built);
+    let was_current = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == JOB_TEMPLATE_CURRENT)
+        .is_none_or(|c| c.status == "True");
+    status.conditions.push(condition(
+        &previous.conditions,
+        JOB_TEMPLATE_CURRENT,
+        &template_current,
+        object.metadata.generation,
+        &ctx.now(),
+    ));
     if object.spec.payouts.len() <= COUNTED_PAYOUTS_MAX {
         // The same ids the executor derives: uuid5 of the batch name and the item key.
         let ids: Vec<String> = object
@@ -212,6 +267,16 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     }
     let running = matches!(job_phase(&applied_job), JobPhase::Running { .. });
     apply_status(&ctx.client, object.as_ref(), &status).await?;
+    if was_current && !template_current.status {
+        publish(
+            &ctx,
+            object.as_ref(),
+            EventType::Normal,
+            "JobTemplateOutdated",
+            template_current.message.clone(),
+        )
+        .await;
+    }
     if ready_of(&previous.conditions) != ready_of(&status.conditions)
         && let Some(ready) = status.conditions.first()
     {

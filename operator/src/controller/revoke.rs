@@ -1,13 +1,18 @@
-//! The forced revocation flow (D-3), shared by the Lock annotations and LockRevocation:
-//! revoke the grant on the lock server, then push the new token floor to both enforcement points,
-//! the payment resource's account fence and the rail proxy's high-water mark.
+//! The forced revocation flow (D-3), shared by the Lock annotations and LockRevocation. The flow
+//! itself is the contract's ([`dlock_contract::revoke::run`], the one `dlock revoke` runs): L8 at
+//! the lock server, then the new token floor to the payment resource's account fence and the rail
+//! proxy's high-water mark.
 //!
 //! It runs once per request: a result already recorded for the same request is completed (only
 //! the fences still missing are pushed again, with the recorded floor and revocation id), never
-//! started again, so a retry never revokes a second, newer holder.
+//! started again, so a retry never revokes a second, newer holder. A Lock's revocation also
+//! carries the mirrored token as L8's `expectedToken`, so a lost answer retried never ends a
+//! newer holder either.
+
+use dlock_contract::revoke::{LockStep, Outcome, Progress, RevokeOrder};
 
 use crate::crd::RevocationResult;
-use crate::services::{FenceRequest, RevokeRequest, ServiceError, Services};
+use crate::services::{ServiceError, Services, TargetSteps};
 use crate::validate::RevocationTarget;
 
 pub const COMPLETE: &str = "Complete";
@@ -20,94 +25,115 @@ pub fn is_settled(previous: Option<&RevocationResult>, request: &str) -> bool {
         .is_some_and(|p| p.request == request && (p.outcome == COMPLETE || p.outcome == REFUSED))
 }
 
+/// The recorded progress of the same request, to resume from.
+pub fn recorded_progress(
+    previous: Option<&RevocationResult>,
+    request: &str,
+) -> Result<Option<Progress>, String> {
+    let Some(p) = previous.filter(|p| p.request == request) else {
+        return Ok(None);
+    };
+    let Some(id) = &p.revocation_id else {
+        return Ok(None);
+    };
+    let revocation_id = serde_json::from_value(serde_json::Value::String(id.clone()))
+        .map_err(|_| format!("the recorded revocation id {id:?} is not a UUID"))?;
+    let new_token_floor = p
+        .new_token_floor
+        .ok_or_else(|| format!("revocation {id} is recorded without its floor"))?;
+    Ok(Some(Progress {
+        revocation_id,
+        new_token_floor,
+        revoked_token: p.revoked_token,
+        payment_fenced: p.payment_fenced,
+        rail_fenced: p.rail_fenced,
+    }))
+}
+
+fn refused(request: &str, summary: String) -> RevocationResult {
+    RevocationResult {
+        request: request.to_owned(),
+        outcome: REFUSED.to_owned(),
+        summary: Some(summary),
+        ..RevocationResult::default()
+    }
+}
+
+/// Runs (or resumes) the flow. `Err` only when the lock server gave no answer: nothing is
+/// recorded then, and the controller retries with back-off.
 pub async fn run(
     services: &dyn Services,
     target: &RevocationTarget,
     request: &str,
     previous: Option<&RevocationResult>,
 ) -> Result<RevocationResult, ServiceError> {
-    let resumed = previous.filter(|p| p.request == request && p.revocation_id.is_some());
-    let (revocation_id, floor, revoked_token, mut payment_fenced, mut rail_fenced) = match resumed {
-        Some(p) => (
-            p.revocation_id.clone().unwrap_or_default(),
-            p.new_token_floor.unwrap_or(0),
-            p.revoked_token,
-            p.payment_fenced,
-            p.rail_fenced,
-        ),
-        None => {
-            let revoke = RevokeRequest {
-                operator: target.operator.clone(),
-                reason: target.reason.clone(),
-            };
-            match services
-                .revoke_lock(&target.lock_server_url, &target.key, &revoke)
-                .await
-            {
-                Ok(r) => (
-                    r.revocation_id,
-                    r.new_token_floor,
-                    Some(r.revoked_token),
-                    false,
-                    false,
-                ),
-                Err(ServiceError::Refused { status, body, .. }) => {
-                    return Ok(RevocationResult {
-                        request: request.to_owned(),
-                        outcome: REFUSED.to_owned(),
-                        summary: Some(format!("the lock server refused: HTTP {status}: {body}")),
-                        ..RevocationResult::default()
-                    });
-                }
-                Err(error) => return Err(error),
-            }
-        }
+    let resume = match recorded_progress(previous, request) {
+        Ok(resume) => resume,
+        Err(message) => return Ok(refused(request, message)),
     };
-    let fence = FenceRequest {
-        floor,
+    let order = RevokeOrder {
+        key: target.key.clone(),
+        account_id: target.account_id.clone(),
         operator: target.operator.clone(),
         reason: target.reason.clone(),
-        revocation_id: revocation_id.clone(),
+        expected_token: target.expected_token,
     };
-    let mut problems = Vec::new();
-    if !payment_fenced {
-        match services
-            .fence_account(&target.payment_resource_url, &target.account_id, &fence)
-            .await
-        {
-            Ok(()) => payment_fenced = true,
-            Err(error) => problems.push(error.to_string()),
-        }
+    let steps = TargetSteps { services, target };
+    let report = dlock_contract::revoke::run(&steps, &order, resume.as_ref()).await;
+    if let LockStep::Unavailable(error) = &report.lock {
+        return Err(ServiceError::Unavailable {
+            service: "lock-server",
+            message: error.message.clone(),
+        });
     }
-    if !rail_fenced {
-        match services
-            .raise_high_water(&target.rail_proxy_url, &target.account_id, &fence)
-            .await
-        {
-            Ok(()) => rail_fenced = true,
-            Err(error) => problems.push(error.to_string()),
-        }
-    }
-    let complete = payment_fenced && rail_fenced;
-    let summary = if complete {
-        format!(
-            "revoked token {}, floor {floor} at both fences",
-            revoked_token.unwrap_or(0)
-        )
-    } else {
-        format!(
-            "floor {floor} not yet at every fence: {}",
-            problems.join("; ")
-        )
+    let summary = report.summary();
+    let Some(progress) = report.progress else {
+        return Ok(refused(request, summary));
+    };
+    let outcome = match report.outcome {
+        Outcome::Complete => COMPLETE,
+        Outcome::Incomplete => INCOMPLETE,
+        Outcome::Refused => REFUSED,
     };
     Ok(RevocationResult {
         request: request.to_owned(),
-        outcome: if complete { COMPLETE } else { INCOMPLETE }.to_owned(),
-        revocation_id: Some(revocation_id),
-        revoked_token,
-        new_token_floor: Some(floor),
-        payment_fenced,
-        rail_fenced,
+        outcome: outcome.to_owned(),
+        revocation_id: Some(progress.revocation_id.to_string()),
+        revoked_token: progress.revoked_token,
+        new_token_floor: Some(progress.new_token_floor),
+        payment_fenced: progress.payment_fenced,
+        rail_fenced: progress.rail_fenced,
         summary: Some(summary),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(id: Option<&str>) -> RevocationResult {
+        RevocationResult {
+            request: "r".into(),
+            outcome: INCOMPLETE.into(),
+            revocation_id: id.map(str::to_owned),
+            revoked_token: Some(41),
+            new_token_floor: Some(42),
+            payment_fenced: true,
+            rail_fenced: false,
+            summary: None,
+        }
+    }
+
+    #[test]
+    fn a_recorded_result_of_the_same_request_resumes() {
+        let recorded = result(Some("7f9c0000-0000-4000-8000-000000000001"));
+        let progress = recorded_progress(Some(&recorded), "r")
+            .ok()
+            .flatten()
+            .map(|p| (p.new_token_floor, p.payment_fenced, p.rail_fenced));
+        assert_eq!(progress, Some((42, true, false)));
+        assert_eq!(recorded_progress(Some(&recorded), "other"), Ok(None));
+        assert_eq!(recorded_progress(Some(&result(None)), "r"), Ok(None));
+        assert!(recorded_progress(Some(&result(Some("nope"))), "r").is_err());
+    }
 }

@@ -11,9 +11,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::status::{Conditions, Rollout, ready_of, rollout};
-use super::{Context, Error, Result, apply, apply_status, is_paused, publish, reconciled};
-use crate::build::{config_map, deployment, lock, network_policy, pdb, service};
+use super::status::{
+    Conditions, DEGRADED, Observed, PROGRESSING, READY, Rollout, condition, ready_of, rollout,
+};
+use super::{
+    Context, Error, LOCK_MIRROR_MANAGER, Result, apply, apply_status, apply_status_as, is_paused,
+    publish, reconciled,
+};
+use crate::build::{config_map, deployment, lock, network_policy, pdb, service, service_account};
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
 use crate::validate;
 use crate::workload::Workload;
@@ -24,14 +29,25 @@ pub const LOCK_MIRROR_INTERVAL: Duration = Duration::from_secs(15);
 /// What one workload kind builds: its Deployments' workloads and, for the rail, the policy.
 pub struct Prepared {
     pub workloads: Vec<Workload>,
-    pub network_policy: Option<NetworkPolicy>,
+    /// The services' own ingress policy, then (for the rail) the stub's.
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 /// What was applied, the only input of the status step.
 pub struct Applied {
     pub deployments: Vec<Deployment>,
     pub url: String,
+    /// `spec.auth.mode: none`.
+    pub auth_disabled: bool,
 }
+
+/// The condition that says a workload's service checks no caller (`spec.auth.mode: none`).
+pub const AUTHENTICATION_DISABLED: &str = "AuthenticationDisabled";
+
+/// What the `AuthenticationDisabled` condition and the Warning Event say.
+pub const AUTHENTICATION_DISABLED_MESSAGE: &str = "spec.auth.mode is none: the service checks no \
+credential, so any pod that reaches it may create, fund, claim, post, submit and revoke; remove \
+spec.auth to check callers with TokenReview";
 
 pub async fn reconcile_lock_server(object: Arc<LockServer>, ctx: Arc<Context>) -> Result<Action> {
     if is_paused(object.as_ref()) {
@@ -39,15 +55,15 @@ pub async fn reconcile_lock_server(object: Arc<LockServer>, ctx: Arc<Context>) -
         return Ok(Action::await_change());
     }
     let prepared = validate::lock_server(&object, &ctx.settings).map(|w| Prepared {
+        network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
-        network_policy: None,
     });
-    let ready =
+    let (ready, status) =
         reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
     if !ready {
         return Ok(Action::requeue(super::RESYNC));
     }
-    mirror_locks(&object, &ctx).await;
+    mirror_locks(&object, status, &ctx).await;
     Ok(Action::requeue(LOCK_MIRROR_INTERVAL))
 }
 
@@ -60,8 +76,8 @@ pub async fn reconcile_payment_resource(
         return Ok(Action::await_change());
     }
     let prepared = validate::payment_resource(&object, &ctx.settings).map(|w| Prepared {
+        network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
-        network_policy: None,
     });
     reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
     Ok(Action::requeue(super::RESYNC))
@@ -73,28 +89,34 @@ pub async fn reconcile_rail_proxy(object: Arc<RailProxy>, ctx: Arc<Context>) -> 
         return Ok(Action::await_change());
     }
     let prepared = validate::rail_proxy(&object, &ctx.settings).map(|rail| {
-        let network_policy = rail
-            .stub
-            .as_ref()
-            .map(|stub| network_policy::rail_network_policy(stub, &rail.proxy.instance));
+        let mut network_policies = vec![service_policy(&rail.proxy, &ctx)];
+        network_policies.extend(
+            rail.stub
+                .as_ref()
+                .map(|stub| network_policy::rail_network_policy(stub, &rail.proxy.instance)),
+        );
         let mut workloads = vec![rail.proxy];
         workloads.extend(rail.stub);
         Prepared {
             workloads,
-            network_policy,
+            network_policies,
         }
     });
     reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
     Ok(Action::requeue(super::RESYNC))
 }
 
-/// The shared pipeline. Returns whether the object is Ready.
+fn service_policy(workload: &Workload, ctx: &Context) -> NetworkPolicy {
+    network_policy::service_network_policy(workload, &ctx.settings.operator_namespace)
+}
+
+/// The shared pipeline. Returns whether the object is Ready, and the status it wrote.
 async fn reconcile_workloads<K>(
     object: &K,
     previous: Option<&WorkloadStatus>,
     prepared: Result<Prepared, validate::Invalid>,
     ctx: &Context,
-) -> Result<bool>
+) -> Result<(bool, WorkloadStatus)>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + serde::de::DeserializeOwned
@@ -121,6 +143,7 @@ where
         }
     };
     let applied = apply_prepared(&ctx.client, prepared).await?;
+    let auth_disabled = applied.auth_disabled;
     let status = workload_status(
         object.meta().generation,
         &previous_conditions,
@@ -131,10 +154,21 @@ where
         .conditions
         .first()
         .is_some_and(|c| c.status == "True");
-    write_status(object, &previous_conditions, status, ctx).await?;
+    write_status(object, &previous_conditions, status.clone(), ctx).await?;
+    if auth_disabled {
+        // Every time such a spec is applied, not only on a transition: nobody should miss it.
+        publish(
+            ctx,
+            object,
+            EventType::Warning,
+            AUTHENTICATION_DISABLED,
+            AUTHENTICATION_DISABLED_MESSAGE.to_owned(),
+        )
+        .await;
+    }
     reconciled(ctx, object);
     ctx.metrics.count(kind_label(&kind), "ok");
-    Ok(ready)
+    Ok((ready, status))
 }
 
 fn kind_label(kind: &str) -> &'static str {
@@ -149,20 +183,33 @@ fn kind_label(kind: &str) -> &'static str {
 async fn apply_prepared(client: &kube::Client, prepared: Prepared) -> Result<Applied> {
     let Prepared {
         workloads,
-        network_policy,
+        network_policies,
     } = prepared;
     let mut deployments = Vec::new();
     let url = workloads.first().map(Workload::url).unwrap_or_default();
+    let auth_disabled = workloads.first().is_some_and(|w| w.auth_disabled);
+    // The service account before any pod that runs as it.
+    if let Some(workload) = workloads.iter().find(|w| w.service_account.is_some()) {
+        apply(
+            client,
+            &service_account::service_account(&workload.namespace),
+        )
+        .await?;
+    }
     for workload in &workloads {
         apply(client, &config_map::config_map(workload)).await?;
         apply(client, &service::service(workload)).await?;
         deployments.push(apply(client, &deployment::deployment(workload)).await?);
         apply(client, &pdb::pdb(workload)).await?;
     }
-    if let Some(policy) = network_policy {
-        apply(client, &policy).await?;
+    for policy in &network_policies {
+        apply(client, policy).await?;
     }
-    Ok(Applied { deployments, url })
+    Ok(Applied {
+        deployments,
+        url,
+        auth_disabled,
+    })
 }
 
 /// The status of a workload kind from its applied Deployments (pure).
@@ -172,7 +219,11 @@ pub fn workload_status(
     applied: &Applied,
     now: &str,
 ) -> WorkloadStatus {
-    let Applied { deployments, url } = applied;
+    let Applied {
+        deployments,
+        url,
+        auth_disabled,
+    } = applied;
     let rollouts: Vec<Rollout> = deployments.iter().map(rollout).collect();
     let (ready_total, desired_total) =
         deployments
@@ -201,9 +252,40 @@ pub fn workload_status(
             format!("{ready_total}/{desired_total} replicas ready"),
         )
     };
+    // The three conditions, then any other kept as it was (the lock mirror's LocksMirrored).
+    let mut rendered = conditions.render(previous, generation, now);
+    rendered.extend(
+        previous
+            .iter()
+            .filter(|c| {
+                ![READY, PROGRESSING, DEGRADED, AUTHENTICATION_DISABLED].contains(&c.type_.as_str())
+            })
+            .cloned(),
+    );
+    // AuthenticationDisabled: True while spec.auth.mode is none; once set, it stays and flips to
+    // False when authentication is back on.
+    let had = previous.iter().any(|c| c.type_ == AUTHENTICATION_DISABLED);
+    if *auth_disabled || had {
+        let observed = if *auth_disabled {
+            Observed::new(true, "AuthModeNone", AUTHENTICATION_DISABLED_MESSAGE)
+        } else {
+            Observed::new(
+                false,
+                "TokenReview",
+                "callers are checked with TokenReview (audience dlock)",
+            )
+        };
+        rendered.push(condition(
+            previous,
+            AUTHENTICATION_DISABLED,
+            &observed,
+            generation,
+            now,
+        ));
+    }
     WorkloadStatus {
         observed_generation: generation,
-        conditions: conditions.render(previous, generation, now),
+        conditions: rendered,
         ready_replicas: Some(ready_total),
         summary: Some(format!("{ready_total}/{desired_total}")),
         url: Some(url.clone()),
@@ -248,44 +330,154 @@ where
     Ok(())
 }
 
+/// The LockServer condition that says whether the Lock mirror is complete.
+pub const LOCKS_MIRRORED: &str = "LocksMirrored";
+
+/// The LockServer's conditions with `LocksMirrored` set from the last list, or `None` when they
+/// need no change. A complete list never adds the condition, only flips an existing one back.
+pub fn mirror_conditions(
+    previous: &[crate::crd::Condition],
+    truncated: bool,
+    listed: usize,
+    generation: Option<i64>,
+    now: &str,
+) -> Option<Vec<crate::crd::Condition>> {
+    let existing = previous.iter().find(|c| c.type_ == LOCKS_MIRRORED);
+    let observed = if truncated {
+        Observed::new(
+            false,
+            "Truncated",
+            format!(
+                "the lock server listed {listed} held locks and holds more; Locks of unlisted \
+                 keys are kept, none is removed until a list is complete"
+            ),
+        )
+    } else if existing.is_some() {
+        Observed::new(
+            true,
+            "Complete",
+            format!("all {listed} held locks mirrored"),
+        )
+    } else {
+        return None;
+    };
+    let updated = condition(previous, LOCKS_MIRRORED, &observed, generation, now);
+    if existing.is_some_and(|c| c.status == updated.status && c.message == updated.message) {
+        return None;
+    }
+    let mut conditions: Vec<_> = previous
+        .iter()
+        .filter(|c| c.type_ != LOCKS_MIRRORED)
+        .cloned()
+        .collect();
+    conditions.push(updated);
+    Some(conditions)
+}
+
+/// The Lock status fields the mirror owns (under [`LOCK_MIRROR_MANAGER`]), and only those: the
+/// Lock controller owns `observedGeneration`, `conditions` and `revocation`.
+pub fn mirror_status(grant: &lock::HeldLock) -> LockStatus {
+    LockStatus {
+        holder: Some(grant.owner_id.clone()),
+        token: Some(grant.fencing_token),
+        acquired_at: Some(grant.acquired_at.clone()),
+        expires_at: Some(grant.expires_at.clone()),
+        ..LockStatus::default()
+    }
+}
+
+fn mirrored_fields(status: &LockStatus) -> LockStatus {
+    LockStatus {
+        holder: status.holder.clone(),
+        token: status.token,
+        acquired_at: status.acquired_at.clone(),
+        expires_at: status.expires_at.clone(),
+        ..LockStatus::default()
+    }
+}
+
+/// Whether a Lock carries a revocation that has not reached both fences (or has not run yet).
+/// A revoked lock is released at once, so its key leaves the held list before the fences are
+/// pushed; deleting the Lock then would lose the recorded floor the retry needs. It goes once
+/// the revocation is settled.
+pub fn revocation_unfinished(lock: &crate::crd::Lock) -> bool {
+    let Some((reason, revoked_by)) = super::lock::requested(lock) else {
+        return false;
+    };
+    let request = super::lock::request_key(&reason, &revoked_by);
+    !super::revoke::is_settled(
+        lock.status.as_ref().and_then(|s| s.revocation.as_ref()),
+        &request,
+    )
+}
+
 /// Mirrors a ready LockServer's held locks into Lock objects and removes the Locks of released
-/// keys. A lock server that does not answer leaves the mirror as it is (it is a view only).
-pub async fn mirror_locks(object: &LockServer, ctx: &Context) {
-    if let Err(error) = try_mirror_locks(object, ctx).await {
+/// keys. A lock server that does not answer leaves the mirror as it is (it is a view only). A
+/// truncated list (more held locks than one list returns) removes nothing: a key that was not
+/// listed may well be held; the LockServer's `LocksMirrored` condition says so.
+pub async fn mirror_locks(object: &LockServer, status: WorkloadStatus, ctx: &Context) {
+    if let Err(error) = try_mirror_locks(object, status, ctx).await {
         tracing::warn!(event = "lock_mirror_failed", lock_server = %object.name_any(), error = %error);
     }
 }
 
-async fn try_mirror_locks(object: &LockServer, ctx: &Context) -> Result<()> {
+async fn try_mirror_locks(
+    object: &LockServer,
+    status: WorkloadStatus,
+    ctx: &Context,
+) -> Result<()> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
     let Some(owner) = object.controller_owner_ref(&()) else {
         return Ok(());
     };
     let url = crate::workload::service_url(&name, &namespace);
-    let held = ctx.services.held_locks(&url).await?;
+    let list = ctx.services.held_locks(&url).await?;
+    let held = &list.items;
     let mut keep = std::collections::BTreeSet::new();
-    for grant in &held {
+    for grant in held {
         let mirrored = lock::mirrored_lock(&name, &namespace, grant, &owner);
         keep.insert(mirrored.name_any());
         let applied = apply(&ctx.client, &mirrored).await?;
-        let previous = applied.status.clone().unwrap_or_default();
-        let status = LockStatus {
-            observed_generation: applied.metadata.generation,
-            holder: Some(grant.owner_id.clone()),
-            token: Some(grant.fencing_token),
-            acquired_at: Some(grant.acquired_at.clone()),
-            expires_at: Some(grant.expires_at.clone()),
-            conditions: Conditions::ready("held").render(
-                &previous.conditions,
-                applied.metadata.generation,
-                &ctx.now(),
-            ),
-            revocation: previous.revocation,
-        };
-        if applied.status.as_ref() != Some(&status) {
-            apply_status(&ctx.client, &applied, &status).await?;
+        let status = mirror_status(grant);
+        if applied.status.as_ref().map(mirrored_fields) != Some(status.clone()) {
+            apply_status_as(&ctx.client, &applied, &status, LOCK_MIRROR_MANAGER).await?;
         }
+    }
+    if let Some(conditions) = mirror_conditions(
+        &status.conditions,
+        list.truncated,
+        held.len(),
+        object.metadata.generation,
+        &ctx.now(),
+    ) {
+        apply_status(
+            &ctx.client,
+            object,
+            &WorkloadStatus {
+                conditions,
+                ..status
+            },
+        )
+        .await?;
+        if list.truncated {
+            publish(
+                ctx,
+                object,
+                EventType::Warning,
+                "LockMirrorTruncated",
+                format!(
+                    "the lock server listed {} held locks and holds more; no Lock is removed \
+                     until a list is complete",
+                    held.len()
+                ),
+            )
+            .await;
+        }
+    }
+    if list.truncated {
+        tracing::warn!(event = "lock_mirror_truncated", lock_server = %name, listed = held.len());
+        return Ok(());
     }
     let api: Api<crate::crd::Lock> = Api::namespaced(ctx.client.clone(), &namespace);
     let listed = api
@@ -300,7 +492,7 @@ async fn try_mirror_locks(object: &LockServer, ctx: &Context) -> Result<()> {
         .iter()
         .filter(|l| !keep.contains(&l.name_any()))
     {
-        if is_paused(stale) {
+        if is_paused(stale) || revocation_unfinished(stale) {
             continue;
         }
         api.delete(&stale.name_any(), &DeleteParams::default())
@@ -312,4 +504,120 @@ async fn try_mirror_locks(object: &LockServer, ctx: &Context) -> Result<()> {
             })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mirror keeps the Lock of a released key while a revocation on it is unfinished: L8
+    /// releases the key at once, and the Lock holds the recorded floor the fence retry needs.
+    #[test]
+    fn a_lock_with_an_unfinished_revocation_is_kept() {
+        let mut lock = crate::crd::Lock::new(
+            "payout-acct-17-0a1b2c3d",
+            crate::crd::LockSpec {
+                key: "payout:acct-17".to_owned(),
+                lock_server: "lock-server".to_owned(),
+                account_id: "acct-17".to_owned(),
+            },
+        );
+        assert!(!revocation_unfinished(&lock), "nothing asked");
+        lock.metadata.annotations = Some(std::collections::BTreeMap::from([
+            (
+                "dlock.io/revoke-reason".to_owned(),
+                "worker wedged".to_owned(),
+            ),
+            ("dlock.io/revoked-by".to_owned(), "oncall".to_owned()),
+        ]));
+        assert!(revocation_unfinished(&lock), "asked, not run yet");
+        let mut result = crate::crd::RevocationResult {
+            request: "oncall: worker wedged".to_owned(),
+            outcome: "Incomplete".to_owned(),
+            ..Default::default()
+        };
+        lock.status = Some(LockStatus {
+            revocation: Some(result.clone()),
+            ..LockStatus::default()
+        });
+        assert!(revocation_unfinished(&lock), "a fence is missing");
+        result.outcome = "Complete".to_owned();
+        lock.status = Some(LockStatus {
+            revocation: Some(result),
+            ..LockStatus::default()
+        });
+        assert!(!revocation_unfinished(&lock), "settled: the Lock may go");
+    }
+
+    const NOW: &str = "2026-12-02T17:00:00Z";
+
+    #[test]
+    fn a_truncated_list_sets_locks_mirrored_false_and_a_complete_one_flips_it_back() {
+        let ready = Conditions::ready("3/3").render(&[], Some(1), NOW);
+        assert_eq!(mirror_conditions(&ready, false, 3, Some(1), NOW), None);
+        let truncated = mirror_conditions(&ready, true, 1000, Some(1), NOW)
+            .unwrap_or_else(|| panic!("no change"));
+        assert_eq!(truncated.len(), 4);
+        assert_eq!(truncated[3].type_, LOCKS_MIRRORED);
+        assert_eq!(
+            (truncated[3].status.as_str(), truncated[3].reason.as_str()),
+            ("False", "Truncated")
+        );
+        assert_eq!(
+            mirror_conditions(&truncated, true, 1000, Some(1), NOW),
+            None
+        );
+        let complete = mirror_conditions(&truncated, false, 2, Some(1), "later")
+            .unwrap_or_else(|| panic!("no change"));
+        assert_eq!(complete[3].status, "True");
+        assert_eq!(complete[3].last_transition_time.as_deref(), Some("later"));
+        // The workloads' own status keeps the condition.
+        let status = workload_status(
+            Some(1),
+            &complete,
+            &Applied {
+                deployments: Vec::new(),
+                url: String::new(),
+                auth_disabled: false,
+            },
+            NOW,
+        );
+        assert!(status.conditions.iter().any(|c| c.type_ == LOCKS_MIRRORED));
+        assert_eq!(status.conditions.len(), 4);
+    }
+
+    /// `AuthenticationDisabled` is True while `spec.auth.mode` is none and flips to False, kept,
+    /// once authentication is back on; a workload that never turned it off has no such condition.
+    #[test]
+    fn authentication_disabled_is_raised_and_flips_back() {
+        let applied = |auth_disabled| Applied {
+            deployments: Vec::new(),
+            url: String::new(),
+            auth_disabled,
+        };
+        let on = workload_status(Some(1), &[], &applied(false), NOW);
+        assert!(
+            on.conditions
+                .iter()
+                .all(|c| c.type_ != AUTHENTICATION_DISABLED)
+        );
+        let off = workload_status(Some(2), &on.conditions, &applied(true), NOW);
+        let disabled = |s: &WorkloadStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == AUTHENTICATION_DISABLED)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        assert_eq!(
+            disabled(&off),
+            Some(("True".to_owned(), "AuthModeNone".to_owned()))
+        );
+        assert_eq!(off.conditions.len(), 4);
+        let back = workload_status(Some(3), &off.conditions, &applied(false), "later");
+        assert_eq!(
+            disabled(&back),
+            Some(("False".to_owned(), "TokenReview".to_owned()))
+        );
+        assert_eq!(back.conditions.len(), 4, "kept once, never duplicated");
+    }
 }

@@ -2,7 +2,7 @@
 //! ones, committed YAML snapshots for the rest).
 
 use dlock_operator::build::{
-    config_map, deployment, job, lock, network_policy, pdb, reconciler, service,
+    config_map, deployment, job, lock, network_policy, pdb, reconciler, service, service_account,
 };
 use dlock_operator::validate;
 use serde_json::json;
@@ -19,10 +19,12 @@ fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
     })
 }
 
+/// The labels of an object the operator makes: `dlock.io/instance`, never Argo CD's tracking
+/// label `app.kubernetes.io/instance`.
 fn labels(component: &str, instance: &str) -> serde_json::Value {
     json!({
         "app.kubernetes.io/component": component,
-        "app.kubernetes.io/instance": instance,
+        "dlock.io/instance": instance,
         "app.kubernetes.io/managed-by": "dlock-operator",
         "app.kubernetes.io/name": "dlock",
     })
@@ -84,7 +86,9 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
 }
 
 /// The lock server's configuration names the backend and listens on the pod port; the lockdb URL
-/// is not in it (it comes from the Secret through `DLOCK_LOCK_PG_URL`).
+/// is not in it (it comes from the Secret through `DLOCK_LOCK_PG_URL`). Authentication is on:
+/// TokenReview with the audience `dlock`, and the operator's service account as the only operator
+/// identity.
 #[test]
 fn the_lock_server_config_map_holds_the_toml_without_secrets() {
     let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
@@ -100,7 +104,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
                 "ownerReferences": [owner("LockServer", "lock-server", "uid-lock-server")],
             },
             "data": {
-                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n",
+                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n",
             },
         })
     );
@@ -113,7 +117,7 @@ fn an_etcd_lock_server_config_lists_the_endpoints() {
     let workload = validate::lock_server(&object, &settings()).unwrap();
     assert_eq!(
         workload.config_toml,
-        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n"
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
     );
     assert!(workload.secret_env.is_empty());
     assert_snapshot(
@@ -164,9 +168,9 @@ fn the_rail_proxy_deployment_outlasts_the_rail_read_timeout() {
 }
 
 /// Only the rail proxy's pods may reach the stub: any other caller would bypass the proxy's
-/// durable high-water mark.
+/// durable high-water mark. The reconciler's pods may too, to read the statement.
 #[test]
-fn only_the_rail_proxy_reaches_the_rail_stub() {
+fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
     let stub = rail.stub.expect("the stub is asked for");
     assert_eq!(
@@ -192,11 +196,18 @@ fn only_the_rail_proxy_reaches_the_rail_stub() {
                 }},
                 "policyTypes": ["Ingress"],
                 "ingress": [{
-                    "from": [{"podSelector": {"matchLabels": {
-                        "app.kubernetes.io/component": "rail-proxy",
-                        "app.kubernetes.io/instance": "rail-proxy",
-                        "app.kubernetes.io/name": "dlock",
-                    }}}],
+                    "from": [
+                        {"podSelector": {"matchLabels": {
+                            "app.kubernetes.io/component": "rail-proxy",
+                            "app.kubernetes.io/instance": "rail-proxy",
+                            "app.kubernetes.io/name": "dlock",
+                        }}},
+                        // The reconciler reads the rail statement.
+                        {"podSelector": {"matchLabels": {
+                            "app.kubernetes.io/component": "reconciler",
+                            "app.kubernetes.io/name": "dlock",
+                        }}},
+                    ],
                     "ports": [{"port": "http", "protocol": "TCP"}],
                 }],
             },
@@ -230,7 +241,7 @@ fn the_payout_batch_manifest_is_the_dlock_run_format() {
 /// The Job's name and arguments come from the batch name and spec only (never a uid or a clock),
 /// so a re-synced or re-created batch names the same Job and the same payouts.
 #[test]
-fn the_executor_job_runs_dlock_run_with_the_workers() {
+fn the_executor_job_runs_dlock_run_on_the_manifest() {
     let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
     assert_snapshot("payout-batch-job", &job::executor_job(&batch));
     let mut recreated = fixtures::payout_batch();
@@ -240,6 +251,99 @@ fn the_executor_job_runs_dlock_run_with_the_workers() {
         serde_json::to_value(job::executor_job(&again).spec).unwrap(),
         serde_json::to_value(job::executor_job(&batch).spec).unwrap()
     );
+}
+
+/// The executor authenticates: a Secret's token as `DLOCK_CREDENTIAL` with the identity it names,
+/// or (no Secret) a projected service-account token with audience `dlock` as the file
+/// `DLOCK_CREDENTIAL_FILE` names, as the service account's TokenReview identity. Its owner id is
+/// `<identity>/<batch>`, which the services' owner binding accepts.
+#[test]
+fn the_executor_job_carries_its_credential_and_identity() {
+    let mut object = fixtures::payout_batch();
+    object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
+        identity: Some("executor".to_owned()),
+        credential_secret: Some(dlock_operator::crd::SecretKeyRef {
+            name: "executor-credential".to_owned(),
+            key: "token".to_owned(),
+        }),
+        service_account_name: None,
+    });
+    let batch = validate::payout_batch(&object, &settings()).unwrap();
+    let job = serde_json::to_value(job::executor_job(&batch)).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+    };
+    assert_eq!(
+        env("DLOCK_IDENTITY"),
+        Some(json!({"name": "DLOCK_IDENTITY", "value": "executor"}))
+    );
+    assert_eq!(
+        env("DLOCK_CREDENTIAL"),
+        Some(
+            json!({"name": "DLOCK_CREDENTIAL", "valueFrom": {"secretKeyRef": {
+            "name": "executor-credential", "key": "token", "optional": false}}})
+        )
+    );
+    assert_eq!(env("DLOCK_CREDENTIAL_FILE"), None);
+    let args = container["args"].as_array().unwrap();
+    let owner = args.iter().position(|a| a == "--owner-id").unwrap();
+    assert_eq!(args[owner + 1], "executor/payroll-2026-12");
+    assert_eq!(
+        pod["volumes"].as_array().unwrap().len(),
+        1,
+        "no token volume"
+    );
+    assert_eq!(pod["serviceAccountName"], "default");
+
+    // No Secret: the service account's projected token, as its TokenReview identity.
+    object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
+        service_account_name: Some("payroll-runner".to_owned()),
+        ..Default::default()
+    });
+    let batch = validate::payout_batch(&object, &settings()).unwrap();
+    let job = serde_json::to_value(job::executor_job(&batch)).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "payroll-runner");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(
+        pod["volumes"][1],
+        json!({"name": "credential", "projected": {"sources": [{"serviceAccountToken": {
+            "audience": "dlock", "expirationSeconds": 3600, "path": "token"}}]}})
+    );
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(env.contains(&json!({"name": "DLOCK_IDENTITY",
+        "value": "system:serviceaccount:default:payroll-runner"})));
+    assert!(env.contains(&json!({"name": "DLOCK_CREDENTIAL_FILE",
+        "value": "/var/run/secrets/dlock/executor/token"})));
+    let args = pod["containers"][0]["args"].as_array().unwrap();
+    assert!(args.contains(&json!(
+        "system:serviceaccount:default:payroll-runner/payroll-2026-12"
+    )));
+
+    // A Secret without the identity it authenticates as, or an identity the service account's
+    // token cannot prove, is refused.
+    object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
+        credential_secret: Some(dlock_operator::crd::SecretKeyRef {
+            name: "executor-credential".to_owned(),
+            key: "token".to_owned(),
+        }),
+        ..Default::default()
+    });
+    let error = validate::payout_batch(&object, &settings()).unwrap_err();
+    assert_eq!(error.field, "spec.executor.identity");
+    object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
+        identity: Some("executor".to_owned()),
+        ..Default::default()
+    });
+    let error = validate::payout_batch(&object, &settings()).unwrap_err();
+    assert_eq!(error.field, "spec.executor.identity");
 }
 
 #[test]
@@ -303,4 +407,263 @@ fn the_reconciler_runs_once_as_a_job_or_on_a_schedule_as_a_cron_job() {
     let error = validate::reconciliation(&fixtures::reconciliation(Some("hourly")), &settings())
         .unwrap_err();
     assert_eq!(error.field, "spec.schedule");
+}
+
+/// Every pod the operator builds runs with the runtime's default seccomp profile and with
+/// requests and limits (the spec's when given, the operator's defaults otherwise), and pulls with
+/// the spec's `imagePullSecrets`.
+#[test]
+fn every_pod_has_seccomp_resources_and_the_specs_pull_secrets() {
+    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
+    let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
+    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
+    let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
+    let mut pods: Vec<(String, serde_json::Value)> = Vec::new();
+    for workload in [
+        &lock_server,
+        &payment,
+        &rail.proxy,
+        rail.stub.as_ref().unwrap(),
+    ] {
+        let d = serde_json::to_value(deployment::deployment(workload)).unwrap();
+        pods.push((workload.name.clone(), d["spec"]["template"]["spec"].clone()));
+    }
+    let job = serde_json::to_value(job::executor_job(&batch)).unwrap();
+    pods.push(("executor".into(), job["spec"]["template"]["spec"].clone()));
+    let job = serde_json::to_value(reconciler::reconciler_job(&once)).unwrap();
+    pods.push(("reconciler".into(), job["spec"]["template"]["spec"].clone()));
+    let cron = serde_json::to_value(reconciler::reconciler_cron_job(&once, "0 * * * *")).unwrap();
+    pods.push((
+        "reconciler-cron".into(),
+        cron["spec"]["jobTemplate"]["spec"]["template"]["spec"].clone(),
+    ));
+    for (name, pod) in &pods {
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"],
+            json!({"type": "RuntimeDefault"}),
+            "{name}"
+        );
+        let resources = &pod["containers"][0]["resources"];
+        assert!(
+            resources["requests"]["cpu"].is_string()
+                && resources["requests"]["memory"].is_string()
+                && resources["limits"]["memory"].is_string(),
+            "{name}: {resources}"
+        );
+        let pull = &pod["imagePullSecrets"];
+        if name == "payment-resource" {
+            assert_eq!(pull, &json!([{"name": "regcred"}]), "{name}");
+            assert_eq!(resources["limits"], json!({"cpu": "1", "memory": "1Gi"}));
+        } else {
+            assert!(pull.is_null(), "{name}: {pull}");
+            assert_eq!(
+                resources["limits"].as_object().unwrap().len(),
+                1,
+                "{name}: a memory limit, no CPU limit by default"
+            );
+        }
+    }
+}
+
+/// Argo CD tracks objects by `app.kubernetes.io/instance`: no object the operator makes carries
+/// it (an Application named like the custom resource would claim and prune it). Only a
+/// Deployment's pods do, because its immutable selector was made with it.
+#[test]
+fn no_object_the_operator_makes_carries_argo_cds_tracking_label() {
+    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let stub = rail.stub.clone().unwrap();
+    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
+    let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
+    let objects = [
+        serde_json::to_value(deployment::deployment(&rail.proxy)).unwrap(),
+        serde_json::to_value(service::service(&rail.proxy)).unwrap(),
+        serde_json::to_value(config_map::config_map(&rail.proxy)).unwrap(),
+        serde_json::to_value(pdb::pdb(&rail.proxy)).unwrap(),
+        serde_json::to_value(network_policy::rail_network_policy(&stub, "rail-proxy")).unwrap(),
+        serde_json::to_value(job::executor_job(&batch)).unwrap(),
+        serde_json::to_value(job::manifest_config_map(&batch)).unwrap(),
+        serde_json::to_value(reconciler::reconciler_job(&once)).unwrap(),
+        serde_json::to_value(reconciler::reconciler_cron_job(&once, "0 * * * *")).unwrap(),
+    ];
+    for object in &objects {
+        let labels = &object["metadata"]["labels"];
+        assert!(
+            labels["app.kubernetes.io/instance"].is_null()
+                && labels["dlock.io/instance"].is_string(),
+            "{}: {labels}",
+            object["kind"]
+        );
+    }
+    // Job pods are selected by the Job's own uid: they drop it too.
+    assert!(
+        objects[5]["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
+            .is_null()
+    );
+}
+
+/// Every service runs as the namespace's `dlock-service` account with its token mounted, which
+/// its TokenReview calls need; the account has no owner (the namespace's services share it). The
+/// rail stub checks no caller and mounts no token.
+#[test]
+fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_review() {
+    let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
+    let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
+    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    for workload in [&lock_server, &payment, &rail.proxy] {
+        let pod = deployment::deployment(workload)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("dlock-service"));
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        assert!(
+            workload.config_toml.contains(
+                "\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
+            ),
+            "{}",
+            workload.config_toml
+        );
+    }
+    let stub = rail.stub.unwrap();
+    let pod = deployment::deployment(&stub)
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    assert_eq!(pod.service_account_name, None);
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        serde_json::to_value(service_account::service_account("payments")).unwrap(),
+        json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {
+                "name": "dlock-service",
+                "namespace": "payments",
+                "labels": {
+                    "app.kubernetes.io/component": "service",
+                    "app.kubernetes.io/managed-by": "dlock-operator",
+                    "app.kubernetes.io/name": "dlock",
+                },
+            },
+        })
+    );
+}
+
+/// `spec.fencingProofKeysSecret` (DESIGN D-8): the lock server, the payment resource and the
+/// rail proxy mount the same Secret read-only as a directory (never a subPath, so a rotated key
+/// reaches the pod) and `fencing.proof-keys-file` names the key's file in it. A key that could
+/// leave the directory is refused.
+#[test]
+fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_config() {
+    let keys = fixtures::secret("fencing-proof-keys", "keys");
+    let mut lock_server = fixtures::lock_server();
+    lock_server.spec.fencing_proof_keys_secret = Some(keys.clone());
+    let mut payment = fixtures::payment_resource();
+    payment.spec.fencing_proof_keys_secret = Some(keys.clone());
+    let mut rail = fixtures::rail_proxy();
+    rail.spec.fencing_proof_keys_secret = Some(keys.clone());
+    let rail = validate::rail_proxy(&rail, &settings()).unwrap();
+    for workload in [
+        validate::lock_server(&lock_server, &settings()).unwrap(),
+        validate::payment_resource(&payment, &settings()).unwrap(),
+        rail.proxy,
+    ] {
+        assert!(
+            workload.config_toml.ends_with(
+                "\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
+            ),
+            "{}",
+            workload.config_toml
+        );
+        let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap()["spec"]
+            ["template"]["spec"]
+            .clone();
+        let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.contains(&json!({
+                "name": "fencing-proof-keys",
+                "mountPath": "/etc/dlock/fencing-proof-keys",
+                "readOnly": true,
+            })),
+            "{mounts:?}"
+        );
+        assert!(
+            pod["volumes"].as_array().unwrap().contains(&json!({
+                "name": "fencing-proof-keys",
+                "secret": {"secretName": "fencing-proof-keys"},
+            })),
+            "{}",
+            pod["volumes"]
+        );
+    }
+    let stub = rail.stub.unwrap();
+    assert!(
+        !stub.config_toml.contains("fencing"),
+        "the stub checks no proof"
+    );
+    // Without the field: no proofs, no mount.
+    let plain = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
+    assert!(!plain.config_toml.contains("fencing"));
+    assert_eq!(plain.fencing_proof_keys_secret, None);
+    for key in ["..", "a/b", ""] {
+        lock_server.spec.fencing_proof_keys_secret = Some(fixtures::secret("keys", key));
+        let error = validate::lock_server(&lock_server, &settings()).unwrap_err();
+        assert_eq!(error.field, "spec.fencingProofKeysSecret.key", "{key:?}");
+    }
+}
+
+/// Only the executor and reconciler pods of the namespace and the operator's pods (in the
+/// operator's namespace, by `kubernetes.io/metadata.name`) reach a service's port.
+#[test]
+fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
+    let workload = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
+    let pods = |component: &str| {
+        json!({"matchLabels": {
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/name": "dlock",
+        }})
+    };
+    assert_eq!(
+        serde_json::to_value(network_policy::service_network_policy(
+            &workload,
+            "dlock-system"
+        ))
+        .unwrap(),
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": "payment-resource",
+                "namespace": "default",
+                "labels": labels("payment-resource", "payment-resource"),
+                "ownerReferences": [owner("PaymentResource", "payment-resource", "uid-payment-resource")],
+            },
+            "spec": {
+                "podSelector": {"matchLabels": {
+                    "app.kubernetes.io/component": "payment-resource",
+                    "app.kubernetes.io/instance": "payment-resource",
+                    "app.kubernetes.io/name": "dlock",
+                }},
+                "policyTypes": ["Ingress"],
+                "ingress": [{
+                    "from": [
+                        {"podSelector": pods("executor")},
+                        {"podSelector": pods("reconciler")},
+                        {
+                            "namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": "dlock-system",
+                            }},
+                            "podSelector": pods("operator"),
+                        },
+                    ],
+                    "ports": [{"port": "http", "protocol": "TCP"}],
+                }],
+            },
+        })
+    );
 }

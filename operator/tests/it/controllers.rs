@@ -5,10 +5,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_contract::client::ClientError;
+use dlock_contract::lock::{Revocation, RevokeRequest};
+use dlock_contract::payment::{FenceRequest, FenceResponse};
+use dlock_contract::rail::{HighWater, HighWaterRequest};
+use dlock_contract::revoke::StepFuture;
 use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
-use dlock_operator::services::{FenceRequest, Revocation, RevokeRequest, ServiceError, Services};
+use dlock_operator::services::{HeldList, ServiceError, Services};
 use futures::future::BoxFuture;
 use http::{Method, Request, Response};
 use kube::client::Body;
@@ -18,11 +23,14 @@ use crate::fixtures::{self, NOW};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
+const REVOCATION_ID: &str = "7f9c0000-0000-4000-8000-000000000001";
+
 /// Calls the fake services received, in order.
 #[derive(Default)]
 struct FakeServices {
     calls: Mutex<Vec<(String, Value)>>,
     held: Vec<HeldLock>,
+    truncated: bool,
     rail_down: bool,
 }
 
@@ -58,19 +66,21 @@ impl Services for FakeServices {
             .collect();
         Box::pin(async move { Ok(states) })
     }
-    fn held_locks<'a>(
-        &'a self,
-        url: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<HeldLock>, ServiceError>> {
+    fn held_locks<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<HeldList, ServiceError>> {
         self.record(format!("GET {url}/v1/locks"), Value::Null);
-        Box::pin(async move { Ok(self.held.clone()) })
+        Box::pin(async move {
+            Ok(HeldList {
+                items: self.held.clone(),
+                truncated: self.truncated,
+            })
+        })
     }
     fn revoke_lock<'a>(
         &'a self,
         url: &'a str,
         key: &'a str,
         request: &'a RevokeRequest,
-    ) -> BoxFuture<'a, Result<Revocation, ServiceError>> {
+    ) -> StepFuture<'a, Revocation> {
         self.record(
             format!("POST {url}/v1/locks/{key}/revoke"),
             serde_json::to_value(request).unwrap(),
@@ -81,7 +91,10 @@ impl Services for FakeServices {
                 revoked_token: 41,
                 revoked_owner_id: "executor-7".to_owned(),
                 new_token_floor: 42,
-                revocation_id: "7f9c0000-0000-4000-8000-000000000001".to_owned(),
+                revocation_id: REVOCATION_ID.parse().unwrap(),
+                operator: request.operator.clone(),
+                reason: request.reason.clone(),
+                revoked_at: chrono::Utc::now(),
             })
         })
     }
@@ -89,20 +102,28 @@ impl Services for FakeServices {
         &'a self,
         url: &'a str,
         account: &'a str,
+        idempotency_key: &'a str,
         request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+    ) -> StepFuture<'a, FenceResponse> {
         self.record(
-            format!("POST {url}/v1/accounts/{account}/fence"),
+            format!("POST {url}/v1/accounts/{account}/fence key={idempotency_key}"),
             serde_json::to_value(request).unwrap(),
         );
-        Box::pin(async { Ok(()) })
+        Box::pin(async move {
+            Ok(FenceResponse {
+                account_id: account.to_owned(),
+                previous_fence: 3,
+                fence: request.floor,
+                revocation_id: request.revocation_id,
+            })
+        })
     }
     fn raise_high_water<'a>(
         &'a self,
         url: &'a str,
         account: &'a str,
-        request: &'a FenceRequest,
-    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+        request: &'a HighWaterRequest,
+    ) -> StepFuture<'a, HighWater> {
         self.record(
             format!("POST {url}/v1/rail/high-water/{account}"),
             serde_json::to_value(request).unwrap(),
@@ -110,15 +131,51 @@ impl Services for FakeServices {
         let down = self.rail_down;
         Box::pin(async move {
             if down {
-                Err(ServiceError::Unavailable {
-                    service: "rail-proxy",
+                Err(ClientError::Transport {
+                    url: url.to_owned(),
                     message: "connection refused".to_owned(),
+                    connect: true,
+                    timeout: false,
                 })
             } else {
-                Ok(())
+                Ok(HighWater {
+                    account_id: account.to_owned(),
+                    previous_token: Some(3),
+                    highest_token: request.floor,
+                })
             }
         })
     }
+}
+
+/// Answers the namespace's object list of one kind (names only, as `list_metadata` asks).
+fn reply_names(call: Call, plural: &str, names: &[&str]) {
+    call.expect(Method::GET, &format!("{DLOCK}/{plural}"));
+    let items: Vec<Value> = names
+        .iter()
+        .map(|n| {
+            json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": {"name": n, "namespace": "default"},
+            })
+        })
+        .collect();
+    call.reply(
+        200,
+        &json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": {},
+            "items": items,
+        }),
+    );
+}
+
+/// The stack of the fixtures: one PaymentResource and one RailProxy in the namespace.
+async fn answer_fence_targets(api: &mut ApiServerVerifier) {
+    reply_names(api.next().await, "paymentresources", &["payment-resource"]);
+    reply_names(api.next().await, "railproxies", &["rail-proxy"]);
 }
 
 fn context(services: Arc<FakeServices>) -> (Arc<Context>, ApiServerVerifier) {
@@ -226,6 +283,7 @@ const NS: &str = "/api/v1/namespaces/default";
 const APPS: &str = "/apis/apps/v1/namespaces/default";
 const POLICY: &str = "/apis/policy/v1/namespaces/default";
 const DLOCK: &str = "/apis/dlock.io/v1alpha1/namespaces/default";
+const NETWORKING: &str = "/apis/networking.k8s.io/v1/namespaces/default";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
 fn ready_deployment(mut body: Value, replicas: i64) -> Value {
@@ -259,9 +317,25 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
     };
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(object, ctx));
 
+    // The services' service account comes first, before any pod that runs as it.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
+    assert_eq!(call.body["kind"], "ServiceAccount");
+    assert!(
+        call.body["metadata"].get("ownerReferences").is_none(),
+        "shared by the namespace's services: no owner"
+    );
+    call.echo();
     let call = api.next().await;
     call.expect_apply(&format!("{NS}/configmaps/lock-server"));
     assert_eq!(call.body["kind"], "ConfigMap");
+    assert!(
+        call.body["data"]["config.toml"]
+            .as_str()
+            .unwrap()
+            .contains("\"auth.mode\" = \"tokenreview\""),
+        "authentication is on by default"
+    );
     call.echo();
     let call = api.next().await;
     call.expect_apply(&format!("{NS}/services/lock-server"));
@@ -272,6 +346,10 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
     call.echo();
     let call = api.next().await;
     call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    // The service's ingress: executors, reconcilers and the operator only.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
     call.echo();
     let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
@@ -347,6 +425,9 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
         ctx,
     ));
 
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
+    call.echo();
     for kind in ["configmaps", "services"] {
         let call = api.next().await;
         call.expect_apply(&format!("{NS}/{kind}/lock-server"));
@@ -362,6 +443,10 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     call.reply(200, &body);
     let call = api.next().await;
     call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    // The service's ingress: executors, reconcilers and the operator only.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
     call.echo();
     let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
@@ -382,14 +467,18 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     call.reply(200, &applied.clone());
     let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/locks/{name}/status"));
-    let status = &call.body["status"];
+    // Only the mirror's own fields, under its own field manager: a revocation result or the
+    // conditions the Lock controller wrote are never sent (and so never erased).
+    assert!(
+        call.query
+            .contains("fieldManager=dlock-operator-lock-mirror"),
+        "{}",
+        call.query
+    );
     assert_eq!(
-        (&status["holder"], &status["token"], &status["expiresAt"]),
-        (
-            &json!("executor-7"),
-            &json!(42),
-            &json!("2026-12-02T17:00:10Z")
-        )
+        call.body["status"],
+        json!({"holder": "executor-7", "token": 42, "acquiredAt": "2026-12-02T16:59:00Z",
+               "expiresAt": "2026-12-02T17:00:10Z"})
     );
     call.reply(200, &applied);
     let call = api.next().await;
@@ -502,6 +591,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         Arc::new(lock.clone()),
         ctx.clone(),
     ));
+    answer_fence_targets(&mut api).await;
     let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"));
     let revocation = call.body["status"]["revocation"].clone();
@@ -518,10 +608,22 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
             "summary": "revoked token 41, floor 42 at both fences",
         })
     );
-    assert_eq!(
-        call.body["status"]["holder"], "executor-7",
-        "the mirror's fields are kept"
+    // Only the Lock controller's own fields, under its own field manager: the mirror's holder,
+    // token and times are never sent (and so never overwritten from a cached copy).
+    assert!(
+        call.query
+            .contains("fieldManager=dlock-operator-lock-revoke"),
+        "{}",
+        call.query
     );
+    let mut fields: Vec<&str> = call.body["status"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort();
+    assert_eq!(fields, ["conditions", "observedGeneration", "revocation"]);
     call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
     let call = api.next().await;
     call.expect(Method::POST, EVENTS);
@@ -542,11 +644,14 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
             (
                 "POST http://lock-server.default.svc:8080/v1/locks/payout:acct-17/revoke"
                     .to_owned(),
-                json!({"operator": "oncall-ana", "reason": reason}),
+                // The mirrored token guards L8: only the holder the Lock shows is revoked.
+                json!({"operator": "oncall-ana", "reason": reason, "expectedToken": 41}),
             ),
             (
-                "POST http://payment-resource.default.svc:8080/v1/accounts/acct-17/fence"
-                    .to_owned(),
+                format!(
+                    "POST http://payment-resource.default.svc:8080/v1/accounts/acct-17/fence \
+                     key=revoke-{REVOCATION_ID}"
+                ),
                 fence.clone()
             ),
             (
@@ -586,6 +691,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
         Arc::new(lock.clone()),
         ctx.clone(),
     ));
+    answer_fence_targets(&mut api).await;
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Incomplete");
     assert_eq!(call.body["status"]["revocation"]["paymentFenced"], true);
@@ -603,6 +709,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
     let mut retry = lock;
     retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
+    answer_fence_targets(&mut api).await;
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
     call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
@@ -649,11 +756,13 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
     call.echo();
     let call = api.next().await;
-    call.expect_apply("/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor");
-    assert_eq!(
-        call.body["spec"]["template"]["spec"]["containers"][0]["args"][4],
-        "8"
-    );
+    call.expect(Method::GET, JOB);
+    call.reply(404, &not_found());
+    let call = api.next().await;
+    call.expect_apply(JOB);
+    // The worker count is the manifest's: a Job's pod template is immutable.
+    let args = call.body["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(!args.to_string().contains("--workers"), "{args}");
     let mut job = call.body.clone();
     job["status"] = json!({"active": 1});
     call.reply(200, &job);
@@ -674,6 +783,11 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
         "1/2 POSTED, 1 RAIL_AMBIGUOUS"
     );
     assert_eq!(call.body["status"]["conditions"][1]["status"], "True");
+    assert_eq!(
+        call.body["status"]["conditions"][3],
+        json!({"type": "JobTemplateCurrent", "status": "True", "reason": "Current",
+               "message": "", "lastTransitionTime": NOW, "observedGeneration": 1})
+    );
     call.reply(
         200,
         &serde_json::to_value(fixtures::payout_batch()).unwrap(),
@@ -684,6 +798,87 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     call.echo();
     reconcile.await.unwrap().unwrap();
     api.done().await;
+}
+
+const JOB: &str = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
+
+fn not_found() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+           "code": 404, "message": "not found", "metadata": {}})
+}
+
+/// A Job's pod template is immutable: a running batch whose workers change, or an operator
+/// upgrade that changes the image, sends no Job patch (which would be refused with 422). The
+/// manifest ConfigMap carries the new worker count; the outdated template is recorded in a
+/// condition and an Event.
+#[tokio::test]
+async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services);
+    let mut batch = fixtures::payout_batch();
+    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    let validated = dlock_operator::validate::payout_batch(&batch, &fixtures::settings()).unwrap();
+    let mut running =
+        serde_json::to_value(dlock_operator::build::job::executor_job(&validated)).unwrap();
+    running["status"] = json!({"active": 1});
+    let mut changed = batch.clone();
+    changed.spec.workers = Some(3);
+    changed.spec.image = Some("dlock:next".to_owned());
+    changed.metadata.generation = Some(2);
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(changed),
+        ctx,
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    assert!(
+        call.body["data"]["payoutbatch.yaml"]
+            .as_str()
+            .unwrap()
+            .contains("workers: 3"),
+        "{}",
+        call.body
+    );
+    call.echo();
+    let call = api.next().await;
+    call.expect(Method::GET, JOB);
+    call.reply(200, &running);
+    // No Job patch: the next call is the status.
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"));
+    let current = &call.body["status"]["conditions"][3];
+    assert_eq!(current["type"], "JobTemplateCurrent");
+    assert_eq!(current["status"], "False");
+    assert_eq!(current["reason"], "Outdated");
+    assert_eq!(call.body["status"]["conditions"][1]["status"], "True");
+    call.reply(
+        200,
+        &serde_json::to_value(fixtures::payout_batch()).unwrap(),
+    );
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "JobTemplateOutdated");
+    call.echo();
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "Executing");
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+
+    // Only the worker count changed: the template is the same, so it is current.
+    let mut workers_only = batch.clone();
+    workers_only.spec.workers = Some(3);
+    let validated =
+        dlock_operator::validate::payout_batch(&workers_only, &fixtures::settings()).unwrap();
+    assert_eq!(
+        dlock_operator::build::job::executor_job(&validated),
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": running["metadata"], "spec": running["spec"],
+        }))
+        .unwrap()
+    );
 }
 
 /// Deleting a batch: the executor Job goes in the foreground first (its pods hold lock sessions
@@ -820,6 +1015,9 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
     assert_eq!(call.body["spec"]["concurrencyPolicy"], "Forbid");
     call.echo();
     let call = api.next().await;
+    call.expect(Method::GET, &format!("{NS}/pods"));
+    call.reply(200, &pod_list(vec![]));
+    let call = api.next().await;
     call.expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"));
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["lastRunJob"], "hourly-reconcile");
@@ -828,6 +1026,475 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
     call.expect(Method::POST, EVENTS);
     assert_eq!(call.body["reason"], "Ready");
     call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// The lock server lists at most so many held locks and says `truncated`: the listed keys are
+/// mirrored, the LockServer gets `LocksMirrored: False` (and a Warning Event), and no Lock is
+/// deleted — an unlisted key may well be held.
+#[tokio::test]
+async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
+    let held = HeldLock {
+        key: "payout:acct-17".to_owned(),
+        owner_id: "executor-7".to_owned(),
+        fencing_token: 42,
+        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
+        expires_at: "2026-12-02T17:00:10Z".to_owned(),
+    };
+    let services = Arc::new(FakeServices {
+        held: vec![held],
+        truncated: true,
+        ..FakeServices::default()
+    });
+    let (ctx, mut api) = context(services.clone());
+    let mut object = fixtures::lock_server();
+    object.spec.replicas = Some(3);
+    object.status = Some(dlock_operator::crd::WorkloadStatus {
+        conditions: serde_json::from_value(json!([condition(
+            "Ready",
+            "True",
+            "Available",
+            "3/3 replicas ready"
+        ),]))
+        .unwrap(),
+        ..Default::default()
+    });
+    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
+        Arc::new(object),
+        ctx,
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
+    call.echo();
+    for kind in ["configmaps", "services"] {
+        let call = api.next().await;
+        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
+        call.echo();
+    }
+    let call = api.next().await;
+    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    let body = ready_deployment(call.body.clone(), 3);
+    call.reply(200, &body);
+    let call = api.next().await;
+    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    // The service's ingress: executors, reconcilers and the operator only.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+
+    let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/{name}"));
+    let mut applied = call.body.clone();
+    applied["metadata"]["generation"] = json!(1);
+    call.reply(200, &applied.clone());
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/{name}/status"));
+    call.reply(200, &applied);
+
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    let conditions = call.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(conditions.len(), 4, "{conditions:?}");
+    assert_eq!(conditions[0]["type"], "Ready");
+    assert_eq!(conditions[3]["type"], "LocksMirrored");
+    assert_eq!(conditions[3]["status"], "False");
+    assert_eq!(conditions[3]["reason"], "Truncated");
+    assert_eq!(
+        call.body["status"]["summary"], "3/3",
+        "the rest of status is kept"
+    );
+    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("LockMirrorTruncated"), &json!("Warning"))
+    );
+    call.echo();
+
+    reconcile.await.unwrap().unwrap();
+    // No list of Locks, no delete.
+    api.done().await;
+    assert_eq!(services.calls().len(), 1);
+}
+
+/// With several PaymentResources in the namespace the operator cannot tell which holds the
+/// account: the revocation is refused before anything is sent, and says to name one.
+#[tokio::test]
+async fn a_revocation_with_several_payment_resources_is_refused_without_a_call() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let lock = fixtures::with_annotations(
+        fixtures::lock(),
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    );
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
+    reply_names(api.next().await, "railproxies", &["rail"]);
+    let call = api.next().await;
+    let revocation = &call.body["status"]["revocation"];
+    assert_eq!(revocation["outcome"], "Refused");
+    assert!(
+        revocation["summary"]
+            .as_str()
+            .unwrap()
+            .contains("2 PaymentResources in the namespace (pay-a, pay-b)"),
+        "{revocation}"
+    );
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    api.next().await.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+    assert!(services.calls().is_empty());
+}
+
+/// The fence targets are the namespace's own objects, whatever their names.
+#[tokio::test]
+async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let lock = fixtures::with_annotations(
+        fixtures::lock(),
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    );
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    reply_names(api.next().await, "paymentresources", &["payments-eu"]);
+    reply_names(api.next().await, "railproxies", &["rail-sepa"]);
+    let call = api.next().await;
+    assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
+    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    api.next().await.echo();
+    reconcile.await.unwrap().unwrap();
+    let calls: Vec<String> = services.calls().into_iter().map(|c| c.0).collect();
+    assert!(
+        calls[1].starts_with("POST http://payments-eu.default.svc:8080/v1/accounts/acct-17/fence"),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls[2],
+        "POST http://rail-sepa.default.svc:8080/v1/rail/high-water/acct-17"
+    );
+}
+
+/// A LockRevocation whose fences are not both done outlives the lock: L8 released the key (so the
+/// mirror no longer lists it), nothing deletes the LockRevocation, and the retry pushes only the
+/// missing fence with the recorded floor and revocation id, never L8 again.
+#[tokio::test]
+async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
+    use dlock_operator::crd::{
+        LockRevocation, LockRevocationSpec, LockRevocationStatus, RevocationResult,
+    };
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let reason = "worker wedged past its lease";
+    let object = LockRevocation {
+        metadata: fixtures::meta("revoke-acct-17", "uid-revocation"),
+        spec: LockRevocationSpec {
+            key: "payout:acct-17".to_owned(),
+            account_id: "acct-17".to_owned(),
+            reason: reason.to_owned(),
+            revoked_by: "oncall".to_owned(),
+            expected_token: Some(41),
+            lock_server: None,
+            payment_resource: Some("payment-resource".to_owned()),
+            rail_proxy: Some("rail-proxy".to_owned()),
+        },
+        status: Some(LockRevocationStatus {
+            result: Some(RevocationResult {
+                request: format!("oncall: {reason}"),
+                outcome: "Incomplete".to_owned(),
+                revocation_id: Some(REVOCATION_ID.to_owned()),
+                revoked_token: Some(41),
+                new_token_floor: Some(42),
+                payment_fenced: true,
+                rail_fenced: false,
+                summary: None,
+            }),
+            ..LockRevocationStatus::default()
+        }),
+    };
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock_revocation(
+        Arc::new(object.clone()),
+        ctx,
+    ));
+    // Only the lock server's name is looked up; the lock itself is not (it is gone).
+    reply_names(api.next().await, "lockservers", &["lock-server"]);
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockrevocations/revoke-acct-17/status"));
+    let result = &call.body["status"]["result"];
+    assert_eq!(result["outcome"], "Complete");
+    assert_eq!(
+        (&result["newTokenFloor"], &result["revocationId"]),
+        (&json!(42), &json!(REVOCATION_ID))
+    );
+    assert_eq!(
+        (&result["paymentFenced"], &result["railFenced"]),
+        (&json!(true), &json!(true))
+    );
+    call.reply(200, &serde_json::to_value(&object).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "Revoked");
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    // No DELETE of the LockRevocation, ever: the API server saw every call above.
+    api.done().await;
+    let calls = services.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0].0,
+        "POST http://rail-proxy.default.svc:8080/v1/rail/high-water/acct-17"
+    );
+    assert_eq!(calls[0].1["floor"], 42);
+    assert_eq!(calls[0].1["revocationId"], REVOCATION_ID);
+}
+
+/// A mirrored Lock nobody asked to revoke gets Ready once from the Lock controller, under its
+/// own field manager and with none of the mirror's fields.
+#[tokio::test]
+async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
+    let (ctx, mut api) = context(Arc::new(FakeServices::default()));
+    let lock = fixtures::lock();
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
+        Arc::new(lock.clone()),
+        ctx.clone(),
+    ));
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"));
+    assert!(
+        call.query
+            .contains("fieldManager=dlock-operator-lock-revoke"),
+        "{}",
+        call.query
+    );
+    assert_eq!(
+        call.body["status"],
+        json!({"observedGeneration": 1, "conditions": [
+            condition("Ready", "True", "Available", "mirrored from its lock server; no revocation asked"),
+            condition("Progressing", "False", "Done", ""),
+            condition("Degraded", "False", "Healthy", ""),
+        ]})
+    );
+    call.reply(200, &serde_json::to_value(&lock).unwrap());
+    reconcile.await.unwrap().unwrap();
+    let mut ready = lock;
+    ready.status.as_mut().unwrap().conditions =
+        serde_json::from_value(json!([condition("Ready", "True", "Available", "")])).unwrap();
+    controller::lock::reconcile_lock(Arc::new(ready), ctx)
+        .await
+        .unwrap();
+    api.done().await;
+}
+
+fn pod_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+}
+
+/// A finished reconciler pod whose termination message is `message`.
+fn reconciler_pod(name: &str, job: &str, exit_code: i32, finished: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"job-name": job}},
+        "status": {"phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
+            "containerStatuses": [{
+                "name": "reconciler", "image": "dlock:test", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "finishedAt": finished,
+                                         "message": message}},
+            }]},
+    })
+}
+
+/// Removing the schedule deletes the CronJob (no schedule keeps running in the background), runs
+/// the reconciler once, and puts the findings the reconciler left as its termination message
+/// into status: a critical one is Degraded.
+#[tokio::test]
+async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status() {
+    let (ctx, mut api) = context(Arc::new(FakeServices::default()));
+    let object = fixtures::reconciliation(None);
+    let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
+        Arc::new(object.clone()),
+        ctx,
+    ));
+    let call = api.next().await;
+    call.expect(
+        Method::DELETE,
+        "/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile",
+    );
+    assert_eq!(call.body["propagationPolicy"], "Background");
+    call.reply(
+        200,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+    );
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "ScheduleRemoved");
+    call.echo();
+    let job_path = "/apis/batch/v1/namespaces/default/jobs/hourly-reconcile";
+    let call = api.next().await;
+    call.expect(Method::GET, job_path);
+    call.reply(404, &not_found());
+    let call = api.next().await;
+    call.expect_apply(job_path);
+    let container = &call.body["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["terminationMessagePolicy"],
+        "FallbackToLogsOnError"
+    );
+    assert!(
+        container["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "DLOCK_TERMINATION_LOG", "value": "/dev/termination-log"}))
+    );
+    let mut job = call.body.clone();
+    job["status"] = json!({"conditions": [{"type": "Failed", "status": "True",
+                                           "message": "BackoffLimitExceeded"}]});
+    call.reply(200, &job);
+    let call = api.next().await;
+    call.expect(Method::GET, &format!("{NS}/pods"));
+    assert!(
+        call.query
+            .contains("app.kubernetes.io%2Fcomponent%3Dreconciler")
+            && call.query.contains("dlock.io%2Finstance%3Dhourly"),
+        "{}",
+        call.query
+    );
+    let report = json!({"critical": 1, "warning": 0, "info": 2, "accountsChecked": 40,
+        "payoutsChecked": 1000, "ambiguousFoundOnRail": 11, "ambiguousNotOnRail": 42,
+        "doublePayments": 1, "omitted": 1,
+        "findings": ["critical double_payment payout-9: paid twice on the rail",
+                     "info ambiguous_not_on_rail payout-3: not on the statement"]});
+    call.reply(
+        200,
+        &pod_list(vec![
+            reconciler_pod("old", "hourly-reconcile", 0, "2026-12-01T00:00:00Z", "{}"),
+            reconciler_pod(
+                "latest",
+                "hourly-reconcile",
+                2,
+                "2026-12-02T17:00:00Z",
+                &report.to_string(),
+            ),
+        ]),
+    );
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"));
+    let status = &call.body["status"];
+    assert_eq!(
+        status["findings"],
+        json!([
+            "critical double_payment payout-9: paid twice on the rail",
+            "info ambiguous_not_on_rail payout-3: not on the statement",
+            "… 1 more (run `dlock reconcile` for all)",
+        ])
+    );
+    let summary = "1 critical, 0 warning, 2 info; ambiguous payouts: 11 found on the rail, 42 \
+                   not found; double payments: 1";
+    assert_eq!(status["summary"], summary);
+    assert_eq!(
+        status["conditions"][2],
+        condition("Degraded", "True", "CriticalFindings", summary)
+    );
+    assert_eq!(status["lastRunJob"], "hourly-reconcile");
+    call.reply(200, &serde_json::to_value(&object).unwrap());
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("CriticalFindings"), &json!("Warning"))
+    );
+    call.echo();
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// Authentication off must be explicit, and never quiet: `spec.auth.mode: none` is applied (no
+/// service account, `auth.mode = "none"`), the status carries `AuthenticationDisabled=True` and
+/// every reconcile publishes a Warning Event, not only the first.
+#[tokio::test]
+async fn a_payment_resource_without_authentication_is_applied_with_a_condition_and_a_warning() {
+    let services = Arc::new(FakeServices::default());
+    let (ctx, mut api) = context(services.clone());
+    let mut object = fixtures::payment_resource();
+    object.spec.auth = Some(dlock_operator::crd::ServiceAuth {
+        mode: Some(dlock_operator::crd::AuthMode::None),
+    });
+    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
+        Arc::new(object),
+        ctx,
+    ));
+
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/configmaps/payment-resource"));
+    assert_eq!(
+        call.body["data"]["config.toml"],
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n"
+    );
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/services/payment-resource"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{APPS}/deployments/payment-resource"));
+    let pod = &call.body["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(pod.get("serviceAccountName").is_none());
+    let body = ready_deployment(call.body.clone(), 3);
+    call.reply(200, &body);
+    let call = api.next().await;
+    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/payment-resource"));
+    call.echo();
+    // The service's ingress: executors, reconcilers and the operator only.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NETWORKING}/networkpolicies/payment-resource"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"));
+    let conditions = call.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(conditions.len(), 4, "{conditions:?}");
+    assert_eq!(
+        conditions[3],
+        condition(
+            "AuthenticationDisabled",
+            "True",
+            "AuthModeNone",
+            controller::workloads::AUTHENTICATION_DISABLED_MESSAGE
+        )
+    );
+    call.reply(
+        200,
+        &serde_json::to_value(fixtures::payment_resource()).unwrap(),
+    );
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "Ready", "the Ready transition");
+    call.echo();
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "AuthenticationDisabled");
+    assert_eq!(call.body["type"], "Warning");
+    assert_eq!(call.body["regarding"]["name"], "payment-resource");
+    call.echo();
+
     reconcile.await.unwrap().unwrap();
     api.done().await;
 }

@@ -233,3 +233,36 @@ fn a_lock_revocation_is_immutable() {
     assert!(cel::<LockRevocation>(&new, Some(&old)).is_err());
     cel::<LockRevocation>(&old, Some(&old)).unwrap();
 }
+
+/// A `type: date` column renders an age, and kubectl prints `<invalid>` for a time in the future:
+/// every lock's expiry is in the future, so EXPIRES is the RFC 3339 timestamp as a string.
+#[test]
+fn the_expires_column_is_readable_for_a_future_time() {
+    let crd = Lock::crd();
+    let columns = crd.spec.versions[0]
+        .additional_printer_columns
+        .clone()
+        .unwrap_or_default();
+    let expires = columns
+        .iter()
+        .find(|c| c.name.eq_ignore_ascii_case("expires"))
+        .expect("an EXPIRES column");
+    assert_eq!(expires.type_, "string");
+    assert_eq!(expires.json_path, ".status.expiresAt");
+}
+
+/// Short names are global in a cluster's discovery: one that another popular CRD uses (Tekton's
+/// `pr` for PipelineRun, `tr` for TaskRun; Argo's `wf`, `app`) makes `kubectl get` ambiguous.
+#[test]
+fn short_names_are_unique_and_avoid_well_known_ones() {
+    let taken = [
+        "pr", "tr", "wf", "app", "apps", "po", "svc", "cm", "deploy", "ds", "rs",
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for (plural, crd) in dlock_operator::crd::all() {
+        for short in crd.spec.names.short_names.unwrap_or_default() {
+            assert!(!taken.contains(&short.as_str()), "{plural}: {short}");
+            assert!(seen.insert(short.clone()), "{plural}: {short} twice");
+        }
+    }
+}

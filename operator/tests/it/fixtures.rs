@@ -9,11 +9,14 @@ use serde::Serialize;
 
 pub const NAMESPACE: &str = "default";
 pub const IMAGE: &str = "dlock:test";
+pub const OPERATOR_IDENTITY: &str = "system:serviceaccount:dlock-system:dlock-operator";
 pub const NOW: &str = "2026-12-02T17:00:00Z";
 
 pub fn settings() -> dlock_operator::validate::Settings {
     dlock_operator::validate::Settings {
         image: IMAGE.to_owned(),
+        operator_identity: OPERATOR_IDENTITY.to_owned(),
+        operator_namespace: "dlock-system".to_owned(),
     }
 }
 
@@ -48,6 +51,10 @@ pub fn lock_server() -> LockServer {
             replicas: None,
             image: None,
             cloud_sql: None,
+            resources: None,
+            image_pull_secrets: None,
+            auth: None,
+            fencing_proof_keys_secret: None,
         },
         status: None,
     }
@@ -76,6 +83,19 @@ pub fn payment_resource() -> PaymentResource {
                 instance_connection_name: "acme:europe-west1:paydb".to_owned(),
                 image: None,
             }),
+            // From the spec: requests and limits as given, and the pull secrets.
+            resources: Some(
+                serde_json::from_value(serde_json::json!({
+                    "requests": {"cpu": "250m", "memory": "256Mi"},
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                }))
+                .unwrap(),
+            ),
+            image_pull_secrets: Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
+                name: "regcred".to_owned(),
+            }]),
+            auth: None,
+            fencing_proof_keys_secret: None,
         },
         status: None,
     }
@@ -92,10 +112,15 @@ pub fn rail_proxy() -> RailProxy {
             replicas: None,
             image: None,
             cloud_sql: None,
+            resources: None,
+            image_pull_secrets: None,
+            auth: None,
+            fencing_proof_keys_secret: None,
             stub: Some(RailStubSpec {
                 latency_ms: Some(200),
                 failure_rate: Some(0.05),
                 duplicate_ack_rate: Some(0.01),
+                resources: None,
             }),
         },
         status: None,
@@ -125,6 +150,9 @@ pub fn payout_batch() -> PayoutBatch {
             payment_resource: None,
             rail_proxy: None,
             image: None,
+            executor: None,
+            resources: None,
+            image_pull_secrets: None,
         },
         status: None,
     }
@@ -202,6 +230,8 @@ pub fn reconciliation(schedule: Option<&str>) -> Reconciliation {
             schedule: schedule.map(str::to_owned),
             rail_proxy: None,
             image: None,
+            resources: None,
+            image_pull_secrets: None,
         },
         status: None,
     }

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod argocd;
+mod args;
 mod builders;
 mod controllers;
 mod crds;

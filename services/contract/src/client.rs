@@ -111,6 +111,14 @@ pub async fn send<T: DeserializeOwned>(
     }
 }
 
+/// A malformed `DLOCK_SERVICE_ADDRESSES` as a client error.
+pub fn address_map_error(error: crate::address_map::AddressMapError) -> ClientError {
+    ClientError::Protocol {
+        url: String::new(),
+        message: error.to_string(),
+    }
+}
+
 fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
     body.ok_or_else(|| ClientError::Protocol {
         url: url.to_owned(),
@@ -130,6 +138,9 @@ pub fn http_client() -> Result<reqwest::Client, ClientError> {
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .connect_timeout(CONNECT_TIMEOUT)
+        // No hop of ours redirects; following one would re-send a write (a submit, a claim) to
+        // wherever the Location points. A 3xx reaches the caller as the answer it is.
+        .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
         .build()
@@ -150,13 +161,16 @@ pub struct LockClient {
 
 impl LockClient {
     /// `base` is the lock server's URL (`http://127.0.0.1:7070`); `owner_id` goes on every write.
+    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a malformed map
+    /// is an error here.
     pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
+        crate::address_map::from_env().map_err(address_map_error)?;
         Ok(Self::with_http(base, owner_id, http_client()?))
     }
 
     pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
         Self {
-            base: base.trim_end_matches('/').to_owned(),
+            base: crate::address_map::rewrite_or_keep(base.trim_end_matches('/')),
             owner_id: owner_id.to_owned(),
             http,
             trace_id: None,

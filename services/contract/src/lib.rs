@@ -6,6 +6,7 @@
 //! services disagree about what a malformed token means, and a malformed token coerced to `0` is
 //! precisely how a stale writer slips below every fence.
 
+pub mod address_map;
 pub mod auth;
 pub mod client;
 pub mod config;
@@ -17,7 +18,10 @@ pub mod lock;
 pub mod openapi;
 pub mod payment;
 pub mod payment_client;
+pub mod proof;
 pub mod rail;
+pub mod reconcile;
+pub mod revoke;
 pub mod time;
 pub mod tls;
 pub mod trace;

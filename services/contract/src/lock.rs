@@ -89,6 +89,11 @@ pub struct LockGrant {
     pub acquired_at: DateTime<Utc>,
     #[serde(with = "crate::time::millis")]
     pub expires_at: DateTime<Utc>,
+    /// The lock server's proof of this grant (DESIGN D-8): send it as `X-Fencing-Proof` beside
+    /// `X-Fencing-Token`. Present on the acquire (L4) and renew (L5) answers when the server has
+    /// proof keys; never in the held-locks list or L7, which anyone who may read can see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof: Option<String>,
 }
 
 /// The advisory view of one key (L7). Never a basis for a correctness decision.

@@ -35,6 +35,14 @@ pub struct PaymentClient {
     credential: Option<crate::auth::Credential>,
 }
 
+/// Adds `X-Fencing-Proof` when there is one.
+pub(crate) fn with_proof(req: RequestBuilder, proof: Option<&str>) -> RequestBuilder {
+    match proof {
+        Some(proof) => req.header(headers::FENCING_PROOF, proof),
+        None => req,
+    }
+}
+
 fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
     body.ok_or_else(|| ClientError::Protocol {
         url: url.to_owned(),
@@ -44,13 +52,15 @@ fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
 
 impl PaymentClient {
     /// `base` is the payment resource's URL; `owner_id` goes on every write.
+    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]).
     pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
+        crate::address_map::from_env().map_err(crate::client::address_map_error)?;
         Ok(Self::with_http(base, owner_id, http_client()?))
     }
 
     pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
         Self {
-            base: base.trim_end_matches('/').to_owned(),
+            base: crate::address_map::rewrite_or_keep(base.trim_end_matches('/')),
             owner_id: owner_id.to_owned(),
             http,
             trace_id: None,
@@ -191,11 +201,24 @@ impl PaymentClient {
         expect_body(&url, send(&url, req).await?)
     }
 
-    /// P2.
+    /// P2 without a proof (a service without `fencing.proof-keys-file`).
     pub async fn claim(
         &self,
         payout_id: Uuid,
         token: i64,
+        idempotency_key: &str,
+        expected_state: PayoutState,
+    ) -> Result<ClaimResponse, ClientError> {
+        self.claim_proven(payout_id, token, None, idempotency_key, expected_state)
+            .await
+    }
+
+    /// P2 with the grant's proof (`LockGrant::fencing_proof`) as `X-Fencing-Proof`.
+    pub async fn claim_proven(
+        &self,
+        payout_id: Uuid,
+        token: i64,
+        proof: Option<&str>,
         idempotency_key: &str,
         expected_state: PayoutState,
     ) -> Result<ClaimResponse, ClientError> {
@@ -208,14 +231,35 @@ impl PaymentClient {
             &write,
             &ClaimRequest { expected_state },
         );
-        expect_body(&url, send(&url, req).await?)
+        expect_body(&url, send(&url, with_proof(req, proof)).await?)
     }
 
-    /// P3.
+    /// P3 without a proof (a service without `fencing.proof-keys-file`).
     pub async fn post(
         &self,
         payout_id: Uuid,
         token: i64,
+        idempotency_key: &str,
+        rail_reference: &str,
+        submission_id: Uuid,
+    ) -> Result<PostResponse, ClientError> {
+        self.post_proven(
+            payout_id,
+            token,
+            None,
+            idempotency_key,
+            rail_reference,
+            submission_id,
+        )
+        .await
+    }
+
+    /// P3 with the grant's proof as `X-Fencing-Proof`.
+    pub async fn post_proven(
+        &self,
+        payout_id: Uuid,
+        token: i64,
+        proof: Option<&str>,
         idempotency_key: &str,
         rail_reference: &str,
         submission_id: Uuid,
@@ -230,7 +274,7 @@ impl PaymentClient {
             rail_outcome: RailOutcome::Acked,
         };
         let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/post"), &write, &body);
-        expect_body(&url, send(&url, req).await?)
+        expect_body(&url, send(&url, with_proof(req, proof)).await?)
     }
 
     /// P4, advisory: never a basis for deciding that a submit is safe.

@@ -94,10 +94,23 @@ impl RailClient {
         owner_id: &str,
         rail_read_timeout: Duration,
     ) -> Result<Self, ClientError> {
+        Self::with_http(base, owner_id, rail_read_timeout, http_client()?)
+    }
+
+    /// As [`Self::new`] with a shared HTTP client. The base goes through
+    /// `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a malformed map is an error.
+    pub fn with_http(
+        base: &str,
+        owner_id: &str,
+        rail_read_timeout: Duration,
+        http: reqwest::Client,
+    ) -> Result<Self, ClientError> {
+        let base = crate::address_map::rewrite(base.trim_end_matches('/'))
+            .map_err(crate::client::address_map_error)?;
         Ok(Self {
-            base: base.trim_end_matches('/').to_owned(),
+            base,
             owner_id: owner_id.to_owned(),
-            http: http_client()?,
+            http,
             submit_timeout: rail_read_timeout + SUBMIT_READ_MARGIN,
             credential: None,
             trace_id: None,
@@ -148,10 +161,23 @@ impl RailClient {
         (url, builder)
     }
 
-    /// Submits once. Never call it again for the same payout after any answer, or none.
+    /// Submits once, without a proof (a proxy without `fencing.proof-keys-file`). Never call it
+    /// again for the same payout after any answer, or none.
     pub async fn submit(
         &self,
         token: i64,
+        idempotency_key: &str,
+        body: &SubmissionRequest,
+    ) -> Result<SubmissionResponse, ClientError> {
+        self.submit_proven(token, None, idempotency_key, body).await
+    }
+
+    /// Submits once with the grant's proof as `X-Fencing-Proof`. Never call it again for the
+    /// same payout after any answer, or none.
+    pub async fn submit_proven(
+        &self,
+        token: i64,
+        proof: Option<&str>,
         idempotency_key: &str,
         body: &SubmissionRequest,
     ) -> Result<SubmissionResponse, ClientError> {
@@ -160,6 +186,7 @@ impl RailClient {
             .header(headers::FENCING_TOKEN, token.to_string())
             .header(headers::IDEMPOTENCY_KEY, idempotency_key)
             .json(body);
+        let req = crate::payment_client::with_proof(req, proof);
         send(&url, req).await?.ok_or_else(|| ClientError::Protocol {
             url,
             message: "204 where a submission was expected".into(),
@@ -188,8 +215,10 @@ pub async fn read_statement(
     rail_url: &str,
     client_ref: Option<&str>,
 ) -> Result<Statement, ClientError> {
+    let base = crate::address_map::rewrite(rail_url.trim_end_matches('/'))
+        .map_err(crate::client::address_map_error)?;
     let http = http_client()?;
-    let url = format!("{}/statement", rail_url.trim_end_matches('/'));
+    let url = format!("{base}/statement");
     let mut req = http.get(&url).timeout(Duration::from_secs(30));
     if let Some(r) = client_ref {
         req = req.query(&[("clientRef", r)]);

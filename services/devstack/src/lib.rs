@@ -7,6 +7,7 @@
 //! through `setpriv`, which execs (no intermediate process that could outlive a kill).
 
 pub mod faultproxy;
+pub mod kube;
 pub mod netfault;
 
 use std::io::{Read, Write};

@@ -157,51 +157,119 @@ impl Report {
 
 /// The session every worker of this process shares, kept alive by heartbeats and replaced when
 /// it is lost.
+///
+/// Everything here follows what the lock server *granted*, never what was asked for: the server
+/// clamps a session TTL down (`lock.session.ttl-max`), and a heartbeat period or an expiry
+/// computed from the requested TTL would outlive the real session.
 struct SessionKeeper {
     lock: LockClient,
+    /// The TTL to ask for when a session is (re-)opened.
+    requested_ttl_ms: i64,
+    current: RwLock<LiveSession>,
+}
+
+/// The current session, its granted TTL and when it lapses on this process's monotonic clock
+/// (counted from sending the request that last set it, so it never errs late).
+#[derive(Debug, Clone, Copy)]
+struct LiveSession {
+    id: Uuid,
     ttl_ms: i64,
-    current: RwLock<Uuid>,
+    expires: Instant,
+}
+
+impl LiveSession {
+    fn opened(session: &dlock_contract::lock::Session, sent: Instant) -> Self {
+        let ttl_ms = session.ttl_millis.max(0);
+        Self {
+            id: session.session_id,
+            ttl_ms,
+            expires: sent + Duration::from_millis(ttl_ms as u64),
+        }
+    }
 }
 
 impl SessionKeeper {
     async fn open(lock: LockClient, ttl_ms: i64) -> Result<Arc<Self>> {
-        let session = (|| lock.create_session(Some(ttl_ms)))
-            .retry(retry_policy(5))
-            .when(|e: &ClientError| e.retry_safe())
+        let (session, sent) = Self::create(&lock, ttl_ms)
             .await
             .context("opening a lock-server session")?;
         Ok(Arc::new(Self {
             lock,
-            ttl_ms,
-            current: RwLock::new(session.session_id),
+            requested_ttl_ms: ttl_ms,
+            current: RwLock::new(LiveSession::opened(&session, sent)),
         }))
     }
 
-    async fn id(&self) -> Uuid {
+    async fn create(
+        lock: &LockClient,
+        ttl_ms: i64,
+    ) -> Result<(dlock_contract::lock::Session, Instant), ClientError> {
+        let sent = std::sync::Mutex::new(Instant::now());
+        let session = (|| {
+            *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            lock.create_session(Some(ttl_ms))
+        })
+        .retry(retry_policy(5))
+        .when(|e: &ClientError| e.retry_safe())
+        .await?;
+        let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
+        Ok((session, sent))
+    }
+
+    async fn current(&self) -> LiveSession {
         *self.current.read().await
     }
 
-    /// Heartbeats every third of the TTL; two tries within that third (C3 §3.8).
+    async fn id(&self) -> Uuid {
+        self.current.read().await.id
+    }
+
+    /// Heartbeats every third of the *granted* TTL; two tries within that third (C3 §3.8).
     async fn keep_alive(self: Arc<Self>) {
-        let every = Duration::from_millis((self.ttl_ms / 3).max(100) as u64);
         loop {
+            let session = self.current().await;
+            let every = Duration::from_millis((session.ttl_ms / 3).max(100) as u64);
             tokio::time::sleep(every).await;
-            let id = self.id().await;
+            let id = session.id;
+            let mut sent = Instant::now();
             let mut beat = self.lock.heartbeat(id).await;
             if matches!(&beat, Err(e) if e.code().is_none()) {
                 tokio::time::sleep(every / 4).await;
+                sent = Instant::now();
                 beat = self.lock.heartbeat(id).await;
             }
-            if let Err(e) = beat
-                && matches!(
-                    e.code(),
-                    Some(ErrorCode::SessionExpired | ErrorCode::SessionUnknown)
-                )
-            {
-                tracing::warn!(event = "session_lost", session_id = %id, error = %e, "the session lapsed; its locks are gone, opening a new one");
-                if let Ok(session) = self.lock.create_session(Some(self.ttl_ms)).await {
-                    *self.current.write().await = session.session_id;
+            match beat {
+                Ok(beat) => {
+                    // The server's own expiry, as a span from its own clock: no clock offset.
+                    let left = (beat.expires_at - beat.server_time)
+                        .num_milliseconds()
+                        .clamp(0, session.ttl_ms);
+                    let mut current = self.current.write().await;
+                    if current.id == id {
+                        current.expires = sent + Duration::from_millis(left as u64);
+                    }
                 }
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(ErrorCode::SessionExpired | ErrorCode::SessionUnknown)
+                    ) =>
+                {
+                    tracing::warn!(event = "session_lost", session_id = %id, error = %e, "the session lapsed; its locks are gone, opening a new one");
+                    {
+                        // Its locks are gone: no cycle may count on it any more.
+                        let mut current = self.current.write().await;
+                        if current.id == id {
+                            current.expires = Instant::now();
+                        }
+                    }
+                    if let Ok((session, sent)) =
+                        Self::create(&self.lock, self.requested_ttl_ms).await
+                    {
+                        *self.current.write().await = LiveSession::opened(&session, sent);
+                    }
+                }
+                Err(_) => {}
             }
         }
     }
@@ -454,11 +522,16 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
     let key = format!("payout:{}", planned.item.account_id);
     let session = shared.session.id().await;
     let ttl = shared.options.lock_ttl_ms;
-    let sent = Instant::now();
-    let acquired = (|| hops.lock.acquire(&key, session, Some(ttl), None))
-        .retry(retry_policy(5))
-        .when(|e: &ClientError| e.retry_safe())
-        .await;
+    // When the acquire that succeeded was sent: the deadline counts from there.
+    let sent = std::sync::Mutex::new(Instant::now());
+    let acquired = (|| {
+        *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        hops.lock.acquire(&key, session, Some(ttl), None)
+    })
+    .retry(retry_policy(5))
+    .when(|e: &ClientError| e.retry_safe())
+    .await;
+    let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
     let grant = match acquired {
         Ok(grant) => grant,
         Err(e)
@@ -472,9 +545,12 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
             return CycleOutcome::Unavailable;
         }
     };
-    // The local deadline counts from sending the acquire, on this process's monotonic clock.
-    let deadline =
-        sent + Duration::from_millis((ttl as f64 * (1.0 - shared.options.safety_margin)) as u64);
+    let deadline = local_deadline(
+        sent,
+        &grant,
+        shared.session.current().await,
+        shared.options.safety_margin,
+    );
     let outcome = critical_section(shared, &hops, planned, &grant, deadline).await;
     // Release is tried once: if it fails, the lease lapses by itself.
     if let Err(e) = hops.lock.release(&key, session, grant.fencing_token).await {
@@ -483,25 +559,60 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
     outcome
 }
 
+/// The local deadline of a grant (FR-11, DESIGN §4): TTL × (1 − safety margin) on this process's
+/// monotonic clock, counted from sending the acquire. The TTL is what the server *granted*
+/// (`expiresAt − acquiredAt`, both on the server's clock, so no clock offset enters), never what
+/// was asked for: `lock.ttl-max` clamps it down. And a grant ends with its session, so the lease
+/// is cut at the session's expiry when that comes first.
+fn local_deadline(sent: Instant, grant: &LockGrant, session: LiveSession, margin: f64) -> Instant {
+    let granted_ms = (grant.expires_at - grant.acquired_at)
+        .num_milliseconds()
+        .max(0);
+    let mut lease_end = sent + Duration::from_millis(granted_ms as u64);
+    if session.id == grant.session_id {
+        lease_end = lease_end.min(session.expires);
+    } else {
+        // The session the grant hangs on was lost while acquiring: its locks are gone.
+        lease_end = sent;
+    }
+    let keep = (1.0 - margin).clamp(0.0, 1.0);
+    sent + lease_end.saturating_duration_since(sent).mul_f64(keep)
+}
+
 fn past(deadline: Instant) -> bool {
     Instant::now() >= deadline
 }
 
-/// A write to the payment resource: no retry on a 409, one on a 503 or a connect failure.
-async fn payment_write<T, F, Fut>(call: F) -> Result<T, ClientError>
+/// How a protected write to the payment resource ended.
+enum Write<T> {
+    Done(Result<T, ClientError>),
+    /// The deadline passed before the write (or its retry) could start: nothing was sent.
+    DeadlinePassed,
+}
+
+/// A write to the payment resource: no retry on a 409, one on a 503 or a connect failure. No
+/// attempt starts past the deadline, the retry included (FR-11): a retry is a protected write.
+async fn payment_write<T, F, Fut>(deadline: Instant, call: F) -> Write<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
+    if past(deadline) {
+        return Write::DeadlinePassed;
+    }
     match call().await {
         Err(e)
             if e.code() == Some(ErrorCode::NotLeader)
                 || matches!(e, ClientError::Transport { connect: true, .. }) =>
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            call().await
+            if past(deadline) {
+                tracing::debug!(event = "retry_skipped", error = %e, "the local deadline passed; the write is not retried under this grant");
+                return Write::DeadlinePassed;
+            }
+            Write::Done(call().await)
         }
-        other => other,
+        other => Write::Done(other),
     }
 }
 
@@ -526,6 +637,9 @@ async fn critical_section(
     deadline: Instant,
 ) -> CycleOutcome {
     let token = grant.fencing_token;
+    // DESIGN D-8: the lock server's proof of the token travels beside it on every protected
+    // write (None when the lock server has no proof keys; the services then need none).
+    let proof = grant.fencing_proof.as_deref();
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
     // FR-14: what the payout is now decides what this cycle does.
@@ -549,13 +663,15 @@ async fn critical_section(
             _ => return CycleOutcome::Pending,
         },
         PayoutState::Pending | PayoutState::Claimed => {
-            if past(deadline) {
-                return CycleOutcome::DeadlinePassed;
-            }
             let expected = payout.state;
-            match payment_write(|| hops.payment.claim(id, token, key, expected)).await {
-                Ok(_) => {}
-                Err(e) => {
+            match payment_write(deadline, || {
+                hops.payment.claim_proven(id, token, proof, key, expected)
+            })
+            .await
+            {
+                Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
+                Write::Done(Ok(_)) => {}
+                Write::Done(Err(e)) => {
                     return match e.code() {
                         Some(ErrorCode::FencedOut) => fenced(planned, grant, "claim", &e),
                         Some(ErrorCode::InsufficientFunds) => CycleOutcome::Settled,
@@ -575,7 +691,7 @@ async fn critical_section(
                 beneficiary_ref: planned.item.beneficiary_ref.clone(),
             };
             // Exactly once. Whatever happens next, this cycle never submits again.
-            match hops.rail.submit(token, key, &body).await {
+            match hops.rail.submit_proven(token, proof, key, &body).await {
                 Ok(ack) => (ack.rail_reference, ack.submission_id),
                 Err(e) => {
                     return match e.code() {
@@ -602,17 +718,15 @@ async fn critical_section(
             }
         }
     };
-    if past(deadline) {
-        return CycleOutcome::DeadlinePassed;
-    }
-    match payment_write(|| {
+    match payment_write(deadline, || {
         hops.payment
-            .post(id, token, key, &rail_reference, submission_id)
+            .post_proven(id, token, proof, key, &rail_reference, submission_id)
     })
     .await
     {
-        Ok(_) => CycleOutcome::Settled,
-        Err(e) => match e.code() {
+        Write::DeadlinePassed => CycleOutcome::DeadlinePassed,
+        Write::Done(Ok(_)) => CycleOutcome::Settled,
+        Write::Done(Err(e)) => match e.code() {
             Some(ErrorCode::FencedOut) => fenced(planned, grant, "post", &e),
             Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
             _ => CycleOutcome::Unavailable,

@@ -33,6 +33,10 @@ pub struct Metadata {
     pub namespace: Option<String>,
 }
 
+/// The spec `dlock run` reads. Other fields of the PayoutBatch custom resource (`executor`,
+/// `image`, the service names) belong to the operator and are ignored here, so the same file
+/// serves both runners; `dlock run` takes its identity and credential from its own flags and
+/// environment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchSpec {
@@ -190,6 +194,22 @@ spec:
             plan[0].idempotency_key,
             format!("payout-{}", plan[0].payout_id)
         );
+    }
+
+    /// The operator's fields (the executor's credential, the image, the services) are the
+    /// operator's business: the same file still runs under `dlock run -f`.
+    #[test]
+    fn the_operators_own_spec_fields_are_accepted_and_ignored() {
+        let with_operator_fields = SAMPLE.replace(
+            "spec:\n  workers: 8\n",
+            "spec:\n  workers: 8\n  image: dlock:1\n  lockServer: locks\n  executor:\n    \
+             identity: executor\n    credentialSecret: {name: executor-credential, key: token}\n",
+        );
+        assert_ne!(with_operator_fields, SAMPLE);
+        let batch = PayoutBatch::parse(&with_operator_fields).unwrap_or_else(|e| panic!("{e}"));
+        let plain = PayoutBatch::parse(SAMPLE).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(batch.plan(), plain.plan());
+        assert_eq!(batch.spec.workers, 8);
     }
 
     #[test]

@@ -92,7 +92,7 @@ async fn cycles(store: Store, url: Option<String>, clients: usize, run_for: Dura
                             Acquire::Contended(_) => panic!("{key} is held by nobody else"),
                         };
                         store
-                            .release(&key, grant.fencing_token)
+                            .release(&key, &owner, grant.fencing_token)
                             .await
                             .unwrap_or_else(|e| panic!("{e}"));
                         latencies.push(t.elapsed());

@@ -8,6 +8,7 @@ use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
 use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
+use dlock_contract::proof::ProofKeys;
 use dlock_contract::tls::TlsSettings;
 
 use crate::store::pg::PgSettings;
@@ -56,6 +57,9 @@ pub struct LockServerConfig {
     pub tls: Option<TlsSettings>,
     /// `auth.*`: who may call. L8 (revoke) needs an operator identity once auth is on.
     pub auth: Authenticator,
+    /// `fencing.proof-keys-file`: the keys that sign every grant (DESIGN D-8). Unset: grants
+    /// carry no proof, and the enforcement points cannot tell a forged token from a real one.
+    pub proof_keys: Option<ProofKeys>,
 }
 
 impl LockServerConfig {
@@ -139,6 +143,7 @@ impl LockServerConfig {
             None,
             OperatorWithoutAuth::Open,
         )?;
+        let proof_keys = ProofKeys::from_raw(raw)?;
         Ok(Self {
             listen,
             backend,
@@ -164,6 +169,7 @@ impl LockServerConfig {
             http,
             tls,
             auth,
+            proof_keys,
         })
     }
 

@@ -50,6 +50,7 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         "lock server is serving"
     );
     config.auth.announce("lock-server");
+    dlock_contract::proof::announce(config.proof_keys.as_ref(), "lock-server");
     dlock_contract::http::serve_maybe_tls(
         listener,
         config.tls.as_ref(),

@@ -60,6 +60,17 @@ impl AppState {
     fn wake(&self, key: &str) {
         self.bucket(key).notify_waiters();
     }
+
+    /// The grant as it is answered (L4, L5): with the proof of (key, token) when this server
+    /// has proof keys. This is the only place a proof is made; lists and L7 never carry one.
+    fn proven(&self, mut grant: LockGrant) -> LockGrant {
+        grant.fencing_proof = self
+            .config
+            .proof_keys
+            .as_ref()
+            .and_then(|keys| keys.sign(&grant.key, grant.fencing_token));
+        grant
+    }
 }
 
 pub fn app(state: AppState) -> Router {
@@ -335,7 +346,7 @@ async fn acquire(
     match outcome {
         Ok(grant) => {
             tracing::debug!(event = "lock_granted", key = %key, owner_id = %owner, token = grant.fencing_token, "lock granted");
-            Ok(Json(grant))
+            Ok(Json(state.proven(grant)))
         }
         Err((_, error)) => Err(error),
     }
@@ -443,12 +454,14 @@ async fn renew(
         )),
     };
     checks.done()?;
+    // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its
+    // credential): a non-owner is LOCK_LOST, C3's code for a caller that is not the holder.
     let grant = state
         .store
         .renew(&key, body.session_id, &present(owner)?, token, ttl_ms)
         .await
         .map_err(|e| store_error(e, Some(&key)))?;
-    Ok(Json(grant))
+    Ok(Json(state.proven(grant)))
 }
 
 #[derive(Deserialize)]
@@ -487,7 +500,10 @@ async fn release(
     checks.done()?;
     let owner = present(owner)?;
     let session_id = present(session_id)?;
-    match state.store.release(&key, token).await {
+    // The delete compares (key, token) as the contract says; the caller's owner id, bound to its
+    // credential, must also be the grant's: a token is public (L7), so without this any
+    // identity could end another's grant. A non-owner hears LOCK_LOST, as any non-holder does.
+    match state.store.release(&key, &owner, token).await {
         Ok(()) => {
             state.wake(&key);
             tracing::debug!(event = "lock_released", key = %key, token, owner_id = %owner, %session_id, "lock released");

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
+use dlock_contract::proof::ProofKeys;
 use dlock_contract::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
@@ -52,6 +53,9 @@ pub struct PaymentConfig {
     pub tls: Option<TlsSettings>,
     /// `auth.*`: who may call; `payment.operator.token` is one more operator credential.
     pub auth: Authenticator,
+    /// `fencing.proof-keys-file` (DESIGN D-8): when set, claim and post need the lock server's
+    /// `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is possible.
+    pub proof_keys: Option<ProofKeys>,
 }
 
 fn error(key: &str, message: impl Into<String>) -> ConfigError {
@@ -153,6 +157,7 @@ impl PaymentConfig {
             operator_token.as_deref(),
             OperatorWithoutAuth::Refused,
         )?;
+        let proof_keys = ProofKeys::from_raw(raw)?;
         Ok(Self {
             listen,
             pg,
@@ -161,6 +166,7 @@ impl PaymentConfig {
             http,
             tls,
             auth,
+            proof_keys,
         })
     }
 }

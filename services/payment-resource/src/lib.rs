@@ -51,6 +51,7 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         "payment resource is serving"
     );
     state.config.auth.announce("payment-resource");
+    dlock_contract::proof::announce(state.config.proof_keys.as_ref(), "payment-resource");
     let tls = state.config.tls.clone();
     dlock_contract::http::serve_maybe_tls(
         listener,

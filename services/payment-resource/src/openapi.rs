@@ -7,12 +7,13 @@
 use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::payment::*;
+use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings (C3 §3.4)."),
-    paths(create_account, get_account, fund, advance_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, healthz, readyz),
+    paths(create_account, get_account, fund, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -76,6 +77,25 @@ fn fund() {}
     ))]
 fn advance_fence() {}
 
+/// D-8: lowers a fence poisoned by a forged token to the token of the operator's own grant on
+/// `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in fence_recoveries.
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/fence/lower", request_body = FenceLowerRequest,
+    params(("accountId" = String, Path),
+           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
+           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
+           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = FenceLowered),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn lower_fence() {}
+
 /// Registers a payout.
 #[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
     params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
@@ -115,6 +135,7 @@ fn get_payout() {}
 /// P2: a fenced claim.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", request_body = ClaimRequest,
     params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
     responses(
@@ -132,6 +153,7 @@ fn claim() {}
 /// P3: a fenced posting.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", request_body = PostRequest,
     params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
     responses(

@@ -27,9 +27,10 @@ use uuid::Uuid;
 use crate::config::PaymentConfig;
 use crate::metrics::{Lookup, Metrics, Resource};
 use crate::store::{
-    Begin, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, PayStore, Scope, StoreError, Tx,
-    parse_state,
+    Begin, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, LowerAudit, PayStore, Scope,
+    StoreError, Tx, parse_state,
 };
+use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 
 /// The header that marks a replayed answer. The body is the stored one, byte for byte.
 pub const REPLAY_HEADER: &str = "x-idempotent-replay";
@@ -58,6 +59,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/accounts/{account_id}", get(get_account))
         .route("/v1/accounts/{account_id}/fund", post(fund))
         .route("/v1/accounts/{account_id}/fence", post(advance_fence))
+        .route("/v1/accounts/{account_id}/fence/lower", post(lower_fence))
         .route("/v1/payouts", post(create_payout).get(list_payouts))
         .route("/v1/payouts/{payout_id}", get(get_payout))
         .route("/v1/payouts/{payout_id}/claim", post(claim))
@@ -620,6 +622,98 @@ async fn fence_effect(
     )
 }
 
+/// DESIGN D-8 recovery: lowers a fence poisoned by a forged token to the token of the
+/// operator's own grant on `payout:{accountId}`. Operator only; needs proof keys, because only
+/// a proven grant shows that the lock server let the operator hold the key, i.e. that the
+/// previous holder's lock was revoked or had lapsed, and that the token is above every token
+/// issued before it. Recorded in `fence_recoveries` with the operator, the reason and the
+/// authenticated identity.
+async fn lower_fence(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FenceLowerRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("lowering a fence")?;
+    let Some(keys) = &state.config.proof_keys else {
+        return Err(dlock_contract::proof::recovery_disabled());
+    };
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    check_account_id(&mut checks, "accountId", &account_id);
+    checks
+        .0
+        .extend(dlock_contract::proof::check_lower_request(&body));
+    checks.done()?;
+    let write = present(write)?;
+    keys.require(
+        &headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )?;
+    let identity = caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone());
+    let route = format!("POST /v1/accounts/{account_id}/fence/lower");
+    let scope = state.scope(route, &write, token, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        lower_fence_effect(conn, &account_id, token, &body, &identity, &write).await
+    }))
+}
+
+async fn lower_fence_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    token: i64,
+    body: &FenceLowerRequest,
+    identity: &str,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let audit = LowerAudit {
+        operator: body.operator.trim(),
+        identity,
+        owner_id: &write.owner_id,
+        reason: body.reason.trim(),
+    };
+    let row = PayStore::lower_fence(conn, account_id, token, &audit)
+        .await
+        .map_err(store_error)?;
+    if row.outcome == "not_found" {
+        return Err(account_not_found(account_id));
+    }
+    let previous = row
+        .previous_fence
+        .ok_or_else(|| missing("previous fence"))?;
+    let fence = row.fence.ok_or_else(|| missing("fence"))?;
+    let lowered = row.outcome == "lowered";
+    if lowered {
+        tracing::warn!(
+            event = "fence_lowered",
+            account_id,
+            previous_fence = previous,
+            fence,
+            recovery_id = row.recovery_id,
+            operator = %audit.operator,
+            identity,
+            owner = %write.owner_id,
+            "an account fence poisoned by a forged token was lowered to the operator's grant"
+        );
+    }
+    Reply::json(
+        StatusCode::OK,
+        &FenceLowered {
+            account_id: account_id.to_owned(),
+            resource: "account".into(),
+            previous_token: previous,
+            token: fence,
+            lowered,
+            recovery_id: row.recovery_id,
+        },
+    )
+}
+
 // ---------------------------------------------------------------------------------------------
 // Payouts
 // ---------------------------------------------------------------------------------------------
@@ -815,6 +909,32 @@ async fn get_payout(
     }
 }
 
+/// DESIGN D-8: with proof keys configured, a claim or post must carry the lock server's proof of
+/// its token on `payout:{accountId}` of the payout's account. Checked before the idempotency
+/// record and before any fence, so a refused write leaves nothing behind. A payout that does
+/// not exist is 404, as the write itself would answer.
+async fn prove(
+    state: &AppState,
+    headers: &HeaderMap,
+    payout_id: Uuid,
+    token: i64,
+) -> Result<(), ApiError> {
+    let Some(keys) = &state.config.proof_keys else {
+        return Ok(());
+    };
+    let account_id = state
+        .store
+        .payout_account(payout_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| payout_not_found(payout_id))?;
+    keys.require(
+        headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )
+}
+
 async fn claim(
     State(state): State<AppState>,
     Path(payout_id): Path<String>,
@@ -835,6 +955,7 @@ async fn claim(
     );
     checks.done()?;
     let (write, payout_id) = (present(write)?, present(payout_id)?);
+    prove(&state, &headers, payout_id, token).await?;
     let route = format!("POST /v1/payouts/{payout_id}/claim");
     let scope = state.scope(route, &write, token, &body, false)?;
     Ok(idempotent!(&state, scope, |conn| {
@@ -914,6 +1035,7 @@ async fn post_payout(
     check_reference(&mut checks, "railReference", &body.rail_reference);
     checks.done()?;
     let (write, payout_id) = (present(write)?, present(payout_id)?);
+    prove(&state, &headers, payout_id, token).await?;
     let route = format!("POST /v1/payouts/{payout_id}/post");
     let scope = state.scope(route, &write, token, &body, true)?;
     Ok(idempotent!(&state, scope, |conn| {

@@ -151,6 +151,23 @@ pub struct PostRow {
 }
 
 #[derive(Debug, Clone, FromRow)]
+pub struct LowerRow {
+    pub outcome: String,
+    pub previous_fence: Option<i64>,
+    pub fence: Option<i64>,
+    pub recovery_id: Option<i64>,
+}
+
+/// Who lowers a fence and why, for the audit row.
+#[derive(Debug, Clone, Copy)]
+pub struct LowerAudit<'a> {
+    pub operator: &'a str,
+    pub identity: &'a str,
+    pub owner_id: &'a str,
+    pub reason: &'a str,
+}
+
+#[derive(Debug, Clone, FromRow)]
 pub struct FenceRow {
     pub outcome: String,
     pub previous_fence: Option<i64>,
@@ -650,6 +667,38 @@ impl PayStore {
     pub async fn read_account(&self, account_id: &str) -> StoreResult<Option<Account>> {
         let mut conn = self.pool.acquire().await.map_err(map_sqlx)?;
         Self::account(&mut conn, account_id).await
+    }
+
+    /// The account of a payout (immutable once registered): the lock key its writes are
+    /// proven against is `payout:{accountId}`.
+    pub async fn payout_account(&self, payout_id: Uuid) -> StoreResult<Option<String>> {
+        sqlx::query_scalar("SELECT account_id FROM payouts WHERE payout_id = $1")
+            .bind(payout_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    /// D-8 recovery: lowers a poisoned account fence to `to`, recorded in `fence_recoveries`.
+    pub async fn lower_fence(
+        conn: &mut PgConnection,
+        account_id: &str,
+        to: i64,
+        audit: &LowerAudit<'_>,
+    ) -> StoreResult<LowerRow> {
+        sqlx::query_as(
+            "SELECT outcome, previous_fence, fence, recovery_id \
+             FROM pay_lower_fence($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(account_id)
+        .bind(to)
+        .bind(audit.operator)
+        .bind(audit.identity)
+        .bind(audit.owner_id)
+        .bind(audit.reason)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)
     }
 
     pub async fn read_payout(&self, payout_id: Uuid) -> StoreResult<Option<Payout>> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use dlock_contract::auth::{AuthSettings, Authenticator, Credential, OperatorWithoutAuth};
 use dlock_contract::config::{ConfigError, RawConfig};
 use dlock_contract::http::HttpLimits;
+use dlock_contract::proof::ProofKeys;
 use dlock_contract::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
@@ -39,6 +40,9 @@ pub struct RailProxyConfig {
     pub tls: Option<TlsSettings>,
     /// `auth.*`: who may call; `rail.proxy.operator-token` is one more operator credential.
     pub auth: Authenticator,
+    /// `fencing.proof-keys-file` (DESIGN D-8): when set, a submission needs the lock server's
+    /// `X-Fencing-Proof` of its token on `payout:{accountId}`, and high-water recovery is possible.
+    pub proof_keys: Option<ProofKeys>,
 }
 
 impl RailProxyConfig {
@@ -120,6 +124,7 @@ impl RailProxyConfig {
                 OperatorWithoutAuth::Refused,
             )?,
             operator_token,
+            proof_keys: ProofKeys::from_raw(raw)?,
         };
         Ok(config)
     }

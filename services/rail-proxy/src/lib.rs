@@ -28,6 +28,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tracing::Instrument;
 use uuid::Uuid;
 
 pub use config::RailProxyConfig;
@@ -51,6 +52,9 @@ impl AppState {
             .use_preconfigured_tls(tls)
             .connect_timeout(config.rail_connect_timeout)
             .timeout(config.rail_read_timeout)
+            // Forward once (C3 §3.5 step 4): a followed 307/308 would present the same transfer
+            // a second time without any retry in our code. A 3xx is an answer we cannot read.
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(64)
             .build()
             .context("building the rail HTTP client")?;
@@ -89,6 +93,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/rail/high-water/{account_id}",
             get(high_water).post(advance_high_water),
         )
+        .route(
+            "/v1/rail/high-water/{account_id}/lower",
+            post(lower_high_water),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
@@ -115,6 +123,7 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
     config.auth.announce("rail-proxy");
+    dlock_contract::proof::announce(config.proof_keys.as_ref(), "rail-proxy");
     dlock_contract::http::serve_maybe_tls(
         listener,
         config.tls.as_ref(),
@@ -175,6 +184,8 @@ struct AdmitRow {
     state: Option<String>,
     submission_id: Option<Uuid>,
     submission_outcome: Option<String>,
+    response_status: Option<i16>,
+    response_body: Option<Vec<u8>>,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -226,6 +237,16 @@ fn unavailable(error: impl std::fmt::Display) -> ApiError {
     .with_retry_after_ms(500)
 }
 
+/// A retry whose first attempt could not be read: nothing was forwarded by this request.
+fn replay_unavailable(error: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(event = "rail_replay_unavailable", error = %error, "the first attempt of an identical request could not be read; nothing was forwarded");
+    ApiError::new(
+        ErrorCode::RailUnavailable,
+        "this request's first attempt could not be read; nothing was forwarded again, retry after retryAfterMillis",
+    )
+    .with_retry_after_ms(500)
+}
+
 /// What the rail's answer means.
 enum RailAnswer {
     Acked(String),
@@ -269,6 +290,9 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
             _ => RailAnswer::Unknown("a malformed acknowledgement".into()),
         },
         402 => RailAnswer::Rejected("the rail declined the transfer".into()),
+        300..=399 => RailAnswer::Unknown(format!(
+            "the rail answered {status} (a redirect); it is not followed, the transfer may have been taken"
+        )),
         other => RailAnswer::Unknown(format!("the rail answered {other}")),
     }
 }
@@ -288,11 +312,70 @@ async fn submit(
         return Err(ApiError::validation(fields));
     }
     check_body(&body)?;
+    // DESIGN D-8: the token must be one the lock server granted on this account's key. Checked
+    // before rail_admit, so a refused submission records nothing and moves no mark.
+    if let Some(keys) = &state.config.proof_keys {
+        keys.require(
+            &headers,
+            &dlock_contract::proof::payout_lock_key(&body.account_id),
+            token,
+        )?;
+    }
     let (owner, key) = (owner.unwrap_or_default(), key.unwrap_or_default());
+    // Admission, the forward and its record run as their own task: a caller that hangs up or a
+    // request deadline drops this handler, never the forward between the rail's answer and its
+    // record (an acknowledged transfer left unresolved would be quarantined as ambiguous).
+    let attempt = Attempt {
+        token,
+        owner,
+        key,
+        body,
+    };
+    tokio::spawn(admit_and_forward(state, attempt).instrument(tracing::Span::current()))
+        .await
+        .unwrap_or_else(|error| {
+            Err(ApiError::internal(format!(
+                "the submission task failed: {error}"
+            )))
+        })
+}
+
+struct Attempt {
+    token: i64,
+    owner: String,
+    key: String,
+    body: SubmissionRequest,
+}
+
+/// A JSON answer from stored bytes, exactly as first given.
+fn stored_answer(status: u16, body: Vec<u8>) -> Result<Response, ApiError> {
+    let status = StatusCode::from_u16(status).map_err(ApiError::internal)?;
+    Ok((
+        status,
+        [(
+            header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static(dlock_contract::http::JSON_CONTENT_TYPE),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+async fn admit_and_forward(state: AppState, attempt: Attempt) -> Result<Response, ApiError> {
+    let Attempt {
+        token,
+        owner,
+        key,
+        body,
+    } = attempt;
+    // The canonical request: the parsed body re-serialized, so field order and whitespace do not
+    // make another request. paydb keeps only its hash.
+    let canonical = serde_json::to_string(&body).map_err(ApiError::internal)?;
     let submission_id = Uuid::new_v4();
     let admitted: AdmitRow = sqlx::query_as(
-        "SELECT outcome, highest_token, resource_type, state, submission_id, submission_outcome \
-         FROM rail_admit($1, $2, $3, $4, $5, $6, $7)",
+        "SELECT outcome, highest_token, resource_type, state, submission_id, submission_outcome, \
+                response_status, response_body \
+         FROM rail_admit($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(body.payout_id)
     .bind(&body.account_id)
@@ -301,12 +384,34 @@ async fn submit(
     .bind(token)
     .bind(&key)
     .bind(submission_id)
+    .bind(&canonical)
     .fetch_one(&state.pool)
     .await
     .map_err(unavailable)?;
     let payout_id = body.payout_id;
     match admitted.outcome.as_str() {
         "admitted" => {}
+        "replay" => return replay(&state, admitted, token, &key, &owner, payout_id).await,
+        "conflict" => {
+            tracing::warn!(
+                event = "rail_idempotency_conflict",
+                payout_id = %payout_id,
+                presented_token = token,
+                existing_submission_id = ?admitted.submission_id,
+                idempotency_key = %key,
+                owner_id = %owner,
+                "the same idempotency key and token came with another body; nothing was forwarded"
+            );
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                "this idempotency key and fencing token were already used with another body; nothing was forwarded",
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "submissionId": admitted.submission_id,
+                "idempotencyKey": key,
+            })));
+        }
         "payout_unknown" => {
             return Err(ApiError::not_found(format!(
                 "payout {payout_id} does not exist"
@@ -407,41 +512,169 @@ async fn submit(
             ));
         }
     };
-    match recorded.outcome.as_str() {
+    let (status, bytes) = match recorded.outcome.as_str() {
         "ACKED" => {
             state.metrics.submission(SubmissionOutcome::acked);
-            let response = SubmissionResponse {
-                submission_id,
-                payout_id: recorded.payout_id,
-                presented_token: token,
-                outcome: "ACKED".into(),
-                rail_reference: recorded.rail_reference.unwrap_or_default(),
-                submitted_at: recorded.submitted_at,
-                resolved_at: recorded.resolved_at.unwrap_or_else(Utc::now),
-            };
+            let response = acked(submission_id, token, &recorded);
             tracing::info!(event = "rail_acked", %submission_id, %payout_id, rail_reference = %response.rail_reference, owner_id = %owner, "the rail acknowledged the transfer");
-            Ok(json_response(StatusCode::OK, &response))
+            (StatusCode::OK, serde_json::to_vec(&response))
         }
         "REJECTED" => {
             state.metrics.submission(SubmissionOutcome::rejected);
             tracing::info!(event = "rail_rejected", %submission_id, %payout_id, owner_id = %owner, "the rail declined; the payout failed and its hold is released");
-            Err(ApiError::new(
-                ErrorCode::ValidationFailed,
-                "the rail declined the transfer; the payout is FAILED",
-            )
-            .with_status(StatusCode::UNPROCESSABLE_ENTITY)
-            .with_details(json!({
-                "submissionId": submission_id,
-                "payoutId": payout_id,
-                "outcome": "REJECTED",
-                "reason": reason,
-            })))
+            let error = rejected(submission_id, payout_id, reason.as_deref());
+            (error.status, serde_json::to_vec(&error.body()))
         }
-        _ => Err(ambiguous(
-            &state,
+        _ => {
+            let error = ambiguous(
+                &state,
+                submission_id,
+                payout_id,
+                reason.as_deref().unwrap_or("unknown"),
+            );
+            (error.status, serde_json::to_vec(&error.body()))
+        }
+    };
+    let bytes = bytes.map_err(ApiError::internal)?;
+    // Kept for the identical retry. If this fails the retry is answered from the row instead.
+    let stored: Result<(bool,), _> = sqlx::query_as("SELECT rail_store_answer($1, $2, $3, $4)")
+        .bind(submission_id)
+        .bind(&recorded.outcome)
+        .bind(status.as_u16() as i16)
+        .bind(&bytes)
+        .fetch_one(&state.pool)
+        .await;
+    if let Err(error) = stored {
+        tracing::warn!(event = "rail_answer_not_stored", %submission_id, %payout_id, %error, "the answer could not be kept for a replay; a retry is answered from the recorded outcome");
+    }
+    stored_answer(status.as_u16(), bytes)
+}
+
+fn acked(submission_id: Uuid, token: i64, recorded: &RecordRow) -> SubmissionResponse {
+    SubmissionResponse {
+        submission_id,
+        payout_id: recorded.payout_id,
+        presented_token: token,
+        outcome: "ACKED".into(),
+        rail_reference: recorded.rail_reference.clone().unwrap_or_default(),
+        submitted_at: recorded.submitted_at,
+        resolved_at: recorded.resolved_at.unwrap_or_else(Utc::now),
+    }
+}
+
+fn rejected(submission_id: Uuid, payout_id: Uuid, reason: Option<&str>) -> ApiError {
+    ApiError::new(
+        ErrorCode::ValidationFailed,
+        "the rail declined the transfer; the payout is FAILED",
+    )
+    .with_status(StatusCode::UNPROCESSABLE_ENTITY)
+    .with_details(json!({
+        "submissionId": submission_id,
+        "payoutId": payout_id,
+        "outcome": "REJECTED",
+        "reason": reason,
+    }))
+}
+
+type StoredAnswer = Option<(i16, Vec<u8>)>;
+
+/// An identical request that finds its first attempt still in flight waits for that attempt's
+/// answer, as long as the attempt can be in flight at all (the rail read timeout plus the margin
+/// after which D-5 declares it ambiguous). It never forwards anything itself.
+async fn await_first_answer(
+    state: &AppState,
+    submission_id: Uuid,
+) -> Result<(String, StoredAnswer), ApiError> {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(25);
+    // After the outcome is recorded, how long the answer may take to be stored.
+    const STORE_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+    let deadline = tokio::time::Instant::now()
+        + state.config.rail_read_timeout
+        + state.config.unresolved_margin;
+    let mut resolved_at: Option<tokio::time::Instant> = None;
+    loop {
+        let (outcome, status, body): (String, Option<i16>, Option<Vec<u8>>) = sqlx::query_as(
+            "SELECT outcome, response_status, response_body FROM rail_submission \
+             WHERE submission_id = $1",
+        )
+        .bind(submission_id)
+        .fetch_one(&state.pool)
+        .await
+        .map_err(replay_unavailable)?;
+        let now = tokio::time::Instant::now();
+        if let Some(answer) = status.zip(body) {
+            return Ok((outcome, Some(answer)));
+        }
+        if outcome != "unresolved" {
+            let since = *resolved_at.get_or_insert(now);
+            if now >= since + STORE_GRACE {
+                return Ok((outcome, None));
+            }
+        } else if now >= deadline {
+            return Ok((outcome, None));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// C3 §3.1: the identical request by the same holder gets the first answer. Never forwarded
+/// again, never counted as a duplicate attempt.
+async fn replay(
+    state: &AppState,
+    admitted: AdmitRow,
+    token: i64,
+    key: &str,
+    owner: &str,
+    payout_id: Uuid,
+) -> Result<Response, ApiError> {
+    let Some(submission_id) = admitted.submission_id else {
+        return Err(ApiError::internal("rail_admit replayed no submission"));
+    };
+    let mut outcome = admitted.submission_outcome.unwrap_or_default();
+    let mut answer = admitted.response_status.zip(admitted.response_body);
+    if answer.is_none() && outcome == "unresolved" {
+        (outcome, answer) = await_first_answer(state, submission_id).await?;
+    }
+    tracing::info!(event = "rail_submission_replayed", %submission_id, %payout_id, presented_token = token, idempotency_key = %key, owner_id = %owner, outcome = %outcome, "the identical request was answered from its first attempt; nothing was forwarded");
+    if let Some((status, body)) = answer {
+        return stored_answer(status as u16, body);
+    }
+    match outcome.as_str() {
+        "unresolved" => Err(ApiError::new(
+            ErrorCode::NotLeader,
+            "this identical request is still in flight to the rail; nothing was forwarded again, retry after retryAfterMillis to get its answer",
+        )
+        .with_retry_after_ms(500)
+        .with_details(json!({
+            "submissionId": submission_id,
+            "payoutId": payout_id,
+            "outcome": "unresolved",
+        }))),
+        // Resolved, but no answer kept (the sweeper timed it out, or storing failed): answer
+        // from the row.
+        "ACKED" => {
+            let recorded: RecordRow = sqlx::query_as(
+                "SELECT outcome, payout_id, rail_reference, submitted_at, resolved_at \
+                 FROM rail_submission WHERE submission_id = $1",
+            )
+            .bind(submission_id)
+            .fetch_one(&state.pool)
+            .await
+            .map_err(replay_unavailable)?;
+            Ok(json_response(
+                StatusCode::OK,
+                &acked(submission_id, token, &recorded),
+            ))
+        }
+        "REJECTED" => Err(rejected(
             submission_id,
             payout_id,
-            reason.as_deref().unwrap_or("unknown"),
+            Some("the rail declined the transfer"),
+        )),
+        _ => Err(ambiguous_error(
+            submission_id,
+            payout_id,
+            "the attempt's outcome is unknown",
         )),
     }
 }
@@ -455,6 +688,10 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
         reason,
         "an attempt was forwarded and its outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS"
     );
+    ambiguous_error(submission_id, payout_id, reason)
+}
+
+fn ambiguous_error(submission_id: Uuid, payout_id: Uuid, reason: &str) -> ApiError {
     ApiError::new(
         ErrorCode::RailAmbiguous,
         "the attempt was forwarded and its outcome is unknown; release the lock and stop, never submit again",
@@ -468,6 +705,9 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
 }
 
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
+
+/// The longest reason paydb keeps for a high-water advance.
+const REASON_LEN_MAX: usize = 4096;
 
 async fn advance_high_water(
     State(state): State<AppState>,
@@ -485,8 +725,14 @@ async fn advance_high_water(
     if body.operator.trim().is_empty() || body.operator.len() > 128 {
         fields.push(FieldError::new("operator", "must be 1 to 128 characters"));
     }
-    if body.reason.trim().chars().count() < 8 {
-        fields.push(FieldError::new("reason", "must be at least 8 characters"));
+    // paydb keeps 1 to 4096 characters (the advance record's reason); a longer reason is the
+    // caller's error, refused here with the envelope, never a failed INSERT answered 500.
+    let reason_len = body.reason.trim().chars().count();
+    if !(8..=REASON_LEN_MAX).contains(&reason_len) {
+        fields.push(FieldError::new(
+            "reason",
+            format!("must be 8 to {REASON_LEN_MAX} characters, got {reason_len}"),
+        ));
     }
     if !fields.is_empty() {
         return Err(ApiError::validation(fields));
@@ -520,6 +766,91 @@ async fn advance_high_water(
         "highestToken": new,
         "floor": body.floor,
     })))
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct LowerRow {
+    outcome: String,
+    previous_token: Option<i64>,
+    highest_token: Option<i64>,
+    recovery_id: Option<i64>,
+}
+
+/// DESIGN D-8 recovery: lowers a high-water mark poisoned by a forged token to the token of the
+/// operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
+/// nobody else holds the key, above every token issued before). Operator only, needs proof
+/// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
+async fn lower_high_water(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<dlock_contract::proof::FenceLowerRequest>,
+) -> Result<Json<dlock_contract::proof::FenceLowered>, ApiError> {
+    caller.require_operator("lowering the high-water mark")?;
+    let Some(keys) = &state.config.proof_keys else {
+        return Err(dlock_contract::proof::recovery_disabled());
+    };
+    let token = headers::fencing_token(&headers)?;
+    let mut fields = dlock_contract::proof::check_lower_request(&body);
+    let owner = headers::owner_id(&headers).map_err(|e| fields.push(e)).ok();
+    if account_id.is_empty() || account_id.len() > 64 {
+        fields.push(FieldError::new("accountId", "must be 1 to 64 characters"));
+    }
+    if !fields.is_empty() {
+        return Err(ApiError::validation(fields));
+    }
+    let owner = owner.unwrap_or_default();
+    keys.require(
+        &headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )?;
+    let identity = caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone());
+    let row: LowerRow = sqlx::query_as(
+        "SELECT outcome, previous_token, highest_token, recovery_id \
+         FROM rail_lower_high_water($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&account_id)
+    .bind(token)
+    .bind(body.operator.trim())
+    .bind(&identity)
+    .bind(&owner)
+    .bind(body.reason.trim())
+    .fetch_one(&state.pool)
+    .await
+    .map_err(ApiError::internal)?;
+    if row.outcome == "not_found" {
+        return Err(ApiError::not_found(format!(
+            "account {account_id} does not exist"
+        )));
+    }
+    let previous = row.previous_token.unwrap_or_default();
+    let highest = row.highest_token.unwrap_or_default();
+    let lowered = row.outcome == "lowered";
+    if lowered {
+        tracing::warn!(
+            event = "rail_high_water_lowered",
+            account_id = %account_id,
+            previous,
+            highest,
+            recovery_id = row.recovery_id,
+            operator = %body.operator.trim(),
+            identity = %identity,
+            owner_id = %owner,
+            "a rail high-water mark poisoned by a forged token was lowered to the operator's grant"
+        );
+    }
+    Ok(Json(dlock_contract::proof::FenceLowered {
+        account_id,
+        resource: "rail".into(),
+        previous_token: previous,
+        token: highest,
+        lowered,
+        recovery_id: row.recovery_id,
+    }))
 }
 
 async fn high_water(

@@ -6,13 +6,14 @@
 
 use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
+use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::*;
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock rail proxy", description = "The only caller of the rail: durable high-water mark, intent before forward, one forward (C3 §3.5)."),
-    paths(submit, high_water, advance_high_water, healthz, readyz),
+    paths(submit, high_water, advance_high_water, lower_high_water, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -22,9 +23,12 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
-/// Submits one payout to the rail, once, never retried.
+/// Submits one payout to the rail, once, never retried. The identical request retried (same
+/// X-Idempotency-Key, X-Fencing-Token and body) gets the first attempt's answer, status and
+/// body, and is never forwarded again.
 #[utoipa::path(post, path = "/v1/rail/submissions", request_body = SubmissionRequest,
     params(("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`) on payout:{accountId}; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
     responses(
@@ -34,8 +38,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND: payout", body = ErrorBody),
         (status = 409, description = "FENCED_OUT, DUPLICATE_SUBMISSION, PAYOUT_NOT_CLAIMABLE or RAIL_AMBIGUOUS", body = ErrorBody),
-        (status = 422, description = "VALIDATION_FAILED: the rail declined", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
+        (status = 422, description = "VALIDATION_FAILED: the rail declined; IDEMPOTENCY_CONFLICT: this key and token were already used with another body", body = ErrorBody),
+        (status = 503, description = "RAIL_UNAVAILABLE; NOT_LEADER: the identical request's first attempt is still in flight (retry-safe, nothing forwarded again)", body = ErrorBody),
     ))]
 fn submit() {}
 
@@ -62,6 +66,25 @@ fn high_water() {}
         (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
     ))]
 fn advance_high_water() {}
+
+/// D-8: lowers a high-water mark poisoned by a forged token to the token of the operator's own
+/// grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in
+/// fence_recoveries.
+#[utoipa::path(post, path = "/v1/rail/high-water/{accountId}/lower", request_body = FenceLowerRequest,
+    params(("accountId" = String, Path),
+           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
+           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
+           ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = FenceLowered),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
+    ))]
+fn lower_high_water() {}
 
 /// Process up.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]

@@ -47,6 +47,10 @@ pub struct RailStubConfig {
     pub decline_rate: f64,
     /// `rail.stub.hang-ms`: how long a dropped connection is held open first.
     pub hang_ms: u64,
+    /// `rail.stub.redirect-rate`: share of calls that take the transfer and then answer
+    /// `307 Temporary Redirect` back to `/submit`, as a gateway in front of a rail may. A client
+    /// that follows it presents the same transfer again.
+    pub redirect_rate: f64,
     /// `rail.stub.statement-path`: the durable statement (JSON lines).
     pub statement_path: PathBuf,
     /// `server.tls.*`: TLS on the listener when set.
@@ -78,6 +82,7 @@ impl RailStubConfig {
             duplicate_ack_rate: raw.decimal("rail.stub.duplicate-ack-rate", 0.0, 0.0..=1.0)?,
             decline_rate: raw.decimal("rail.stub.decline-rate", 0.0, 0.0..=1.0)?,
             hang_ms: raw.integer("rail.stub.hang-ms", 30_000, 0..=600_000)? as u64,
+            redirect_rate: raw.decimal("rail.stub.redirect-rate", 0.0, 0.0..=1.0)?,
             statement_path: PathBuf::from(
                 raw.string("rail.stub.statement-path", "rail-statement.jsonl")?,
             ),
@@ -225,6 +230,7 @@ enum Fate {
     Fail5xx,
     Drop { accepted: bool },
     Decline,
+    Redirect,
     Accept,
 }
 
@@ -240,6 +246,8 @@ fn draw(config: &RailStubConfig) -> Fate {
         }
     } else if rng.random_bool(config.decline_rate) {
         Fate::Decline
+    } else if rng.random_bool(config.redirect_rate) {
+        Fate::Redirect
     } else {
         Fate::Accept
     }
@@ -305,6 +313,18 @@ async fn process(state: StubState, body: SubmitRequest) -> Result<Response, ApiE
                 StatusCode::OK,
                 [("connection", "close")],
                 "{\"railRef", // a torn, malformed acknowledgement
+            )
+                .into_response())
+        }
+        Fate::Redirect => {
+            let mut ledger = state.ledger.lock().await;
+            ledger
+                .accept(transfer(new_reference()))
+                .map_err(ApiError::internal)?;
+            Ok((
+                StatusCode::TEMPORARY_REDIRECT,
+                [("location", "/submit")],
+                "",
             )
                 .into_response())
         }

@@ -280,6 +280,7 @@ impl EtcdStore {
             fencing_token: token,
             acquired_at: millis(value.acquired_at_ms),
             expires_at: millis(value.expires_at_ms),
+            fencing_proof: None,
         }
     }
 
@@ -328,14 +329,28 @@ impl EtcdStore {
         })
     }
 
+    /// Renews a lease; its remaining TTL in seconds, 0 when the lease is gone.
+    ///
+    /// A session's lease lapses some hundreds of milliseconds before etcd reaps it and deletes
+    /// its keys; a keep-alive in that gap waits for the revocation and then finds no lease.
+    /// etcd answers that with TTL 0, which the client library turns into an error of its own
+    /// ("lease not found"). That is the lapsed session, SESSION_EXPIRED, never a backend failure.
     async fn keep_alive(&self, lease: i64) -> StoreResult<i64> {
-        let (mut keeper, mut stream) = self
-            .client()
-            .lease_keep_alive(lease)
-            .await
-            .map_err(map_etcd)?;
+        let lost = |e: &etcd_client::Error| {
+            matches!(e, etcd_client::Error::LeaseKeepAliveError(m) if m.contains("lease not found"))
+                || matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))
+        };
+        let (mut keeper, mut stream) = match self.client().lease_keep_alive(lease).await {
+            Ok(pair) => pair,
+            Err(e) if lost(&e) => return Ok(0),
+            Err(e) => return Err(map_etcd(e)),
+        };
         keeper.keep_alive().await.map_err(map_etcd)?;
-        let response = stream.message().await.map_err(map_etcd)?;
+        let response = match stream.message().await {
+            Ok(response) => response,
+            Err(e) if lost(&e) => return Ok(0),
+            Err(e) => return Err(map_etcd(e)),
+        };
         Ok(response.map(|r| r.ttl()).unwrap_or(0))
     }
 
@@ -617,7 +632,11 @@ impl EtcdStore {
             .await?;
         Self::session_state(&reads[0], &reads[1], owner_id)?;
         let holder = self.holder(reads[2].first(), Some(session_id)).await?;
-        let Some(holder) = holder.filter(|h| h.live && h.kv.create_revision() == token) else {
+        // (key, token) names the grant; the caller must also be its owner (a token is public, so
+        // anyone could name it). A non-owner is LOCK_LOST, C3's code for a non-holder.
+        let Some(holder) = holder
+            .filter(|h| h.live && h.kv.create_revision() == token && h.value.owner_id == owner_id)
+        else {
             return Err(StoreError::LockLost {
                 stored_token: self.live_token(key).await?,
             });
@@ -660,14 +679,18 @@ impl EtcdStore {
         Ok(Self::grant_of(key, token, &value))
     }
 
-    pub async fn release(&self, key: &str, token: i64) -> StoreResult<()> {
+    pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
         let lock = self
             .client()
             .get(self.k_lock(key), None)
             .await
             .map_err(map_etcd)?;
         let holder = self.holder(lock.kvs().first(), None).await?;
-        let Some(holder) = holder.filter(|h| h.kv.create_revision() == token) else {
+        // Compare-and-delete on (key, token), by the grant's owner only: another owner's grant
+        // is left alone and the caller hears LOCK_LOST, as any non-holder does.
+        let Some(holder) =
+            holder.filter(|h| h.kv.create_revision() == token && h.value.owner_id == owner_id)
+        else {
             return Err(StoreError::LockLost {
                 stored_token: self.live_token(key).await?,
             });

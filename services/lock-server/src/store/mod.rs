@@ -130,8 +130,9 @@ impl Store {
         dispatch!(self, s => s.renew(key, session_id, owner_id, token, ttl_ms).await)
     }
 
-    pub async fn release(&self, key: &str, token: i64) -> StoreResult<()> {
-        dispatch!(self, s => s.release(key, token).await)
+    /// L6: compare-and-delete on (key, token), by the grant's owner only.
+    pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
+        dispatch!(self, s => s.release(key, owner_id, token).await)
     }
 
     pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {

@@ -87,6 +87,7 @@ impl ResultRow {
             fencing_token: self.fencing_token.ok_or_else(|| missing("token"))?,
             acquired_at: self.acquired_at.ok_or_else(|| missing("acquiredAt"))?,
             expires_at: self.expires_at.ok_or_else(|| missing("expiresAt"))?,
+            fencing_proof: None,
         })
     }
 
@@ -282,8 +283,14 @@ impl PgStore {
         }
     }
 
-    pub async fn release(&self, key: &str, token: i64) -> StoreResult<()> {
-        let row = call!(&self.pool, "dlock_release($1, $2)", key, token)?;
+    pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
+        let row = call!(
+            &self.pool,
+            "dlock_release($1, $2, $3)",
+            key,
+            token,
+            owner_id
+        )?;
         match row.outcome()? {
             "released" => Ok(()),
             _ => Err(StoreError::LockLost {
@@ -343,6 +350,8 @@ impl PgStore {
                     fencing_token,
                     acquired_at,
                     expires_at,
+                    // Never in a list: the proof is for the holder alone (DESIGN D-8).
+                    fencing_proof: None,
                 },
             )
             .collect();

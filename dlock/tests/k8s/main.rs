@@ -1,0 +1,17 @@
+//! dlock on a real Kubernetes control plane: kube-apiserver, kube-controller-manager and
+//! kube-scheduler built from the upstream Go modules, etcd, and KWOK for nodes and pods
+//! (services/devstack/src/kube.rs). The operator runs as a separate process under the chart's
+//! RBAC, the services as real processes, and the pods of Jobs as local processes (kubelet.rs).
+//!
+//! Run with `./scripts/test-k8s` (it builds the control plane once, cached by version); the
+//! default `./scripts/test` leaves this binary out because it needs Go.
+
+mod control_plane;
+mod kubelet;
+mod lock_revocation;
+mod locks;
+mod operations;
+mod payout_batch;
+mod reconciliation;
+mod revoke;
+mod world;

@@ -1,0 +1,348 @@
+//! `kubectl apply -f payoutbatch.yaml` for real: the operator's executor Job runs `dlock run`
+//! (through the test's kubelet) against the real services, and the rail's statement is the judge
+//! of whether anybody was paid twice, across re-applies and a delete and re-create.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dlock_contract::auth::Credential;
+use dlock_contract::payment::{CreateAccountRequest, FundRequest, PayoutState};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::wait_until;
+use serde_json::Value;
+
+use crate::world::{World, repo};
+
+const NS: &str = "payroll";
+const BATCH: &str = "payroll-2026-12";
+
+/// The example batch with the executor's credential: the Secret the operator hands to the Job.
+fn batch_yaml() -> String {
+    let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        example.contains("executor:"),
+        "examples/payoutbatch.yaml names the executor's credential"
+    );
+    example
+}
+
+/// Every payout of the batch with its state, from the real payment resource.
+async fn states(payment: &PaymentClient, accounts: &[&str]) -> BTreeMap<String, PayoutState> {
+    let mut out = BTreeMap::new();
+    for account in accounts {
+        let page = payment
+            .list_payouts(None, Some(account), Some(500), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for p in page.items {
+            out.insert(p.payout_id.to_string(), p.state);
+        }
+    }
+    out
+}
+
+/// How many transfers the rail took per payout (clientRef).
+async fn statement(rail: &str) -> BTreeMap<String, usize> {
+    let statement = dlock_contract::rail::read_statement(rail, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = BTreeMap::new();
+    for t in statement.transfers {
+        *out.entry(t.client_ref).or_insert(0) += 1;
+    }
+    out
+}
+
+fn job_done(world: &World) -> bool {
+    let job = world
+        .try_kubectl(&[
+            "get",
+            "job",
+            &format!("{BATCH}-executor"),
+            "-n",
+            NS,
+            "-o",
+            "json",
+        ])
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    job.is_some_and(|j| {
+        j["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_and_recreate() {
+    let mut world = World::start().await;
+    world.namespace(NS);
+    world.start_operator(&[NS], &[]);
+    world.start_kubelet(&[NS]);
+    let services = world.services();
+    let executor_token = services.token("executor");
+    let payment = PaymentClient::new(&services.url("paymentResource"), "executor/setup")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&executor_token)));
+    let rail = services.url("railStub");
+    let accounts = ["acct-17", "acct-18"];
+    for account in accounts {
+        payment
+            .create_account(
+                &format!("open-{account}"),
+                &CreateAccountRequest {
+                    account_id: account.to_owned(),
+                    currency: "EUR".to_owned(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        payment
+            .fund(
+                account,
+                &format!("fund-{account}"),
+                &FundRequest {
+                    amount_minor: 1_000_000,
+                    reference: format!("seed-{account}"),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    world.apply_stack(NS);
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: executor-credential\n\
+         stringData:\n  token: {executor_token}\n"
+    );
+    world.apply(NS, &secret).unwrap_or_else(|e| panic!("{e:#}"));
+
+    // kubectl apply -f examples/payoutbatch.yaml
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // The operator creates the Job; the kubelet runs its pod; the Job controller completes it.
+    if let Err(e) = wait_until("the executor Job ends", Duration::from_secs(180), || {
+        job_done(&world)
+    }) {
+        panic!(
+            "{e:#}\nran: {:?}{}",
+            world.kubelet().ran(),
+            world.diagnostics()
+        );
+    }
+    world.kubectl(&[
+        "wait",
+        "--for=condition=Complete",
+        &format!("job/{BATCH}-executor"),
+        "-n",
+        NS,
+        "--timeout=10s",
+    ]);
+    let ran = world.kubelet().ran();
+    assert_eq!(ran.len(), 1, "one executor pod ran: {ran:?}");
+    assert_eq!(ran[0].exit_code, Some(0));
+    assert_eq!(ran[0].args.first().map(String::as_str), Some("run"));
+
+    let posted = states(&payment, &accounts).await;
+    assert_eq!(posted.len(), 4, "{posted:?}");
+    assert!(
+        posted.values().all(|s| *s == PayoutState::Posted),
+        "{posted:?}"
+    );
+    let paid = statement(&rail).await;
+    for id in posted.keys() {
+        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
+    }
+
+    // The batch's status, as kubectl shows it.
+    let summary = wait_until("the batch's status counts", Duration::from_secs(60), || {
+        world
+            .try_kubectl(&[
+                "get",
+                "payoutbatch",
+                BATCH,
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.status.summary}",
+            ])
+            .is_ok_and(|s| s.contains("4"))
+    });
+    if let Err(e) = summary {
+        panic!("{e:#}{}", world.diagnostics());
+    }
+    let table = world.kubectl(&["get", "payoutbatch", "-n", NS]);
+    eprintln!("{table}");
+    // Argo CD's health of each object as the API server holds it.
+    for (kind, resource, name) in [
+        ("PayoutBatch", "payoutbatch", BATCH),
+        ("LockServer", "lockserver", "lock-server"),
+        ("PaymentResource", "paymentresource", "payment-resource"),
+        ("RailProxy", "railproxy", "rail-proxy"),
+    ] {
+        let object = world.get_json(&[resource, name, "-n", NS]);
+        let (status, message) = crate::world::argocd_health(kind, &object);
+        assert_eq!(status, "Healthy", "{kind} {name}: {message}");
+    }
+
+    // Re-apply: nothing changes, nobody is paid again.
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // A sync with another worker count: accepted (nothing immutable is patched), and the
+    // batch stays Ready without paying anyone again.
+    let edited = batch_yaml().replace("workers: 8", "workers: 3");
+    assert_ne!(edited, batch_yaml(), "the edit changes spec.workers");
+    world.apply(NS, &edited).unwrap_or_else(|e| panic!("{e:#}"));
+    let generation = world.get_json(&["payoutbatch", BATCH, "-n", NS])["metadata"]["generation"]
+        .as_i64()
+        .unwrap_or_default();
+    wait_until("the edit is observed", Duration::from_secs(60), || {
+        let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+        object["status"]["observedGeneration"].as_i64() == Some(generation)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+    let (status, message) = crate::world::argocd_health("PayoutBatch", &object);
+    assert_eq!(status, "Healthy", "after the workers edit: {message}");
+    assert_eq!(statement(&rail).await, paid, "the edit paid nobody");
+
+    // An operator upgrade (a new image for the pods it builds): the finished Job is not patched
+    // (its template is immutable), the batch says its Job is from an older template, and stays
+    // Healthy.
+    world.stop_operator(0);
+    world.start_operator(&[NS], &[("DLOCK_OPERATOR_IMAGE", "dlock:e2e-upgraded")]);
+    let job_image = |world: &World| {
+        world.get_json(&["job", &format!("{BATCH}-executor"), "-n", NS])["spec"]["template"]["spec"]
+            ["containers"][0]["image"]
+            .clone()
+    };
+    let before_upgrade = job_image(&world);
+    wait_until(
+        "the upgraded operator notices the older Job template",
+        Duration::from_secs(60),
+        || {
+            let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+            object["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "JobTemplateCurrent" && c["status"] == "False")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    assert_eq!(job_image(&world), before_upgrade, "the Job was not patched");
+    let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+    let (status, message) = crate::world::argocd_health("PayoutBatch", &object);
+    assert_eq!(status, "Healthy", "after the upgrade: {message}");
+
+    // Delete and re-create the same file, as a cluster rebuilt from Git would: the new Job
+    // runs `dlock run` again over the same payout ids, which are all POSTED.
+    world.kubectl(&["delete", "payoutbatch", BATCH, "-n", NS, "--wait=true"]);
+    world.kubectl(&[
+        "wait",
+        "--for=delete",
+        &format!("job/{BATCH}-executor"),
+        "-n",
+        NS,
+        "--timeout=120s",
+    ]);
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let rerun = wait_until(
+        "the re-created batch's Job ends",
+        Duration::from_secs(180),
+        || job_done(&world),
+    );
+    if let Err(e) = rerun {
+        panic!("{e:#}{}", world.diagnostics());
+    }
+    let ran = world.kubelet().ran();
+    assert_eq!(ran.len(), 2, "the re-created batch ran again: {ran:?}");
+    assert_eq!(ran[1].exit_code, Some(0));
+    let again = statement(&rail).await;
+    assert_eq!(again, paid, "the rail's statement did not change");
+    assert_eq!(states(&payment, &accounts).await, posted);
+    eprintln!(
+        "scenario done in {} ms",
+        world.started.elapsed().as_millis()
+    );
+}
+
+/// A PayoutBatch of `items` payouts, each as large as the schema allows.
+fn largest_batch(name: &str, items: usize) -> String {
+    let long = |prefix: &str, i: usize| {
+        let mut s = format!("{prefix}-{i:05}-");
+        while s.len() < 128 {
+            s.push('x');
+        }
+        s
+    };
+    let mut yaml = format!(
+        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 1\n  payouts:\n"
+    );
+    for i in 0..items {
+        yaml.push_str(&format!(
+            "    - key: {}\n      accountId: {}\n      amountMinor: 9223372036854775807\n      currency: EUR\n      beneficiaryRef: {}\n",
+            long("k", i),
+            long("a", i),
+            long("b", i)
+        ));
+    }
+    yaml
+}
+
+/// The item limit really applies: the largest batch the schema admits goes through client-side
+/// `kubectl apply` (whose last-applied annotation is capped at 256 KiB) and becomes a manifest
+/// ConfigMap; one item more is refused by the API server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_more_is_refused() {
+    let mut world = World::start().await;
+    let ns = "big";
+    world.namespace(ns);
+    world.start_operator(&[ns], &[]);
+    let crd = world.get_json(&["crd", "payoutbatches.dlock.io"]);
+    let max = crd
+        .pointer(
+            "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/payouts/maxItems",
+        )
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("payouts has a maxItems"));
+    let largest = largest_batch("largest", max as usize);
+    world
+        .cluster
+        .kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(&largest))
+        .unwrap_or_else(|e| panic!("{max} of the largest items, client-side: {e:#}"));
+    wait_until("the manifest ConfigMap", Duration::from_secs(60), || {
+        world
+            .try_kubectl(&[
+                "get",
+                "configmap",
+                "largest-manifest",
+                "-n",
+                ns,
+                "-o",
+                "name",
+            ])
+            .is_ok()
+    })
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let too_many = largest_batch("too-many", max as usize + 1);
+    let refused = world
+        .cluster
+        .kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(&too_many));
+    let message = match refused {
+        Ok(out) => panic!("{} items were accepted: {out}", max + 1),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(message.contains("must have at most"), "{message}");
+    eprintln!(
+        "maxItems {max}: {} bytes of YAML accepted; scenario done in {} ms",
+        largest.len(),
+        world.started.elapsed().as_millis()
+    );
+}

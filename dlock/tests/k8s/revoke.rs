@@ -1,0 +1,329 @@
+//! `kubectl annotate lock … dlock.io/revoke-reason=… dlock.io/revoked-by=…` on a lock that a
+//! running `dlock run` executor holds: the operator revokes it at the real lock server and pushes
+//! the new floor to the real payment resource and rail proxy (D-3), and the revoked token is
+//! FENCED_OUT at both.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use dlock_contract::auth::Credential;
+use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest, FundRequest};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::{spawn_logged, wait_until};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::locks::table;
+use crate::world::{EXE, World};
+
+const NS: &str = "ops";
+const ACCOUNT: &str = "acct-rev";
+// Enough to hold the key for about a minute: the lock mirror polls every 15 s.
+const PAYOUTS: usize = 40;
+
+fn batch(name: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 1\n  payouts:\n"
+    );
+    for i in 0..PAYOUTS {
+        yaml.push_str(&format!(
+            "    - key: item-{i}\n      accountId: {ACCOUNT}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
+            1000 + i
+        ));
+    }
+    yaml
+}
+
+async fn post_json(
+    url: &str,
+    token: &str,
+    headers: &[(&str, String)],
+    body: Value,
+) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut request = client
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in headers {
+        request = request.header(*k, v);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    let body = response.json::<Value>().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_both_points() {
+    let mut world = World::start().await;
+    world.namespace(NS);
+    world.start_services(&["--rail-latency-ms", "1500"]);
+    world.start_operator(&[NS], &[]);
+    world.apply_stack_ready(NS);
+    let services = world.services();
+    let executor = services.token("executor");
+    let payment_url = services.url("paymentResource");
+    let proxy_url = services.url("railProxy");
+    let rail_url = services.url("railStub");
+    let paydb = services.line["paydb"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let proof_keys = services.line["proofKeysFile"]
+        .as_str()
+        .unwrap_or_else(|| panic!("dev up runs with fencing-token proofs: {}", services.line))
+        .to_owned();
+    let urls = [
+        ("DLOCK_LOCK_SERVER", services.url("lockServer")),
+        ("DLOCK_PAYMENT_RESOURCE", payment_url.clone()),
+        ("DLOCK_RAIL_PROXY", proxy_url.clone()),
+    ];
+    let payment = PaymentClient::new(&payment_url, "executor/setup")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&executor)));
+    payment
+        .create_account(
+            "open-rev",
+            &CreateAccountRequest {
+                account_id: ACCOUNT.to_owned(),
+                currency: "EUR".to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    payment
+        .fund(
+            ACCOUNT,
+            "fund-rev",
+            &FundRequest {
+                amount_minor: 1_000_000,
+                reference: "seed-rev".to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // A real executor: one worker, one payout after another on the account, each holding
+    // payout:acct-rev for about the rail's 1.5 s.
+    let manifest = world.cluster.dir().join("rev-batch.yaml");
+    std::fs::write(&manifest, batch("rev-batch")).unwrap_or_else(|e| panic!("{e}"));
+    let mut env: Vec<(String, String)> = urls
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    env.push(("DLOCK_CREDENTIAL".into(), executor.clone()));
+    env.push(("DLOCK_IDENTITY".into(), "executor".into()));
+    let log = world.cluster.dir().join("executor.log");
+    let mut run = spawn_logged(
+        "dlock run",
+        Path::new(EXE),
+        &[
+            "run".to_owned(),
+            "-f".to_owned(),
+            manifest.display().to_string(),
+        ],
+        &env,
+        Some(&log),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+
+    // The held lock as kubectl shows it.
+    let key = format!("payout:{ACCOUNT}");
+    let mut row = BTreeMap::new();
+    wait_until(
+        "the executor's lock in kubectl get locks",
+        Duration::from_secs(60),
+        || {
+            let text = world
+                .try_kubectl(&["get", "locks", "-n", NS])
+                .unwrap_or_default();
+            match table(&text)
+                .into_iter()
+                .find(|r| r.get("KEY") == Some(&key))
+            {
+                Some(found) => {
+                    row = found;
+                    true
+                }
+                None => false,
+            }
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\n{}{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            world.diagnostics()
+        )
+    });
+    let name = row["NAME"].clone();
+    world.kubectl(&[
+        "annotate",
+        "lock",
+        &name,
+        "-n",
+        NS,
+        "dlock.io/revoke-reason=e2e: the worker looks stuck",
+        "dlock.io/revoked-by=alice",
+    ]);
+    let mut result = Value::Null;
+    wait_until(
+        "the Lock's status records the revocation",
+        Duration::from_secs(60),
+        || {
+            let lock = world
+                .try_kubectl(&["get", "lock", &name, "-n", NS, "-o", "json"])
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+            result = lock
+                .map(|l| l["status"]["revocation"].clone())
+                .unwrap_or(Value::Null);
+            result["outcome"] == "Complete"
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}: {result}{}", world.diagnostics()));
+    assert_eq!(result["paymentFenced"], true, "{result}");
+    assert_eq!(result["railFenced"], true, "{result}");
+    let revoked = result["revokedToken"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{result}"));
+    let floor = result["newTokenFloor"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{result}"));
+    assert!(floor > revoked, "{result}");
+
+    // Both enforcement points hold the floor, read from the services and paydb.
+    let account = payment
+        .get_account(ACCOUNT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        account.fence >= floor,
+        "account fence {} < floor {floor}",
+        account.fence
+    );
+    let pool = sqlx::PgPool::connect(&paydb)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (high,): (i64,) =
+        sqlx::query_as("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
+            .bind(ACCOUNT)
+            .fetch_one(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(high >= floor, "rail high-water {high} < floor {floor}");
+
+    // A write with the revoked token is FENCED_OUT at the account and at the rail.
+    let stale = Uuid::new_v4();
+    payment
+        .create_payout(
+            &format!("create-{stale}"),
+            &CreatePayoutRequest {
+                payout_id: stale,
+                account_id: ACCOUNT.to_owned(),
+                amount_minor: 500,
+                currency: "EUR".to_owned(),
+                beneficiary_ref: "ben-stale".to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The evicted worker still holds its grant: the revoked token and the lock server's proof of
+    // it (signed here with the local stack's proof keys, as the grant carried it).
+    let keys = dlock_contract::proof::ProofKeys::load(Path::new(&proof_keys))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let proof = keys
+        .sign(&key, revoked)
+        .unwrap_or_else(|| panic!("no signing key"));
+    let headers = [
+        ("x-owner-id", "executor/stale".to_owned()),
+        ("x-idempotency-key", format!("payout-{stale}")),
+        ("x-fencing-token", revoked.to_string()),
+        (dlock_contract::headers::FENCING_PROOF, proof),
+    ];
+    let (status, body) = post_json(
+        &format!("{payment_url}/v1/payouts/{stale}/claim"),
+        &executor,
+        &headers,
+        json!({"expectedState": "PENDING"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("FENCED_OUT")),
+        "{body}"
+    );
+    assert_eq!(body["details"]["resourceType"], "account", "{body}");
+    let (status, body) = post_json(
+        &format!("{proxy_url}/v1/rail/submissions"),
+        &executor,
+        &headers,
+        json!({"payoutId": stale, "accountId": ACCOUNT, "amountMinor": 500,
+               "currency": "EUR", "beneficiaryRef": "ben-stale"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("FENCED_OUT")),
+        "{body}"
+    );
+
+    // The Event a person sees.
+    let events = world.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+    ]);
+    assert!(
+        events.contains("Revok"),
+        "an Event names the revocation: {events}"
+    );
+
+    // The executor goes on (a new lock, a newer token) and finishes; the annotation, still on
+    // the Lock, is not run a second time against the new holder.
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = run.wait_exit(Duration::from_secs(120));
+        (status, run)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        exit.0.is_some(),
+        "the executor finished: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let lock = world.get_json(&["lock", &name, "-n", NS]);
+    assert_eq!(
+        lock["status"]["revocation"]["revocationId"], result["revocationId"],
+        "one revocation per annotation value: {lock}"
+    );
+    let statement = dlock_contract::rail::read_statement(&rail_url, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut per_payout: BTreeMap<String, usize> = BTreeMap::new();
+    for t in statement.transfers {
+        *per_payout.entry(t.client_ref).or_default() += 1;
+    }
+    assert!(
+        per_payout.values().all(|n| *n == 1),
+        "nobody paid twice: {per_payout:?}"
+    );
+    assert!(
+        !per_payout.contains_key(&stale.to_string()),
+        "the stale write never reached the rail"
+    );
+    eprintln!(
+        "revoked token {revoked}, floor {floor}; executor exit {:?}; scenario done in {} ms",
+        exit.0,
+        world.started.elapsed().as_millis()
+    );
+}

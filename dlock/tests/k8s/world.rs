@@ -1,0 +1,449 @@
+//! One test's world: a real control plane (its own, so tests never share cluster-scoped state),
+//! dlock's CRDs and the Helm chart applied with server-side apply, and on demand the real
+//! services (`dlock dev up`), the operator as a separate process under the chart's RBAC, and the
+//! kubelet that runs the pods of Jobs.
+
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_devstack::kube::KubeCluster;
+use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use serde_json::Value;
+
+use crate::kubelet::Kubelet;
+
+pub const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+/// Where the chart is installed, as in the README (`helm install … -n dlock-system`).
+pub const OPERATOR_NAMESPACE: &str = "dlock-system";
+/// The chart's ServiceAccount for release `dlock`.
+pub const OPERATOR_ACCOUNT: &str = "dlock-operator";
+/// The in-cluster port of every dlock Service.
+pub const SERVICE_PORT: u16 = 8080;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `dlock dev up` as a process: the four services, PostgreSQL, authentication on.
+pub struct DevStack {
+    pub line: Value,
+    _child: ManagedChild,
+    _dir: tempfile::TempDir,
+}
+
+impl DevStack {
+    fn start(args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let log = std::fs::File::create(dir.path().join("dev-up.log"))
+            .unwrap_or_else(|e| panic!("dev up log: {e}"));
+        let mut child = Command::new(EXE)
+            .args(["dev", "up", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting dlock dev up: {e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let child = ManagedChild::new("dev-up", child);
+        let mut first = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut first)
+            .unwrap_or_else(|e| panic!("reading dev up's line: {e}"));
+        let line: Value = serde_json::from_str(&first).unwrap_or_else(|e| {
+            panic!(
+                "dev up's line is not JSON ({e}): {first}\n{}",
+                std::fs::read_to_string(dir.path().join("dev-up.log")).unwrap_or_default()
+            )
+        });
+        Self {
+            line,
+            _child: child,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, service: &str) -> String {
+        self.line[service]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {service} in {}", self.line))
+            .to_owned()
+    }
+
+    pub fn authority(&self, service: &str) -> String {
+        self.url(service).trim_start_matches("http://").to_owned()
+    }
+
+    pub fn token(&self, who: &str) -> String {
+        self.line["credentials"][who]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {who} credential in {}", self.line))
+            .to_owned()
+    }
+}
+
+pub struct World {
+    pub cluster: KubeCluster,
+    pub client: kube::Client,
+    pub started: Instant,
+    stack: Option<DevStack>,
+    operators: Vec<ManagedChild>,
+    kubelet: Option<Kubelet>,
+}
+
+impl World {
+    /// A cluster with two fake nodes, the CRDs established and the chart applied.
+    pub async fn start() -> Self {
+        let started = Instant::now();
+        let cluster = tokio::task::spawn_blocking(|| KubeCluster::start(2))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("the control plane did not start: {e:#}"));
+        eprintln!(
+            "control plane {} up in {} ms",
+            cluster.name(),
+            started.elapsed().as_millis()
+        );
+        let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+        let world = Self {
+            cluster,
+            client,
+            started,
+            stack: None,
+            operators: Vec::new(),
+            kubelet: None,
+        };
+        let crds = repo().join("crds");
+        world.kubectl(&[
+            "apply",
+            "--server-side",
+            "--field-manager=dlock-e2e",
+            "-f",
+            &crds.display().to_string(),
+        ]);
+        world.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ]);
+        world.namespace(OPERATOR_NAMESPACE);
+        let rendered = render_chart(&[]);
+        world
+            .apply(OPERATOR_NAMESPACE, &rendered)
+            .unwrap_or_else(|e| panic!("the rendered chart was refused: {e}"));
+        world
+    }
+
+    /// `kubectl ARGS` as the admin; panics with kubectl's message on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.cluster
+            .kubectl(args)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    pub fn try_kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.cluster.kubectl(args)
+    }
+
+    /// `kubectl get … -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let text = self.kubectl(&all);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    /// Server-side apply of a YAML stream into `namespace`.
+    pub fn apply(&self, namespace: &str, yaml: &str) -> anyhow::Result<String> {
+        self.cluster.kubectl_with_input(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=dlock-e2e",
+                "-n",
+                namespace,
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+    }
+
+    /// `kubectl apply -f examples/stack.yaml` into `namespace` (the three services and their
+    /// Secrets, as a user applies them).
+    pub fn apply_stack(&self, namespace: &str) {
+        let stack = std::fs::read_to_string(repo().join("examples/stack.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.apply(namespace, &stack)
+            .unwrap_or_else(|e| panic!("examples/stack.yaml: {e:#}"));
+    }
+
+    /// `apply_stack`, then waits until the LockServer is Ready (diagnostics on failure).
+    pub fn apply_stack_ready(&self, namespace: &str) {
+        self.apply_stack(namespace);
+        if let Err(e) = self.try_kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            "lockserver/lock-server",
+            "-n",
+            namespace,
+            "--timeout=120s",
+        ]) {
+            panic!("{e:#}{}", self.diagnostics());
+        }
+    }
+
+    pub fn namespace(&self, name: &str) {
+        let yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n");
+        self.cluster
+            .kubectl_with_input(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--field-manager=dlock-e2e",
+                    "-f",
+                    "-",
+                ],
+                Some(&yaml),
+            )
+            .unwrap_or_else(|e| panic!("namespace {name}: {e:#}"));
+    }
+
+    /// The real services, started once (with `dlock dev up`'s defaults unless
+    /// `start_services` came first).
+    pub fn services(&mut self) -> &DevStack {
+        if self.stack.is_none() {
+            self.stack = Some(DevStack::start(&[]));
+        }
+        self.stack.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// The real services with `dlock dev up` options (`--rail-latency-ms 1500`, …).
+    pub fn start_services(&mut self, args: &[&str]) -> &DevStack {
+        assert!(self.stack.is_none(), "the services are already running");
+        self.stack = Some(DevStack::start(args));
+        self.stack.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// The address map that stands in for cluster DNS: each namespace's Services, by the names
+    /// the operator gives them, to the real processes.
+    pub fn service_addresses(&mut self, namespaces: &[&str]) -> String {
+        let stack = self.services();
+        let mut entries = Vec::new();
+        for ns in namespaces {
+            for (service, key) in [
+                ("lock-server", "lockServer"),
+                ("payment-resource", "paymentResource"),
+                ("rail-proxy", "railProxy"),
+                ("rail-proxy-stub", "railStub"),
+            ] {
+                entries.push(format!(
+                    "{service}.{ns}.svc:{SERVICE_PORT}={}",
+                    stack.authority(key)
+                ));
+            }
+        }
+        entries.join(",")
+    }
+
+    /// A kubeconfig that authenticates as the chart's ServiceAccount, with a token from the
+    /// TokenRequest API: the operator gets exactly the chart's RBAC, never cluster-admin.
+    pub fn operator_kubeconfig(&self) -> PathBuf {
+        let token = self
+            .kubectl(&[
+                "create",
+                "token",
+                OPERATOR_ACCOUNT,
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--duration=2h",
+            ])
+            .trim()
+            .to_owned();
+        let view: Value = serde_json::from_str(
+            &self.kubectl(&["config", "view", "--raw", "--minify", "-o", "json"]),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let cluster = &view["clusters"][0]["cluster"];
+        let server = cluster["server"].as_str().unwrap_or_default();
+        let mut cluster_yaml = format!("    server: {server}\n");
+        if let Some(ca) = cluster["certificate-authority-data"].as_str() {
+            cluster_yaml.push_str(&format!("    certificate-authority-data: {ca}\n"));
+        } else if let Some(ca) = cluster["certificate-authority"].as_str() {
+            cluster_yaml.push_str(&format!("    certificate-authority: {ca}\n"));
+        } else if cluster["insecure-skip-tls-verify"].as_bool() == Some(true) {
+            cluster_yaml.push_str("    insecure-skip-tls-verify: true\n");
+        }
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n{cluster_yaml}\
+             users:\n- name: operator\n  user:\n    token: {token}\n\
+             contexts:\n- name: operator\n  context: {{cluster: e2e, user: operator}}\n\
+             current-context: operator\n"
+        );
+        let path = self
+            .cluster
+            .dir()
+            .join(format!("operator-{}.kubeconfig", self.operators.len()));
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    /// `dlock operator` as a process with the chart's RBAC; returns its index and metrics port.
+    pub fn start_operator(&mut self, namespaces: &[&str], extra: &[(&str, &str)]) -> (usize, u16) {
+        let addresses = self.service_addresses(namespaces);
+        let operator_token = self.services().token("operator");
+        let kubeconfig = self.operator_kubeconfig();
+        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
+        let index = self.operators.len();
+        let mut env: Vec<(String, String)> = vec![
+            ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+            ("POD_NAMESPACE".into(), OPERATOR_NAMESPACE.into()),
+            ("POD_NAME".into(), format!("dlock-operator-{index}")),
+            ("DLOCK_OPERATOR_LISTEN".into(), format!("127.0.0.1:{port}")),
+            ("DLOCK_OPERATOR_IMAGE".into(), "dlock:e2e".into()),
+            ("DLOCK_OPERATOR_TOKEN".into(), operator_token),
+            ("DLOCK_SERVICE_ADDRESSES".into(), addresses),
+            ("DLOCK_LOG".into(), "info".into()),
+        ];
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let log = self.cluster.dir().join(format!("operator-{index}.log"));
+        let mut child = spawn_logged(
+            "operator",
+            Path::new(EXE),
+            &["operator".to_owned()],
+            &env,
+            Some(&log),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let addr = ([127, 0, 0, 1], port).into();
+        wait_until("the operator's /healthz", Duration::from_secs(30), || {
+            !child.exited() && http_status(addr, "/healthz") == Some(200)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.operator_log(index)));
+        self.operators.push(child);
+        (index, port)
+    }
+
+    /// Stops operator `index` with SIGTERM (a graceful shutdown, as a pod deletion would).
+    pub fn stop_operator(&mut self, index: usize) {
+        self.operators[index].stop_with(
+            dlock_devstack::Signal::SIGTERM,
+            std::time::Duration::from_secs(20),
+        );
+    }
+
+    /// Sends `signal` to operator `index` (SIGKILL: a crash that releases nothing).
+    pub fn operator_signal(
+        &self,
+        index: usize,
+        signal: dlock_devstack::Signal,
+    ) -> anyhow::Result<()> {
+        self.operators[index].signal(signal)
+    }
+
+    pub fn operator_log(&self, index: usize) -> String {
+        std::fs::read_to_string(self.cluster.dir().join(format!("operator-{index}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Runs the pods of Jobs in `namespaces` (see kubelet.rs).
+    pub fn start_kubelet(&mut self, namespaces: &[&str]) -> &Kubelet {
+        let addresses = self.service_addresses(namespaces);
+        let dir = self.cluster.dir().join("kubelet");
+        let kubelet = Kubelet::start(
+            self.client.clone(),
+            PathBuf::from(EXE),
+            vec![("DLOCK_SERVICE_ADDRESSES".to_owned(), addresses)],
+            dir,
+        );
+        self.kubelet = Some(kubelet);
+        self.kubelet.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    pub fn kubelet(&self) -> &Kubelet {
+        self.kubelet
+            .as_ref()
+            .unwrap_or_else(|| panic!("start_kubelet first"))
+    }
+
+    /// Everything a failing scenario's reader needs: the operator logs and the cluster's events.
+    pub fn diagnostics(&self) -> String {
+        let mut text = String::new();
+        for index in 0..self.operators.len() {
+            text.push_str(&format!(
+                "\n--- operator {index} ---\n{}",
+                self.operator_log(index)
+            ));
+        }
+        if let Some(kubelet) = &self.kubelet {
+            for ran in kubelet.ran() {
+                text.push_str(&format!(
+                    "\n--- pod {}/{} (exit {:?}) ---\n{}",
+                    ran.namespace,
+                    ran.pod,
+                    ran.exit_code,
+                    std::fs::read_to_string(&ran.log).unwrap_or_default()
+                ));
+            }
+        }
+        if let Ok(events) = self.try_kubectl(&["get", "events", "-A"]) {
+            text.push_str(&format!("\n--- events ---\n{events}"));
+        }
+        text.push_str(&format!(
+            "\n--- control plane logs: {} ---\n",
+            self.cluster.logs_dir().display()
+        ));
+        text
+    }
+}
+
+/// `scripts/render-chart` with `values` given as `--set-json` documents.
+pub fn render_chart(values: &[&str]) -> String {
+    let mut command = Command::new(repo().join("scripts/render-chart"));
+    for v in values {
+        command.args(["--set-json", v]);
+    }
+    let output = command
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("scripts/render-chart: {e}"));
+    assert!(output.status.success(), "scripts/render-chart failed");
+    String::from_utf8(output.stdout).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Argo CD's verdict on `object` as read from the API server: the shipped
+/// `argocd/dlock.io/<kind>/health.lua`, run by a real Lua 5.4 as Argo CD runs it.
+pub fn argocd_health(kind: &str, object: &Value) -> (String, String) {
+    use mlua::LuaSerdeExt as _;
+    let path = repo().join("argocd/dlock.io").join(kind).join("health.lua");
+    let script =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let lua = mlua::Lua::new();
+    let value = lua.to_value(object).unwrap_or_else(|e| panic!("{e}"));
+    lua.globals()
+        .set("obj", value)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let result: mlua::Table = lua
+        .load(script.as_str())
+        .eval()
+        .unwrap_or_else(|e| panic!("{kind} health.lua: {e}"));
+    (
+        result.get("status").unwrap_or_default(),
+        result.get("message").unwrap_or_default(),
+    )
+}

@@ -1,0 +1,32 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::workload::SERVICE_ACCOUNT;
+
+/// The services' service account of a namespace ([`SERVICE_ACCOUNT`]). Every LockServer,
+/// PaymentResource and RailProxy of the namespace shares it, so it has no owner reference: one
+/// owner would take it away from the others when deleted. It holds no permission of its own; the
+/// chart's ClusterRoleBinding gives it `system:auth-delegator` (TokenReview).
+pub fn service_account(namespace: &str) -> ServiceAccount {
+    ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(SERVICE_ACCOUNT.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([
+                ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
+                (
+                    "app.kubernetes.io/component".to_owned(),
+                    "service".to_owned(),
+                ),
+                (
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    super::MANAGED_BY.to_owned(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    }
+}
