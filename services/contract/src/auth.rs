@@ -9,7 +9,11 @@
 //! - `tokenreview`: the caller presents its projected service-account token and the service asks
 //!   the Kubernetes API (`TokenReview`) who it is, with the audience `auth.tokenreview.audiences`.
 //!   The identity is the service account's user name (`system:serviceaccount:<ns>:<name>`).
-//!   Answers are cached for `auth.tokenreview.cache-ttl-ms`.
+//!   Answers are cached for `auth.tokenreview.cache-ttl-ms`, within `cache-max` successes and
+//!   `refused-cache-max` refusals (the least recently used goes first). Calls for tokens not in
+//!   the cache are limited to `reviews-per-second` (with `review-burst`) and
+//!   `reviews-in-flight-max` at once; a caller beyond that is `503 AUTH_UNAVAILABLE` with
+//!   `retryAfterMillis` and `Retry-After`, and the API server is not asked.
 //! - `none`: nothing is checked (a laptop, the test suite). The service says so at start.
 //!
 //! Then, whatever the mode:
@@ -22,7 +26,8 @@
 //!   else `403 FORBIDDEN`: a worker cannot write in another worker's name. Operators may name
 //!   any owner, since a revocation acts on someone else's lock.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -32,6 +37,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use lru::LruCache;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -81,10 +87,20 @@ pub struct TokenReviewSettings {
     pub audiences: Vec<String>,
     /// `auth.tokenreview.cache-ttl-ms`: how long a successful review is trusted.
     pub cache_ttl: Duration,
-    /// `auth.tokenreview.cache-max`: reviews remembered at once.
+    /// `auth.tokenreview.cache-max`: successful reviews remembered at once; when full, the one
+    /// used least recently is forgotten.
     pub cache_max: usize,
+    /// `auth.tokenreview.refused-cache-max`: refusals remembered at once, apart from the
+    /// successful reviews, so a flood of bad tokens can push out only other refusals.
+    pub refused_cache_max: usize,
     /// `auth.tokenreview.timeout-ms`: one TokenReview call.
     pub timeout: Duration,
+    /// `auth.tokenreview.reviews-per-second`: the steady rate of TokenReview calls.
+    pub reviews_per_second: u32,
+    /// `auth.tokenreview.review-burst`: calls allowed at once above the steady rate.
+    pub review_burst: u32,
+    /// `auth.tokenreview.reviews-in-flight-max`: TokenReview calls outstanding at once.
+    pub reviews_in_flight_max: usize,
 }
 
 /// `auth.*`.
@@ -130,7 +146,14 @@ impl AuthSettings {
         let audiences = raw.string_list("auth.tokenreview.audiences", &["dlock"])?;
         let cache_ttl_ms = raw.integer("auth.tokenreview.cache-ttl-ms", 60_000, 0..=600_000)?;
         let cache_max = raw.integer("auth.tokenreview.cache-max", 10_000, 1..=1_000_000)?;
+        let refused_cache_max =
+            raw.integer("auth.tokenreview.refused-cache-max", 1_000, 1..=1_000_000)?;
         let timeout_ms = raw.integer("auth.tokenreview.timeout-ms", 2_000, 100..=30_000)?;
+        let reviews_per_second =
+            raw.integer("auth.tokenreview.reviews-per-second", 20, 1..=10_000)?;
+        let review_burst = raw.integer("auth.tokenreview.review-burst", 50, 1..=100_000)?;
+        let reviews_in_flight_max =
+            raw.integer("auth.tokenreview.reviews-in-flight-max", 8, 1..=1_024)?;
         Ok(Self {
             mode,
             tokens_file,
@@ -143,7 +166,11 @@ impl AuthSettings {
                 audiences,
                 cache_ttl: Duration::from_millis(cache_ttl_ms as u64),
                 cache_max: cache_max as usize,
+                refused_cache_max: refused_cache_max as usize,
                 timeout: Duration::from_millis(timeout_ms as u64),
+                reviews_per_second: reviews_per_second as u32,
+                review_burst: review_burst as u32,
+                reviews_in_flight_max: reviews_in_flight_max as usize,
             },
         })
     }
@@ -650,14 +677,138 @@ impl TokenTable {
     }
 }
 
-/// Token digest → (trusted until, identity or a remembered refusal).
-type ReviewCache = HashMap<[u8; 32], (Instant, Option<String>)>;
+/// What the service remembers of earlier reviews, by token digest. Successful reviews and
+/// refusals are kept apart, each within its own bound, and a full side forgets only its least
+/// recently used entry: a flood of bad tokens pushes out other refusals, never a caller that
+/// was let in, and no burst empties the cache as a whole.
+struct ReviewCache {
+    approved: LruCache<[u8; 32], (Instant, String)>,
+    refused: LruCache<[u8; 32], Instant>,
+    approved_ttl: Duration,
+    refused_ttl: Duration,
+}
 
-/// Asks the Kubernetes API who holds a token.
+impl ReviewCache {
+    fn new(settings: &TokenReviewSettings) -> Self {
+        let bound = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            approved: LruCache::new(bound(settings.cache_max)),
+            refused: LruCache::new(bound(settings.refused_cache_max)),
+            approved_ttl: settings.cache_ttl,
+            refused_ttl: settings.cache_ttl.min(NEGATIVE_CACHE_MAX),
+        }
+    }
+
+    /// `Some(Some(identity))`: trusted; `Some(None)`: a remembered refusal; `None`: not known
+    /// (an expired answer is forgotten here).
+    fn get(&mut self, key: &[u8; 32], now: Instant) -> Option<Option<String>> {
+        if let Some((until, identity)) = self.approved.get(key) {
+            if now < *until {
+                return Some(Some(identity.clone()));
+            }
+            self.approved.pop(key);
+        }
+        if let Some(until) = self.refused.get(key) {
+            if now < *until {
+                return Some(None);
+            }
+            self.refused.pop(key);
+        }
+        None
+    }
+
+    /// Remembers an answer. `true` when another entry had to go to make room.
+    fn put(&mut self, key: [u8; 32], answer: Option<String>, now: Instant) -> bool {
+        let evicted = match answer {
+            Some(identity) if !self.approved_ttl.is_zero() => {
+                self.refused.pop(&key);
+                self.approved
+                    .push(key, (now + self.approved_ttl, identity))
+                    .map(|(old, _)| old)
+            }
+            None if !self.refused_ttl.is_zero() => {
+                self.approved.pop(&key);
+                self.refused
+                    .push(key, now + self.refused_ttl)
+                    .map(|(old, _)| old)
+            }
+            _ => None,
+        };
+        evicted.is_some_and(|old| old != key)
+    }
+
+    fn len(&self) -> (usize, usize) {
+        (self.approved.len(), self.refused.len())
+    }
+}
+
+/// The steady rate and burst of TokenReview calls: `reviews-per-second` tokens a second, at
+/// most `review-burst` saved up.
+struct TokenBucket {
+    per_second: f64,
+    burst: f64,
+    available: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn new(per_second: u32, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            per_second: f64::from(per_second.max(1)),
+            burst,
+            available: burst,
+            at: now,
+        }
+    }
+
+    /// Takes one call's worth; `Err` is how long until the next one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        if now > self.at {
+            let earned = now.duration_since(self.at).as_secs_f64() * self.per_second;
+            self.available = (self.available + earned).min(self.burst);
+            self.at = now;
+        }
+        if self.available >= 1.0 {
+            self.available -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (1.0 - self.available) / self.per_second,
+            ))
+        }
+    }
+}
+
+/// How long a caller waits for one of the `reviews-in-flight-max` slots before it is told to
+/// come back: short, since the callers' own read timeouts are 1 to 3 s (C3 §3.8).
+const REVIEW_SLOT_WAIT: Duration = Duration::from_millis(250);
+/// The `retryAfterMillis` of a review that failed (the API server did not answer, or answered
+/// something unusable).
+const REVIEW_FAILED_RETRY_AFTER_MS: u64 = 1_000;
+/// Throttled reviews are logged at most this often (the refusals themselves are each logged
+/// as `request_refused_by_auth`).
+const THROTTLE_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Asks the Kubernetes API who holds a token: answers are cached, calls are rate-limited and
+/// bounded in number, so unknown tokens cannot turn into a flood of API calls.
 struct TokenReviewer {
     settings: TokenReviewSettings,
     http: reqwest::Client,
     cache: Mutex<ReviewCache>,
+    bucket: Mutex<TokenBucket>,
+    slots: tokio::sync::Semaphore,
+    /// When a throttled review was last logged, and how many were not logged since.
+    throttle_log: Mutex<(Option<Instant>, u64)>,
+}
+
+/// Why a review was not even asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Throttle {
+    /// `reviews-per-second` / `review-burst` used up.
+    Rate,
+    /// `reviews-in-flight-max` calls outstanding for longer than [`REVIEW_SLOT_WAIT`].
+    InFlight,
 }
 
 #[derive(Deserialize)]
@@ -690,41 +841,86 @@ impl TokenReviewer {
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("the TokenReview client could not be built: {e}"))?;
         Ok(Self {
             settings: settings.clone(),
             http,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(ReviewCache::new(settings)),
+            bucket: Mutex::new(TokenBucket::new(
+                settings.reviews_per_second,
+                settings.review_burst,
+                Instant::now(),
+            )),
+            slots: tokio::sync::Semaphore::new(settings.reviews_in_flight_max.max(1)),
+            throttle_log: Mutex::new((None, 0)),
         })
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<Option<String>> {
-        let cache = self.cache.lock().ok()?;
-        let (until, answer) = cache.get(key)?;
-        (Instant::now() < *until).then(|| answer.clone())
+        self.cache.lock().ok()?.get(key, Instant::now())
     }
 
     fn remember(&self, key: [u8; 32], answer: Option<String>) {
-        let ttl = if answer.is_some() {
-            self.settings.cache_ttl
-        } else {
-            self.settings.cache_ttl.min(NEGATIVE_CACHE_MAX)
-        };
-        if ttl.is_zero() {
-            return;
-        }
         let Ok(mut cache) = self.cache.lock() else {
             return;
         };
-        if cache.len() >= self.settings.cache_max {
-            let now = Instant::now();
-            cache.retain(|_, (until, _)| *until > now);
-            if cache.len() >= self.settings.cache_max {
-                cache.clear();
+        if cache.put(key, answer, Instant::now()) {
+            let (approved, refused) = cache.len();
+            tracing::debug!(
+                event = "tokenreview_cache_evicted",
+                approved,
+                refused,
+                "the review cache was full; its least recently used entry was forgotten"
+            );
+        }
+    }
+
+    /// The answer to a caller that was not checked because of a limit; nothing was asked.
+    fn throttled(&self, why: Throttle, retry_after: Duration) -> ApiError {
+        let now = Instant::now();
+        if let Ok(mut log) = self.throttle_log.lock() {
+            if log
+                .0
+                .is_none_or(|at| now.duration_since(at) >= THROTTLE_LOG_EVERY)
+            {
+                let limit = match why {
+                    Throttle::Rate => "auth.tokenreview.reviews-per-second and review-burst",
+                    Throttle::InFlight => "auth.tokenreview.reviews-in-flight-max",
+                };
+                tracing::warn!(
+                    event = "tokenreview_throttled",
+                    limit,
+                    not_logged_since = log.1,
+                    "credentials not in the review cache are arriving faster than the limits \
+                     allow; the callers were answered 503 AUTH_UNAVAILABLE with retryAfterMillis. \
+                     Raise the limit if these are real callers, look for a caller sending made-up \
+                     tokens if not"
+                );
+                *log = (Some(now), 0);
+            } else {
+                log.1 += 1;
             }
         }
-        cache.insert(key, (Instant::now() + ttl, answer));
+        let millis = u64::try_from(retry_after.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        ApiError::new(
+            ErrorCode::AuthUnavailable,
+            "too many credentials are waiting to be checked right now, so this one was not; \
+             nothing was changed. Retry after retryAfterMillis",
+        )
+        .with_retry_after_ms(millis)
+    }
+
+    /// Takes a rate token, or says how long until there is one.
+    fn admit(&self) -> Result<(), ApiError> {
+        let verdict = match self.bucket.lock() {
+            Ok(mut bucket) => bucket.take(Instant::now()),
+            Err(_) => Err(Duration::from_secs(1)),
+        };
+        verdict.map_err(|wait| self.throttled(Throttle::Rate, wait))
     }
 
     async fn review(&self, token: &str) -> Result<Option<String>, ApiError> {
@@ -732,19 +928,46 @@ impl TokenReviewer {
         if let Some(answer) = self.cached(&key) {
             return Ok(answer);
         }
+        self.admit()?;
+        let _slot = match tokio::time::timeout(REVIEW_SLOT_WAIT, self.slots.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            _ => return Err(self.throttled(Throttle::InFlight, REVIEW_SLOT_WAIT)),
+        };
+        // A caller with the same token may have had its answer while this one waited.
+        if let Some(answer) = self.cached(&key) {
+            return Ok(answer);
+        }
+        let identity = self.ask(token).await?;
+        self.remember(key, identity.clone());
+        Ok(identity)
+    }
+
+    /// One TokenReview call. What went wrong is logged for the operator, with the API server's
+    /// address and the files involved; the caller hears only that it may retry.
+    async fn ask(&self, token: &str) -> Result<Option<String>, ApiError> {
         let unavailable = |why: String| {
-            tracing::error!(event = "tokenreview_failed", error = %why, "a credential could not be checked");
+            tracing::warn!(
+                event = "tokenreview_failed",
+                api_server = %self.settings.url,
+                token_file = %self.settings.token_file.display(),
+                error = %why,
+                "a credential could not be checked; the caller was answered 503 \
+                 AUTH_UNAVAILABLE. Check that this service reaches the API server and that its \
+                 service account may create tokenreviews"
+            );
             ApiError::new(
                 ErrorCode::AuthUnavailable,
-                format!(
-                    "the credential could not be checked: {why}; nothing was changed, retry later"
-                ),
+                "the credential could not be checked: the identity provider (the Kubernetes \
+                 TokenReview API) gave this service no usable answer; nothing was changed. \
+                 Retry after retryAfterMillis; if it persists, ask the operator to look at this \
+                 service's tokenreview_failed log lines (quote the traceId)",
             )
+            .with_retry_after_ms(REVIEW_FAILED_RETRY_AFTER_MS)
         };
         let own = std::fs::read_to_string(&self.settings.token_file).map_err(|e| {
             unavailable(format!(
-                "this service's own service-account token {} is unreadable ({e})",
-                self.settings.token_file.display()
+                "this service's own service-account token (auth.tokenreview.token-file) is \
+                 unreadable: {e}"
             ))
         })?;
         let body = serde_json::json!({
@@ -763,7 +986,7 @@ impl TokenReviewer {
             .json(&body)
             .send()
             .await
-            .map_err(|e| unavailable(format!("the Kubernetes API did not answer ({e})")))?;
+            .map_err(|e| unavailable(format!("the Kubernetes API did not answer: {e}")))?;
         let status = response.status();
         if !status.is_success() {
             return Err(unavailable(format!(
@@ -774,7 +997,7 @@ impl TokenReviewer {
         let answer: ReviewAnswer = response
             .json()
             .await
-            .map_err(|e| unavailable(format!("the TokenReview answer is not readable ({e})")))?;
+            .map_err(|e| unavailable(format!("the TokenReview answer is not readable: {e}")))?;
         let review = answer.status;
         let audience_ok = self.settings.audiences.is_empty()
             || review
@@ -790,7 +1013,6 @@ impl TokenReviewer {
                 "the Kubernetes API did not vouch for a presented token"
             );
         }
-        self.remember(key, identity.clone());
         Ok(identity)
     }
 }
@@ -1115,5 +1337,293 @@ mod tests {
             Some("w"),
             "a broken file keeps the previous tokens"
         );
+    }
+
+    /// An authenticator in `tokenreview` mode against `url`, with its own token in `dir`.
+    fn reviewing(dir: &Path, url: &str, extra: &[(&str, String)]) -> (Authenticator, PathBuf) {
+        let own = dir.join("own-sa-token-0f3c");
+        std::fs::write(&own, "this-service-s-own-token").unwrap_or_else(|e| panic!("{e}"));
+        let mut pairs = vec![
+            ("auth.mode", "tokenreview".to_owned()),
+            ("auth.tokenreview.url", url.to_owned()),
+            ("auth.tokenreview.ca-file", String::new()),
+            ("auth.tokenreview.token-file", own.display().to_string()),
+        ];
+        pairs.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+        let mut raw = RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"));
+        let s = AuthSettings::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
+        let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+            .unwrap_or_else(|e| panic!("{e}"));
+        (auth, own)
+    }
+
+    fn reviewer(auth: &Authenticator) -> &TokenReviewer {
+        auth.inner
+            .review
+            .as_ref()
+            .unwrap_or_else(|| panic!("not in tokenreview mode"))
+    }
+
+    /// A TCP listener standing in for an API server that never answers usefully: it counts the
+    /// connections (one per TokenReview call) and either drops them at once or holds them open.
+    async fn silent_api(hold: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if hold {
+                    held.push(stream);
+                }
+            }
+        });
+        (format!("http://{addr}"), calls)
+    }
+
+    #[test]
+    fn a_full_review_cache_forgets_its_least_recently_used_entry_only() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (auth, _) = reviewing(
+            dir.path(),
+            "http://127.0.0.1:9",
+            &[
+                ("auth.tokenreview.cache-max", "2".to_owned()),
+                ("auth.tokenreview.refused-cache-max", "2".to_owned()),
+            ],
+        );
+        let review = reviewer(&auth);
+        let (a, b, c) = (digest("token-a"), digest("token-b"), digest("token-c"));
+        review.remember(a, Some("sa-a".into()));
+        review.remember(b, Some("sa-b".into()));
+        assert_eq!(review.cached(&a), Some(Some("sa-a".into())), "a is used");
+        review.remember(c, Some("sa-c".into()));
+        assert_eq!(review.cached(&a), Some(Some("sa-a".into())), "a stays");
+        assert_eq!(review.cached(&b), None, "b, used least recently, went");
+        assert_eq!(review.cached(&c), Some(Some("sa-c".into())));
+        // A flood of refusals pushes out only refusals.
+        for n in 0..100 {
+            review.remember(digest(&format!("made-up-{n}")), None);
+        }
+        assert_eq!(review.cached(&a), Some(Some("sa-a".into())));
+        assert_eq!(review.cached(&c), Some(Some("sa-c".into())));
+        assert_eq!(review.cached(&digest("made-up-99")), Some(None));
+        assert_eq!(review.cached(&digest("made-up-97")), None);
+        // A token refused earlier and approved now is approved, and only once remembered.
+        review.remember(digest("made-up-99"), Some("sa-late".into()));
+        assert_eq!(
+            review.cached(&digest("made-up-99")),
+            Some(Some("sa-late".into()))
+        );
+        assert_eq!(
+            review.cache.lock().map(|c| c.len()).unwrap_or_default(),
+            (2, 1)
+        );
+    }
+
+    #[test]
+    fn review_answers_expire_and_refusals_sooner() {
+        let settings = TokenReviewSettings {
+            url: String::new(),
+            ca_file: None,
+            token_file: PathBuf::new(),
+            audiences: vec![],
+            cache_ttl: Duration::from_secs(60),
+            cache_max: 10,
+            refused_cache_max: 10,
+            timeout: Duration::from_secs(1),
+            reviews_per_second: 1,
+            review_burst: 1,
+            reviews_in_flight_max: 1,
+        };
+        let mut cache = ReviewCache::new(&settings);
+        let t0 = Instant::now();
+        let (ok, bad) = (digest("ok"), digest("bad"));
+        assert!(!cache.put(ok, Some("sa".into()), t0));
+        assert!(!cache.put(bad, None, t0));
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(cache.get(&ok, at(9)), Some(Some("sa".into())));
+        assert_eq!(cache.get(&bad, at(9)), Some(None));
+        assert_eq!(
+            cache.get(&bad, at(11)),
+            None,
+            "a refusal lasts 10 s at most"
+        );
+        assert_eq!(cache.get(&ok, at(59)), Some(Some("sa".into())));
+        assert_eq!(cache.get(&ok, at(61)), None);
+        assert_eq!(cache.len(), (0, 0), "expired answers are forgotten");
+        let off = ReviewCache::new(&TokenReviewSettings {
+            cache_ttl: Duration::ZERO,
+            ..settings
+        });
+        let mut off = off;
+        off.put(ok, Some("sa".into()), t0);
+        assert_eq!(off.get(&ok, t0), None, "cache-ttl-ms = 0 caches nothing");
+    }
+
+    #[test]
+    fn the_token_bucket_refills_at_its_rate_up_to_its_burst() {
+        let t0 = Instant::now();
+        let mut bucket = TokenBucket::new(10, 3, t0);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(t0), Ok(()));
+        }
+        let wait = bucket.take(t0).err().unwrap_or_default();
+        assert!(
+            wait > Duration::from_millis(90) && wait <= Duration::from_millis(100),
+            "{wait:?}"
+        );
+        assert_eq!(bucket.take(t0 + Duration::from_millis(100)), Ok(()));
+        assert!(bucket.take(t0 + Duration::from_millis(100)).is_err());
+        // A long quiet spell saves up the burst, no more.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(later), Ok(()));
+        }
+        assert!(bucket.take(later).is_err());
+        // A clock reading from before the last one earns nothing and breaks nothing.
+        assert!(bucket.take(t0).is_err());
+    }
+
+    fn unknown_bearer(n: usize) -> HeaderMap {
+        headers(&[("authorization", &format!("Bearer made-up-token-{n:04}"))])
+    }
+
+    #[tokio::test]
+    async fn unknown_tokens_beyond_the_rate_are_refused_without_asking_the_api_server() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (url, calls) = silent_api(false).await;
+        let (auth, own) = reviewing(
+            dir.path(),
+            &url,
+            &[
+                ("auth.tokenreview.reviews-per-second", "1".to_owned()),
+                ("auth.tokenreview.review-burst", "3".to_owned()),
+            ],
+        );
+        let mut answers = Vec::new();
+        for n in 0..20 {
+            answers.push(
+                auth.check(&Method::POST, "/v1/x", &unknown_bearer(n))
+                    .await
+                    .err()
+                    .unwrap_or_else(|| panic!("an unchecked token got in")),
+            );
+        }
+        let asked = answers
+            .iter()
+            .filter(|e| e.message.contains("no usable answer"))
+            .count();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), asked);
+        // The burst, and one more only if this loop outlasted a second.
+        assert!((3..=4).contains(&asked), "{asked} reviews were sent");
+        let port = url.rsplit(':').next().unwrap_or_default();
+        for (n, error) in answers.iter().enumerate() {
+            assert_eq!(error.code, ErrorCode::AuthUnavailable, "{n}: {error}");
+            assert_eq!(error.status.as_u16(), 503);
+            let wait = error.retry_after_millis.unwrap_or_default();
+            if n < 3 || error.message.contains("no usable answer") {
+                assert_eq!(wait, REVIEW_FAILED_RETRY_AFTER_MS, "{n}: {error}");
+                assert!(error.message.contains("no usable answer"), "{error}");
+            } else {
+                assert!(wait > 0 && wait <= 1_000, "{n}: {wait}");
+                assert!(error.message.contains("too many credentials"), "{error}");
+            }
+            // What the operator needs is in the log; the caller sees no address and no file.
+            for secret in [
+                url.as_str(),
+                "127.0.0.1",
+                port,
+                &own.display().to_string(),
+                "own-sa-token",
+            ] {
+                assert!(!error.message.contains(secret), "{n}: {error}");
+            }
+            assert!(error.details.is_none());
+        }
+        // The refusals did not crowd out the cache: a remembered caller still gets in at once.
+        reviewer(&auth).remember(digest("a-known-token"), Some("sa-known".into()));
+        let known = auth
+            .check(
+                &Method::POST,
+                "/v1/x",
+                &headers(&[("authorization", "Bearer a-known-token")]),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(known.identity().map(|i| i.name.as_str()), Some("sa-known"));
+    }
+
+    #[tokio::test]
+    async fn reviews_beyond_the_in_flight_bound_wait_briefly_then_are_told_to_retry() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (url, calls) = silent_api(true).await;
+        let (auth, _) = reviewing(
+            dir.path(),
+            &url,
+            &[
+                ("auth.tokenreview.reviews-in-flight-max", "1".to_owned()),
+                ("auth.tokenreview.timeout-ms", "1000".to_owned()),
+            ],
+        );
+        let first = tokio::spawn({
+            let auth = auth.clone();
+            async move {
+                auth.check(&Method::POST, "/v1/x", &unknown_bearer(1))
+                    .await
+                    .err()
+            }
+        });
+        while calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        let second = auth
+            .check(&Method::POST, "/v1/x", &unknown_bearer(2))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("an unchecked token got in"));
+        let waited = started.elapsed();
+        assert_eq!(second.code, ErrorCode::AuthUnavailable, "{second}");
+        assert!(second.message.contains("too many credentials"), "{second}");
+        assert_eq!(
+            second.retry_after_millis,
+            Some(REVIEW_SLOT_WAIT.as_millis() as u64)
+        );
+        assert!(
+            waited >= REVIEW_SLOT_WAIT && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the second review was never sent"
+        );
+        let first = first
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("an unchecked token got in"));
+        assert_eq!(first.code, ErrorCode::AuthUnavailable);
+        assert!(first.message.contains("no usable answer"), "{first}");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_own_token_is_logged_not_shown() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (auth, own) = reviewing(dir.path(), "http://127.0.0.1:9", &[]);
+        std::fs::remove_file(&own).unwrap_or_else(|e| panic!("{e}"));
+        let error = auth
+            .check(&Method::POST, "/v1/x", &unknown_bearer(7))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("an unchecked token got in"));
+        assert_eq!(error.code, ErrorCode::AuthUnavailable);
+        for secret in ["own-sa-token", "127.0.0.1", "token-file", "/"] {
+            assert!(!error.message.contains(secret), "{secret}: {error}");
+        }
     }
 }

@@ -276,9 +276,27 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// `Retry-After` in whole seconds (rounded up) for a wait of `millis`: what proxies and generic
+/// HTTP clients read on a 429 or 503, beside the envelope's exact `retryAfterMillis`.
+pub fn retry_after_seconds(millis: u64) -> u64 {
+    millis.div_ceil(1_000).max(1)
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        crate::http::json_response(self.status, &self.body())
+        let mut response = crate::http::json_response(self.status, &self.body());
+        if let Some(millis) = self.retry_after_millis
+            && matches!(
+                self.status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            )
+        {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(retry_after_seconds(millis)),
+            );
+        }
+        response
     }
 }
 
@@ -311,6 +329,32 @@ mod tests {
             let wire = serde_json::to_value(code).unwrap_or_default();
             assert_eq!(wire, serde_json::Value::String(code.as_str().to_owned()));
         }
+    }
+
+    #[test]
+    fn a_429_or_503_with_a_wait_says_retry_after_in_whole_seconds() {
+        let header = |error: ApiError| {
+            error
+                .into_response()
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            header(ApiError::new(ErrorCode::AuthUnavailable, "x").with_retry_after_ms(1_001)),
+            Some("2".to_owned())
+        );
+        assert_eq!(
+            header(ApiError::new(ErrorCode::ContentionExceeded, "x").with_retry_after_ms(20)),
+            Some("1".to_owned())
+        );
+        // LOCK_CONTENDED carries retryAfterMillis but is a 409: no Retry-After.
+        assert_eq!(header(ApiError::new(ErrorCode::LockContended, "x")), None);
+        assert_eq!(
+            header(ApiError::new(ErrorCode::ValidationFailed, "x")),
+            None
+        );
     }
 
     #[test]
