@@ -48,6 +48,9 @@ pub struct PaymentConfig {
     /// those endpoints refuse everybody.
     pub operator_token: Option<String>,
     pub idempotency: IdempotencySettings,
+    /// `payment.payout.max-attempts`: how many claims a payout gets. A claim that finds it
+    /// claimed this many times abandons it instead (ABANDONED, DESIGN §2).
+    pub max_attempts: i32,
     pub http: HttpLimits,
     /// `server.tls.*`: TLS on the listener when set.
     pub tls: Option<TlsSettings>,
@@ -142,6 +145,7 @@ impl PaymentConfig {
                 10..=30_000,
             )? as i32,
         };
+        let max_attempts = raw.integer("payment.payout.max-attempts", 20, 1..=1_000)? as i32;
         let http = HttpLimits {
             body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
                 as usize,
@@ -163,6 +167,7 @@ impl PaymentConfig {
             pg,
             operator_token,
             idempotency,
+            max_attempts,
             http,
             tls,
             auth,

@@ -27,8 +27,8 @@ use uuid::Uuid;
 use crate::config::PaymentConfig;
 use crate::metrics::{Lookup, Metrics, Resource};
 use crate::store::{
-    Begin, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, LowerAudit, PayStore, Scope,
-    StoreError, Tx, parse_state,
+    Begin, CancelAudit, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, LowerAudit,
+    PayStore, Scope, StoreError, Tx, parse_state,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 
@@ -65,6 +65,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/claim", post(claim))
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/payouts/{payout_id}/resolve", post(resolve))
+        .route("/v1/payouts/{payout_id}/cancel", post(cancel))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -218,9 +219,12 @@ fn store_error(error: StoreError) -> ApiError {
                 "paydb cannot take writes right now; nothing was changed, retry",
             )
         }
+        // Not NOT_LEADER: paydb is fine, the caller's own identical request holds the record.
+        // C3 has no in-progress code; CONTENTION_EXCEEDED (429) is its answer to a caller whose
+        // own retry came too soon: retry-safe, but only after retryAfterMillis.
         StoreError::InProgress => ApiError::new(
-            ErrorCode::NotLeader,
-            "an identical request is still in progress; this one changed nothing, retry after retryAfterMillis to get its answer",
+            ErrorCode::ContentionExceeded,
+            "an identical request (same key, token and body) is still in progress; this one changed nothing, retry after retryAfterMillis to get its answer",
         ),
         StoreError::Backend(reason) => ApiError::internal(reason),
     }
@@ -295,8 +299,14 @@ impl AppState {
             }
             Err(StoreError::InProgress) => {
                 self.metrics.in_progress_timeout();
+                tracing::info!(event = "idempotency_in_progress", route = %scope.route, idempotency_key = %scope.key, owner = %scope.owner_id, "an identical request still holds the idempotency record; told to retry");
                 Err(store_error(StoreError::InProgress)
-                    .with_retry_after_ms(self.config.idempotency.in_progress_wait_ms as u64))
+                    .with_retry_after_ms(self.config.idempotency.in_progress_wait_ms as u64)
+                    .with_details(json!({
+                        "idempotencyKey": scope.key,
+                        "route": scope.route,
+                        "status": "in_progress",
+                    })))
             }
             Err(error) => Err(store_error(error)),
         }
@@ -556,6 +566,7 @@ async fn advance_fence(
     Json(body): Json<FenceRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_operator("the fence advance")?;
+    let identity = identity_of(&caller);
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     check_account_id(&mut checks, "accountId", &account_id);
@@ -573,7 +584,7 @@ async fn advance_fence(
     let route = format!("POST /v1/accounts/{account_id}/fence");
     let scope = state.scope(route, &write, 0, &body, true)?;
     Ok(idempotent!(&state, scope, |conn| {
-        fence_effect(conn, &account_id, &body, &write).await
+        fence_effect(conn, &account_id, &body, &write, &identity).await
     }))
 }
 
@@ -582,6 +593,7 @@ async fn fence_effect(
     account_id: &str,
     body: &FenceRequest,
     write: &WriteHeaders,
+    identity: &str,
 ) -> Result<Reply, ApiError> {
     let row = PayStore::advance_fence(
         conn,
@@ -591,6 +603,7 @@ async fn fence_effect(
         body.reason.trim(),
         body.revocation_id,
         &write.owner_id,
+        identity,
     )
     .await
     .map_err(store_error)?;
@@ -608,16 +621,19 @@ async fn fence_effect(
         fence,
         revocation_id = %body.revocation_id,
         operator = %body.operator.trim(),
+        identity,
         owner = %write.owner_id,
         "account fence advanced to a revocation floor"
     );
     Reply::json(
         StatusCode::OK,
-        &FenceResponse {
+        &FenceAdvanced {
             account_id: account_id.to_owned(),
             previous_fence,
             fence,
             revocation_id: body.revocation_id,
+            operator: body.operator.trim().to_owned(),
+            identity: identity.to_owned(),
         },
     )
 }
@@ -653,9 +669,7 @@ async fn lower_fence(
         &dlock_contract::proof::payout_lock_key(&account_id),
         token,
     )?;
-    let identity = caller
-        .identity()
-        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone());
+    let identity = identity_of(&caller);
     let route = format!("POST /v1/accounts/{account_id}/fence/lower");
     let scope = state.scope(route, &write, token, &body, true)?;
     Ok(idempotent!(&state, scope, |conn| {
@@ -963,6 +977,13 @@ async fn claim(
     }))
 }
 
+/// What the caller's credential authenticated as, for the audit rows (issue 13, item 13).
+fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+    caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
+}
+
 async fn claim_effect(
     state: &AppState,
     conn: &mut PgConnection,
@@ -971,9 +992,16 @@ async fn claim_effect(
     expected_state: PayoutState,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let row = PayStore::claim(conn, payout_id, token, expected_state)
-        .await
-        .map_err(store_error)?;
+    let row = PayStore::claim(
+        conn,
+        payout_id,
+        token,
+        expected_state,
+        state.config.max_attempts,
+        &write.owner_id,
+    )
+    .await
+    .map_err(store_error)?;
     let account_id = row.account_id.clone().unwrap_or_default();
     match row.outcome.as_str() {
         "claimed" => {
@@ -1004,6 +1032,23 @@ async fn claim_effect(
             row.state.as_deref(),
             expected_state.as_str(),
         )),
+        "abandoned" => {
+            let attempts = row.attempt_count.unwrap_or_default();
+            tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count = attempts, cause = "attempts_exhausted", "a payout out of attempts was abandoned instead of claimed again");
+            Err(ApiError::new(
+                ErrorCode::PayoutNotClaimable,
+                format!(
+                    "payout {payout_id} was claimed {attempts} times, the most this service allows (payment.payout.max-attempts); it is now ABANDONED and nothing will pay it, retrying changes nothing"
+                ),
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "state": PayoutState::Abandoned,
+                "requiredState": expected_state.as_str(),
+                "attemptCount": attempts,
+                "cause": "attempts_exhausted",
+            })))
+        }
         "insufficient_funds" => {
             tracing::info!(event = "payout_insufficient_funds", %payout_id, account_id = %account_id, owner = %write.owner_id, "claim refused for insufficient funds; payout FAILED");
             Err(ApiError::new(
@@ -1110,6 +1155,7 @@ async fn resolve(
     Json(body): Json<ResolveRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_operator("resolution")?;
+    let identity = identity_of(&caller);
     let mut checks = Checks::default();
     let write = write_headers(&mut checks, &headers);
     let payout_id = path_payout(&mut checks, &payout_id);
@@ -1129,7 +1175,7 @@ async fn resolve(
     let route = format!("POST /v1/payouts/{payout_id}/resolve");
     let scope = state.scope(route, &write, 0, &body, true)?;
     Ok(idempotent!(&state, scope, |conn| {
-        resolve_effect(conn, payout_id, &body, &write).await
+        resolve_effect(conn, payout_id, &body, &write, &identity).await
     }))
 }
 
@@ -1138,6 +1184,7 @@ async fn resolve_effect(
     payout_id: Uuid,
     body: &ResolveRequest,
     write: &WriteHeaders,
+    identity: &str,
 ) -> Result<Reply, ApiError> {
     let outcome = match body.outcome {
         Resolution::Posted => PayoutState::Posted,
@@ -1151,6 +1198,7 @@ async fn resolve_effect(
         body.operator.trim(),
         body.evidence.trim(),
         &write.owner_id,
+        identity,
     )
     .await
     .map_err(store_error)?;
@@ -1163,15 +1211,17 @@ async fn resolve_effect(
             } else {
                 Vec::new()
             };
-            tracing::warn!(event = "rail_ambiguous_resolved", %payout_id, outcome = outcome.as_str(), operator = %body.operator.trim(), owner = %write.owner_id, "an ambiguous payout was resolved out of band");
+            tracing::warn!(event = "rail_ambiguous_resolved", %payout_id, outcome = outcome.as_str(), operator = %body.operator.trim(), identity, owner = %write.owner_id, "an ambiguous payout was resolved out of band");
             Reply::json(
                 StatusCode::OK,
-                &ResolveResponse {
+                &Resolved {
                     payout_id,
                     state: parse_state(row.state.as_deref().unwrap_or_default())
                         .map_err(store_error)?,
                     entries,
                     balance_minor: row.balance_minor.ok_or_else(|| missing("balance"))?,
+                    operator: body.operator.trim().to_owned(),
+                    identity: identity.to_owned(),
                 },
             )
         }
@@ -1179,6 +1229,155 @@ async fn resolve_effect(
             payout_id,
             row.state.as_deref(),
             "RAIL_AMBIGUOUS",
+        )),
+        _ => Err(payout_not_found(payout_id)),
+    }
+}
+
+/// The answer of a fence advance: [`FenceResponse`] and who made it, as the audit row records
+/// it (the typed-in operator and the authenticated identity).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceAdvanced {
+    pub account_id: String,
+    pub previous_fence: i64,
+    /// `max(previousFence, floor)`.
+    pub fence: i64,
+    pub revocation_id: Uuid,
+    /// The body's operator, as typed.
+    pub operator: String,
+    /// What the caller's credential authenticated as; recorded beside the operator.
+    pub identity: String,
+}
+
+/// The answer of a resolution: [`ResolveResponse`] and who made it.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resolved {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    /// Two rows when resolved POSTED, none when FAILED.
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+    pub operator: String,
+    pub identity: String,
+}
+
+/// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED (DESIGN §2).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelRequest {
+    /// PENDING, or CLAIMED for a payout whose holder is gone.
+    pub expected_state: PayoutState,
+    pub operator: String,
+    /// 8 to 4096 characters: why nobody should pay it.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancelled {
+    pub payout_id: Uuid,
+    /// Always ABANDONED.
+    pub state: PayoutState,
+    /// The account's fence after the cancel (the cancel's token).
+    pub account_fence: i64,
+    pub attempt_count: i32,
+    pub operator: String,
+    pub identity: String,
+}
+
+/// Not in C3 (its tables stop at P5): DESIGN §2's `cancel` transition, PENDING | CLAIMED →
+/// ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a grant on
+/// `payout:{accountId}`, with its proof when proof keys are configured): strict `fence < token`,
+/// the fence advances, so no older holder can act on the payout afterwards. paydb refuses it
+/// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
+async fn cancel(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<CancelRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("cancelling a payout")?;
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, &headers);
+    let payout_id = path_payout(&mut checks, &payout_id);
+    checks.check(
+        matches!(
+            body.expected_state,
+            PayoutState::Pending | PayoutState::Claimed
+        ),
+        "expectedState",
+        "must be PENDING or CLAIMED: only a payout that never reached the rail can be cancelled",
+    );
+    check_text(&mut checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+    check_text(
+        &mut checks,
+        "reason",
+        &body.reason,
+        REASON_LEN_MIN,
+        REASON_LEN_MAX,
+    );
+    checks.done()?;
+    let (write, payout_id) = (present(write)?, present(payout_id)?);
+    prove(&state, &headers, payout_id, token).await?;
+    let identity = identity_of(&caller);
+    let route = format!("POST /v1/payouts/{payout_id}/cancel");
+    let scope = state.scope(route, &write, token, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        cancel_effect(&state, conn, payout_id, token, &body, &write, &identity).await
+    }))
+}
+
+async fn cancel_effect(
+    state: &AppState,
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    token: i64,
+    body: &CancelRequest,
+    write: &WriteHeaders,
+    identity: &str,
+) -> Result<Reply, ApiError> {
+    let audit = CancelAudit {
+        operator: body.operator.trim(),
+        identity,
+        owner_id: &write.owner_id,
+        reason: body.reason.trim(),
+    };
+    let row = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
+        .await
+        .map_err(store_error)?;
+    let account_id = row.account_id.clone().unwrap_or_default();
+    match row.outcome.as_str() {
+        "abandoned" => {
+            let response = Cancelled {
+                payout_id,
+                state: PayoutState::Abandoned,
+                account_fence: row.fence.ok_or_else(|| missing("fence"))?,
+                attempt_count: row.attempt_count.ok_or_else(|| missing("attempt count"))?,
+                operator: audit.operator.to_owned(),
+                identity: identity.to_owned(),
+            };
+            tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, operator = %audit.operator, identity, cause = "cancelled", "a payout was cancelled; it is ABANDONED and nothing will pay it");
+            Reply::json(StatusCode::OK, &response)
+        }
+        "fenced_out" => Err(fenced_out(
+            state,
+            Fenced {
+                resource: Resource::account,
+                resource_id: &account_id,
+                presented: token,
+                highest: row.fence.unwrap_or_default(),
+                payout_id,
+                write,
+            },
+        )),
+        "not_claimable" => Err(not_claimable(
+            payout_id,
+            row.state.as_deref(),
+            body.expected_state.as_str(),
         )),
         _ => Err(payout_not_found(payout_id)),
     }

@@ -167,6 +167,25 @@ pub struct LowerAudit<'a> {
     pub reason: &'a str,
 }
 
+/// Who cancels a payout and why, for `payout_abandonments`.
+#[derive(Debug, Clone, Copy)]
+pub struct CancelAudit<'a> {
+    pub operator: &'a str,
+    pub identity: &'a str,
+    pub owner_id: &'a str,
+    pub reason: &'a str,
+}
+
+/// The row `pay_abandon` returns.
+#[derive(Debug, Clone, FromRow)]
+pub struct AbandonRow {
+    pub outcome: String,
+    pub state: Option<String>,
+    pub fence: Option<i64>,
+    pub attempt_count: Option<i32>,
+    pub account_id: Option<String>,
+}
+
 #[derive(Debug, Clone, FromRow)]
 pub struct FenceRow {
     pub outcome: String,
@@ -429,20 +448,51 @@ impl PayStore {
     }
 
     /// P2: `fence < token` then `fence = token`, the state check and the funds check, in one
-    /// function under the payout's and the account's row locks.
+    /// function under the payout's and the account's row locks. A payout already claimed
+    /// `max_attempts` times is abandoned instead (outcome `abandoned`), by the same function.
     pub async fn claim(
         conn: &mut PgConnection,
         payout_id: Uuid,
         token: i64,
         expected_state: PayoutState,
+        max_attempts: i32,
+        owner_id: &str,
     ) -> StoreResult<ClaimRow> {
         sqlx::query_as(
             "SELECT outcome, state, fence, attempt_count, claim_token, account_id, \
-                    available_minor, amount_minor FROM pay_claim($1, $2, $3)",
+                    available_minor, amount_minor FROM pay_claim_bounded($1, $2, $3, $4, $5)",
         )
         .bind(payout_id)
         .bind(token)
         .bind(expected_state.as_str())
+        .bind(max_attempts)
+        .bind(owner_id)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)
+    }
+
+    /// Cancels a PENDING or CLAIMED payout: ABANDONED under a fenced token (`fence < token`,
+    /// the fence advances), recorded in `payout_abandonments`. The database refuses it once an
+    /// attempt reached the rail proxy.
+    pub async fn abandon(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        token: i64,
+        expected_state: PayoutState,
+        audit: &CancelAudit<'_>,
+    ) -> StoreResult<AbandonRow> {
+        sqlx::query_as(
+            "SELECT outcome, state, fence, attempt_count, account_id \
+             FROM pay_abandon($1, $2, $3, 'cancelled', $4, $5, $6, $7)",
+        )
+        .bind(payout_id)
+        .bind(token)
+        .bind(expected_state.as_str())
+        .bind(audit.owner_id)
+        .bind(audit.identity)
+        .bind(audit.operator)
+        .bind(audit.reason)
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)
@@ -477,9 +527,11 @@ impl PayStore {
         reason: &str,
         revocation_id: Uuid,
         owner_id: &str,
+        identity: &str,
     ) -> StoreResult<FenceRow> {
         sqlx::query_as(
-            "SELECT outcome, previous_fence, fence FROM pay_advance_fence($1, $2, $3, $4, $5, $6)",
+            "SELECT outcome, previous_fence, fence \
+             FROM pay_advance_fence($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(account_id)
         .bind(floor)
@@ -487,11 +539,13 @@ impl PayStore {
         .bind(reason)
         .bind(revocation_id)
         .bind(owner_id)
+        .bind(identity)
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub async fn resolve(
         conn: &mut PgConnection,
         payout_id: Uuid,
@@ -500,10 +554,11 @@ impl PayStore {
         operator: &str,
         evidence: &str,
         owner_id: &str,
+        identity: &str,
     ) -> StoreResult<ResolveRow> {
         sqlx::query_as(
             "SELECT outcome, state, account_id, balance_minor \
-             FROM pay_resolve($1, $2, $3, $4, $5, $6)",
+             FROM pay_resolve($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(payout_id)
         .bind(outcome.as_str())
@@ -511,6 +566,7 @@ impl PayStore {
         .bind(operator)
         .bind(evidence)
         .bind(owner_id)
+        .bind(identity)
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)

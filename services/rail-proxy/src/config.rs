@@ -27,8 +27,12 @@ pub struct RailProxyConfig {
     /// `rail.proxy.unresolved-margin-ms`: added to the read timeout before an unresolved intent
     /// is declared ambiguous (D-5).
     pub unresolved_margin: Duration,
-    /// `rail.proxy.sweep-interval-ms`: how often unresolved intents are checked.
+    /// `rail.proxy.sweep-interval-ms`: how often unresolved intents are checked (and FENCED
+    /// attempts past their retention deleted).
     pub sweep_interval: Duration,
+    /// `rail.proxy.fenced-retention-ms`: how long a FENCED attempt (a stale writer refused
+    /// before any rail call) is kept as evidence before the sweep deletes it. 30 days by default.
+    pub fenced_retention: Duration,
     /// `rail.proxy.operator-token`: the credential of operator-only calls (high-water advance).
     pub operator_token: Option<String>,
     pub http: HttpLimits,
@@ -97,6 +101,11 @@ impl RailProxyConfig {
                 "rail.proxy.sweep-interval-ms",
                 5_000,
                 50..=600_000,
+            )? as u64),
+            fenced_retention: Duration::from_millis(raw.integer(
+                "rail.proxy.fenced-retention-ms",
+                30 * 24 * 3_600_000,
+                1_000..=365 * 24 * 3_600_000,
             )? as u64),
             http: HttpLimits {
                 body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?

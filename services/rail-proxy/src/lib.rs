@@ -142,6 +142,36 @@ async fn sweep_forever(state: AppState) {
     loop {
         ticker.tick().await;
         expire_unresolved(&state).await;
+        sweep_fenced(&state).await;
+    }
+}
+
+/// The most FENCED rows one sweep statement deletes; a larger backlog goes over several ticks.
+const FENCED_SWEEP_BATCH: i32 = 1_000;
+
+/// Deletes FENCED attempts older than `rail.proxy.fenced-retention-ms` (issue 13, item 16).
+/// paydb deletes nothing else from rail_submission, whatever is asked (a trigger refuses it).
+pub async fn sweep_fenced(state: &AppState) -> u64 {
+    let removed: Result<(i64,), _> = sqlx::query_as("SELECT rail_sweep_fenced($1, $2)")
+        .bind(state.config.fenced_retention.as_millis() as i64)
+        .bind(FENCED_SWEEP_BATCH)
+        .fetch_one(&state.pool)
+        .await;
+    match removed {
+        Ok((n,)) => {
+            if n > 0 {
+                tracing::info!(
+                    event = "rail_fenced_swept",
+                    removed = n,
+                    "deleted FENCED attempts past their retention"
+                );
+            }
+            n.max(0) as u64
+        }
+        Err(error) => {
+            tracing::warn!(event = "rail_fenced_sweep_failed", %error, "deleting FENCED attempts past their retention failed; retried on the next tick");
+            0
+        }
     }
 }
 
@@ -251,7 +281,24 @@ fn replay_unavailable(error: impl std::fmt::Display) -> ApiError {
 enum RailAnswer {
     Acked(String),
     Rejected(String),
-    Unknown(String),
+    Unknown(Unknown),
+}
+
+/// An outcome we cannot read. `reason` is what the caller is told: what kind of failure, never
+/// where the rail is (issue 13, item 14). `detail` is the full error, rail address included, for
+/// the operator's log only.
+struct Unknown {
+    reason: &'static str,
+    detail: String,
+}
+
+impl Unknown {
+    fn new(reason: &'static str, detail: impl std::fmt::Display) -> RailAnswer {
+        RailAnswer::Unknown(Self {
+            reason,
+            detail: detail.to_string(),
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -275,25 +322,45 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
         Ok(r) => r,
         // Even a refused connection is treated as unknown: proving that nothing was presented
         // is the rail's business, and a wrong guess here pays twice.
-        Err(e) => return RailAnswer::Unknown(format!("no answer from the rail: {e}")),
+        Err(e) if e.is_timeout() => {
+            return Unknown::new("the rail did not answer within the read timeout", e);
+        }
+        Err(e) if e.is_connect() => {
+            return Unknown::new("the connection to the rail failed", e);
+        }
+        Err(e) => return Unknown::new("the request to the rail failed without an answer", e),
     };
     let status = response.status();
     let bytes = match response.bytes().await {
         Ok(b) => b,
-        Err(e) => return RailAnswer::Unknown(format!("the rail's answer broke off: {e}")),
+        Err(e) => return Unknown::new("the rail's answer broke off", e),
     };
     match status.as_u16() {
         200 => match serde_json::from_slice::<RailAck>(&bytes) {
             Ok(ack) if !ack.rail_reference.is_empty() && ack.rail_reference.len() <= 128 => {
                 RailAnswer::Acked(ack.rail_reference)
             }
-            _ => RailAnswer::Unknown("a malformed acknowledgement".into()),
+            _ => Unknown::new(
+                "the rail's acknowledgement was malformed",
+                format!(
+                    "HTTP 200 with {} bytes that are not an acknowledgement",
+                    bytes.len()
+                ),
+            ),
         },
         402 => RailAnswer::Rejected("the rail declined the transfer".into()),
-        300..=399 => RailAnswer::Unknown(format!(
-            "the rail answered {status} (a redirect); it is not followed, the transfer may have been taken"
-        )),
-        other => RailAnswer::Unknown(format!("the rail answered {other}")),
+        300..=399 => Unknown::new(
+            "the rail answered with a redirect, which is not followed; the transfer may have been taken",
+            format!("HTTP {status} towards {url}"),
+        ),
+        500..=599 => Unknown::new(
+            "the rail answered with a server error",
+            format!("HTTP {status} towards {url}"),
+        ),
+        _ => Unknown::new(
+            "the rail answered with a status it does not document",
+            format!("HTTP {status} towards {url}"),
+        ),
     }
 }
 
@@ -489,7 +556,19 @@ async fn admit_and_forward(state: AppState, attempt: Attempt) -> Result<Response
     let (outcome, reference, reason) = match &answer {
         RailAnswer::Acked(r) => ("ACKED", Some(r.as_str()), None),
         RailAnswer::Rejected(why) => ("REJECTED", None, Some(why.clone())),
-        RailAnswer::Unknown(why) => ("TIMEOUT", None, Some(why.clone())),
+        RailAnswer::Unknown(unknown) => {
+            // The operator's copy, with the rail's address; the caller gets `reason` only.
+            tracing::warn!(
+                event = "rail_forward_unreadable",
+                %submission_id,
+                %payout_id,
+                reason = unknown.reason,
+                detail = %unknown.detail,
+                rail = %state.config.rail_url,
+                "the forwarded attempt's outcome could not be read"
+            );
+            ("TIMEOUT", None, Some(unknown.reason.to_owned()))
+        }
     };
     let recorded: Result<RecordRow, _> = sqlx::query_as(
         "SELECT outcome, payout_id, rail_reference, submitted_at, resolved_at FROM rail_record($1, $2, $3)",
@@ -694,7 +773,7 @@ fn ambiguous(state: &AppState, submission_id: Uuid, payout_id: Uuid, reason: &st
 fn ambiguous_error(submission_id: Uuid, payout_id: Uuid, reason: &str) -> ApiError {
     ApiError::new(
         ErrorCode::RailAmbiguous,
-        "the attempt was forwarded and its outcome is unknown; release the lock and stop, never submit again",
+        "the attempt was forwarded and its outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS: release the lock and stop, never submit it again; an operator reconciles it against the rail's statement (dlock reconcile) and resolves it (dlock resolve)",
     )
     .with_details(json!({
         "submissionId": submission_id,
@@ -717,6 +796,7 @@ async fn advance_high_water(
     Json(body): Json<AdvanceRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     caller.require_operator("the high-water advance")?;
+    let identity = identity_of(&caller);
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
     let mut fields = Vec::new();
     if body.floor <= 0 {
@@ -748,7 +828,8 @@ async fn advance_high_water(
         )));
     }
     let (previous, new): (i64, i64) = sqlx::query_as(
-        "SELECT previous_token, new_token FROM rail_advance_high_water($1, $2, $3, $4, $5, $6)",
+        "SELECT previous_token, new_token \
+         FROM rail_advance_high_water($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(&account_id)
     .bind(body.floor)
@@ -756,16 +837,26 @@ async fn advance_high_water(
     .bind(&owner)
     .bind(body.reason.trim())
     .bind(body.revocation_id)
+    .bind(&identity)
     .fetch_one(&state.pool)
     .await
     .map_err(ApiError::internal)?;
-    tracing::warn!(event = "rail_high_water_advanced", account_id = %account_id, previous, new, operator = %body.operator, revocation_id = ?body.revocation_id, "the rail high-water mark was raised to a revocation floor");
+    tracing::warn!(event = "rail_high_water_advanced", account_id = %account_id, previous, new, operator = %body.operator.trim(), identity = %identity, owner_id = %owner, revocation_id = ?body.revocation_id, "the rail high-water mark was raised to a revocation floor");
     Ok(Json(json!({
         "accountId": account_id,
         "previousToken": previous,
         "highestToken": new,
         "floor": body.floor,
+        "operator": body.operator.trim(),
+        "identity": identity,
     })))
+}
+
+/// What the caller's credential authenticated as, recorded beside the typed-in operator.
+fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+    caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -806,9 +897,7 @@ async fn lower_high_water(
         &dlock_contract::proof::payout_lock_key(&account_id),
         token,
     )?;
-    let identity = caller
-        .identity()
-        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone());
+    let identity = identity_of(&caller);
     let row: LowerRow = sqlx::query_as(
         "SELECT outcome, previous_token, highest_token, recovery_id \
          FROM rail_lower_high_water($1, $2, $3, $4, $5, $6)",
