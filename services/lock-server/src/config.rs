@@ -44,6 +44,9 @@ pub struct LockServerConfig {
     pub expired_session_retention_ms: i64,
     /// `lock.waiters.max-per-key`: the cap of a key's FIFO waiter queue.
     pub waiters_per_key_max: i64,
+    /// `lock.waiters.max-per-session`: how many places of one key's queue one session may hold
+    /// at once (default 1), so no session can fill a key's queue alone.
+    pub waiters_per_session_max: i64,
     /// `lock.waiters.poll-ms`: how often a waiter re-checks a key another replica may release.
     pub waiter_poll_ms: u64,
     /// `lock.contention.retry-after-ms`: the `retryAfterMillis` of CONTENTION_EXCEEDED.
@@ -52,6 +55,12 @@ pub struct LockServerConfig {
     pub client_safety_margin: f64,
     /// `lock.sweep.interval-ms`: how often lapsed rows are cleaned up.
     pub sweep_interval_ms: u64,
+    /// `lock.keys-seen.retention`: how long a key nobody holds or waits for is remembered after
+    /// its last grant (L7 answers 404 for it afterwards).
+    pub keys_seen_retention_ms: i64,
+    /// `auth.owner-binding`, which the server applies to the body's `ownerId` of L1 too (the
+    /// auth layer sees only the `X-Owner-Id` header).
+    pub owner_binding: bool,
     pub http: HttpLimits,
     /// `server.tls.*`: TLS on the listener when set.
     pub tls: Option<TlsSettings>,
@@ -138,12 +147,14 @@ impl LockServerConfig {
             )? as u64),
         };
         let tls = TlsSettings::from_raw(raw)?;
+        let auth_settings = AuthSettings::from_raw(raw)?;
         let auth = Authenticator::new(
-            &AuthSettings::from_raw(raw)?,
+            &auth_settings,
             None,
             OperatorWithoutAuth::Open,
         )?;
         let proof_keys = ProofKeys::from_raw(raw)?;
+        let waiters_per_key_max = raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?;
         Ok(Self {
             listen,
             backend,
@@ -156,7 +167,12 @@ impl LockServerConfig {
                 3_600_000,
                 0..=30 * 86_400_000,
             )?,
-            waiters_per_key_max: raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?,
+            waiters_per_key_max,
+            waiters_per_session_max: raw.integer(
+                "lock.waiters.max-per-session",
+                1,
+                1..=waiters_per_key_max,
+            )?,
             waiter_poll_ms: raw.integer("lock.waiters.poll-ms", 25, 1..=1_000)? as u64,
             contention_retry_after_ms: raw.integer(
                 "lock.contention.retry-after-ms",
@@ -166,6 +182,12 @@ impl LockServerConfig {
             client_safety_margin: raw.decimal("lock.client.safety-margin", 0.30, 0.05..=0.9)?,
             sweep_interval_ms: raw.integer("lock.sweep.interval-ms", 30_000, 100..=3_600_000)?
                 as u64,
+            keys_seen_retention_ms: raw.integer(
+                "lock.keys-seen.retention",
+                7 * 86_400_000,
+                1_000..=366 * 86_400_000,
+            )?,
+            owner_binding: auth_settings.owner_binding,
             http,
             tls,
             auth,

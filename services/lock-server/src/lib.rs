@@ -40,7 +40,10 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
     let sweeper = tokio::spawn(sweep_forever(
         store,
         Duration::from_millis(config.sweep_interval_ms),
-        config.expired_session_retention_ms,
+        store::SweepRetention {
+            expired_sessions_ms: config.expired_session_retention_ms,
+            keys_seen_ms: config.keys_seen_retention_ms,
+        },
     ));
     tracing::info!(
         event = "lock_server_started",
@@ -64,14 +67,18 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn sweep_forever(store: Store, every: Duration, retention_ms: i64) {
+async fn sweep_forever(store: Store, every: Duration, retention: store::SweepRetention) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match store.sweep(retention_ms).await {
+        match store.sweep(&retention).await {
             Ok(0) => {}
-            Ok(removed) => tracing::debug!(event = "lock_sweep", removed, "swept lapsed rows"),
+            Ok(removed) => tracing::debug!(
+                event = "lock_sweep",
+                removed,
+                "swept lapsed rows and keys past lock.keys-seen.retention"
+            ),
             Err(error) => tracing::warn!(
                 event = "lock_sweep_failed",
                 %error,

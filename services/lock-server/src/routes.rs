@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use dlock_contract::auth::Caller;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
@@ -23,7 +24,7 @@ use uuid::Uuid;
 
 use crate::config::LockServerConfig;
 use crate::metrics::{AcquireOutcome, Backend, Metrics};
-use crate::store::{Acquire, Contention, Store, StoreError};
+use crate::store::{Acquire, Contention, QueueBounds, Store, StoreError, WaiterTicket};
 
 /// Wake-ups for waiters on this replica; waiters on other replicas find out by polling.
 /// Keys share buckets, so a wake-up may be spurious; the waiter just tries again.
@@ -138,6 +139,21 @@ fn store_error(error: StoreError, key: Option<&str>) -> ApiError {
             "the key's waiter queue is full; back off for retryAfterMillis before trying again",
         )
         .with_details(json!({ "key": key, "waiterCount": waiter_count })),
+        StoreError::SessionShareFull {
+            waiter_count,
+            share,
+        } => ApiError::new(
+            ErrorCode::ContentionExceeded,
+            format!(
+                "this session already waits for the key ({share} place(s) of its queue per \
+                 session); wait for that acquire to end, or back off for retryAfterMillis"
+            ),
+        )
+        .with_details(json!({
+            "key": key,
+            "waiterCount": waiter_count,
+            "sessionWaitersMax": share,
+        })),
         StoreError::NotLeader(reason) => {
             tracing::warn!(event = "backend_not_leader", %reason, "backend refused a write");
             ApiError::new(
@@ -208,6 +224,7 @@ fn present<T>(value: Option<T>) -> Result<T, ApiError> {
 
 async fn create_session(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(body): Json<CreateSessionRequest>,
 ) -> Result<Response, ApiError> {
@@ -240,6 +257,9 @@ async fn create_session(
     ));
     checks.done()?;
     let (owner, ttl_ms) = (present(owner)?, present(ttl_ms)?);
+    // The auth layer binds X-Owner-Id to the credential, but it cannot see the body: an ownerId
+    // there, without the header, is bound here by the same rule.
+    owner_bound(&state.config, &caller, &owner)?;
     let session = state
         .store
         .create_session(&owner, ttl_ms)
@@ -247,6 +267,39 @@ async fn create_session(
         .map_err(|e| store_error(e, None))?;
     tracing::info!(event = "session_opened", session_id = %session.session_id, owner_id = %owner, ttl_ms, "session opened");
     Ok(json_response(StatusCode::CREATED, &session))
+}
+
+/// `auth.owner-binding` for an owner id the auth layer did not see (L1's body `ownerId`): an
+/// authenticated caller that is not an operator may name only its identity or
+/// `<identity>/<worker>`, else `403 FORBIDDEN` and nothing is created.
+fn owner_bound(config: &LockServerConfig, caller: &Caller, owner: &str) -> Result<(), ApiError> {
+    let Some(identity) = caller.identity() else {
+        return Ok(());
+    };
+    if !config.owner_binding || identity.operator {
+        return Ok(());
+    }
+    let name = identity.name.as_str();
+    let bound = owner == name
+        || owner
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('/'));
+    if bound {
+        return Ok(());
+    }
+    tracing::warn!(
+        event = "owner_binding_refused",
+        identity = name,
+        owner_id = owner,
+        "a session was refused: its ownerId does not belong to the authenticated identity"
+    );
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "ownerId `{owner}` does not belong to the authenticated identity `{name}`: use \
+             `{name}` or `{name}/<worker>`; nothing was changed"
+        ),
+    ))
 }
 
 async fn heartbeat(
@@ -367,7 +420,9 @@ async fn acquire_waiting(
     let store = &state.store;
     let fail = |e: StoreError| {
         let label = match e {
-            StoreError::QueueFull { .. } => AcquireOutcome::queue_full,
+            StoreError::QueueFull { .. } | StoreError::SessionShareFull { .. } => {
+                AcquireOutcome::queue_full
+            }
             _ => AcquireOutcome::error,
         };
         let mut error = store_error(e, Some(key));
@@ -390,23 +445,24 @@ async fn acquire_waiting(
     let deadline = Instant::now() + Duration::from_millis(wait_ms as u64);
     // The queue entry outlives the wait a little, so a replica that dies mid-wait leaves an
     // entry that lapses by itself.
+    let bounds = QueueBounds {
+        per_key: state.config.waiters_per_key_max,
+        per_session: state.config.waiters_per_session_max,
+    };
     let ticket = store
-        .enqueue(
-            key,
-            session_id,
-            owner,
-            wait_ms + 1_000,
-            state.config.waiters_per_key_max,
-        )
+        .enqueue(key, session_id, owner, wait_ms + 1_000, bounds)
         .await
         .map_err(fail)?;
+    // From here the place is given up however the wait ends, including when this future is
+    // dropped because the client hung up: a cancelled waiter must not stay at the head.
+    let place = QueuePlace::new(state.clone(), ticket);
     let poll = Duration::from_millis(state.config.waiter_poll_ms);
     let result = loop {
         let notified = state.bucket(key).notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         match store
-            .try_acquire(key, session_id, owner, ttl_ms, Some(&ticket))
+            .try_acquire(key, session_id, owner, ttl_ms, Some(place.ticket()))
             .await
         {
             Ok(Acquire::Granted(grant)) => break Ok(grant),
@@ -424,14 +480,73 @@ async fn acquire_waiting(
             () = tokio::time::sleep(nap) => {},
         }
     };
-    if result.is_err() {
-        if let Err(error) = store.dequeue(&ticket).await {
-            tracing::warn!(event = "dequeue_failed", key, %error, "leaving the waiter queue failed; the entry lapses by itself");
-        }
-        // The next in line may now be at the head.
-        state.wake(key);
+    match &result {
+        // The grant removed the queue entry in the same transaction.
+        Ok(_) => place.granted(),
+        Err(_) => place.leave().await,
     }
     result
+}
+
+/// A waiter's place in a key's queue, until the wait ends. Dropped while still held (the
+/// handler was cancelled: the client disconnected, or the request deadline fired), it leaves the
+/// queue on a task of its own, at once, and wakes the next in line; it does not linger at the
+/// head until its deadline.
+struct QueuePlace {
+    state: AppState,
+    ticket: WaiterTicket,
+    /// Still in the queue: neither granted nor left.
+    held: bool,
+}
+
+impl QueuePlace {
+    fn new(state: AppState, ticket: WaiterTicket) -> Self {
+        Self {
+            state,
+            ticket,
+            held: true,
+        }
+    }
+
+    fn ticket(&self) -> &WaiterTicket {
+        &self.ticket
+    }
+
+    fn granted(mut self) {
+        self.held = false;
+    }
+
+    async fn leave(mut self) {
+        self.held = false;
+        leave_queue(&self.state, &self.ticket).await;
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let ticket = self.ticket.clone();
+        tracing::info!(
+            event = "waiter_cancelled",
+            key = %ticket.key,
+            "an acquire stopped waiting before its waitMillis (the client hung up or the request \
+             deadline fired); its place in the queue is given up"
+        );
+        let state = self.state.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { leave_queue(&state, &ticket).await });
+        }
+    }
+}
+
+async fn leave_queue(state: &AppState, ticket: &WaiterTicket) {
+    if let Err(error) = state.store.dequeue(ticket).await {
+        tracing::warn!(event = "dequeue_failed", key = %ticket.key, %error, "leaving the waiter queue failed; the entry lapses by itself");
+    }
+    // The next in line may now be at the head.
+    state.wake(&ticket.key);
 }
 
 async fn renew(
@@ -584,7 +699,7 @@ async fn held_locks(
 
 async fn revoke(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     Json(body): Json<RevokeRequest>,
@@ -614,9 +729,18 @@ async fn revoke(
             .push(FieldError::new("expectedToken", "must be greater than 0"));
     }
     checks.done()?;
+    // `operator` is what the caller wrote; the identity its credential proved is stored beside
+    // it (none when auth.mode is none).
+    let revoked_by = caller.identity().map(|identity| identity.name.as_str());
     let revocation = state
         .store
-        .revoke(&key, body.expected_token, operator, body.reason.trim())
+        .revoke(
+            &key,
+            body.expected_token,
+            operator,
+            body.reason.trim(),
+            revoked_by,
+        )
         .await
         .map_err(|e| store_error(e, Some(&key)))?;
     state.metrics.revoked();
@@ -629,6 +753,7 @@ async fn revoke(
         new_token_floor = revocation.new_token_floor,
         revocation_id = %revocation.revocation_id,
         operator = %revocation.operator,
+        revoked_by = revoked_by.unwrap_or("-"),
         reason = %revocation.reason,
         "lock force-revoked; push newTokenFloor to the enforcement points"
     );

@@ -9,7 +9,7 @@
 //! | `P/t/{session}`      | owner (the expired-session tombstone) | TTL + retention        |
 //! | `P/l/{key}`          | the grant                      | the grant's own lease         |
 //! | `P/i/{session}/{key}`| (index of a session's grants)  | the grant's own lease         |
-//! | `P/seen/{key}`       | (the key was granted once)     | none                          |
+//! | `P/seen/{key}`       | when the key was last granted  | none (swept after `lock.keys-seen.retention`) |
 //! | `P/w/{key}/{waiter}` | session (a FIFO waiter)        | the wait plus a margin        |
 //! | `P/r/{revocation}`   | the revocation record          | none                          |
 //!
@@ -20,6 +20,16 @@
 //! deleted before a new grant is created, so a new holder always gets a new CreateRevision.
 //! A revocation floor is the revision of the transaction that ended the grant: greater than every
 //! revision, and so every token, before it.
+//!
+//! The waiter queue of a key is its `P/w/{key}/` keys in CreateRevision order. A waiter counts
+//! (for the cap, the head, `waiterCount`) only while its session's key exists: a waiter of an
+//! expired or ended session is skipped and deleted. Joining the queue is a transaction that
+//! compares the whole `P/w/{key}/` range against the revision the queue was counted at, so two
+//! enqueues cannot both pass the cap.
+//!
+//! `P/seen/{key}` only lets L7 tell "never seen" from "not held". Tokens never depend on it: a
+//! token is a revision of the cluster, which only grows, so forgetting a key cannot make its next
+//! token smaller than any before.
 
 use chrono::{DateTime, TimeZone, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
@@ -30,11 +40,20 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Acquire, Contention, StoreError, StoreResult, WaiterTicket};
+use super::{
+    Acquire, Contention, QueueBounds, StoreError, StoreResult, SweepRetention, WaiterTicket,
+};
 use crate::config::EtcdSettings;
 
 /// How often a transaction that lost a race is re-read and retried before giving up.
 const TXN_ATTEMPTS_MAX: usize = 8;
+/// Enqueues of one key race each other by design (each compares the whole queue); one wins
+/// each round, so a burst of arrivals needs more rounds than a grant does.
+const ENQUEUE_ATTEMPTS_MAX: usize = 32;
+/// Operations in one etcd transaction (etcd's `--max-txn-ops` defaults to 128).
+const TXN_OPS_MAX: usize = 100;
+/// Keys of `P/seen/` read per page by the sweep.
+const SWEEP_PAGE: i64 = 500;
 
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -68,6 +87,8 @@ struct RevocationValue {
     revoked_token: i64,
     revoked_owner_id: String,
     operator: String,
+    /// The identity the auth layer authenticated; none with `auth.mode = none`.
+    revoked_by: Option<String>,
     reason: String,
     revoked_at_ms: i64,
 }
@@ -133,6 +154,21 @@ fn gets(response: etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
             _ => None,
         })
         .collect()
+}
+
+/// `P/seen/{key}`: when the key was last granted (by the granting replica's clock).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SeenValue {
+    last_granted_at_ms: i64,
+}
+
+/// A key's waiter queue as read at one revision: the live waiters in FIFO order.
+struct Queue {
+    /// Waiter keys and their sessions, oldest first, sessions alive.
+    live: Vec<(String, Uuid)>,
+    /// The revision the queue was read at.
+    revision: i64,
 }
 
 /// What a grant key says about its holder.
@@ -460,16 +496,6 @@ impl EtcdStore {
                     TxnOp::get(self.k_session(session_id), None),
                     TxnOp::get(self.k_tombstone(session_id), None),
                     TxnOp::get(self.k_lock(key), None),
-                    TxnOp::get(
-                        self.k_waiters(key),
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_keys_only()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                                .with_limit(1),
-                        ),
-                    ),
                 ])
                 .await?;
             Self::session_state(&reads[0], &reads[1], owner_id)?;
@@ -486,15 +512,15 @@ impl EtcdStore {
                 self.clear_lapsed(key, holder).await?;
                 continue;
             }
-            let head = reads[3]
-                .first()
-                .and_then(|kv| kv.key_str().ok().map(str::to_owned));
+            // The head is the oldest waiter whose session is alive.
+            let queue = self.queue(key, true).await?;
+            let head = queue.live.first().map(|(name, _)| name.clone());
             let mine = ticket.map(|t| self.k_waiter(key, t.id));
             if head.is_some() && head != mine {
                 return Ok(Acquire::Contended(Contention {
                     holder_owner_id: None,
                     expires_at: None,
-                    waiter_count: self.count_waiters(key).await?,
+                    waiter_count: queue.live.len() as i64,
                 }));
             }
             let lease = self.grant_lease(ttl_ms).await?;
@@ -515,7 +541,13 @@ impl EtcdStore {
             let mut then = vec![
                 TxnOp::put(self.k_lock(key), encode(&value)?, with_lease()),
                 TxnOp::put(self.k_index(session_id, key), Vec::new(), with_lease()),
-                TxnOp::put(self.k_seen(key), Vec::new(), None),
+                TxnOp::put(
+                    self.k_seen(key),
+                    encode(&SeenValue {
+                        last_granted_at_ms: now,
+                    })?,
+                    None,
+                ),
             ];
             if let Some(mine) = &mine {
                 when.push(Compare::version(mine.as_str(), CompareOp::Greater, 0));
@@ -543,16 +575,81 @@ impl EtcdStore {
         )))
     }
 
+    /// Live waiters, for a `waiterCount`. A read: waiters of dead sessions are left to the
+    /// next acquire or enqueue of the key (or their lease).
     async fn count_waiters(&self, key: &str) -> StoreResult<i64> {
+        Ok(self.queue(key, false).await?.live.len() as i64)
+    }
+
+    /// The live waiters of `key`, oldest first. Waiters whose session is gone (expired or ended)
+    /// are left out and, with `clean`, deleted: they would otherwise hold the head and fill the
+    /// cap until their own lease lapsed.
+    async fn queue(&self, key: &str, clean: bool) -> StoreResult<Queue> {
         let response = self
             .client()
             .get(
                 self.k_waiters(key),
-                Some(GetOptions::new().with_prefix().with_count_only()),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+                ),
             )
             .await
             .map_err(map_etcd)?;
-        Ok(response.count())
+        let revision = response.header().map(|h| h.revision()).unwrap_or_default();
+        let mut waiters = Vec::with_capacity(response.kvs().len());
+        for kv in response.kvs() {
+            let (Ok(name), Ok(session)) = (kv.key_str(), kv.value_str()) else {
+                continue;
+            };
+            // A value that is not a session id is not a waiter of ours: it never counts.
+            if let Ok(session) = Uuid::parse_str(session) {
+                waiters.push((name.to_owned(), session));
+            }
+        }
+        let mut sessions: Vec<Uuid> = waiters.iter().map(|(_, s)| *s).collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        let mut alive = std::collections::HashSet::new();
+        for chunk in sessions.chunks(TXN_OPS_MAX) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|s| {
+                    TxnOp::get(
+                        self.k_session(*s),
+                        Some(GetOptions::new().with_count_only()),
+                    )
+                })
+                .collect();
+            let response = self
+                .client()
+                .txn(Txn::new().and_then(ops))
+                .await
+                .map_err(map_etcd)?;
+            for (session, op) in chunk.iter().zip(response.op_responses()) {
+                if let TxnOpResponse::Get(get) = op
+                    && get.count() > 0
+                {
+                    alive.insert(*session);
+                }
+            }
+        }
+        let (live, dead): (Vec<_>, Vec<_>) = waiters
+            .into_iter()
+            .partition(|(_, session)| alive.contains(session));
+        // A session never comes back, so its waiters can go unconditionally.
+        for chunk in dead.chunks(TXN_OPS_MAX).filter(|_| clean) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(name, _)| TxnOp::delete(name.as_str(), None))
+                .collect();
+            self.client()
+                .txn(Txn::new().and_then(ops))
+                .await
+                .map_err(map_etcd)?;
+        }
+        Ok(Queue { live, revision })
     }
 
     pub async fn enqueue(
@@ -561,35 +658,66 @@ impl EtcdStore {
         session_id: Uuid,
         owner_id: &str,
         deadline_ms: i64,
-        cap: i64,
+        bounds: QueueBounds,
     ) -> StoreResult<WaiterTicket> {
-        let reads = self
-            .read(vec![
-                TxnOp::get(self.k_session(session_id), None),
-                TxnOp::get(self.k_tombstone(session_id), None),
-            ])
-            .await?;
-        Self::session_state(&reads[0], &reads[1], owner_id)?;
-        let waiting = self.count_waiters(key).await?;
-        if waiting >= cap {
-            return Err(StoreError::QueueFull {
-                waiter_count: waiting,
-            });
+        let mut waiting = 0;
+        for _ in 0..ENQUEUE_ATTEMPTS_MAX {
+            let reads = self
+                .read(vec![
+                    TxnOp::get(self.k_session(session_id), None),
+                    TxnOp::get(self.k_tombstone(session_id), None),
+                ])
+                .await?;
+            Self::session_state(&reads[0], &reads[1], owner_id)?;
+            let queue = self.queue(key, true).await?;
+            waiting = queue.live.len() as i64;
+            let mine = queue.live.iter().filter(|(_, s)| *s == session_id).count() as i64;
+            if mine >= bounds.per_session {
+                return Err(StoreError::SessionShareFull {
+                    waiter_count: waiting,
+                    share: bounds.per_session,
+                });
+            }
+            if waiting >= bounds.per_key {
+                return Err(StoreError::QueueFull {
+                    waiter_count: waiting,
+                });
+            }
+            let id = Uuid::new_v4();
+            let lease = self.grant_lease(deadline_ms).await?;
+            // Atomic against other enqueues: no waiter of this key was written since the queue
+            // was counted (a waiter that left since only makes the count conservative), and the
+            // session is still alive.
+            let txn = Txn::new()
+                .when([
+                    Compare::version(self.k_session(session_id), CompareOp::Greater, 0),
+                    Compare::mod_revision(self.k_waiters(key), CompareOp::Less, queue.revision + 1)
+                        .with_prefix(),
+                ])
+                .and_then([TxnOp::put(
+                    self.k_waiter(key, id),
+                    session_id.to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            let response = self.client().txn(txn).await.map_err(map_etcd)?;
+            if response.succeeded() {
+                return Ok(WaiterTicket {
+                    id,
+                    key: key.to_owned(),
+                    lease: Some(lease),
+                });
+            }
+            self.drop_lease(lease);
         }
-        let id = Uuid::new_v4();
-        let lease = self.grant_lease(deadline_ms).await?;
-        self.client()
-            .put(
-                self.k_waiter(key, id),
-                session_id.to_string(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .map_err(map_etcd)?;
-        Ok(WaiterTicket {
-            id,
-            key: key.to_owned(),
-            lease: Some(lease),
+        // Nothing was written: the caller is told to back off, as for a full queue.
+        tracing::warn!(
+            event = "enqueue_lost_races",
+            key,
+            attempts = ENQUEUE_ATTEMPTS_MAX,
+            "joining a waiter queue lost every race to other arrivals; the caller backs off"
+        );
+        Err(StoreError::QueueFull {
+            waiter_count: waiting,
         })
     }
 
@@ -796,6 +924,7 @@ impl EtcdStore {
         expected_token: Option<i64>,
         operator: &str,
         reason: &str,
+        caller: Option<&str>,
     ) -> StoreResult<Revocation> {
         for _ in 0..TXN_ATTEMPTS_MAX {
             let lock = self
@@ -827,6 +956,7 @@ impl EtcdStore {
                 revoked_token: token,
                 revoked_owner_id: holder.value.owner_id.clone(),
                 operator: operator.to_owned(),
+                revoked_by: caller.map(str::to_owned),
                 reason: reason.to_owned(),
                 revoked_at_ms,
             };
@@ -875,8 +1005,72 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Nothing to sweep: every key that can lapse lives on a lease.
-    pub async fn sweep(&self, _retention_ms: i64) -> StoreResult<u64> {
-        Ok(0)
+    /// Everything that lapses lives on a lease, but for `P/seen/{key}`: a key not granted for
+    /// the retention, with no grant key and no waiter, is forgotten. The delete compares the
+    /// seen key's ModRevision (a grant since re-wrote it) and the absence of a grant and of
+    /// waiters, in one transaction.
+    pub async fn sweep(&self, retention: &SweepRetention) -> StoreResult<u64> {
+        let seen_prefix = format!("{}/seen/", self.prefix);
+        let range_end = {
+            let mut end = seen_prefix.clone().into_bytes();
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            end
+        };
+        let cutoff = now_ms() - retention.keys_seen_ms;
+        let mut from = seen_prefix.clone().into_bytes();
+        let mut removed = 0;
+        loop {
+            let page = self
+                .client()
+                .get(
+                    from.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(range_end.clone())
+                            .with_limit(SWEEP_PAGE),
+                    ),
+                )
+                .await
+                .map_err(map_etcd)?;
+            for kv in page.kvs() {
+                // Written before the last-granted time was recorded: as old as can be.
+                let last = serde_json::from_slice::<SeenValue>(kv.value())
+                    .map(|v| v.last_granted_at_ms)
+                    .unwrap_or(0);
+                let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(&seen_prefix))
+                else {
+                    continue;
+                };
+                if last > cutoff {
+                    continue;
+                }
+                let txn = Txn::new()
+                    .when([
+                        Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+                        Compare::create_revision(self.k_lock(key), CompareOp::Equal, 0),
+                        Compare::version(self.k_waiters(key), CompareOp::Equal, 0).with_prefix(),
+                    ])
+                    .and_then([TxnOp::delete(kv.key(), None)]);
+                if self
+                    .client()
+                    .txn(txn)
+                    .await
+                    .map_err(map_etcd)?
+                    .succeeded()
+                {
+                    removed += 1;
+                }
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok(removed)
     }
 }

@@ -25,6 +25,10 @@ pub enum StoreError {
     },
     #[error("the waiter queue is full")]
     QueueFull { waiter_count: i64 },
+    /// The session already has its share of the key's waiter queue
+    /// (`lock.waiters.max-per-session`).
+    #[error("the session already waits for this key")]
+    SessionShareFull { waiter_count: i64, share: i64 },
     /// The backend cannot take writes here: a PostgreSQL replica in recovery or unreachable, an
     /// etcd cluster without a leader or quorum. Nothing was changed.
     #[error("the backend is not available for writes: {0}")]
@@ -47,6 +51,26 @@ pub struct Contention {
 pub enum Acquire {
     Granted(LockGrant),
     Contended(Contention),
+}
+
+/// How many places a key's waiter queue has, and how many of them one session may take.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueBounds {
+    /// `lock.waiters.max-per-key`.
+    pub per_key: i64,
+    /// `lock.waiters.max-per-session`: a session's share of one key's queue.
+    pub per_session: i64,
+}
+
+/// What a sweep may remove.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepRetention {
+    /// `lock.session.expired-retention`: expired sessions older than this go.
+    pub expired_sessions_ms: i64,
+    /// `lock.keys-seen.retention`: a key not granted for this long, held by nobody and waited
+    /// for by nobody, is forgotten (L7 answers 404 for it again). Tokens are unaffected: they
+    /// come from one global sequence (pg) or the global revision (etcd), never from this record.
+    pub keys_seen_ms: i64,
 }
 
 /// A place in a key's FIFO queue.
@@ -110,9 +134,9 @@ impl Store {
         session_id: Uuid,
         owner_id: &str,
         deadline_ms: i64,
-        cap: i64,
+        bounds: QueueBounds,
     ) -> StoreResult<WaiterTicket> {
-        dispatch!(self, s => s.enqueue(key, session_id, owner_id, deadline_ms, cap).await)
+        dispatch!(self, s => s.enqueue(key, session_id, owner_id, deadline_ms, bounds).await)
     }
 
     pub async fn dequeue(&self, ticket: &WaiterTicket) -> StoreResult<()> {
@@ -149,15 +173,17 @@ impl Store {
         expected_token: Option<i64>,
         operator: &str,
         reason: &str,
+        caller: Option<&str>,
     ) -> StoreResult<Revocation> {
-        dispatch!(self, s => s.revoke(key, expected_token, operator, reason).await)
+        dispatch!(self, s => s.revoke(key, expected_token, operator, reason, caller).await)
     }
 
     pub async fn ready(&self) -> StoreResult<()> {
         dispatch!(self, s => s.ready().await)
     }
 
-    pub async fn sweep(&self, retention_ms: i64) -> StoreResult<u64> {
-        dispatch!(self, s => s.sweep(retention_ms).await)
+    /// Physical clean-up; correctness never waits for it.
+    pub async fn sweep(&self, retention: &SweepRetention) -> StoreResult<u64> {
+        dispatch!(self, s => s.sweep(retention).await)
     }
 }

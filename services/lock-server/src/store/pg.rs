@@ -9,7 +9,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
-use super::{Acquire, Contention, StoreError, StoreResult, WaiterTicket};
+use super::{
+    Acquire, Contention, QueueBounds, StoreError, StoreResult, SweepRetention, WaiterTicket,
+};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb");
 
@@ -220,18 +222,19 @@ impl PgStore {
         session_id: Uuid,
         owner_id: &str,
         deadline_ms: i64,
-        cap: i64,
+        bounds: QueueBounds,
     ) -> StoreResult<WaiterTicket> {
         let id = Uuid::new_v4();
         let row = call!(
             &self.pool,
-            "dlock_enqueue($1, $2, $3, $4, $5, $6)",
+            "dlock_enqueue($1, $2, $3, $4, $5, $6, $7)",
             key,
             session_id,
             owner_id,
             id,
             deadline_ms as i32,
-            cap as i32
+            bounds.per_key as i32,
+            bounds.per_session as i32
         )?;
         match row.outcome()? {
             "queued" => Ok(WaiterTicket {
@@ -240,7 +243,11 @@ impl PgStore {
                 lease: None,
             }),
             "queue_full" => Err(StoreError::QueueFull {
-                waiter_count: row.waiter_count.unwrap_or(cap),
+                waiter_count: row.waiter_count.unwrap_or(bounds.per_key),
+            }),
+            "session_share" => Err(StoreError::SessionShareFull {
+                waiter_count: row.waiter_count.unwrap_or_default(),
+                share: bounds.per_session,
             }),
             other => Err(session_outcome(other)
                 .unwrap_or_else(|| StoreError::Backend(format!("unexpected outcome {other}")))),
@@ -364,16 +371,18 @@ impl PgStore {
         expected_token: Option<i64>,
         operator: &str,
         reason: &str,
+        caller: Option<&str>,
     ) -> StoreResult<Revocation> {
         let revocation_id = Uuid::new_v4();
         let row = call!(
             &self.pool,
-            "dlock_revoke($1, $2, $3, $4, $5)",
+            "dlock_revoke($1, $2, $3, $4, $5, $6)",
             key,
             expected_token,
             operator,
             reason,
-            revocation_id
+            revocation_id,
+            caller
         )?;
         match row.outcome()? {
             "revoked" => Ok(Revocation {
@@ -410,9 +419,10 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn sweep(&self, retention_ms: i64) -> StoreResult<u64> {
-        let (removed,): (i64,) = sqlx::query_as("SELECT dlock_sweep($1)")
-            .bind(retention_ms)
+    pub async fn sweep(&self, retention: &SweepRetention) -> StoreResult<u64> {
+        let (removed,): (i64,) = sqlx::query_as("SELECT dlock_sweep($1, $2)")
+            .bind(retention.expired_sessions_ms)
+            .bind(retention.keys_seen_ms)
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
