@@ -91,6 +91,7 @@ pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
         rail_latency_ms: args.rail_latency_ms,
         rail_failure_rate: args.rail_failure_rate,
         rail_duplicate_ack_rate: args.rail_duplicate_ack_rate,
+        rail_redirect_rate: 0.0,
         rail_read_timeout_ms: args.rail_read_timeout_ms,
         data_dir: None,
     };

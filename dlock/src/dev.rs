@@ -73,6 +73,10 @@ pub struct UpArgs {
     /// The share of repeated clientRefs the rail accepts again under a new reference, 0 to 1.
     #[arg(long, default_value_t = 0.0)]
     pub rail_duplicate_ack_rate: f64,
+    /// The share of rail calls that take the transfer and then answer `307` (a gateway that
+    /// redirects): the rail proxy follows no redirect, so each such payout is RAIL_AMBIGUOUS.
+    #[arg(long, default_value_t = 0.0)]
+    pub rail_redirect_rate: f64,
     /// The rail proxy's read timeout towards the rail, in milliseconds.
     #[arg(long, default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
@@ -198,6 +202,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
     for (name, rate) in [
         ("--rail-failure-rate", args.rail_failure_rate),
         ("--rail-duplicate-ack-rate", args.rail_duplicate_ack_rate),
+        ("--rail-redirect-rate", args.rail_redirect_rate),
     ] {
         if !(0.0..=1.0).contains(&rate) {
             bail!("{name} must be between 0 and 1, got {rate}");
@@ -292,6 +297,10 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         (
             "rail.stub.duplicate-ack-rate",
             args.rail_duplicate_ack_rate.to_string(),
+        ),
+        (
+            "rail.stub.redirect-rate",
+            args.rail_redirect_rate.to_string(),
         ),
         (
             "rail.stub.statement-path",

@@ -42,8 +42,9 @@ pub struct RunArgs {
     /// service-account token in Kubernetes). `DLOCK_CREDENTIAL` passes the token itself.
     #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
     pub credential_file: Option<PathBuf>,
-    /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s.
-    #[arg(long, default_value_t = 8_000)]
+    /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s (C3 §3.8).
+    /// In Kubernetes the operator sets it from the batch's RailProxy.
+    #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
     /// Give up waiting for in-flight payouts after this long.
     #[arg(long, default_value_t = 300)]

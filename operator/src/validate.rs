@@ -581,6 +581,11 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
         lock_server_url: url(&spec.lock_server, "lock-server"),
         payment_resource_url: url(&spec.payment_resource, "payment-resource"),
         rail_proxy_url: url(&spec.rail_proxy, "rail-proxy"),
+        rail_proxy_name: spec
+            .rail_proxy
+            .clone()
+            .unwrap_or_else(|| "rail-proxy".to_owned()),
+        rail_read_timeout_ms: READ_TIMEOUT_MS_DEFAULT,
         owner: owner_of(object)?,
         namespace: namespace.clone(),
         name,

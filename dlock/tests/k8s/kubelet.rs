@@ -383,12 +383,16 @@ async fn resolve_env(
                 .remove(&r.key)
                 .ok_or_else(|| anyhow!("secret {} has no key {}", r.name, r.key))?
         } else if let Some(r) = &from.config_map_key_ref {
-            maps.get(&r.name)
-                .await?
-                .data
-                .unwrap_or_default()
-                .remove(&r.key)
-                .ok_or_else(|| anyhow!("configmap {} has no key {}", r.name, r.key))?
+            let value = match maps.get_opt(&r.name).await? {
+                Some(map) => map.data.unwrap_or_default().remove(&r.key),
+                None => None,
+            };
+            match value {
+                Some(value) => value,
+                // As the kubelet does: an optional key that is absent sets no variable.
+                None if r.optional == Some(true) => continue,
+                None => return Err(anyhow!("configmap {} has no key {}", r.name, r.key)),
+            }
         } else if let Some(r) = &from.field_ref {
             match r.field_path.as_str() {
                 "metadata.name" => pod.metadata.name.clone().unwrap_or_default(),

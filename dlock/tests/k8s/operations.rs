@@ -187,3 +187,103 @@ async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_o
         world.started.elapsed().as_millis()
     );
 }
+
+fn condition(object: &Value, type_: &str) -> Option<Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// Warning Events with `reason` about `kind/name`, as `kubectl get events` shows them.
+fn warning_events(world: &World, ns: &str, name: &str, reason: &str) -> Vec<Value> {
+    let selector = format!("involvedObject.name={name},reason={reason},type=Warning");
+    world.get_json(&["events", "-n", ns, "--field-selector", &selector])["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_by_itself() {
+    let mut world = World::start().await;
+    let ns = "quota";
+    world.namespace(ns);
+    // The namespace admits no Deployment: the API server's quota admission refuses the
+    // operator's apply of each service's Deployment.
+    world
+        .apply(
+            ns,
+            "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: no-deployments\nspec:\n  hard:\n    count/deployments.apps: \"0\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    world.start_operator(&[ns], &[]);
+    world.apply_stack(ns);
+
+    let mut refused = Value::Null;
+    wait_until(
+        "the LockServer reports the refused apply",
+        Duration::from_secs(90),
+        || {
+            refused = world.get_json(&["lockserver", "lock-server", "-n", ns]);
+            condition(&refused, "Ready").is_some_and(|c| c["reason"] == "ApplyFailed")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let ready = condition(&refused, "Ready").unwrap_or_default();
+    let degraded = condition(&refused, "Degraded").unwrap_or_default();
+    assert_eq!(ready["status"], "False", "{ready}");
+    assert_eq!(degraded["status"], "True", "{degraded}");
+    assert_eq!(degraded["reason"], "ApplyFailed", "{degraded}");
+    let message = ready["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Deployment") && message.contains("quota"),
+        "the condition names what was refused and why: {message}"
+    );
+    // The same failure as a Warning Event, where `kubectl describe` and `kubectl get events`
+    // look.
+    let mut events = Vec::new();
+    wait_until("the Warning Event", Duration::from_secs(30), || {
+        events = warning_events(&world, ns, "lock-server", "ApplyFailed");
+        !events.is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let note = events[0]["message"].as_str().unwrap_or_default();
+    assert!(note.contains("quota"), "{}", events[0]);
+    assert!(
+        world.get_json(&["deployments", "-n", ns])["items"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "nothing was created past the refusal"
+    );
+
+    // The quota goes; the back-off retries by itself (no edit of the object) and the same
+    // conditions report the service Ready.
+    let lifted = Instant::now();
+    world.kubectl(&["delete", "resourcequota", "no-deployments", "-n", ns]);
+    if let Err(e) = world.try_kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "lockserver/lock-server",
+        "-n",
+        ns,
+        "--timeout=180s",
+    ]) {
+        panic!("{e:#}{}", world.diagnostics());
+    }
+    let recovered = world.get_json(&["lockserver", "lock-server", "-n", ns]);
+    let degraded = condition(&recovered, "Degraded").unwrap_or_default();
+    assert_eq!(degraded["status"], "False", "{degraded}");
+    // The failure manager wrote only conditions: the rest of the status is the operator's.
+    assert!(
+        recovered["status"]["url"].is_string(),
+        "{}",
+        recovered["status"]
+    );
+    eprintln!(
+        "Ready {} ms after the quota went; scenario done in {} ms",
+        lifted.elapsed().as_millis(),
+        world.started.elapsed().as_millis()
+    );
+}

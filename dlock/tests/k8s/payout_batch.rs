@@ -76,9 +76,10 @@ fn job_done(world: &World) -> bool {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_and_recreate() {
-    let mut world = World::start().await;
+/// The payroll namespace, ready for a batch: the operator and the kubelet running, two funded
+/// accounts on the real payment resource, the stack applied and the executor's Secret in place.
+/// Returns the payment client, the rail's URL (for its statement) and the accounts.
+async fn payroll(world: &mut World) -> (PaymentClient, String, [&'static str; 2]) {
     world.namespace(NS);
     world.start_operator(&[NS], &[]);
     world.start_kubelet(&[NS]);
@@ -118,21 +119,31 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
          stringData:\n  token: {executor_token}\n"
     );
     world.apply(NS, &secret).unwrap_or_else(|e| panic!("{e:#}"));
+    (payment, rail, accounts)
+}
 
-    // kubectl apply -f examples/payoutbatch.yaml
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    // The operator creates the Job; the kubelet runs its pod; the Job controller completes it.
-    if let Err(e) = wait_until("the executor Job ends", Duration::from_secs(180), || {
-        job_done(&world)
-    }) {
+/// Waits until the batch's executor Job has ended (diagnostics on failure).
+fn wait_job_done(world: &World, what: &str) {
+    if let Err(e) = wait_until(what, Duration::from_secs(180), || job_done(world)) {
         panic!(
             "{e:#}\nran: {:?}{}",
             world.kubelet().ran(),
             world.diagnostics()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_and_recreate() {
+    let mut world = World::start().await;
+    let (payment, rail, accounts) = payroll(&mut world).await;
+
+    // kubectl apply -f examples/payoutbatch.yaml
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // The operator creates the Job; the kubelet runs its pod; the Job controller completes it.
+    wait_job_done(&world, "the executor Job ends");
     world.kubectl(&[
         "wait",
         "--for=condition=Complete",
@@ -343,6 +354,147 @@ async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_
     eprintln!(
         "maxItems {max}: {} bytes of YAML accepted; scenario done in {} ms",
         largest.len(),
+        world.started.elapsed().as_millis()
+    );
+}
+
+/// `status.conditions[type]` of an object as JSON.
+fn condition(object: &Value, type_: &str) -> Value {
+    object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payouts_and_pays_nobody_twice()
+ {
+    let mut world = World::start().await;
+    // Every transfer is taken by the rail, then answered with `307` (a gateway that redirects):
+    // the proxy follows no redirect, so no payout's outcome can be read.
+    world.start_services(&["--rail-redirect-rate", "1"]);
+    let (payment, rail, accounts) = payroll(&mut world).await;
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_job_done(&world, "the executor Job ends");
+
+    let states = states(&payment, &accounts).await;
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(
+        states.values().all(|s| *s == PayoutState::RailAmbiguous),
+        "every payout left the automated path: {states:?}"
+    );
+    // The rail took each transfer once: no redirect was followed, nothing was sent again.
+    let paid = statement(&rail).await;
+    for id in states.keys() {
+        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
+    }
+
+    // The batch names its ambiguous payouts; Argo CD's health says Degraded with the same words.
+    let mut object = Value::Null;
+    wait_until("the batch is Degraded", Duration::from_secs(60), || {
+        object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+        condition(&object, "Degraded")["status"] == "True"
+    })
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let degraded = condition(&object, "Degraded");
+    assert_eq!(degraded["reason"], "RailAmbiguous", "{degraded}");
+    assert_eq!(
+        object["status"]["ambiguousCount"], 4,
+        "{}",
+        object["status"]
+    );
+    let listed: Vec<&str> = object["status"]["ambiguous"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut expected: Vec<&str> = states.keys().map(String::as_str).collect();
+    let mut got = listed.clone();
+    expected.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(
+        got, expected,
+        "status.ambiguous lists every ambiguous payout"
+    );
+    let (health, message) = crate::world::argocd_health("PayoutBatch", &object);
+    assert_eq!(health, "Degraded", "{message}");
+    for id in &listed {
+        assert!(
+            message.contains(id),
+            "the health message names {id}: {message}"
+        );
+    }
+    let events = world.get_json(&[
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        &format!("involvedObject.name={BATCH},reason=RailAmbiguous,type=Warning"),
+    ]);
+    assert!(
+        events["items"].as_array().is_some_and(|i| !i.is_empty()),
+        "a Warning Event: {events}"
+    );
+    eprintln!(
+        "scenario done in {} ms",
+        world.started.elapsed().as_millis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_default() {
+    let mut world = World::start().await;
+    // The rail answers after 9.5 s; the proxy waits up to 14 s for it. An executor that waited
+    // only the default (8 s read timeout + 2 s) would give up first and record ambiguity.
+    world.start_services(&[
+        "--rail-latency-ms",
+        "9500",
+        "--rail-read-timeout-ms",
+        "14000",
+    ]);
+    let (payment, rail, accounts) = payroll(&mut world).await;
+    world.kubectl(&[
+        "patch",
+        "railproxy/rail-proxy",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"readTimeoutMs":14000}}"#,
+    ]);
+    let started = std::time::Instant::now();
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_job_done(&world, "the executor Job ends");
+    let took = started.elapsed();
+
+    // The timeout reached the executor through the manifest ConfigMap.
+    let manifest = world.get_json(&["configmap", &format!("{BATCH}-manifest"), "-n", NS]);
+    assert_eq!(
+        manifest["data"]["rail-read-timeout-ms"], "14000",
+        "{}",
+        manifest["data"]
+    );
+    let states = states(&payment, &accounts).await;
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(
+        states.values().all(|s| *s == PayoutState::Posted),
+        "every slow answer was waited for: {states:?}"
+    );
+    let paid = statement(&rail).await;
+    for id in states.keys() {
+        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
+    }
+    eprintln!(
+        "4 payouts at 9.5 s each in {} ms; scenario done in {} ms",
+        took.as_millis(),
         world.started.elapsed().as_millis()
     );
 }

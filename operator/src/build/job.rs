@@ -2,9 +2,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, EnvVar,
+    EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
+    SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -30,6 +31,13 @@ pub struct ValidatedBatch {
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
+    /// The RailProxy the executor submits through (`spec.railProxy`, else `rail-proxy`).
+    pub rail_proxy_name: String,
+    /// That RailProxy's read timeout towards the rail: a submit waits this plus 2 s (C3 §3.8),
+    /// or it gives up while the proxy still waits and both sides record ambiguity. The
+    /// controller reads it from the RailProxy; it travels in the manifest ConfigMap, not in the
+    /// Job's immutable template.
+    pub rail_read_timeout_ms: i64,
     /// How the executor authenticates to the services.
     pub credential: ExecutorCredential,
     pub pod: crate::workload::PodSettings,
@@ -102,6 +110,10 @@ pub fn batch_labels(batch: &str) -> BTreeMap<String, String> {
 }
 
 /// The manifest ConfigMap: the Job reads the batch from here, never from the API server.
+/// The manifest ConfigMap's key that holds the rail read timeout, read by the executor as
+/// `DLOCK_RAIL_READ_TIMEOUT_MS` when its pod starts.
+pub const RAIL_READ_TIMEOUT_KEY: &str = "rail-read-timeout-ms";
+
 pub fn manifest_config_map(batch: &ValidatedBatch) -> ConfigMap {
     ConfigMap {
         metadata: super::owned_meta(
@@ -110,10 +122,13 @@ pub fn manifest_config_map(batch: &ValidatedBatch) -> ConfigMap {
             batch_labels(&batch.name),
             &batch.owner,
         ),
-        data: Some(BTreeMap::from([(
-            MANIFEST_FILE.to_owned(),
-            batch.manifest_yaml.clone(),
-        )])),
+        data: Some(BTreeMap::from([
+            (MANIFEST_FILE.to_owned(), batch.manifest_yaml.clone()),
+            (
+                RAIL_READ_TIMEOUT_KEY.to_owned(),
+                batch.rail_read_timeout_ms.to_string(),
+            ),
+        ])),
         ..ConfigMap::default()
     }
 }
@@ -188,6 +203,18 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
             ..EnvVar::default()
         },
         credential_env(&batch.credential.token),
+        EnvVar {
+            name: "DLOCK_RAIL_READ_TIMEOUT_MS".to_owned(),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: batch.manifest_name(),
+                    key: RAIL_READ_TIMEOUT_KEY.to_owned(),
+                    optional: Some(true),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
     ])
     .collect();
     let mut volume_mounts = vec![VolumeMount {

@@ -23,6 +23,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::crd::Condition;
 use crate::metrics::Metrics;
 use crate::services::{ServiceError, Services};
 use crate::validate::{Invalid, Settings};
@@ -259,6 +260,61 @@ where
         .await
         .map_err(Error::Status)?;
     Ok(())
+}
+
+/// The field manager of the conditions written when a reconcile fails. It sends only
+/// `conditions`, so every other status field stays with its owner, and the next successful
+/// reconcile takes the conditions back (its apply is forced).
+pub const FAILURE_MANAGER: &str = "dlock-operator-failure";
+
+/// The Ready/Degraded reason that names a failed step, for `kubectl describe` and Argo CD.
+pub fn failure_reason(error: &Error) -> &'static str {
+    match error {
+        Error::Apply { .. } => "ApplyFailed",
+        Error::Read { .. } => "ReadFailed",
+        Error::Service(_) => "ServiceUnavailable",
+        Error::Status(_) => "StatusWriteFailed",
+        Error::Finalizer(_) => "FinalizerFailed",
+        Error::Malformed(_) | Error::Invalid(_) => "InvalidSpec",
+    }
+}
+
+/// Makes an error that stopped a reconcile visible where people look, not only in the
+/// operator's log: `Ready=False` and `Degraded=True` with the failed step as the reason and the
+/// API server's answer as the message, and a Warning Event (repeats become one Event series).
+/// Conditions of other types are kept as they were. Best effort: when the API server refuses
+/// this too, the failure is logged and the back-off retries the reconcile.
+pub async fn report_failure<K>(ctx: &Context, object: &K, previous: &[Condition], error: &Error)
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    let reason = failure_reason(error);
+    let message = format!(
+        "{error}; the operator retries with back-off (first after {} s)",
+        BACKOFF_FIRST.as_secs()
+    );
+    let generation = object.meta().generation;
+    let mut conditions = status::Conditions::degraded(reason, message.clone()).render(
+        previous,
+        generation,
+        &ctx.now(),
+    );
+    conditions.extend(
+        previous
+            .iter()
+            .filter(|c| {
+                ![status::READY, status::PROGRESSING, status::DEGRADED].contains(&c.type_.as_str())
+            })
+            .cloned(),
+    );
+    let status = serde_json::json!({ "conditions": conditions });
+    if let Err(write) = apply_status_as(&ctx.client, object, &status, FAILURE_MANAGER).await {
+        tracing::warn!(event = "failure_condition_not_written", object = %object_key(object), error = %write);
+    }
+    publish(ctx, object, EventType::Warning, reason, message).await;
 }
 
 /// Publishes an Event about `object`. A failed Event is logged, never fails the reconcile.

@@ -18,9 +18,11 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::status::{Conditions, Observed, condition, ready_of};
-use super::{Context, Error, Result, apply, apply_status, is_paused, publish, reconciled};
+use super::{
+    Context, Error, Result, apply, apply_status, is_paused, publish, reconciled, report_failure,
+};
 use crate::build::job::{self, ValidatedBatch};
-use crate::crd::{PayoutBatch, PayoutBatchStatus};
+use crate::crd::{PayoutBatch, PayoutBatchStatus, RailProxy};
 use crate::validate;
 
 pub const FINALIZER: &str = "dlock.io/executor-drained";
@@ -211,20 +213,13 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
             return Err(Error::Invalid(invalid));
         }
     };
-    apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
     let built = job::executor_job(&batch);
-    // A Job's pod template is immutable: create the Job when it is absent, never patch it.
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &batch.namespace);
-    let existing = jobs
-        .get_opt(&batch.job_name())
-        .await
-        .map_err(|source| Error::Read {
-            what: "the executor Job",
-            source,
-        })?;
-    let applied_job = match existing {
-        Some(job) => job,
-        None => apply(&ctx.client, &built).await?,
+    let applied_job = match apply_executor(&ctx, &batch, &built).await {
+        Ok(job) => job,
+        Err(error) => {
+            report_failure(&ctx, object.as_ref(), &previous.conditions, &error).await;
+            return Err(error);
+        }
     };
     let mut status = batch_status(&object, &batch, &applied_job, &ctx.now());
     let template_current = template_condition(&applied_job, &built);
@@ -266,6 +261,31 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
         }
     }
     let running = matches!(job_phase(&applied_job), JobPhase::Running { .. });
+    // Ambiguous payouts left the automated path: the batch is Degraded and names them until a
+    // reconciliation classifies them (the batch is looked at again every resync for that).
+    let ambiguous_left =
+        !status.ambiguous.is_empty() && !matches!(job_phase(&applied_job), JobPhase::Failed { .. });
+    if ambiguous_left {
+        let mut observed =
+            Conditions::degraded(RAIL_AMBIGUOUS, ambiguous_message(&status.ambiguous));
+        if running {
+            observed.progressing = Observed::new(
+                true,
+                "Executing",
+                "the executor is still working on the other payouts",
+            );
+        }
+        let mut conditions =
+            observed.render(&previous.conditions, object.metadata.generation, &ctx.now());
+        conditions.extend(
+            status
+                .conditions
+                .iter()
+                .filter(|c| c.type_ == JOB_TEMPLATE_CURRENT)
+                .cloned(),
+        );
+        status.conditions = conditions;
+    }
     apply_status(&ctx.client, object.as_ref(), &status).await?;
     if was_current && !template_current.status {
         publish(
@@ -281,6 +301,7 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
         && let Some(ready) = status.conditions.first()
     {
         let (type_, reason) = match job_phase(&applied_job) {
+            _ if ambiguous_left => (EventType::Warning, RAIL_AMBIGUOUS),
             JobPhase::Succeeded => (EventType::Normal, "Completed"),
             JobPhase::Running { .. } => (EventType::Normal, "Executing"),
             JobPhase::Failed { .. } => (EventType::Warning, "ExecutorFailed"),
@@ -291,9 +312,71 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     ctx.metrics.count("PayoutBatch", "ok");
     Ok(if running {
         Action::requeue(RUNNING_RESYNC)
+    } else if ambiguous_left {
+        Action::requeue(super::RESYNC)
     } else {
         Action::await_change()
     })
+}
+
+/// The reason of a batch Degraded by RAIL_AMBIGUOUS payouts.
+pub const RAIL_AMBIGUOUS: &str = "RailAmbiguous";
+/// How many ambiguous payout ids the condition names (all of them are in `status.ambiguous`).
+const AMBIGUOUS_NAMED: usize = 5;
+
+/// What a batch with RAIL_AMBIGUOUS payouts says, naming the first few (pure).
+pub fn ambiguous_message(ambiguous: &[String]) -> String {
+    let mut named = ambiguous
+        .iter()
+        .take(AMBIGUOUS_NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ambiguous.len() > AMBIGUOUS_NAMED {
+        named.push_str(&format!(" and {} more", ambiguous.len() - AMBIGUOUS_NAMED));
+    }
+    format!(
+        "{} payout(s) are RAIL_AMBIGUOUS (the rail may or may not have paid them) and wait for a \
+         reconciliation to classify them: run `dlock reconcile` or apply a Reconciliation; \
+         status.ambiguous lists them all: {named}",
+        ambiguous.len()
+    )
+}
+
+/// Applies the manifest ConfigMap and creates the executor Job when it is absent. A Job's pod
+/// template is immutable, so an existing Job is returned as it is, never patched.
+async fn apply_executor(ctx: &Context, batch: &ValidatedBatch, built: &Job) -> Result<Job> {
+    let mut batch = batch.clone();
+    batch.rail_read_timeout_ms = rail_read_timeout_ms(ctx, &batch).await?;
+    apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &batch.namespace);
+    let existing = jobs
+        .get_opt(&batch.job_name())
+        .await
+        .map_err(|source| Error::Read {
+            what: "the executor Job",
+            source,
+        })?;
+    match existing {
+        Some(job) => Ok(job),
+        None => apply(&ctx.client, built).await,
+    }
+}
+
+/// The read timeout of the batch's RailProxy, or the default when the RailProxy is not in the
+/// namespace (a proxy the operator does not manage is expected to keep the default).
+async fn rail_read_timeout_ms(ctx: &Context, batch: &ValidatedBatch) -> Result<i64> {
+    let proxies: Api<RailProxy> = Api::namespaced(ctx.client.clone(), &batch.namespace);
+    let proxy = proxies
+        .get_opt(&batch.rail_proxy_name)
+        .await
+        .map_err(|source| Error::Read {
+            what: "the batch's RailProxy",
+            source,
+        })?;
+    Ok(proxy
+        .and_then(|p| p.spec.read_timeout_ms)
+        .unwrap_or(validate::READ_TIMEOUT_MS_DEFAULT))
 }
 
 async fn drain_executor(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {

@@ -10,7 +10,9 @@ use kube::runtime::events::EventType;
 
 use super::payout_batch::{JobPhase, job_phase};
 use super::status::{Conditions, ready_of};
-use super::{Context, Error, Result, apply, apply_status, is_paused, publish, reconciled};
+use super::{
+    Context, Error, Result, apply, apply_status, is_paused, publish, reconciled, report_failure,
+};
 use crate::build::reconciler;
 use crate::crd::{Reconciliation, ReconciliationStatus};
 use crate::validate::{self, ValidatedReconciliation};
@@ -112,70 +114,11 @@ pub async fn reconcile_reconciliation(
             Err(Error::Invalid(invalid)),
         ),
         Ok(valid) => {
-            let name = reconciler::object_name(&valid);
-            match &valid.schedule {
-                Some(schedule) => {
-                    let cron: CronJob = apply(
-                        &ctx.client,
-                        &reconciler::reconciler_cron_job(&valid, schedule),
-                    )
-                    .await?;
-                    let last = cron
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.last_successful_time.as_ref())
-                        .map(|t| format!("last success {}", t.0));
-                    let prefix = format!(
-                        "scheduled {schedule}; {}; ",
-                        last.unwrap_or_else(|| "no run yet".to_owned())
-                    );
-                    let run = last_run(&reconciler_pods(&ctx, &valid).await?);
-                    let conditions = match &run {
-                        Some(run) => {
-                            record(run, &mut findings, &mut summary);
-                            run_conditions(run, &prefix)
-                        }
-                        None => Conditions::ready(prefix.trim_end_matches("; ").to_owned()),
-                    };
-                    let job = run.and_then(|r| r.job).or(Some(name));
-                    (conditions, job, Ok(Action::requeue(super::RESYNC)))
-                }
-                None => {
-                    // A schedule that was removed leaves no CronJob behind.
-                    delete_cron_job(&ctx, object.as_ref(), &valid.namespace, &name).await?;
-                    // A Job's pod template is immutable: create it once, never patch it.
-                    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &valid.namespace);
-                    let job = match jobs.get_opt(&name).await.map_err(|source| Error::Read {
-                        what: "the reconciler Job",
-                        source,
-                    })? {
-                        Some(job) => job,
-                        None => apply(&ctx.client, &reconciler::reconciler_job(&valid)).await?,
-                    };
-                    let running = matches!(job_phase(&job), JobPhase::Running { .. });
-                    let conditions = if running {
-                        Conditions::progressing("Running", "the reconciler is running")
-                    } else {
-                        match last_run(&reconciler_pods(&ctx, &valid).await?) {
-                            Some(run) => {
-                                record(&run, &mut findings, &mut summary);
-                                run_conditions(&run, "")
-                            }
-                            None => match job_phase(&job) {
-                                JobPhase::Failed { message } => Conditions::degraded(
-                                    "ReconcilerFailed",
-                                    format!("the reconciler failed (see the Job's log): {message}"),
-                                ),
-                                _ => Conditions::ready("the reconciler finished"),
-                            },
-                        }
-                    };
-                    let action = if running {
-                        Action::requeue(super::payout_batch::RUNNING_RESYNC)
-                    } else {
-                        Action::await_change()
-                    };
-                    (conditions, Some(name), Ok(action))
+            match run_reconciler(&ctx, object.as_ref(), &valid, &mut findings, &mut summary).await {
+                Ok(done) => done,
+                Err(error) => {
+                    report_failure(&ctx, object.as_ref(), &previous.conditions, &error).await;
+                    return Err(error);
                 }
             }
         }
@@ -214,6 +157,83 @@ pub async fn reconcile_reconciliation(
         ctx.metrics.count("Reconciliation", "ok");
     }
     outcome
+}
+
+/// Applies the reconciler's CronJob or Job and reads its last run: the conditions, the Job to
+/// show and what the controller does next.
+async fn run_reconciler(
+    ctx: &Context,
+    object: &Reconciliation,
+    valid: &ValidatedReconciliation,
+    findings: &mut Vec<String>,
+    summary: &mut Option<String>,
+) -> Result<(Conditions, Option<String>, Result<Action>)> {
+    let name = reconciler::object_name(valid);
+    match &valid.schedule {
+        Some(schedule) => {
+            let cron: CronJob = apply(
+                &ctx.client,
+                &reconciler::reconciler_cron_job(valid, schedule),
+            )
+            .await?;
+            let last = cron
+                .status
+                .as_ref()
+                .and_then(|s| s.last_successful_time.as_ref())
+                .map(|t| format!("last success {}", t.0));
+            let prefix = format!(
+                "scheduled {schedule}; {}; ",
+                last.unwrap_or_else(|| "no run yet".to_owned())
+            );
+            let run = last_run(&reconciler_pods(ctx, valid).await?);
+            let conditions = match &run {
+                Some(run) => {
+                    record(run, findings, summary);
+                    run_conditions(run, &prefix)
+                }
+                None => Conditions::ready(prefix.trim_end_matches("; ").to_owned()),
+            };
+            let job = run.and_then(|r| r.job).or(Some(name));
+            Ok((conditions, job, Ok(Action::requeue(super::RESYNC))))
+        }
+        None => {
+            // A schedule that was removed leaves no CronJob behind.
+            delete_cron_job(ctx, object, &valid.namespace, &name).await?;
+            // A Job's pod template is immutable: create it once, never patch it.
+            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &valid.namespace);
+            let job = match jobs.get_opt(&name).await.map_err(|source| Error::Read {
+                what: "the reconciler Job",
+                source,
+            })? {
+                Some(job) => job,
+                None => apply(&ctx.client, &reconciler::reconciler_job(valid)).await?,
+            };
+            let running = matches!(job_phase(&job), JobPhase::Running { .. });
+            let conditions = if running {
+                Conditions::progressing("Running", "the reconciler is running")
+            } else {
+                match last_run(&reconciler_pods(ctx, valid).await?) {
+                    Some(run) => {
+                        record(&run, findings, summary);
+                        run_conditions(&run, "")
+                    }
+                    None => match job_phase(&job) {
+                        JobPhase::Failed { message } => Conditions::degraded(
+                            "ReconcilerFailed",
+                            format!("the reconciler failed (see the Job's log): {message}"),
+                        ),
+                        _ => Conditions::ready("the reconciler finished"),
+                    },
+                }
+            };
+            let action = if running {
+                Action::requeue(super::payout_batch::RUNNING_RESYNC)
+            } else {
+                Action::await_change()
+            };
+            Ok((conditions, Some(name), Ok(action)))
+        }
+    }
 }
 
 /// Puts a run's findings and summary into status.

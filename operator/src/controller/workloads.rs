@@ -16,7 +16,7 @@ use super::status::{
 };
 use super::{
     Context, Error, LOCK_MIRROR_MANAGER, Result, apply, apply_status, apply_status_as, is_paused,
-    publish, reconciled,
+    publish, reconciled, report_failure,
 };
 use crate::build::{config_map, deployment, lock, network_policy, pdb, service, service_account};
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
@@ -142,7 +142,13 @@ where
             return Err(Error::Invalid(invalid));
         }
     };
-    let applied = apply_prepared(&ctx.client, prepared).await?;
+    let applied = match apply_prepared(&ctx.client, prepared).await {
+        Ok(applied) => applied,
+        Err(error) => {
+            report_failure(ctx, object, &previous_conditions, &error).await;
+            return Err(error);
+        }
+    };
     let auth_disabled = applied.auth_disabled;
     let status = workload_status(
         object.meta().generation,

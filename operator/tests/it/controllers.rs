@@ -752,8 +752,20 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
         Arc::new(with_finalizer),
         ctx.clone(),
     ));
+    // The batch's RailProxy says how long a submit may wait; it reaches the executor through
+    // the manifest ConfigMap.
+    let call = api.next().await;
+    call.expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"));
+    let mut proxy = serde_json::to_value(fixtures::rail_proxy()).unwrap();
+    proxy["spec"]["readTimeoutMs"] = json!(12_000);
+    call.reply(200, &proxy);
     let call = api.next().await;
     call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    assert_eq!(
+        call.body["data"]["rail-read-timeout-ms"], "12000",
+        "{}",
+        call.body
+    );
     call.echo();
     let call = api.next().await;
     call.expect(Method::GET, JOB);
@@ -782,7 +794,18 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
         call.body["status"]["summary"],
         "1/2 POSTED, 1 RAIL_AMBIGUOUS"
     );
+    // Still executing, and Degraded already: the ambiguous payout waits for a reconciliation,
+    // named in the condition Argo CD shows.
     assert_eq!(call.body["status"]["conditions"][1]["status"], "True");
+    let degraded = &call.body["status"]["conditions"][2];
+    assert_eq!(
+        (&degraded["type"], &degraded["status"], &degraded["reason"]),
+        (&json!("Degraded"), &json!("True"), &json!("RailAmbiguous"))
+    );
+    assert!(
+        degraded["message"].as_str().unwrap().contains(&second),
+        "{degraded}"
+    );
     assert_eq!(
         call.body["status"]["conditions"][3],
         json!({"type": "JobTemplateCurrent", "status": "True", "reason": "Current",
@@ -794,7 +817,10 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     );
     let call = api.next().await;
     call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "Executing");
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("RailAmbiguous"), &json!("Warning"))
+    );
     call.echo();
     reconcile.await.unwrap().unwrap();
     api.done().await;
@@ -829,8 +855,17 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
         Arc::new(changed),
         ctx,
     ));
+    // No RailProxy by that name: the executor waits the default read timeout.
+    let call = api.next().await;
+    call.expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"));
+    call.reply(404, &not_found());
     let call = api.next().await;
     call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    assert_eq!(
+        call.body["data"]["rail-read-timeout-ms"], "8000",
+        "{}",
+        call.body
+    );
     assert!(
         call.body["data"]["payoutbatch.yaml"]
             .as_str()
@@ -861,7 +896,10 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     call.echo();
     let call = api.next().await;
     call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "Executing");
+    assert_eq!(
+        (&call.body["reason"], &call.body["type"]),
+        (&json!("RailAmbiguous"), &json!("Warning"))
+    );
     call.echo();
     reconcile.await.unwrap().unwrap();
     api.done().await;
