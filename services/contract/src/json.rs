@@ -91,7 +91,7 @@ where
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     ApiError::field("body", "is larger than this service accepts")
                 } else {
-                    ApiError::field("body", format!("could not be read: {rejection}"))
+                    crate::http::envelope_for(rejection.status(), &rejection.body_text(), None, 0)
                 }
             })?;
         parse_body(&bytes).map(Json)
