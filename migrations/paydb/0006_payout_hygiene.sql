@@ -21,6 +21,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r idempotency_records%ROWTYPE;
     inserted integer;
+    found_it boolean;
 BEGIN
     FOR attempt IN 1..3 LOOP
         PERFORM set_config('lock_timeout', p_wait_ms::text, true);
@@ -38,8 +39,9 @@ BEGIN
         SELECT * INTO r FROM idempotency_records x
          WHERE x.route = p_route AND x.idempotency_key = p_key AND x.fencing_token = p_token
            FOR KEY SHARE;
+        found_it := FOUND;
         PERFORM set_config('lock_timeout', '0', true);
-        IF FOUND THEN
+        IF found_it THEN
             IF r.payload_hash <> p_payload_hash THEN
                 RETURN QUERY SELECT 'conflict'::text, NULL::smallint, NULL::bytea;
             ELSE

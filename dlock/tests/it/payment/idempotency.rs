@@ -132,8 +132,8 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
     let waited = stack.claim(payout, token, "PENDING").await;
     let body = waited.expect(
         "duplicate of an in-progress request",
-        503,
-        Some("NOT_LEADER"),
+        429,
+        Some("CONTENTION_EXCEEDED"),
     );
     assert!(body["retryAfterMillis"].as_u64().is_some());
     assert_eq!(stack.state_of(payout).await, "PENDING");
@@ -142,7 +142,7 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
         metric(&metrics, "idempotency_in_progress_timeouts_total"),
         1.0
     );
-    // The 503 was not stored; once the other request is gone, the retry runs.
+    // The 429 was not stored; once the other request is gone, the retry runs.
     holder.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     stack
         .claim(payout, token, "PENDING")
