@@ -6,7 +6,7 @@ mod jobs;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -97,6 +97,55 @@ enum DevCommand {
     Up(dev::UpArgs),
 }
 
+/// Words in an environment variable's name that mark its value as a secret (a token, a
+/// database URL with its password, a credential or a key).
+const SECRET_ENV_WORDS: [&str; 7] = [
+    "TOKEN",
+    "PAYDB",
+    "PASSWORD",
+    "SECRET",
+    "CREDENTIAL",
+    "KEY",
+    "DSN",
+];
+
+/// Whether `--help` must not print the value of the environment variable `name`: a secret by
+/// its name, or any value that carries one (`user:password@` in a URL, `password=` in a DSN).
+fn is_secret_env(name: &str, value: Option<&std::ffi::OsStr>) -> bool {
+    let name = name.to_ascii_uppercase();
+    let value = value.map(|v| v.to_string_lossy().to_ascii_lowercase());
+    SECRET_ENV_WORDS.iter().any(|word| name.contains(word))
+        || value.is_some_and(|v| v.contains('@') || v.contains("password"))
+}
+
+/// Sets `hide_env_values` on every argument, in every subcommand (the operator's too), whose
+/// environment variable is secret: `--help` then names the variable and never its value.
+fn hide_secret_env_values(command: clap::Command) -> clap::Command {
+    let command = command.mut_args(|arg| {
+        let secret = arg.get_env().is_some_and(|env| {
+            is_secret_env(&env.to_string_lossy(), std::env::var_os(env).as_deref())
+        });
+        if secret {
+            arg.hide_env_values(true)
+        } else {
+            arg
+        }
+    });
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|sub| sub.get_name().to_owned())
+        .collect();
+    names.into_iter().fold(command, |command, name| {
+        command.mut_subcommand(name, hide_secret_env_values)
+    })
+}
+
+/// The command line, parsed with the secret environment values hidden from `--help`.
+fn parse_cli() -> Cli {
+    let matches = hide_secret_env_values(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+}
+
 fn init_logging(default_filter: &str, json_by_default: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("DLOCK_LOG")
@@ -122,7 +171,7 @@ fn init_logging(default_filter: &str, json_by_default: bool) {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     // Services log their events; the commands people run stay quiet unless something is wrong.
     let (default_filter, json) = match cli.command {
         Command::Serve { .. } | Command::Dev { .. } => {
@@ -199,6 +248,52 @@ fn main() -> std::process::ExitCode {
             );
             eprintln!("dlock: {error:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_env_values_are_hidden_and_the_others_shown() {
+        for name in [
+            "DLOCK_PAYDB",
+            "DLOCK_OPERATOR_TOKEN",
+            "DLOCK_CREDENTIAL_FILE",
+            "DLOCK_API_KEY",
+        ] {
+            assert!(is_secret_env(name, None), "{name}");
+        }
+        for name in ["DLOCK_LOCK_SERVER", "DLOCK_RAIL", "POD_NAME"] {
+            assert!(!is_secret_env(name, None), "{name}");
+        }
+        let with_password = std::ffi::OsStr::new("postgres://pay:hunter2@db:5432/paydb");
+        assert!(is_secret_env("DLOCK_RAIL", Some(with_password)));
+        // Every argument of every subcommand that reads a secret variable hides its value.
+        fn walk(command: &clap::Command, hidden: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                if let Some(env) = arg.get_env()
+                    && is_secret_env(&env.to_string_lossy(), None)
+                {
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "{} --{:?}",
+                        command.get_name(),
+                        arg.get_long()
+                    );
+                    hidden.push(env.to_string_lossy().into_owned());
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, hidden);
+            }
+        }
+        let mut hidden = Vec::new();
+        walk(&hide_secret_env_values(Cli::command()), &mut hidden);
+        for env in ["DLOCK_PAYDB", "DLOCK_OPERATOR_TOKEN"] {
+            assert!(hidden.iter().any(|h| h == env), "{env} in {hidden:?}");
         }
     }
 }
