@@ -10,10 +10,12 @@ use dlock_contract::payment::*;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use utoipa::OpenApi;
 
+use crate::routes::{CancelRequest, Cancelled, FenceAdvanced, Resolved};
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings (C3 §3.4)."),
-    paths(create_account, get_account, fund, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, healthz, readyz),
+    paths(create_account, get_account, fund, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -33,6 +35,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn create_account() {}
@@ -58,6 +61,7 @@ fn get_account() {}
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn fund() {}
@@ -67,12 +71,13 @@ fn fund() {}
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
     responses(
-        (status = 200, body = FenceResponse),
+        (status = 200, body = FenceAdvanced),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn advance_fence() {}
@@ -92,6 +97,7 @@ fn advance_fence() {}
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn lower_fence() {}
@@ -107,6 +113,7 @@ fn lower_fence() {}
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn create_payout() {}
@@ -144,8 +151,9 @@ fn get_payout() {}
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
         (status = 422, description = "INSUFFICIENT_FUNDS or IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn claim() {}
@@ -164,6 +172,7 @@ fn claim() {}
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn post_payout() {}
@@ -173,16 +182,38 @@ fn post_payout() {}
     params(("payoutId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
     responses(
-        (status = 200, body = ResolveResponse),
+        (status = 200, body = Resolved),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
         (status = 404, description = "NOT_FOUND", body = ErrorBody),
         (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn resolve() {}
+
+/// Not in C3: DESIGN §2's cancel, PENDING | CLAIMED → ABANDONED (operator; a fenced write like a
+/// claim, strict, the fence advances). Refused by paydb once an attempt reached the rail proxy;
+/// recorded in payout_abandonments.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/cancel", request_body = CancelRequest,
+    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "a grant on payout:{accountId}, decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
+           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses(
+        (status = 200, body = Cancelled),
+        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
+        (status = 503, description = "NOT_LEADER", body = ErrorBody),
+    ))]
+fn cancel() {}
 
 /// Process up.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]

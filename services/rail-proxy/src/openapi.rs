@@ -53,12 +53,26 @@ fn submit() {}
     ))]
 fn high_water() {}
 
+/// The answer of a high-water advance: the mark before and after, and who raised it (the
+/// typed-in operator and the identity the credential authenticated as, both recorded in
+/// rail_fence_advances).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighWaterAdvanced {
+    pub account_id: String,
+    pub previous_token: i64,
+    pub highest_token: i64,
+    pub floor: i64,
+    pub operator: String,
+    pub identity: String,
+}
+
 /// D-3: raises an account's high-water mark to a revocation floor (operator).
 #[utoipa::path(post, path = "/v1/rail/high-water/{accountId}", request_body = HighWaterRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
     responses(
-        (status = 200, body = HighWater),
+        (status = 200, body = HighWaterAdvanced),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN", body = ErrorBody),
