@@ -148,11 +148,7 @@ impl LockServerConfig {
         };
         let tls = TlsSettings::from_raw(raw)?;
         let auth_settings = AuthSettings::from_raw(raw)?;
-        let auth = Authenticator::new(
-            &auth_settings,
-            None,
-            OperatorWithoutAuth::Open,
-        )?;
+        let auth = Authenticator::new(&auth_settings, None, OperatorWithoutAuth::Open)?;
         let proof_keys = ProofKeys::from_raw(raw)?;
         let waiters_per_key_max = raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?;
         Ok(Self {

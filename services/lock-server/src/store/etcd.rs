@@ -1039,8 +1039,7 @@ impl EtcdStore {
                 let last = serde_json::from_slice::<SeenValue>(kv.value())
                     .map(|v| v.last_granted_at_ms)
                     .unwrap_or(0);
-                let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(&seen_prefix))
-                else {
+                let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(&seen_prefix)) else {
                     continue;
                 };
                 if last > cutoff {
@@ -1053,13 +1052,7 @@ impl EtcdStore {
                         Compare::version(self.k_waiters(key), CompareOp::Equal, 0).with_prefix(),
                     ])
                     .and_then([TxnOp::delete(kv.key(), None)]);
-                if self
-                    .client()
-                    .txn(txn)
-                    .await
-                    .map_err(map_etcd)?
-                    .succeeded()
-                {
+                if self.client().txn(txn).await.map_err(map_etcd)?.succeeded() {
                     removed += 1;
                 }
             }
