@@ -124,7 +124,7 @@ async fn raw_claim(store: &PayStore, payout: Uuid, token: i64) {
     else {
         panic!("a fresh key was not fresh");
     };
-    let row = PayStore::claim(&mut tx, payout, token, PayoutState::Pending)
+    let row = PayStore::claim(&mut tx, payout, token, PayoutState::Pending, 20, "bench")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(row.outcome, "claimed");

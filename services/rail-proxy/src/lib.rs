@@ -293,7 +293,7 @@ struct Unknown {
 }
 
 impl Unknown {
-    fn new(reason: &'static str, detail: impl std::fmt::Display) -> RailAnswer {
+    fn answer(reason: &'static str, detail: impl std::fmt::Display) -> RailAnswer {
         RailAnswer::Unknown(Self {
             reason,
             detail: detail.to_string(),
@@ -323,24 +323,24 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
         // Even a refused connection is treated as unknown: proving that nothing was presented
         // is the rail's business, and a wrong guess here pays twice.
         Err(e) if e.is_timeout() => {
-            return Unknown::new("the rail did not answer within the read timeout", e);
+            return Unknown::answer("the rail did not answer within the read timeout", e);
         }
         Err(e) if e.is_connect() => {
-            return Unknown::new("the connection to the rail failed", e);
+            return Unknown::answer("the connection to the rail failed", e);
         }
-        Err(e) => return Unknown::new("the request to the rail failed without an answer", e),
+        Err(e) => return Unknown::answer("the request to the rail failed without an answer", e),
     };
     let status = response.status();
     let bytes = match response.bytes().await {
         Ok(b) => b,
-        Err(e) => return Unknown::new("the rail's answer broke off", e),
+        Err(e) => return Unknown::answer("the rail's answer broke off", e),
     };
     match status.as_u16() {
         200 => match serde_json::from_slice::<RailAck>(&bytes) {
             Ok(ack) if !ack.rail_reference.is_empty() && ack.rail_reference.len() <= 128 => {
                 RailAnswer::Acked(ack.rail_reference)
             }
-            _ => Unknown::new(
+            _ => Unknown::answer(
                 "the rail's acknowledgement was malformed",
                 format!(
                     "HTTP 200 with {} bytes that are not an acknowledgement",
@@ -349,15 +349,15 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
             ),
         },
         402 => RailAnswer::Rejected("the rail declined the transfer".into()),
-        300..=399 => Unknown::new(
+        300..=399 => Unknown::answer(
             "the rail answered with a redirect, which is not followed; the transfer may have been taken",
             format!("HTTP {status} towards {url}"),
         ),
-        500..=599 => Unknown::new(
+        500..=599 => Unknown::answer(
             "the rail answered with a server error",
             format!("HTTP {status} towards {url}"),
         ),
-        _ => Unknown::new(
+        _ => Unknown::answer(
             "the rail answered with a status it does not document",
             format!("HTTP {status} towards {url}"),
         ),
