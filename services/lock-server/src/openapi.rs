@@ -25,7 +25,7 @@ pub struct ApiDoc;
         (status = 201, body = Session),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: X-Owner-Id or the body's ownerId does not belong to the authenticated identity", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn create_session() {}
@@ -82,7 +82,7 @@ fn held_locks() {}
         (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
         (status = 409, description = "LOCK_CONTENDED", body = ErrorBody),
         (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: the key's waiter queue is full, or this session already has its share of it (lock.waiters.max-per-session)", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn acquire() {}
@@ -124,7 +124,7 @@ fn revoke() {}
     responses(
         (status = 200, body = LockInfo),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND: never locked", body = ErrorBody),
+        (status = 404, description = "NOT_FOUND: never locked, or not granted for lock.keys-seen.retention", body = ErrorBody),
         (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn lock_info() {}
