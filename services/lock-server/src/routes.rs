@@ -449,12 +449,28 @@ async fn acquire_waiting(
         per_key: state.config.waiters_per_key_max,
         per_session: state.config.waiters_per_session_max,
     };
-    let ticket = store
-        .enqueue(key, session_id, owner, wait_ms + 1_000, bounds)
+    // The enqueue runs on a task of its own: if this future is dropped while the enqueue is in
+    // flight (the client hung up), the task still sees the outcome and gives the place up.
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    tokio::spawn({
+        let (state, key, owner) = (state.clone(), key.to_owned(), owner.to_owned());
+        async move {
+            let queued = state
+                .store
+                .enqueue(&key, session_id, &owner, wait_ms + 1_000, bounds)
+                .await;
+            if let Err(Ok(ticket)) = sender.send(queued) {
+                leave_queue(&state, &ticket).await;
+            }
+        }
+    });
+    let ticket = receiver
         .await
+        .map_err(|_| fail(StoreError::Backend("the enqueue task ended early".into())))?
         .map_err(fail)?;
     // From here the place is given up however the wait ends, including when this future is
-    // dropped because the client hung up: a cancelled waiter must not stay at the head.
+    // dropped because the client hung up: a cancelled waiter must not stay at the head. (No
+    // await between receiving the ticket and this line, so no cancellation in between.)
     let place = QueuePlace::new(state.clone(), ticket);
     let poll = Duration::from_millis(state.config.waiter_poll_ms);
     let result = loop {
