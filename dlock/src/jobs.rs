@@ -27,10 +27,14 @@ pub struct RunArgs {
     /// Concurrent workers in this process (default: the manifest's spec.workers).
     #[arg(long)]
     pub workers: Option<usize>,
-    #[arg(long, default_value_t = 15_000)]
-    pub session_ttl_ms: i64,
-    #[arg(long, default_value_t = 10_000)]
-    pub lock_ttl_ms: i64,
+    /// The TTL asked for the lock-server session. Default: long enough that the session never
+    /// cuts a lock short (one and a half lock TTLs), and at least 15 s.
+    #[arg(long)]
+    pub session_ttl_ms: Option<i64>,
+    /// The TTL asked for each payout's lock. Default: long enough for a submit that waits the
+    /// whole rail read timeout (plus 2 s) and the post after it, and at least 10 s.
+    #[arg(long)]
+    pub lock_ttl_ms: Option<i64>,
     /// The worker identity sent as X-Owner-Id (default: `<identity>/<host>-<pid>`, or
     /// `dlock-run-<host>-<pid>` without an identity).
     #[arg(long)]
@@ -82,10 +86,20 @@ pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {
 
 pub async fn run(args: RunArgs) -> Result<()> {
     let batch = read_batch(&args.file)?;
+    // A cycle must outlast a rail that takes its whole read timeout, or a slow success is
+    // posted only by a later cycle: the TTLs follow the read timeout unless given.
+    let lock_ttl_ms = args.lock_ttl_ms.unwrap_or_else(|| {
+        dlock_executor::executor::lock_ttl_ms_for(
+            Duration::from_millis(args.rail_read_timeout_ms),
+            RunOptions::default().safety_margin,
+        )
+    });
     let options = RunOptions {
         workers: args.workers.unwrap_or(batch.spec.workers as usize),
-        session_ttl_ms: args.session_ttl_ms,
-        lock_ttl_ms: args.lock_ttl_ms,
+        session_ttl_ms: args
+            .session_ttl_ms
+            .unwrap_or_else(|| dlock_executor::executor::session_ttl_ms_for(lock_ttl_ms)),
+        lock_ttl_ms,
         owner_id: args
             .owner_id
             .clone()

@@ -450,7 +450,7 @@ async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payou
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_default() {
     let mut world = World::start().await;
-    // The rail answers after 9.5 s; the proxy waits up to 14 s for it. An executor that waited
+    // The rail answers after 11 s; the proxy waits up to 14 s for it. An executor that waited
     // only the default (8 s read timeout + 2 s) would give up first and record ambiguity.
     world.start_services(&[
         "--rail-latency-ms",
@@ -475,6 +475,20 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
     wait_job_done(&world, "the executor Job ends");
     let took = started.elapsed();
 
+    let states = states(&payment, &accounts).await;
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(
+        states.values().all(|s| *s == PayoutState::Posted),
+        "every slow answer was waited for: {states:?}"
+    );
+    // One cycle per payout, each one settled: no submit gave up on its answer (a cycle that
+    // did not get its answer ends otherwise and the payout takes another cycle to be re-read).
+    let ran = world.kubelet().ran();
+    let log = std::fs::read_to_string(&ran[0].log).unwrap_or_default();
+    assert!(
+        log.contains("(4 cycles,") && log.contains("cycles           4 Settled\n"),
+        "the executor's report: {log}"
+    );
     // The timeout reached the executor through the manifest ConfigMap.
     let manifest = world.get_json(&["configmap", &format!("{BATCH}-manifest"), "-n", NS]);
     assert_eq!(
@@ -482,18 +496,12 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
         "{}",
         manifest["data"]
     );
-    let states = states(&payment, &accounts).await;
-    assert_eq!(states.len(), 4, "{states:?}");
-    assert!(
-        states.values().all(|s| *s == PayoutState::Posted),
-        "every slow answer was waited for: {states:?}"
-    );
     let paid = statement(&rail).await;
     for id in states.keys() {
         assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
     }
     eprintln!(
-        "4 payouts at 9.5 s each in {} ms; scenario done in {} ms",
+        "4 payouts at 11 s each in {} ms; scenario done in {} ms",
         took.as_millis(),
         world.started.elapsed().as_millis()
     );

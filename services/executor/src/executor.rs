@@ -21,7 +21,7 @@ use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::lock::LockGrant;
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
 use dlock_contract::payment_client::PaymentClient;
-use dlock_contract::rail::{RailClient, SubmissionRequest};
+use dlock_contract::rail::{RailClient, SUBMIT_READ_MARGIN, SubmissionRequest};
 use futures::StreamExt;
 use tokio::sync::{Mutex, Notify, RwLock};
 use uuid::Uuid;
@@ -125,6 +125,28 @@ impl CycleOutcome {
     }
 }
 
+/// The lock TTL a cycle needs when the rail may take its whole read timeout: the acquire and
+/// claim before the submit (a second is plenty), the submit's wait (the read timeout plus
+/// [`SUBMIT_READ_MARGIN`]), and the post must still start before the local deadline, which is
+/// the TTL less its `safety_margin` share. Shorter, and a slow but successful rail answer finds
+/// the deadline passed, so the payout is posted only by a later cycle. At least 10 s.
+pub fn lock_ttl_ms_for(rail_read_timeout: Duration, safety_margin: f64) -> i64 {
+    const BEFORE_SUBMIT: Duration = Duration::from_secs(1);
+    let cycle = rail_read_timeout.saturating_add(SUBMIT_READ_MARGIN + BEFORE_SUBMIT);
+    let keep = (1.0 - safety_margin).clamp(0.1, 1.0);
+    let ttl = Duration::try_from_secs_f64(cycle.as_secs_f64() / keep).unwrap_or(Duration::MAX);
+    i64::try_from(ttl.as_micros().div_ceil(1000))
+        .unwrap_or(i64::MAX)
+        .max(10_000)
+}
+
+/// The session TTL that lets a lock of `lock_ttl_ms` last: a lock's deadline is also capped by
+/// the session's expiry as it stood at the acquire, and heartbeats every third of the TTL leave
+/// at least two thirds of it then. At least 15 s.
+pub fn session_ttl_ms_for(lock_ttl_ms: i64) -> i64 {
+    (lock_ttl_ms / 2).saturating_add(lock_ttl_ms).saturating_add(1).max(15_000)
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Report {
     pub payouts: usize,
@@ -151,6 +173,15 @@ impl Report {
             self.fenced_out,
             self.elapsed.as_secs_f64()
         ));
+        // Why cycles ended, so a cycle spent waiting for an answer is visible after the run.
+        let outcomes: Vec<String> = self
+            .outcomes
+            .iter()
+            .map(|(outcome, n)| format!("{n} {outcome}"))
+            .collect();
+        if !outcomes.is_empty() {
+            out.push_str(&format!("cycles           {}\n", outcomes.join(", ")));
+        }
         out
     }
 }
@@ -731,5 +762,34 @@ async fn critical_section(
             Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
             _ => CycleOutcome::Unavailable,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_ttl_covers_a_submit_that_waits_the_whole_read_timeout() {
+        for read_ms in [100_u64, 8_000, 14_000, 120_000] {
+            let ttl = lock_ttl_ms_for(Duration::from_millis(read_ms), 0.30);
+            let deadline_ms = ttl as f64 * 0.70;
+            let submit_ends_ms = (read_ms + 2_000) as f64;
+            assert!(
+                deadline_ms >= submit_ends_ms + 1_000.0,
+                "read {read_ms} ms: ttl {ttl} ms leaves the post no time"
+            );
+            assert!(ttl >= 10_000);
+        }
+        assert_eq!(lock_ttl_ms_for(Duration::from_millis(8_000), 0.30), 15_715);
+        // Two thirds of the session (what a heartbeat every third leaves) cover the lock.
+        for lock in [10_000_i64, 15_715, 24_286] {
+            assert!(session_ttl_ms_for(lock) * 2 / 3 >= lock, "{lock}");
+        }
+        assert_eq!(session_ttl_ms_for(1_000), 15_000);
+        assert_eq!(session_ttl_ms_for(i64::MAX), i64::MAX);
+        // Nonsense never panics.
+        assert_eq!(lock_ttl_ms_for(Duration::MAX, 0.30), i64::MAX);
+        assert!(lock_ttl_ms_for(Duration::ZERO, 1.5) >= 10_000);
     }
 }
