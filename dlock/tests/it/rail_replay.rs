@@ -109,7 +109,8 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
     )
     .await;
     let (status, in_flight) = submit(&impatient_replica, "acct-r", p4, 1_000, "40").await;
-    assert_eq!(status, 503, "{in_flight}");
+    assert_eq!(status, 429, "{in_flight}");
+    assert_eq!(in_flight["code"], "CONTENTION_EXCEEDED", "{in_flight}");
     assert_eq!(in_flight["retrySafe"], true, "{in_flight}");
     assert!(
         in_flight["retryAfterMillis"].as_u64().is_some(),

@@ -719,8 +719,10 @@ async fn replay(
         return stored_answer(status as u16, body);
     }
     match outcome.as_str() {
+        // Not NOT_LEADER: paydb is fine, the caller's own identical request is at the rail. As
+        // on the payment resource, C3's answer to a retry that came too soon.
         "unresolved" => Err(ApiError::new(
-            ErrorCode::NotLeader,
+            ErrorCode::ContentionExceeded,
             "this identical request is still in flight to the rail; nothing was forwarded again, retry after retryAfterMillis to get its answer",
         )
         .with_retry_after_ms(500)

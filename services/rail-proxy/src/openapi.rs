@@ -39,7 +39,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
         (status = 404, description = "NOT_FOUND: payout", body = ErrorBody),
         (status = 409, description = "FENCED_OUT, DUPLICATE_SUBMISSION, PAYOUT_NOT_CLAIMABLE or RAIL_AMBIGUOUS", body = ErrorBody),
         (status = 422, description = "VALIDATION_FAILED: the rail declined; IDEMPOTENCY_CONFLICT: this key and token were already used with another body", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE; NOT_LEADER: the identical request's first attempt is still in flight (retry-safe, nothing forwarded again)", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: the identical request's first attempt is still in flight (retry-safe after retryAfterMillis, nothing forwarded again)", body = ErrorBody),
+        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
     ))]
 fn submit() {}
 
