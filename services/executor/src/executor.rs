@@ -144,7 +144,10 @@ pub fn lock_ttl_ms_for(rail_read_timeout: Duration, safety_margin: f64) -> i64 {
 /// the session's expiry as it stood at the acquire, and heartbeats every third of the TTL leave
 /// at least two thirds of it then. At least 15 s.
 pub fn session_ttl_ms_for(lock_ttl_ms: i64) -> i64 {
-    (lock_ttl_ms / 2).saturating_add(lock_ttl_ms).saturating_add(1).max(15_000)
+    (lock_ttl_ms / 2)
+        .saturating_add(lock_ttl_ms)
+        .saturating_add(1)
+        .max(15_000)
 }
 
 #[derive(Debug, Default, Clone)]
