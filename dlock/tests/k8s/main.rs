@@ -14,4 +14,5 @@ mod operations;
 mod payout_batch;
 mod reconciliation;
 mod revoke;
+mod service_auth;
 mod world;

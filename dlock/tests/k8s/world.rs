@@ -410,6 +410,45 @@ impl World {
         ));
         text
     }
+
+    /// The API server as a pod in `namespace` reaches it: its URL, and the cluster's CA bundle
+    /// from the `kube-root-ca.crt` ConfigMap (what kubelet mounts as
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/ca.crt`), written to a file.
+    pub fn api_server(&self, namespace: &str) -> (String, PathBuf) {
+        let url = self
+            .kubectl(&[
+                "config",
+                "view",
+                "--minify",
+                "-o",
+                "jsonpath={.clusters[0].cluster.server}",
+            ])
+            .trim()
+            .to_owned();
+        let mut ca = String::new();
+        wait_until(
+            "the kube-root-ca.crt ConfigMap",
+            Duration::from_secs(60),
+            || {
+                ca = self
+                    .try_kubectl(&[
+                        "get",
+                        "configmap",
+                        "kube-root-ca.crt",
+                        "-n",
+                        namespace,
+                        "-o",
+                        "jsonpath={.data.ca\\.crt}",
+                    ])
+                    .unwrap_or_default();
+                ca.contains("BEGIN CERTIFICATE")
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let path = self.cluster.dir().join(format!("ca-{namespace}.crt"));
+        std::fs::write(&path, ca).unwrap_or_else(|e| panic!("{e}"));
+        (url, path)
+    }
 }
 
 /// `scripts/render-chart` with `values` given as `--set-json` documents.
