@@ -1,357 +1,167 @@
 //! Issue 13, items 4 and 5: the executor's local deadline comes from what the lock server
-//! *granted* (the lock's and the session's expiry, both possibly clamped down), and no protected
-//! write starts past it, the one retry of a claim or post included (FR-11).
+//! *granted* (the lock's and the session's expiry, both possibly clamped down by its
+//! `lock.ttl-max` and `lock.session.ttl-max`), and no protected write starts past it, the one
+//! retry of a claim or post included (FR-11).
 //!
-//! The executor runs against a scripted stand-in for the lock server, the payment resource and
-//! the rail proxy (one HTTP server, the three surfaces' paths), which records when each protected
-//! write arrives relative to the acquire of the token it carries. The stand-in computes the
-//! deadline the contract asks for from its own side: TTL × 0.7, where the TTL is the smaller of
-//! the granted lock TTL and what was left of the session when the acquire arrived.
+//! The executor runs against the real services as `dlock` processes — lock server (backend pg),
+//! payment resource, rail stub and rail proxy — on one real PostgreSQL holding lockdb and paydb.
+//! What happened is read from the real side, on the database server's one clock:
+//!
+//! - every grant the lock server made (token, `acquired_at`, `expires_at`, and its session's
+//!   expiry at that moment) and every session it created or extended, recorded by test triggers
+//!   on lockdb's `locks` and `sessions`;
+//! - every claim and post that paydb took (a trigger on `payouts` records when the row became
+//!   CLAIMED or POSTED) and every submission the rail proxy recorded (`rail_submission`).
+//!
+//! A write belongs to the latest grant made before it; its deadline is 0.7 × the lease the server
+//! gave (the smaller of the granted lock expiry and the session's expiry at the acquire).
+//!
+//! For item 5 the same trigger makes paydb stall 750 ms on the first claim and the first post and
+//! then refuse them as a read-only replica would (SQLSTATE 25006): the real payment resource
+//! answers 503 NOT_LEADER, which is what the executor retries once. The sequences counting those
+//! attempts are not transactional, so refused attempts are counted too.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use chrono::Utc;
-use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::json::Json;
-use dlock_contract::lock::{AcquireRequest, CreateSessionRequest, Heartbeat, LockGrant, Session};
-use dlock_contract::payment::{
-    ClaimResponse, CreatePayoutRequest, Payout, PayoutState, PostResponse,
-};
-use dlock_contract::rail::{SubmissionRequest, SubmissionResponse};
-use dlock_executor::executor::{Endpoints, RunOptions, execute};
+use dlock_contract::config::env_name;
+use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::{ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_executor::executor::{Endpoints, Report, RunOptions, execute};
 use dlock_executor::manifest::PayoutBatch;
-use uuid::Uuid;
 
-/// Arrival of a write is a few milliseconds after the executor's check; this much is allowed.
-const SLACK: Duration = Duration::from_millis(40);
+/// A write lands in paydb a few milliseconds after the executor's check; this much is allowed.
+const SLACK_MS: f64 = 60.0;
+const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+const OPERATOR_TOKEN: &str = "deadline-operator-token";
 
+struct Service {
+    port: u16,
+    _child: ManagedChild,
+}
+
+impl Service {
+    fn start(name: &str, dir: &Path, pairs: &[(&str, String)]) -> Self {
+        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
+        let mut env = vec![(env_name("server.listen"), format!("127.0.0.1:{port}"))];
+        env.extend(pairs.iter().map(|(k, v)| (env_name(k), v.clone())));
+        let log = dir.join(format!("{name}.log"));
+        let args = vec!["serve".to_owned(), name.to_owned()];
+        let mut child = spawn_logged(name, Path::new(EXE), &args, &env, Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let addr = ([127, 0, 0, 1], port).into();
+        wait_until(name, Duration::from_secs(60), || {
+            !child.exited() && http_status(addr, "/readyz") == Some(200)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        Self {
+            port,
+            _child: child,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// What the lock server is configured with and how paydb and the rail behave.
 #[derive(Clone, Copy, Default)]
-struct Script {
-    /// The server's `lock.ttl-max`: the granted lock TTL is the smaller of this and the request.
+struct Setup {
+    /// The lock server's `lock.ttl-max`.
     lock_ttl_max_ms: i64,
-    /// The server's `lock.session.ttl-max`.
+    /// The lock server's `lock.session.ttl-max`.
     session_ttl_max_ms: i64,
-    /// How long the rail takes to acknowledge.
-    submit_delay: Duration,
-    /// The first claim waits this long and then answers 503 NOT_LEADER.
-    claim_503_after: Option<Duration>,
-    /// The first post waits this long and then answers 503 NOT_LEADER.
-    post_503_after: Option<Duration>,
+    /// The rail stub's `rail.stub.latency-ms`: how long the rail takes to acknowledge.
+    rail_latency_ms: u64,
+    /// paydb stalls 750 ms on the first claim and the first post, then refuses them (25006).
+    stall_first_claim_and_post: bool,
 }
 
-#[derive(Default)]
-struct World {
-    next_token: i64,
-    /// token → (when the acquire arrived, the deadline the contract gives it)
-    grants: HashMap<i64, (Instant, Instant)>,
-    /// session → (granted TTL, expiry)
-    sessions: HashMap<Uuid, (i64, Instant)>,
-    payouts: HashMap<Uuid, Payout>,
-    claim_failed: bool,
-    post_failed: bool,
+const LOCKDB_OBSERVER: &str = "
+CREATE TABLE test_grants (token bigint, acquired_at timestamptz, expires_at timestamptz,
+                          session_expires_at timestamptz);
+CREATE FUNCTION test_grant_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' OR NEW.fencing_token IS DISTINCT FROM OLD.fencing_token THEN
+    INSERT INTO test_grants
+      SELECT NEW.fencing_token, NEW.acquired_at, NEW.expires_at, s.expires_at
+      FROM sessions s WHERE s.session_id = NEW.session_id;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_grant_seen AFTER INSERT OR UPDATE ON locks
+  FOR EACH ROW EXECUTE FUNCTION test_grant_seen();
+CREATE TABLE test_sessions (op text, ttl_ms bigint, at timestamptz, old_expires_at timestamptz);
+CREATE FUNCTION test_session_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO test_sessions VALUES (TG_OP, NEW.ttl_ms, clock_timestamp(),
+    CASE WHEN TG_OP = 'UPDATE' THEN OLD.expires_at END);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_session_seen AFTER INSERT OR UPDATE OF expires_at ON sessions
+  FOR EACH ROW EXECUTE FUNCTION test_session_seen();
+";
+
+const PAYDB_OBSERVER: &str = "
+CREATE SEQUENCE test_claim_attempts;
+CREATE SEQUENCE test_post_attempts;
+CREATE TABLE test_faults (what text PRIMARY KEY);
+CREATE TABLE test_writes (what text, token bigint, at timestamptz);
+CREATE FUNCTION test_write_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE v_what text; v_n bigint;
+BEGIN
+  IF NEW.state = 'CLAIMED' AND OLD.state IS DISTINCT FROM 'CLAIMED' THEN
+    v_what := 'claim'; v_n := nextval('test_claim_attempts');
+  ELSIF NEW.state = 'POSTED' AND OLD.state IS DISTINCT FROM 'POSTED' THEN
+    v_what := 'post'; v_n := nextval('test_post_attempts');
+  ELSE
+    RETURN NEW;
+  END IF;
+  IF v_n = 1 AND EXISTS (SELECT 1 FROM test_faults f WHERE f.what = v_what) THEN
+    PERFORM pg_sleep(0.75);
+    RAISE EXCEPTION 'paydb stalled and refuses this %', v_what USING ERRCODE = '25006';
+  END IF;
+  INSERT INTO test_writes VALUES (v_what, NEW.claim_token, clock_timestamp());
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_write_seen BEFORE UPDATE ON payouts
+  FOR EACH ROW EXECUTE FUNCTION test_write_seen();
+";
+
+/// What the real side saw during one run.
+struct Seen {
+    report: Report,
+    state: String,
+    /// Writes that started past their grant's deadline (plus slack).
     violations: Vec<String>,
+    /// Every write: `what@ms-after-its-grant(token, allowed ms)`.
     writes: Vec<String>,
+    claim_attempts: i64,
+    post_attempts: i64,
+    /// (op, ttl_ms, ms before the expiry it extended; None for a create)
+    sessions: Vec<(String, i64, Option<f64>)>,
+    granted_ttls_ms: Vec<f64>,
 }
 
-#[derive(Clone)]
-struct Fake {
-    script: Script,
-    world: Arc<Mutex<World>>,
+fn rows(pg: &PgServer, db: &str, sql: &str) -> Vec<Vec<String>> {
+    pg.psql(db, sql)
+        .unwrap_or_else(|e| panic!("{db}: {e:#}"))
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('|').map(str::to_owned).collect())
+        .collect()
 }
 
-impl Fake {
-    fn world(&self) -> std::sync::MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records a protected write and whether it started inside its token's deadline.
-    fn protected(&self, what: &str, headers: &HeaderMap) {
-        let now = Instant::now();
-        let token: i64 = headers
-            .get("x-fencing-token")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        let mut world = self.world();
-        let Some(&(acquired, deadline)) = world.grants.get(&token) else {
-            world
-                .violations
-                .push(format!("{what} with token {token} that was never granted"));
-            return;
-        };
-        let at = now.duration_since(acquired).as_millis();
-        world.writes.push(format!("{what}@{at}ms(token {token})"));
-        if now > deadline + SLACK {
-            let allowed = deadline.duration_since(acquired).as_millis();
-            world.violations.push(format!(
-                "{what} with token {token} started {at} ms after its acquire, past its deadline of {allowed} ms"
-            ));
-        }
-    }
-
-    fn session_live(&self, world: &mut World, session: Uuid, what: &str) -> Result<(), ApiError> {
-        match world.sessions.get(&session) {
-            Some(&(_, expires)) if Instant::now() < expires => Ok(()),
-            Some(_) => {
-                world
-                    .violations
-                    .push(format!("{what} on session {session} after it lapsed"));
-                Err(ApiError::new(ErrorCode::SessionExpired, "lapsed"))
-            }
-            None => Err(ApiError::new(ErrorCode::SessionUnknown, "unknown")),
-        }
-    }
-}
-
-fn ms(ms: i64) -> Duration {
-    Duration::from_millis(ms.max(0) as u64)
-}
-
-async fn create_session(
-    State(fake): State<Fake>,
-    Json(body): Json<CreateSessionRequest>,
-) -> Response {
-    let granted = body
-        .ttl_millis
-        .unwrap_or(15_000)
-        .min(fake.script.session_ttl_max_ms);
-    let id = Uuid::new_v4();
-    fake.world()
-        .sessions
-        .insert(id, (granted, Instant::now() + ms(granted)));
-    let session = Session {
-        session_id: id,
-        owner_id: body.owner_id.unwrap_or_else(|| "worker".into()),
-        ttl_millis: granted,
-        expires_at: Utc::now() + chrono::Duration::milliseconds(granted),
-    };
-    (StatusCode::CREATED, axum::Json(session)).into_response()
-}
-
-async fn heartbeat(
-    State(fake): State<Fake>,
-    Path(id): Path<Uuid>,
-) -> Result<axum::Json<Heartbeat>, ApiError> {
-    let mut world = fake.world();
-    fake.session_live(&mut world, id, "heartbeat")?;
-    let Some(entry) = world.sessions.get_mut(&id) else {
-        return Err(ApiError::new(ErrorCode::SessionUnknown, "unknown"));
-    };
-    entry.1 = Instant::now() + ms(entry.0);
-    let now = Utc::now();
-    Ok(axum::Json(Heartbeat {
-        session_id: id,
-        expires_at: now + chrono::Duration::milliseconds(entry.0),
-        server_time: now,
-        held_lock_count: 0,
-    }))
-}
-
-async fn acquire(
-    State(fake): State<Fake>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<AcquireRequest>,
-) -> Result<axum::Json<LockGrant>, ApiError> {
-    let now = Instant::now();
-    let mut world = fake.world();
-    fake.session_live(&mut world, body.session_id, "acquire")?;
-    let session_expires = world
-        .sessions
-        .get(&body.session_id)
-        .map(|s| s.1)
-        .unwrap_or(now);
-    let ttl = body
-        .ttl_millis
-        .unwrap_or(10_000)
-        .min(fake.script.lock_ttl_max_ms);
-    let lease_end = (now + ms(ttl)).min(session_expires);
-    let deadline = now + lease_end.duration_since(now).mul_f64(0.7);
-    world.next_token += 1;
-    let token = world.next_token;
-    world.grants.insert(token, (now, deadline));
-    let acquired_at = Utc::now();
-    Ok(axum::Json(LockGrant {
-        key,
-        owner_id: headers
-            .get("x-owner-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned(),
-        session_id: body.session_id,
-        fencing_token: token,
-        acquired_at,
-        expires_at: acquired_at + chrono::Duration::milliseconds(ttl),
-        fencing_proof: None,
-    }))
-}
-
-async fn no_content() -> StatusCode {
-    StatusCode::NO_CONTENT
-}
-
-async fn create_payout(
-    State(fake): State<Fake>,
-    Json(body): Json<CreatePayoutRequest>,
-) -> Response {
-    let now = Utc::now();
-    let payout = Payout {
-        payout_id: body.payout_id,
-        account_id: body.account_id,
-        amount_minor: body.amount_minor,
-        currency: body.currency,
-        beneficiary_ref: body.beneficiary_ref,
-        state: PayoutState::Pending,
-        attempt_count: 0,
-        claim_token: None,
-        rail_reference: None,
-        submission_id: None,
-        created_at: now,
-        updated_at: now,
-        submissions: Vec::new(),
-    };
-    fake.world()
-        .payouts
-        .insert(payout.payout_id, payout.clone());
-    (StatusCode::CREATED, axum::Json(payout)).into_response()
-}
-
-async fn get_payout(
-    State(fake): State<Fake>,
-    Path(id): Path<Uuid>,
-) -> Result<axum::Json<Payout>, ApiError> {
-    fake.world()
-        .payouts
-        .get(&id)
-        .cloned()
-        .map(axum::Json)
-        .ok_or_else(|| ApiError::not_found("no such payout"))
-}
-
-async fn claim(
-    State(fake): State<Fake>,
-    Path(id): Path<Uuid>,
-    headers: HeaderMap,
-) -> Result<axum::Json<ClaimResponse>, ApiError> {
-    fake.protected("claim", &headers);
-    let fail_first = {
-        let mut world = fake.world();
-        let first = !world.claim_failed;
-        world.claim_failed = true;
-        first
-    };
-    if let (true, Some(delay)) = (fail_first, fake.script.claim_503_after) {
-        tokio::time::sleep(delay).await;
-        return Err(ApiError::new(ErrorCode::NotLeader, "paydb is away"));
-    }
-    let token: i64 = headers
-        .get("x-fencing-token")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_default();
-    let mut world = fake.world();
-    let payout = world
-        .payouts
-        .get_mut(&id)
-        .ok_or_else(|| ApiError::not_found("no such payout"))?;
-    payout.state = PayoutState::Claimed;
-    payout.attempt_count += 1;
-    payout.claim_token = Some(token);
-    Ok(axum::Json(ClaimResponse {
-        payout_id: id,
-        state: PayoutState::Claimed,
-        claim_token: token,
-        account_fence: token,
-        attempt_count: payout.attempt_count,
-        idempotency_key: String::new(),
-    }))
-}
-
-async fn post_payout(
-    State(fake): State<Fake>,
-    Path(id): Path<Uuid>,
-    headers: HeaderMap,
-) -> Result<axum::Json<PostResponse>, ApiError> {
-    fake.protected("post", &headers);
-    let fail_first = {
-        let mut world = fake.world();
-        let first = !world.post_failed;
-        world.post_failed = true;
-        first
-    };
-    if let (true, Some(delay)) = (fail_first, fake.script.post_503_after) {
-        tokio::time::sleep(delay).await;
-        return Err(ApiError::new(ErrorCode::NotLeader, "paydb is away"));
-    }
-    let mut world = fake.world();
-    let payout = world
-        .payouts
-        .get_mut(&id)
-        .ok_or_else(|| ApiError::not_found("no such payout"))?;
-    payout.state = PayoutState::Posted;
-    Ok(axum::Json(PostResponse {
-        payout_id: id,
-        state: PayoutState::Posted,
-        entries: Vec::new(),
-        balance_minor: 0,
-    }))
-}
-
-async fn submit(
-    State(fake): State<Fake>,
-    headers: HeaderMap,
-    Json(body): Json<SubmissionRequest>,
-) -> Result<axum::Json<SubmissionResponse>, ApiError> {
-    fake.protected("submit", &headers);
-    let submitted_at = Utc::now();
-    tokio::time::sleep(fake.script.submit_delay).await;
-    let submission_id = Uuid::new_v4();
-    let reference = format!("rail-{}", body.payout_id.simple());
-    let mut world = fake.world();
-    if let Some(payout) = world.payouts.get_mut(&body.payout_id) {
-        payout.state = PayoutState::RailAcked;
-        payout.rail_reference = Some(reference.clone());
-        payout.submission_id = Some(submission_id);
-    }
-    Ok(axum::Json(SubmissionResponse {
-        submission_id,
-        payout_id: body.payout_id,
-        presented_token: 0,
-        outcome: "ACKED".into(),
-        rail_reference: reference,
-        submitted_at,
-        resolved_at: Utc::now(),
-    }))
-}
-
-async fn serve(fake: Fake) -> String {
-    let app = Router::new()
-        .route("/v1/sessions", post(create_session))
-        .route("/v1/sessions/{id}/heartbeat", post(heartbeat))
-        .route("/v1/sessions/{id}", axum::routing::delete(no_content))
-        .route("/v1/locks/{key}/acquire", post(acquire))
-        .route("/v1/locks/{key}", axum::routing::delete(no_content))
-        .route("/v1/payouts", post(create_payout))
-        .route("/v1/payouts/{id}", get(get_payout))
-        .route("/v1/payouts/{id}/claim", post(claim))
-        .route("/v1/payouts/{id}/post", post(post_payout))
-        .route("/v1/rail/submissions", post(submit))
-        .with_state(fake);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind: {e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}")
+fn num(s: &str) -> f64 {
+    s.parse()
+        .unwrap_or_else(|e| panic!("not a number {s:?}: {e}"))
 }
 
 const BATCH: &str = r#"
@@ -368,19 +178,92 @@ spec:
       beneficiaryRef: ben-1
 "#;
 
-/// Runs one payout through the executor against the scripted stand-in; returns what it saw.
-async fn run(script: Script, options: RunOptions) -> (Vec<String>, Vec<String>, PayoutState) {
-    let fake = Fake {
-        script,
-        world: Arc::default(),
-    };
-    let url = serve(fake.clone()).await;
+/// Runs one payout through the executor against the real services; returns what they saw.
+async fn run(setup: Setup, options: RunOptions) -> Seen {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    for db in ["lockdb", "paydb"] {
+        pg.create_database(db)
+            .unwrap_or_else(|e| panic!("create {db}: {e:#}"));
+    }
+    let lock = Service::start(
+        "lock-server",
+        dir.path(),
+        &[
+            ("lock.backend", "pg".to_owned()),
+            ("lock.pg.url", pg.url("lockdb")),
+            ("lock.ttl-max", setup.lock_ttl_max_ms.to_string()),
+            ("lock.session.ttl-max", setup.session_ttl_max_ms.to_string()),
+        ],
+    );
+    let payment = Service::start(
+        "payment-resource",
+        dir.path(),
+        &[
+            ("payment.pg.url", pg.url("paydb")),
+            ("payment.operator.token", OPERATOR_TOKEN.to_owned()),
+        ],
+    );
+    let statement: PathBuf = dir.path().join("statement.jsonl");
+    let stub = Service::start(
+        "rail-stub",
+        dir.path(),
+        &[
+            ("rail.stub.statement-path", statement.display().to_string()),
+            ("rail.stub.latency-ms", setup.rail_latency_ms.to_string()),
+        ],
+    );
+    let proxy = Service::start(
+        "rail-proxy",
+        dir.path(),
+        &[
+            ("rail.proxy.pg.url", pg.url("paydb")),
+            ("rail.proxy.rail-url", stub.url()),
+            ("rail.proxy.operator-token", OPERATOR_TOKEN.to_owned()),
+        ],
+    );
+    pg.psql("lockdb", LOCKDB_OBSERVER)
+        .unwrap_or_else(|e| panic!("lockdb observer: {e:#}"));
+    pg.psql("paydb", PAYDB_OBSERVER)
+        .unwrap_or_else(|e| panic!("paydb observer: {e:#}"));
+    if setup.stall_first_claim_and_post {
+        pg.psql(
+            "paydb",
+            "INSERT INTO test_faults VALUES ('claim'), ('post')",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    let client = PaymentClient::new(&payment.url(), "deadline").unwrap_or_else(|e| panic!("{e}"));
+    client
+        .create_account(
+            "open-acct-1",
+            &CreateAccountRequest {
+                account_id: "acct-1".into(),
+                currency: "EUR".into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    client
+        .fund(
+            "acct-1",
+            "fund-acct-1",
+            &FundRequest {
+                amount_minor: 10_000,
+                reference: "seed-acct-1".into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
     let batch = PayoutBatch::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {
-        lock_server: url.clone(),
-        payment_resource: url.clone(),
-        rail_proxy: url,
+        lock_server: lock.url(),
+        payment_resource: payment.url(),
+        rail_proxy: proxy.url(),
     };
+    let margin = options.safety_margin;
     let report = execute(
         &batch,
         &endpoints,
@@ -393,26 +276,98 @@ async fn run(script: Script, options: RunOptions) -> (Vec<String>, Vec<String>, 
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(report.complete, "the batch did not settle: {report:?}");
-    let world = fake.world();
-    let state = world
-        .payouts
-        .values()
-        .next()
-        .map(|p| p.state)
-        .unwrap_or(PayoutState::Pending);
-    (world.violations.clone(), world.writes.clone(), state)
+
+    let grants: Vec<(String, f64, f64, f64)> = rows(
+        &pg,
+        "lockdb",
+        "SELECT token, extract(epoch FROM acquired_at), extract(epoch FROM expires_at),
+                extract(epoch FROM session_expires_at)
+         FROM test_grants ORDER BY acquired_at",
+    )
+    .into_iter()
+    .map(|r| (r[0].clone(), num(&r[1]), num(&r[2]), num(&r[3])))
+    .collect();
+    let sessions = rows(
+        &pg,
+        "lockdb",
+        "SELECT op, ttl_ms, extract(epoch FROM old_expires_at - at) * 1000
+         FROM test_sessions ORDER BY at",
+    )
+    .into_iter()
+    .map(|r| {
+        let before = (!r[2].is_empty()).then(|| num(&r[2]));
+        (r[0].clone(), num(&r[1]) as i64, before)
+    })
+    .collect();
+    let writes: Vec<(String, String, f64)> = rows(
+        &pg,
+        "paydb",
+        "SELECT what, token, extract(epoch FROM at) FROM test_writes
+         UNION ALL
+         SELECT 'submit', presented_token, extract(epoch FROM submitted_at) FROM rail_submission
+         ORDER BY 3",
+    )
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1].clone(), num(&r[2])))
+    .collect();
+    let keep = 1.0 - margin;
+    let mut violations = Vec::new();
+    let mut seen = Vec::new();
+    for (what, token, at) in &writes {
+        let Some((grant, acquired, expires, session_expires)) =
+            grants.iter().rev().find(|g| g.1 <= *at)
+        else {
+            violations.push(format!("{what} (token {token}) came before any grant"));
+            continue;
+        };
+        let after_ms = (at - acquired) * 1000.0;
+        let allowed_ms = (expires.min(*session_expires) - acquired) * 1000.0 * keep;
+        seen.push(format!(
+            "{what}@{after_ms:.0}ms(grant {grant}, allowed {allowed_ms:.0}ms)"
+        ));
+        if after_ms > allowed_ms + SLACK_MS {
+            violations.push(format!(
+                "{what} under grant {grant} started {after_ms:.0} ms after the acquire, past its deadline of {allowed_ms:.0} ms"
+            ));
+        }
+    }
+    let counters = rows(
+        &pg,
+        "paydb",
+        "SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_claim_attempts),
+                (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_post_attempts),
+                (SELECT state FROM payouts)",
+    );
+    let counters = counters
+        .first()
+        .unwrap_or_else(|| panic!("no counters"))
+        .clone();
+    Seen {
+        report,
+        state: counters[2].clone(),
+        violations,
+        writes: seen,
+        claim_attempts: num(&counters[0]) as i64,
+        post_attempts: num(&counters[1]) as i64,
+        sessions,
+        granted_ttls_ms: grants.iter().map(|g| (g.2 - g.1) * 1000.0).collect(),
+    }
+}
+
+fn deadline_passed(report: &Report) -> usize {
+    report.outcomes.get("DeadlinePassed").copied().unwrap_or(0)
 }
 
 /// Item 4: the server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
 /// granted second, so the post after a 900 ms submit belongs to the next lock cycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
-    let (violations, writes, state) = run(
-        Script {
+    let seen = run(
+        Setup {
             lock_ttl_max_ms: 1_000,
             session_ttl_max_ms: 60_000,
-            submit_delay: Duration::from_millis(900),
-            ..Script::default()
+            rail_latency_ms: 900,
+            ..Setup::default()
         },
         RunOptions {
             lock_ttl_ms: 10_000,
@@ -421,8 +376,25 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
         },
     )
     .await;
-    assert!(violations.is_empty(), "{violations:#?}\nwrites: {writes:?}");
-    assert_eq!(state, PayoutState::Posted, "writes: {writes:?}");
+    let writes = &seen.writes;
+    assert!(
+        seen.granted_ttls_ms
+            .iter()
+            .all(|t| (*t - 1_000.0).abs() < 1.0),
+        "the lock server clamps every grant to 1 s: {:?}",
+        seen.granted_ttls_ms
+    );
+    assert!(
+        seen.violations.is_empty(),
+        "{:#?}\nwrites: {writes:?}",
+        seen.violations
+    );
+    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
+    assert!(
+        deadline_passed(&seen.report) >= 1,
+        "the post after the slow submit was not deferred to the next cycle: {:?}\nwrites: {writes:?}",
+        seen.report.outcomes
+    );
 }
 
 /// Item 4: the server clamps the session TTL (15 s asked, 1.5 s granted). Heartbeats follow the
@@ -430,12 +402,12 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
 /// when it comes before the lock's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
-    let (violations, writes, state) = run(
-        Script {
+    let seen = run(
+        Setup {
             lock_ttl_max_ms: 60_000,
             session_ttl_max_ms: 1_500,
-            submit_delay: Duration::from_millis(1_200),
-            ..Script::default()
+            rail_latency_ms: 1_200,
+            ..Setup::default()
         },
         RunOptions {
             lock_ttl_ms: 10_000,
@@ -444,21 +416,48 @@ async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
         },
     )
     .await;
-    assert!(violations.is_empty(), "{violations:#?}\nwrites: {writes:?}");
-    assert_eq!(state, PayoutState::Posted, "writes: {writes:?}");
+    let writes = &seen.writes;
+    let sessions = &seen.sessions;
+    let created: Vec<_> = sessions.iter().filter(|s| s.0 == "INSERT").collect();
+    assert_eq!(
+        created.len(),
+        1,
+        "the session lapsed and was created again: {sessions:?}"
+    );
+    assert_eq!(created[0].1, 1_500, "the server grants 1.5 s: {sessions:?}");
+    let heartbeats: Vec<f64> = sessions.iter().filter_map(|s| s.2).collect();
+    assert!(
+        heartbeats.len() >= 2,
+        "the session was not kept alive by heartbeats: {sessions:?}"
+    );
+    assert!(
+        heartbeats.iter().all(|before| *before > 0.0),
+        "a heartbeat came after the session's expiry: {sessions:?}"
+    );
+    assert!(
+        seen.violations.is_empty(),
+        "{:#?}\nwrites: {writes:?}",
+        seen.violations
+    );
+    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
+    assert!(
+        deadline_passed(&seen.report) >= 1,
+        "the post after the slow submit was not deferred to the next cycle: {:?}\nwrites: {writes:?}",
+        seen.report.outcomes
+    );
 }
 
-/// Item 5: the first claim and the first post each take 750 ms and answer 503 under a 700 ms
-/// deadline (1 s granted). The one retry they allow must not start past the deadline.
+/// Item 5: paydb stalls 750 ms on the first claim and the first post and refuses them, so the
+/// payment resource answers 503 under a 700 ms deadline (1 s granted). The one retry they allow
+/// must not start past the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_one_retry_of_a_claim_or_post_never_starts_past_the_deadline() {
-    let (violations, writes, state) = run(
-        Script {
+    let seen = run(
+        Setup {
             lock_ttl_max_ms: 1_000,
             session_ttl_max_ms: 60_000,
-            submit_delay: Duration::ZERO,
-            claim_503_after: Some(Duration::from_millis(750)),
-            post_503_after: Some(Duration::from_millis(750)),
+            rail_latency_ms: 0,
+            stall_first_claim_and_post: true,
         },
         RunOptions {
             lock_ttl_ms: 1_000,
@@ -467,11 +466,17 @@ async fn the_one_retry_of_a_claim_or_post_never_starts_past_the_deadline() {
         },
     )
     .await;
-    assert!(violations.is_empty(), "{violations:#?}\nwrites: {writes:?}");
-    assert_eq!(state, PayoutState::Posted, "writes: {writes:?}");
+    let writes = &seen.writes;
     assert!(
-        writes.iter().filter(|w| w.starts_with("claim")).count() >= 2
-            && writes.iter().filter(|w| w.starts_with("post")).count() >= 2,
-        "the scripted 503s were not exercised: {writes:?}"
+        seen.violations.is_empty(),
+        "{:#?}\nwrites: {writes:?}",
+        seen.violations
+    );
+    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
+    assert!(
+        seen.claim_attempts >= 2 && seen.post_attempts >= 2,
+        "the stalled, refused claim and post were not exercised: {} claims, {} posts reached paydb; writes: {writes:?}",
+        seen.claim_attempts,
+        seen.post_attempts
     );
 }
