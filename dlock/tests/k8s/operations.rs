@@ -174,7 +174,18 @@ async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_o
         || replicas(&world, ns, "lock-server") == 3,
     )
     .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
-    assert!(reconciles(standby_port, "LockServer", "ok") > 0);
+    wait_until(
+        "the new leader's reconcile ends ok",
+        Duration::from_secs(30),
+        || reconciles(standby_port, "LockServer", "ok") > 0,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\nthe new leader's log:\n{}{}",
+            world.operator_log(standby_index),
+            world.diagnostics()
+        )
+    });
     // The Lease was last renewed at most one renewal period (the lease's third, 5 s) before the
     // kill; the standby may take it once 15 s have passed since, at its next attempt.
     assert!(
