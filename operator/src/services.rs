@@ -105,6 +105,15 @@ pub trait Services: Send + Sync {
         account_id: &'a str,
         request: &'a HighWaterRequest,
     ) -> StepFuture<'a, HighWater>;
+    /// Cancels the payouts (id, account) still PENDING or CLAIMED, under the operator's own
+    /// grant per account: they become ABANDONED (a deleted PayoutBatch).
+    fn cancel_unfinished<'a>(
+        &'a self,
+        lock_server_url: &'a str,
+        payment_resource_url: &'a str,
+        payouts: &'a [(uuid::Uuid, String)],
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>>;
 }
 
 /// The revocation flow's steps against one target's services.
@@ -295,6 +304,26 @@ impl Services for ContractServices {
             self.rail(rail_proxy_url)?
                 .advance_high_water(account_id, request)
                 .await
+        })
+    }
+
+    fn cancel_unfinished<'a>(
+        &'a self,
+        lock_server_url: &'a str,
+        payment_resource_url: &'a str,
+        payouts: &'a [(uuid::Uuid, String)],
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>> {
+        Box::pin(async move {
+            dlock_executor::cancel::cancel_unfinished(
+                &self.lock(lock_server_url),
+                &self.payment(payment_resource_url),
+                payouts,
+                &self.owner_id,
+                reason,
+            )
+            .await
+            .map_err(|e| ServiceError::from_client("lock-server or payment-resource", &e))
         })
     }
 }

@@ -506,3 +506,107 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
         world.started.elapsed().as_millis()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_a_running_batch_abandons_what_never_reached_the_rail_and_pays_nobody_twice() {
+    let mut world = World::start().await;
+    // A slow rail keeps the executor mid-batch: one payout per account at the rail, the other
+    // still PENDING behind it.
+    world.start_services(&["--rail-latency-ms", "3000"]);
+    let (payment, rail, accounts) = payroll(&mut world).await;
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut seen = BTreeMap::new();
+    let mid_batch = async {
+        for _ in 0..600 {
+            seen = states(&payment, &accounts).await;
+            let at_rail = seen.values().any(|s| {
+                matches!(
+                    s,
+                    PayoutState::Submitting | PayoutState::RailAcked | PayoutState::Posted
+                )
+            });
+            let pending = seen.values().any(|s| *s == PayoutState::Pending);
+            if seen.len() == 4 && at_rail && pending {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    assert!(
+        mid_batch.await,
+        "the batch never was mid-way: {seen:?}{}",
+        world.diagnostics()
+    );
+
+    // kubectl delete waits for the finalizer: the executor drained, then the cancel.
+    let deleted = std::time::Instant::now();
+    if let Err(e) = world.try_kubectl(&[
+        "delete",
+        "payoutbatch",
+        BATCH,
+        "-n",
+        NS,
+        "--wait=true",
+        "--timeout=120s",
+    ]) {
+        panic!(
+            "{e:#}\noperator log:\n{}{}",
+            world.operator_log(0),
+            world.diagnostics()
+        );
+    }
+    let took = deleted.elapsed();
+    let after = states(&payment, &accounts).await;
+    assert!(
+        after
+            .values()
+            .all(|s| !matches!(s, PayoutState::Pending | PayoutState::Claimed)),
+        "nothing is left to be claimed: {after:?}"
+    );
+    let abandoned: Vec<&String> = after
+        .iter()
+        .filter(|(_, s)| **s == PayoutState::Abandoned)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!abandoned.is_empty(), "{after:?}");
+    let paid = statement(&rail).await;
+    for id in &abandoned {
+        assert_eq!(
+            paid.get(*id),
+            None,
+            "abandoned payout {id} is not on the statement"
+        );
+    }
+    for (id, n) in &paid {
+        assert_eq!(*n, 1, "payout {id} on the statement once");
+    }
+    let events = world.get_json(&[
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        &format!("involvedObject.name={BATCH},reason=PayoutsCancelled"),
+    ]);
+    let note = events["items"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!("{} payout(s)", abandoned.len())),
+        "the Event counts the abandoned payouts: {events}"
+    );
+    // Re-applying the same file after the delete pays nothing that was abandoned.
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_job_done(&world, "the re-applied batch's Job ends");
+    let again = statement(&rail).await;
+    for id in &abandoned {
+        assert_eq!(again.get(*id), None, "abandoned payout {id} stays unpaid");
+    }
+    eprintln!(
+        "mid-batch {seen:?}; after the delete ({} ms): {after:?}; scenario done in {} ms",
+        took.as_millis(),
+        world.started.elapsed().as_millis()
+    );
+}

@@ -418,8 +418,70 @@ async fn drain_executor(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<A
         object.as_ref(),
         EventType::Normal,
         "ExecutorDrained",
-        format!("the executor Job {name} is gone; the payouts stay in paydb"),
+        format!("the executor Job {name} is gone"),
     )
     .await;
+    cancel_unfinished(&object, &ctx).await?;
     Ok(Action::await_change())
+}
+
+/// DESIGN §2: a deleted batch's payouts that never reached the rail (PENDING or CLAIMED) are
+/// cancelled, ABANDONED, so nothing pays them later. Those at the rail or ambiguous stay as they
+/// are for reconciliation. Runs after the executor is gone, before the finalizer goes; a
+/// failure keeps the finalizer and is retried.
+async fn cancel_unfinished(object: &PayoutBatch, ctx: &Context) -> Result<()> {
+    let batch = match validate::payout_batch(object, &ctx.settings) {
+        Ok(batch) => batch,
+        // A spec the operator never accepted started no executor and registered nothing.
+        Err(_) => return Ok(()),
+    };
+    let payouts: Vec<(uuid::Uuid, String)> = object
+        .spec
+        .payouts
+        .iter()
+        .map(|p| {
+            (
+                dlock_executor::manifest::payout_id(&batch.name, &p.key),
+                p.account_id.clone(),
+            )
+        })
+        .collect();
+    let reason = format!(
+        "the PayoutBatch {}/{} was deleted",
+        batch.namespace, batch.name
+    );
+    let cancelled = ctx
+        .services
+        .cancel_unfinished(
+            &batch.lock_server_url,
+            &batch.payment_resource_url,
+            &payouts,
+            &reason,
+        )
+        .await?;
+    let left: Vec<String> = cancelled
+        .left
+        .iter()
+        .filter(|(_, s)| !s.is_terminal())
+        .map(|(id, s)| format!("{id} ({})", s.as_str()))
+        .collect();
+    let mut note = format!(
+        "{} payout(s) that never reached the rail are ABANDONED",
+        cancelled.abandoned.len()
+    );
+    if !left.is_empty() {
+        note.push_str(&format!(
+            "; {} reached the rail and wait for the executor or a reconciliation: {}",
+            left.len(),
+            left.join(", ")
+        ));
+    }
+    let type_ = if left.is_empty() {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    tracing::info!(event = "batch_payouts_cancelled", batch = %batch.name, abandoned = cancelled.abandoned.len(), left = left.len());
+    publish(ctx, object, type_, "PayoutsCancelled", note).await;
+    Ok(())
 }

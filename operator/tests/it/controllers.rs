@@ -146,6 +146,24 @@ impl Services for FakeServices {
             }
         })
     }
+    fn cancel_unfinished<'a>(
+        &'a self,
+        lock_url: &'a str,
+        payment_url: &'a str,
+        payouts: &'a [(uuid::Uuid, String)],
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>> {
+        self.record(
+            format!("CANCEL {lock_url} {payment_url}"),
+            json!({"payouts": payouts.iter().map(|(id, a)| format!("{id} {a}")).collect::<Vec<_>>(), "reason": reason}),
+        );
+        Box::pin(async move {
+            Ok(dlock_executor::cancel::Cancelled {
+                abandoned: payouts.iter().map(|(id, _)| *id).collect(),
+                ..Default::default()
+            })
+        })
+    }
 }
 
 /// Answers the namespace's object list of one kind (names only, as `list_metadata` asks).
@@ -920,11 +938,12 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
 }
 
 /// Deleting a batch: the executor Job goes in the foreground first (its pods hold lock sessions
-/// and claims outside Kubernetes), then the finalizer is removed. The payouts stay in paydb.
+/// and claims outside Kubernetes), then the payouts that never reached the rail are cancelled
+/// (ABANDONED), then the finalizer is removed.
 #[tokio::test]
 async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes() {
     let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services);
+    let (ctx, mut api) = context(services.clone());
     let mut batch = fixtures::payout_batch();
     batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
     batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
@@ -946,6 +965,35 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
     let call = api.next().await;
     call.expect(Method::POST, EVENTS);
     assert_eq!(call.body["reason"], "ExecutorDrained");
+    // Only after the executor is gone: the cancel of every payout of the batch, under the
+    // namespace's services.
+    assert!(
+        !services
+            .calls()
+            .iter()
+            .any(|(c, _)| c.starts_with("CANCEL")),
+        "nothing cancelled while the executor may run"
+    );
+    call.echo();
+    let call = api.next().await;
+    call.expect(Method::POST, EVENTS);
+    assert_eq!(call.body["reason"], "PayoutsCancelled");
+    let cancels: Vec<_> = services
+        .calls()
+        .into_iter()
+        .filter(|(c, _)| c.starts_with("CANCEL"))
+        .collect();
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(
+        cancels[0].0,
+        "CANCEL http://lock-server.default.svc:8080 http://payment-resource.default.svc:8080"
+    );
+    let first = dlock_executor::manifest::payout_id("payroll-2026-12", "emp-0001");
+    assert_eq!(cancels[0].1["payouts"][0], format!("{first} acct-17"));
+    assert_eq!(
+        cancels[0].1["reason"],
+        "the PayoutBatch default/payroll-2026-12 was deleted"
+    );
     call.echo();
     let call = api.next().await;
     call.expect(

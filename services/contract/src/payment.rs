@@ -358,6 +358,30 @@ pub struct ResolveResponse {
     pub balance_minor: i64,
 }
 
+/// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED (DESIGN §2).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelRequest {
+    /// PENDING, or CLAIMED for a payout whose holder is gone.
+    pub expected_state: PayoutState,
+    pub operator: String,
+    /// 8 to 4096 characters: why nobody should pay it.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancelled {
+    pub payout_id: Uuid,
+    /// Always ABANDONED.
+    pub state: PayoutState,
+    /// The account's fence after the cancel (the cancel's token).
+    pub account_fence: i64,
+    pub attempt_count: i32,
+    pub operator: String,
+    pub identity: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -320,4 +320,22 @@ impl PaymentClient {
         let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/resolve"), &write, body);
         expect_body(&url, send(&url, req).await?)
     }
+
+    /// Cancels a payout that never reached the rail (PENDING or CLAIMED → ABANDONED): operator
+    /// only, under the operator's own grant on `payout:{accountId}` and its proof.
+    pub async fn cancel_proven(
+        &self,
+        payout_id: Uuid,
+        token: i64,
+        proof: Option<&str>,
+        idempotency_key: &str,
+        body: &CancelRequest,
+    ) -> Result<Cancelled, ClientError> {
+        let write = WriteHeaders {
+            idempotency_key,
+            fencing_token: Some(token),
+        };
+        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/cancel"), &write, body);
+        expect_body(&url, send(&url, with_proof(req, proof)).await?)
+    }
 }

@@ -201,8 +201,13 @@ pub enum Failure {
 
 pub fn classify(error: &ClientError) -> Failure {
     match error {
-        ClientError::Api { status, .. } if (400..500).contains(status) => {
-            if *status == 408 || *status == 429 {
+        ClientError::Api { status, body } if (400..500).contains(status) => {
+            // A lock someone else still holds is a matter of time, not a refusal.
+            let contended = matches!(
+                body.code,
+                ErrorCode::LockContended | ErrorCode::ContentionExceeded
+            );
+            if *status == 408 || *status == 429 || contended {
                 Failure::Retryable
             } else {
                 Failure::Refused

@@ -10,7 +10,7 @@ use dlock_contract::payment::*;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use utoipa::OpenApi;
 
-use crate::routes::{CancelRequest, Cancelled, FenceAdvanced, Resolved};
+use crate::routes::{FenceAdvanced, Resolved};
 
 #[derive(OpenApi)]
 #[openapi(
