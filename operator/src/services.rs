@@ -113,7 +113,7 @@ pub trait Services: Send + Sync {
         payment_resource_url: &'a str,
         payouts: &'a [(uuid::Uuid, String)],
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>>;
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>>;
 }
 
 /// The revocation flow's steps against one target's services.
@@ -313,7 +313,7 @@ impl Services for ContractServices {
         payment_resource_url: &'a str,
         payouts: &'a [(uuid::Uuid, String)],
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>> {
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
         Box::pin(async move {
             dlock_executor::cancel::cancel_unfinished(
                 &self.lock(lock_server_url),

@@ -136,43 +136,6 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
     );
 }
 
-/// A duplicate that finds its identical request still in progress is told to retry later with
-/// C3's code for a caller's own retry that came too soon (CONTENTION_EXCEEDED, 429, retry-safe,
-/// retryAfterMillis), not NOT_LEADER, which says paydb lost its primary.
-#[tokio::test]
-async fn a_duplicate_of_a_request_in_progress_is_contention_not_not_leader() {
-    let stack = PayStack::start_with(&[("payment.idempotency.in-progress-wait-ms", "100")]).await;
-    stack.account("acct-w", "EUR").await;
-    stack.fund("acct-w", 500).await;
-    let payout = stack.payout("acct-w", 100, "EUR").await;
-    let token = stack.token();
-    let mut holder = stack.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query(
-        "INSERT INTO idempotency_records (route, idempotency_key, fencing_token, owner_id, \
-         payload_hash, status, expires_at) VALUES ($1, $2, $3, 'w', $4, 'in_progress', \
-         clock_timestamp() + interval '1 hour')",
-    )
-    .bind(format!("POST /v1/payouts/{payout}/claim"))
-    .bind(format!("payout-{payout}"))
-    .bind(token)
-    .bind(vec![0u8; 32])
-    .execute(&mut *holder)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let waited = stack.claim(payout, token, "PENDING").await;
-    let body = waited.expect("in progress", 429, Some("CONTENTION_EXCEEDED"));
-    assert_eq!(body["retrySafe"], true);
-    assert_eq!(body["retryAfterMillis"], 100);
-    assert_eq!(body["details"]["status"], "in_progress");
-    assert_eq!(stack.state_of(payout).await, "PENDING");
-    holder.rollback().await.unwrap_or_else(|e| panic!("{e}"));
-    // Positive control: the same request runs once the other one is gone.
-    stack
-        .claim(payout, token, "PENDING")
-        .await
-        .expect("retry", 200, None);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Item 16: ABANDONED
 // ---------------------------------------------------------------------------------------------

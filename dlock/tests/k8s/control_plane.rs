@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::world::{OPERATOR_NAMESPACE, World, repo};
+use crate::world::{OPERATOR_NAMESPACE, World, condition, repo};
 
 fn example(name: &str) -> String {
     let path = repo().join("examples").join(name);
@@ -18,13 +18,6 @@ fn generations(object: &Value) -> (i64, i64) {
             .as_i64()
             .unwrap_or(-2),
     )
-}
-
-fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
-    object["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

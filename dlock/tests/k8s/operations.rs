@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use dlock_devstack::{Signal, wait_until};
 use serde_json::Value;
 
-use crate::world::{OPERATOR_NAMESPACE, World};
+use crate::world::{OPERATOR_NAMESPACE, World, condition};
 
 /// `dlock_operator_reconcile_total{kind=…,outcome=…}` of the operator listening on `port`.
 fn reconciles(port: u16, kind: &str, outcome: &str) -> u64 {
@@ -199,14 +199,6 @@ async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_o
     );
 }
 
-fn condition(object: &Value, type_: &str) -> Option<Value> {
-    object["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-}
-
 /// Warning Events with `reason` about `kind/name`, as `kubectl get events` shows them.
 fn warning_events(world: &World, ns: &str, name: &str, reason: &str) -> Vec<Value> {
     let selector = format!("involvedObject.name={name},reason={reason},type=Warning");
@@ -242,8 +234,8 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
-    let ready = condition(&refused, "Ready").unwrap_or_default();
-    let degraded = condition(&refused, "Degraded").unwrap_or_default();
+    let ready = condition(&refused, "Ready").cloned().unwrap_or_default();
+    let degraded = condition(&refused, "Degraded").cloned().unwrap_or_default();
     assert_eq!(ready["status"], "False", "{ready}");
     assert_eq!(degraded["status"], "True", "{degraded}");
     assert_eq!(degraded["reason"], "ApplyFailed", "{degraded}");
@@ -284,7 +276,9 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
         panic!("{e:#}{}", world.diagnostics());
     }
     let recovered = world.get_json(&["lockserver", "lock-server", "-n", ns]);
-    let degraded = condition(&recovered, "Degraded").unwrap_or_default();
+    let degraded = condition(&recovered, "Degraded")
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(degraded["status"], "False", "{degraded}");
     // The failure manager wrote only conditions: the rest of the status is the operator's.
     assert!(

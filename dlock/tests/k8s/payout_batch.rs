@@ -11,7 +11,7 @@ use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::wait_until;
 use serde_json::Value;
 
-use crate::world::{World, repo};
+use crate::world::{World, condition, repo};
 
 const NS: &str = "payroll";
 const BATCH: &str = "payroll-2026-12";
@@ -358,17 +358,6 @@ async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_
     );
 }
 
-/// `status.conditions[type]` of an object as JSON.
-fn condition(object: &Value, type_: &str) -> Value {
-    object["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payouts_and_pays_nobody_twice()
  {
@@ -398,10 +387,10 @@ async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payou
     let mut object = Value::Null;
     wait_until("the batch is Degraded", Duration::from_secs(60), || {
         object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
-        condition(&object, "Degraded")["status"] == "True"
+        condition(&object, "Degraded").is_some_and(|c| c["status"] == "True")
     })
     .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
-    let degraded = condition(&object, "Degraded");
+    let degraded = condition(&object, "Degraded").cloned().unwrap_or_default();
     assert_eq!(degraded["reason"], "RailAmbiguous", "{degraded}");
     assert_eq!(
         object["status"]["ambiguousCount"], 4,

@@ -486,3 +486,11 @@ pub fn argocd_health(kind: &str, object: &Value) -> (String, String) {
         result.get("message").unwrap_or_default(),
     )
 }
+
+/// `status.conditions[type == type_]` of an object as the API server returns it.
+pub fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}

@@ -186,7 +186,7 @@ fn summarize(counts: &std::collections::BTreeMap<String, i64>, total: usize) -> 
 
 async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
     let previous = object.status.clone().unwrap_or_default();
-    let batch = match validate::payout_batch(&object, &ctx.settings) {
+    let mut batch = match validate::payout_batch(&object, &ctx.settings) {
         Ok(batch) => batch,
         Err(invalid) => {
             let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
@@ -214,7 +214,7 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
         }
     };
     let built = job::executor_job(&batch);
-    let applied_job = match apply_executor(&ctx, &batch, &built).await {
+    let applied_job = match apply_executor(&ctx, &mut batch, &built).await {
         Ok(job) => job,
         Err(error) => {
             report_failure(&ctx, object.as_ref(), &previous.conditions, &error).await;
@@ -345,10 +345,9 @@ pub fn ambiguous_message(ambiguous: &[String]) -> String {
 
 /// Applies the manifest ConfigMap and creates the executor Job when it is absent. A Job's pod
 /// template is immutable, so an existing Job is returned as it is, never patched.
-async fn apply_executor(ctx: &Context, batch: &ValidatedBatch, built: &Job) -> Result<Job> {
-    let mut batch = batch.clone();
-    batch.rail_read_timeout_ms = rail_read_timeout_ms(ctx, &batch).await?;
-    apply(&ctx.client, &job::manifest_config_map(&batch)).await?;
+async fn apply_executor(ctx: &Context, batch: &mut ValidatedBatch, built: &Job) -> Result<Job> {
+    batch.rail_read_timeout_ms = rail_read_timeout_ms(ctx, batch).await?;
+    apply(&ctx.client, &job::manifest_config_map(batch)).await?;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &batch.namespace);
     let existing = jobs
         .get_opt(&batch.job_name())

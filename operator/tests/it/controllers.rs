@@ -152,13 +152,13 @@ impl Services for FakeServices {
         payment_url: &'a str,
         payouts: &'a [(uuid::Uuid, String)],
         reason: &'a str,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::Cancelled, ServiceError>> {
+    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
         self.record(
             format!("CANCEL {lock_url} {payment_url}"),
             json!({"payouts": payouts.iter().map(|(id, a)| format!("{id} {a}")).collect::<Vec<_>>(), "reason": reason}),
         );
         Box::pin(async move {
-            Ok(dlock_executor::cancel::Cancelled {
+            Ok(dlock_executor::cancel::CancelReport {
                 abandoned: payouts.iter().map(|(id, _)| *id).collect(),
                 ..Default::default()
             })

@@ -178,10 +178,11 @@ pub fn envelope_for(
 /// An error answered in anything but JSON (axum's own rejections are plain text) becomes the
 /// contract's envelope: every non-2xx carries it (C3 §3.1).
 async fn json_content_type(body_bytes_max: usize, request: Request, next: Next) -> Response {
+    // MatchedPath is reference-counted: cloning it costs no allocation per request.
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned());
+        .cloned();
     let mut response = next.run(request).await;
     let status = response.status();
     let is_json = response
@@ -195,7 +196,12 @@ async fn json_content_type(body_bytes_max: usize, request: Request, next: Next) 
             .await
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .unwrap_or_default();
-        let error = envelope_for(status, &text, route.as_deref(), body_bytes_max);
+        let error = envelope_for(
+            status,
+            &text,
+            route.as_ref().map(axum::extract::MatchedPath::as_str),
+            body_bytes_max,
+        );
         tracing::debug!(
             event = "plain_error_enveloped",
             status = status.as_u16(),

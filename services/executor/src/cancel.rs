@@ -20,7 +20,7 @@ const LOCK_TTL_MS: i64 = 30_000;
 
 /// What a cancel pass did, per payout.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Cancelled {
+pub struct CancelReport {
     /// Now ABANDONED (by this pass or an earlier one).
     pub abandoned: Vec<Uuid>,
     /// Terminal, at the rail or ambiguous: not the canceller's to change.
@@ -39,12 +39,12 @@ pub async fn cancel_unfinished(
     payouts: &[(Uuid, String)],
     operator: &str,
     reason: &str,
-) -> Result<Cancelled, ClientError> {
+) -> Result<CancelReport, ClientError> {
     let mut by_account: BTreeMap<&str, Vec<Uuid>> = BTreeMap::new();
     for (id, account) in payouts {
         by_account.entry(account.as_str()).or_default().push(*id);
     }
-    let mut report = Cancelled::default();
+    let mut report = CancelReport::default();
     let session = lock.create_session(Some(LOCK_TTL_MS)).await?;
     let outcome = async {
         for (account, ids) in &by_account {
@@ -92,7 +92,7 @@ async fn cancel_under(
     open: &[Uuid],
     operator: &str,
     reason: &str,
-    report: &mut Cancelled,
+    report: &mut CancelReport,
 ) -> Result<(), ClientError> {
     for id in open {
         // Re-read under the grant: the state to expect is the one no holder can change now.

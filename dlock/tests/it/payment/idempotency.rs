@@ -135,7 +135,10 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
         429,
         Some("CONTENTION_EXCEEDED"),
     );
-    assert!(body["retryAfterMillis"].as_u64().is_some());
+    // C3's code for a caller's own retry that came too soon, not NOT_LEADER (paydb is fine).
+    assert_eq!(body["retrySafe"], true);
+    assert_eq!(body["retryAfterMillis"], 200);
+    assert_eq!(body["details"]["status"], "in_progress");
     assert_eq!(stack.state_of(payout).await, "PENDING");
     let metrics = stack.metrics().await;
     assert_eq!(
