@@ -94,6 +94,8 @@ pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
         rail_redirect_rate: 0.0,
         rail_read_timeout_ms: args.rail_read_timeout_ms,
         data_dir: None,
+        detach: false,
+        remove_data_dir: false,
     };
     eprintln!(
         "demo: starting the local stack (rail latency {} ms, failure rate {}, duplicate-ack rate {})",
@@ -156,6 +158,23 @@ async fn run_demo(
     println!(
         "the rail statement holds {} transfers for {} payouts; double payments: {}",
         findings.transfers_on_statement, report.payouts, findings.double_payments
+    );
+    print!(
+        "{}",
+        crate::jobs::summary(
+            &report,
+            &[
+                ("lock server", endpoints.lock_server.as_str()),
+                ("payment resource", endpoints.payment_resource.as_str()),
+                ("rail proxy", endpoints.rail_proxy.as_str()),
+            ],
+            None,
+        )
+    );
+    println!(
+        "the demo stops its stack now, so the commands above are for a stack of your own: \
+         `eval \"$(dlock dev up --detach --rail-redirect-rate 1)\"` gives one whose payouts are all \
+         quarantined (README, \"An ambiguous payout\")"
     );
     Ok(if findings.critical() || !report.complete {
         std::process::ExitCode::from(2)

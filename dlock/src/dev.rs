@@ -29,6 +29,10 @@ pub(crate) struct UpLine {
     /// The lock server, payment resource and rail proxy prove fencing tokens with this file
     /// (`fencing.proof-keys-file`, DESIGN D-8).
     pub(crate) proof_keys_file: String,
+    /// The data directory: databases, logs, the env file and `dev-up.pid`.
+    pub(crate) data_dir: String,
+    /// The env file `dev up` writes (mode 0600): `source` it, and the shell has the stack.
+    pub(crate) env_file: String,
     pub(crate) credentials: Credentials,
 }
 
@@ -83,6 +87,22 @@ pub struct UpArgs {
     /// Keep the databases and logs here (and reuse them next time) instead of a temp dir.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Start the stack in the background and return once it is ready, printing its env file
+    /// on stdout (for `eval "$(dlock dev up --detach)"`) instead of the JSON line. Stop it with
+    /// `dlock dev down`.
+    #[arg(long)]
+    pub detach: bool,
+    /// Remove the data directory when the stack stops (set by `--detach` for the directory it
+    /// makes itself).
+    #[arg(long, hide = true)]
+    pub remove_data_dir: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// The data directory of the stack to stop (the env file sets DLOCK_DEV_DIR).
+    #[arg(long, env = "DLOCK_DEV_DIR")]
+    pub data_dir: PathBuf,
 }
 
 /// The operator credential of the local stack (revocation floors, resolutions). Local only.
@@ -101,9 +121,9 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
     let executor = random_token();
     let proxy = random_token();
     let tokens = dir.join("tokens");
-    std::fs::write(
+    write_private(
         &tokens,
-        format!(
+        &format!(
             "# written by `dlock dev up`: <identity> <token>\n\
              {DEV_EXECUTOR_IDENTITY} {executor}\n\
              operator {DEV_OPERATOR_TOKEN}\n\
@@ -112,8 +132,7 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
     )
     .with_context(|| format!("writing {}", tokens.display()))?;
     let proxy_credential = dir.join("rail-proxy.credential");
-    std::fs::write(&proxy_credential, format!("{proxy}\n"))
-        .with_context(|| format!("writing {}", proxy_credential.display()))?;
+    write_private(&proxy_credential, &format!("{proxy}\n"))?;
     Ok((
         tokens,
         proxy_credential,
@@ -198,6 +217,95 @@ fn start_service(
     Ok(child)
 }
 
+/// The env file in the data directory, and the file holding the pid of the running `dev up`.
+pub const ENV_FILE: &str = "env";
+pub const PID_FILE: &str = "dev-up.pid";
+
+/// `text` in single quotes for a POSIX shell.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// What a shell needs to use the stack as the README shows: the variables the dlock commands
+/// read, short names for the curl examples, and the `dlock` binary that runs this stack first on
+/// PATH. It holds the stack's credentials: [`write_env_file`] makes it readable by its owner
+/// only, and it is never logged.
+pub(crate) fn env_file_text(
+    line: &UpLine,
+    rail_read_timeout_ms: u64,
+    bin_dir: Option<&Path>,
+) -> String {
+    let payment = line.payment_resource.as_deref().unwrap_or_default();
+    let proxy = line.rail_proxy.as_deref().unwrap_or_default();
+    let stub = line.rail_stub.as_deref().unwrap_or_default();
+    let q = shell_quote;
+    let mut out = format!(
+        "# The local stack of `dlock dev up` (data in {dir}). Load it into a shell with\n\
+         #   source {env}\n\
+         # It holds this stack's credentials: keep it to yourself (mode 0600).\n\
+         export DLOCK_DEV_DIR={dir_q}\n\
+         export DLOCK_LOCK_SERVER={ls}\n\
+         export DLOCK_PAYMENT_RESOURCE={pr}\n\
+         export DLOCK_RAIL_PROXY={rp}\n\
+         export DLOCK_RAIL_READ_TIMEOUT_MS={rail_read_timeout_ms}\n\
+         # dlock run, dlock accounts: who writes (owner ids `executor/<worker>`)\n\
+         export DLOCK_IDENTITY={identity}\n\
+         export DLOCK_CREDENTIAL={executor}\n\
+         # dlock revoke, dlock resolve: the operator credential\n\
+         export DLOCK_OPERATOR_TOKEN={operator}\n\
+         # dlock reconcile: paydb and the rail whose statement it compares\n\
+         export DLOCK_PAYDB={paydb}\n\
+         export DLOCK_RAIL={stub}\n\
+         # short names for the curl examples\n\
+         LS={ls}\n\
+         PR={pr}\n\
+         RP={rp}\n\
+         RAIL={stub}\n\
+         TOKEN={executor}\n\
+         OPTOKEN={operator}\n",
+        dir = line.data_dir,
+        env = line.env_file,
+        dir_q = q(&line.data_dir),
+        ls = q(&line.lock_server),
+        pr = q(payment),
+        rp = q(proxy),
+        stub = q(stub),
+        identity = q(DEV_EXECUTOR_IDENTITY),
+        executor = q(&line.credentials.executor),
+        operator = q(&line.credentials.operator),
+        paydb = q(&line.paydb),
+    );
+    if let Some(bin) = bin_dir {
+        let bin = bin.display().to_string();
+        out.push_str(&format!(
+            "# the dlock that runs this stack\n\
+             case \":$PATH:\" in *:{bin_q}:*) ;; *) export PATH={bin_q}:\"$PATH\" ;; esac\n",
+            bin_q = q(&bin),
+        ));
+    }
+    out
+}
+
+/// Writes `text` to `path`, created readable and writable by its owner only (an existing file
+/// is narrowed to 0600 before it is rewritten).
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if path.exists() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("restricting {}", path.display()))?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 pub async fn up(args: UpArgs) -> Result<()> {
     for (name, rate) in [
         ("--rail-failure-rate", args.rail_failure_rate),
@@ -208,14 +316,174 @@ pub async fn up(args: UpArgs) -> Result<()> {
             bail!("{name} must be between 0 and 1, got {rate}");
         }
     }
+    if args.detach {
+        return tokio::task::spawn_blocking(move || detach(&args)).await?;
+    }
+    let read_timeout = args.rail_read_timeout_ms;
+    let remove_data_dir = args
+        .remove_data_dir
+        .then(|| args.data_dir.clone())
+        .flatten();
     let (stack, line) = tokio::task::spawn_blocking(move || start_stack(&args)).await??;
+    let env_file = PathBuf::from(&line.env_file);
+    let pid_file = Path::new(&line.data_dir).join(PID_FILE);
+    let bin_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf));
+    write_private(
+        &env_file,
+        &env_file_text(&line, read_timeout, bin_dir.as_deref()),
+    )?;
+    std::fs::write(&pid_file, format!("{}\n", std::process::id()))
+        .with_context(|| format!("writing {}", pid_file.display()))?;
     println!("{}", serde_json::to_string(&line)?);
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    eprintln!("dlock dev up: the stack is running; stop it with Ctrl-C (SIGINT) or SIGTERM");
+    eprintln!(
+        "dlock dev up: the stack is running; load it into a shell with\n  source {}\n\
+         stop it with Ctrl-C (SIGINT), SIGTERM or `dlock dev down`",
+        env_file.display()
+    );
     dlock_contract::http::shutdown_signal().await;
     eprintln!("dlock dev up: stopping");
     tokio::task::spawn_blocking(move || drop(stack)).await?;
+    // The env file's addresses and credentials die with the stack.
+    // `dev down` waits for the pid file to go: it goes last (with the directory, if it is ours).
+    let _ = std::fs::remove_file(&env_file);
+    match remove_data_dir {
+        Some(dir) => {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        None => {
+            let _ = std::fs::remove_file(&pid_file);
+        }
+    }
+    Ok(())
+}
+
+/// `dev up --detach`: the same command again in the background (its own process group, so a
+/// Ctrl-C in this shell does not stop it), stdout to `up.json` and stderr to `logs/dev-up.log`
+/// in the data directory; returns once the stack's line is written, and prints the env file.
+fn detach(args: &UpArgs) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let (dir, made) = match &args.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            tempfile::Builder::new()
+                .prefix("dlock-dev-")
+                .tempdir()
+                .context("making the data directory")?
+                .keep(),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(dir.join("logs"))
+        .with_context(|| format!("making {}", dir.join("logs").display()))?;
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    if args.data_dir.is_none() {
+        argv.push("--data-dir".into());
+        argv.push(dir.clone().into());
+        argv.push("--remove-data-dir".into());
+    }
+    let line_path = dir.join("up.json");
+    let log_path = dir.join("logs").join("dev-up.log");
+    let _ = std::fs::remove_file(&line_path);
+    // The line carries the credentials, like the env file.
+    write_private(&line_path, "")?;
+    let stdout = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&line_path)
+        .with_context(|| format!("writing {}", line_path.display()))?;
+    let stderr = std::fs::File::create(&log_path)
+        .with_context(|| format!("writing {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("locating the dlock binary")?;
+    let mut child = std::process::Command::new(exe)
+        .args(&argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0)
+        .spawn()
+        .context("starting dlock dev up in the background")?;
+    let mut exited = None;
+    let ready = wait_until("dlock dev up", Duration::from_secs(180), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            exited = Some(status);
+            return true;
+        }
+        std::fs::read_to_string(&line_path).is_ok_and(|text| text.ends_with('\n'))
+    });
+    if ready.is_err() || exited.is_some() {
+        if exited.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(8).collect();
+        if made {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        bail!(
+            "the stack did not start ({}); last lines of its log:\n{}",
+            match exited {
+                Some(status) => format!("dlock dev up exited: {status}"),
+                None => "not ready after 180 s".to_owned(),
+            },
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let env_file = dir.join(ENV_FILE);
+    let text = std::fs::read_to_string(&env_file)
+        .with_context(|| format!("reading {}", env_file.display()))?;
+    print!("{text}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    eprintln!(
+        "dlock dev up: the stack runs in the background (pid {}); data, logs and env file in {}; \
+         stop it with `dlock dev down` (it reads DLOCK_DEV_DIR, which the env file sets)",
+        child.id(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// `dev down`: SIGTERM to the `dev up` of a data directory, then waits until it has stopped
+/// its services (it removes its pid file last).
+pub fn down(args: &DownArgs) -> Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let pid_file = args.data_dir.join(PID_FILE);
+    let text = match std::fs::read_to_string(&pid_file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "dlock dev down: no stack runs in {} (no {PID_FILE})",
+                args.data_dir.display()
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", pid_file.display())),
+    };
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{} holds no pid", pid_file.display()))?;
+    let pid = Pid::from_raw(pid);
+    let gone = |pid| kill(pid, None).is_err();
+    if !gone(pid) {
+        kill(pid, Signal::SIGTERM).with_context(|| format!("stopping dlock dev up ({pid})"))?;
+    }
+    wait_until("dlock dev up to stop", Duration::from_secs(60), || {
+        !pid_file.exists() || gone(pid)
+    })
+    .with_context(|| format!("dlock dev up ({pid}) did not stop within 60 s"))?;
+    eprintln!(
+        "dlock dev down: stopped the stack in {}",
+        args.data_dir.display()
+    );
     Ok(())
 }
 
@@ -354,6 +622,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
         tokens_file: tokens_file.display().to_string(),
         proof_keys_file: proof_keys_file.display().to_string(),
+        data_dir: dir.display().to_string(),
+        env_file: dir.join(ENV_FILE).display().to_string(),
         credentials,
     };
     Ok((stack, line))

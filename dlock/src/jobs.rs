@@ -4,13 +4,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
+use clap::{Args, Subcommand};
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::{Resolution, ResolveRequest};
+use dlock_contract::payment::{CreateAccountRequest, FundRequest, Resolution, ResolveRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::RailClient;
-use dlock_executor::{Endpoints, PayoutBatch, RunOptions};
+use dlock_executor::{Endpoints, PayoutBatch, Report, RunOptions};
 use uuid::Uuid;
 
 #[derive(Debug, Args)]
@@ -125,15 +125,252 @@ pub async fn run(args: RunArgs) -> Result<()> {
         server.abort();
     }
     println!("{}", report.table());
-    if !report.ambiguous.is_empty() {
-        println!(
-            "{} payout(s) are RAIL_AMBIGUOUS and left the automated path; run `dlock reconcile` to classify them",
-            report.ambiguous.len()
-        );
-    }
+    let endpoints = args.endpoints();
+    let metrics = args
+        .metrics_listen
+        .map(|addr| format!("http://{addr}/metrics"));
+    print!(
+        "{}",
+        summary(
+            &report,
+            &[
+                ("lock server", endpoints.lock_server.as_str()),
+                ("payment resource", endpoints.payment_resource.as_str()),
+                ("rail proxy", endpoints.rail_proxy.as_str()),
+            ],
+            metrics.as_deref(),
+        )
+    );
     if !report.complete {
         bail!("the batch stopped before every payout was terminal or RAIL_AMBIGUOUS; run it again");
     }
+    Ok(())
+}
+
+/// How many quarantined payouts the summary names one by one.
+const SUMMARY_IDS_SHOWN: usize = 5;
+
+/// What a person reads after the table of a run: what was paid, what is quarantined and why,
+/// what to do next (the exact commands) and where the metrics are. `services` are
+/// (name, base URL) pairs; `run_metrics` is this run's own `/metrics`, if it served one.
+pub fn summary(report: &Report, services: &[(&str, &str)], run_metrics: Option<&str>) -> String {
+    let n = |state: &str| report.states.get(state).copied().unwrap_or(0);
+    let mut out = String::from("summary:\n");
+    out.push_str(&format!(
+        "  paid         {:>6}  POSTED: the rail took them and the ledger has them\n",
+        n("POSTED")
+    ));
+    if n("FAILED") > 0 {
+        out.push_str(&format!(
+            "  failed       {:>6}  FAILED: declined by the rail or not enough funds; nothing left \
+             the account (GET /v1/payouts?state=FAILED says which)\n",
+            n("FAILED")
+        ));
+    }
+    if n("ABANDONED") > 0 {
+        out.push_str(&format!(
+            "  abandoned    {:>6}  ABANDONED: cancelled or out of attempts before the rail; never paid\n",
+            n("ABANDONED")
+        ));
+    }
+    let ambiguous = report.ambiguous.len().max(n("RAIL_AMBIGUOUS"));
+    out.push_str(&format!(
+        "  quarantined  {ambiguous:>6}  RAIL_AMBIGUOUS{}\n",
+        if ambiguous > 0 {
+            ": the rail's answer was lost (a timeout, a reset, a 5xx or a redirect), so it may \
+             or may not have paid; dlock never sends them again"
+        } else {
+            ""
+        }
+    ));
+    let open: usize = report
+        .states
+        .iter()
+        .filter(|(state, _)| {
+            !matches!(
+                state.as_str(),
+                "POSTED" | "FAILED" | "ABANDONED" | "RAIL_AMBIGUOUS"
+            )
+        })
+        .map(|(_, n)| n)
+        .sum();
+    if open > 0 {
+        out.push_str(&format!(
+            "  unfinished   {open:>6}  not terminal yet: run the same command again (ids come from \
+             the batch, so nobody is paid twice)\n"
+        ));
+    }
+    if report.fenced_out > 0 {
+        out.push_str(&format!(
+            "  fenced out   {:>6}  cycles refused with FENCED_OUT: a newer lock holder (or a \
+             revocation) took the account over, as designed\n",
+            report.fenced_out
+        ));
+    }
+    if ambiguous > 0 {
+        out.push_str(
+            "next:\n  dlock reconcile     classifies each quarantined payout against the rail's \
+             statement (DLOCK_PAYDB, DLOCK_RAIL)\n",
+        );
+        let mut ids = report.ambiguous.clone();
+        ids.sort();
+        for id in ids.iter().take(SUMMARY_IDS_SHOWN) {
+            out.push_str(&format!(
+                "  dlock resolve {id} --posted --rail-reference REF --operator YOU --evidence TEXT  (on the statement)\n  \
+                 dlock resolve {id} --failed --operator YOU --evidence TEXT  (not on it after the rail's settlement window)\n"
+            ));
+        }
+        if ids.len() > SUMMARY_IDS_SHOWN {
+            out.push_str(&format!(
+                "  ... and {} more: GET /v1/payouts?state=RAIL_AMBIGUOUS lists them\n",
+                ids.len() - SUMMARY_IDS_SHOWN
+            ));
+        }
+    }
+    let mut metrics: Vec<String> = services
+        .iter()
+        .map(|(name, base)| format!("{}/metrics ({name})", base.trim_end_matches('/')))
+        .collect();
+    if let Some(run) = run_metrics {
+        metrics.insert(0, format!("{run} (this run, while it runs)"));
+    }
+    out.push_str(&format!("metrics: {}\n", metrics.join(", ")));
+    out
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Opens each account a PayoutBatch pays from (if it is not open yet) and funds it with what
+    /// the batch pays from it, or with --amount-minor. The same command again funds nobody twice:
+    /// the funding's idempotency key and reference derive from the batch, account and amount.
+    Fund(FundArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FundArgs {
+    /// The PayoutBatch manifest whose accounts to open and fund.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Fund each account with this many minor units instead of what the batch pays from it.
+    #[arg(long)]
+    pub amount_minor: Option<i64>,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    /// The identity the credential authenticates as (owner id `<identity>/accounts`).
+    #[arg(long, env = "DLOCK_IDENTITY")]
+    pub identity: Option<String>,
+    /// A file holding the bearer token; `DLOCK_CREDENTIAL` passes the token itself.
+    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
+    pub credential_file: Option<PathBuf>,
+}
+
+/// One account of a batch: what it pays in total, in which currency.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Funding {
+    pub account_id: String,
+    pub currency: String,
+    pub amount_minor: i64,
+    /// The idempotency key and the funding reference, from the batch, account and amount.
+    pub key: String,
+}
+
+/// The accounts `batch` pays from, each with what the batch pays from it (or `amount_minor`).
+pub fn fundings(batch: &PayoutBatch, amount_minor: Option<i64>) -> Result<Vec<Funding>> {
+    let mut totals: std::collections::BTreeMap<&str, (&str, i64)> = Default::default();
+    for item in &batch.spec.payouts {
+        let entry = totals
+            .entry(item.account_id.as_str())
+            .or_insert((item.currency.as_str(), 0));
+        if entry.0 != item.currency {
+            bail!(
+                "account {} is paid in {} and {} in this batch; an account has one currency",
+                item.account_id,
+                entry.0,
+                item.currency
+            );
+        }
+        entry.1 = entry.1.saturating_add(item.amount_minor);
+    }
+    Ok(totals
+        .into_iter()
+        .map(|(account, (currency, total))| {
+            let amount = amount_minor.unwrap_or(total);
+            let name = format!(
+                "dlock accounts fund/{}/{account}/{currency}/{amount}",
+                batch.metadata.name
+            );
+            Funding {
+                account_id: account.to_owned(),
+                currency: currency.to_owned(),
+                amount_minor: amount,
+                key: format!(
+                    "fund-{}",
+                    Uuid::new_v5(&Uuid::NAMESPACE_URL, name.as_bytes())
+                ),
+            }
+        })
+        .collect())
+}
+
+pub async fn accounts(command: AccountsCommand) -> Result<()> {
+    let AccountsCommand::Fund(args) = command;
+    if args.amount_minor.is_some_and(|a| a <= 0) {
+        bail!("--amount-minor must be positive");
+    }
+    let batch = read_batch(&args.file)?;
+    let fundings = fundings(&batch, args.amount_minor)?;
+    let owner = match &args.identity {
+        Some(identity) => format!("{identity}/accounts"),
+        None => "dlock-accounts".to_owned(),
+    };
+    let payment = PaymentClient::new(&args.payment_resource, &owner)?
+        .with_credential(credential(args.credential_file.as_deref())?);
+    println!(
+        "{:<24} {:<8} {:>14} {:>14} {:>14}",
+        "account", "currency", "funded", "balance", "available"
+    );
+    for funding in &fundings {
+        let account = &funding.account_id;
+        payment
+            .create_account(
+                &format!("open-{account}"),
+                &CreateAccountRequest {
+                    account_id: account.clone(),
+                    currency: funding.currency.clone(),
+                },
+            )
+            .await
+            .with_context(|| format!("opening account {account}"))?;
+        payment
+            .fund(
+                account,
+                &funding.key,
+                &FundRequest {
+                    amount_minor: funding.amount_minor,
+                    reference: funding.key.clone(),
+                },
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "funding account {account} with {} {}",
+                    funding.amount_minor, funding.currency
+                )
+            })?;
+        let now = payment
+            .get_account(account)
+            .await
+            .with_context(|| format!("reading account {account}"))?;
+        println!(
+            "{:<24} {:<8} {:>14} {:>14} {:>14}",
+            account, now.currency, funding.amount_minor, now.balance_minor, now.available_minor
+        );
+    }
+    eprintln!(
+        "funded {} account(s) for batch {} (the same command again funds nobody twice)",
+        fundings.len(),
+        batch.metadata.name
+    );
     Ok(())
 }
 

@@ -36,6 +36,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Registers and executes a PayoutBatch against a running stack.
     Run(jobs::RunArgs),
+    /// Opens and funds the accounts a PayoutBatch pays from.
+    Accounts {
+        #[command(subcommand)]
+        command: jobs::AccountsCommand,
+    },
     /// Compares paydb, the ledger and the rail's statement; reports, never repairs.
     Reconcile(jobs::ReconcileArgs),
     /// Resolves a RAIL_AMBIGUOUS payout out of band (attributed, audited).
@@ -95,6 +100,8 @@ enum DevCommand {
     /// Starts PostgreSQL (and etcd), runs the migrations, starts the services, prints one JSON
     /// line with their addresses and runs until SIGINT or SIGTERM.
     Up(dev::UpArgs),
+    /// Stops the stack `dev up` runs in a data directory (DLOCK_DEV_DIR) and waits for it.
+    Down(dev::DownArgs),
 }
 
 /// Words in an environment variable's name that mark its value as a secret (a token, a
@@ -213,9 +220,11 @@ fn main() -> std::process::ExitCode {
             },
             Command::Dev { command } => match command {
                 DevCommand::Up(args) => dev::up(args).await,
+                DevCommand::Down(args) => dev::down(&args),
             },
             Command::Demo(args) => return demo::demo(args).await,
             Command::Run(args) => jobs::run(args).await,
+            Command::Accounts { command } => jobs::accounts(command).await,
             Command::Reconcile(args) => return jobs::reconcile(args).await,
             Command::Resolve(args) => jobs::resolve(args).await,
             Command::Revoke(args) => jobs::revoke(args).await,
