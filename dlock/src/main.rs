@@ -3,6 +3,7 @@
 mod demo;
 mod dev;
 mod jobs;
+mod kubectl;
 
 use std::path::PathBuf;
 
@@ -49,6 +50,9 @@ enum Command {
     Revoke(jobs::RevokeArgs),
     /// Runs the Kubernetes operator (leader-elected controllers, /healthz, /metrics).
     Operator(dlock_operator::OperatorArgs),
+    /// The kubectl plugin on the current kubeconfig context: status, revoke, resolve, batch
+    /// (installed as `kubectl-dlock`, it runs as `kubectl dlock …`).
+    Kubectl(kubectl::KubectlArgs),
     /// Prints a service's OpenAPI document (the one it serves at GET /v1/openapi.json).
     Openapi {
         #[arg(value_enum)]
@@ -149,6 +153,14 @@ fn hide_secret_env_values(command: clap::Command) -> clap::Command {
 
 /// The command line, parsed with the secret environment values hidden from `--help`.
 fn parse_cli() -> Cli {
+    // kubectl runs plugins as `kubectl-<name>` with the arguments after the name.
+    if kubectl::invoked_as_plugin() {
+        let matches = hide_secret_env_values(kubectl::Plugin::command()).get_matches();
+        let plugin = kubectl::Plugin::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        return Cli {
+            command: Command::Kubectl(plugin.args),
+        };
+    }
     let matches = hide_secret_env_values(Cli::command()).get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
 }
@@ -229,6 +241,7 @@ fn main() -> std::process::ExitCode {
             Command::Resolve(args) => jobs::resolve(args).await,
             Command::Revoke(args) => jobs::revoke(args).await,
             Command::Operator(args) => dlock_operator::run(args).await,
+            Command::Kubectl(args) => return Ok(kubectl::run(args).await),
             Command::Openapi { service } => {
                 let doc = match service {
                     OpenapiService::LockServer => dlock_lock_server::openapi::document(),

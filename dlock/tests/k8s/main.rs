@@ -12,6 +12,7 @@ mod lock_revocation;
 mod locks;
 mod operations;
 mod payout_batch;
+mod plugin;
 mod reconciliation;
 mod revoke;
 mod service_auth;

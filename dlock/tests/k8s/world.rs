@@ -260,15 +260,23 @@ impl World {
     /// A kubeconfig that authenticates as the chart's ServiceAccount, with a token from the
     /// TokenRequest API: the operator gets exactly the chart's RBAC, never cluster-admin.
     pub fn operator_kubeconfig(&self) -> PathBuf {
+        self.service_account_kubeconfig(
+            OPERATOR_NAMESPACE,
+            OPERATOR_ACCOUNT,
+            &format!("operator-{}.kubeconfig", self.operators.len()),
+        )
+    }
+
+    /// A kubeconfig (written to `file` in the cluster's directory) that authenticates as the
+    /// ServiceAccount `account` of `namespace`, with a token from the TokenRequest API.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        account: &str,
+        file: &str,
+    ) -> PathBuf {
         let token = self
-            .kubectl(&[
-                "create",
-                "token",
-                OPERATOR_ACCOUNT,
-                "-n",
-                OPERATOR_NAMESPACE,
-                "--duration=2h",
-            ])
+            .kubectl(&["create", "token", account, "-n", namespace, "--duration=2h"])
             .trim()
             .to_owned();
         let view: Value = serde_json::from_str(
@@ -291,10 +299,7 @@ impl World {
              contexts:\n- name: operator\n  context: {{cluster: e2e, user: operator}}\n\
              current-context: operator\n"
         );
-        let path = self
-            .cluster
-            .dir()
-            .join(format!("operator-{}.kubeconfig", self.operators.len()));
+        let path = self.cluster.dir().join(file);
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
         path
     }

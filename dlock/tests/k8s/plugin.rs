@@ -1,0 +1,633 @@
+//! `kubectl dlock` for real: the `dlock` binary symlinked as `kubectl-dlock` on PATH, found and
+//! run by the real kubectl's plugin discovery, on a kubeconfig whose context names the
+//! namespace. Against the stack, a batch on a rail that redirects (every payout RAIL_AMBIGUOUS)
+//! and a lock held at the real lock server: `status`, `batch`, `revoke` (both fences, checked at
+//! the services with the revoked token) and `resolve`, and the errors a person meets.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dlock_contract::auth::Credential;
+use dlock_contract::client::LockClient;
+use dlock_contract::payment::{
+    CreateAccountRequest, CreatePayoutRequest, FundRequest, PayoutState,
+};
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::wait_until;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::locks::table;
+use crate::world::{EXE, World, condition, repo};
+
+const NS: &str = "oncall";
+const BATCH: &str = "payroll-2026-12";
+const HELD_ACCOUNT: &str = "acct-held";
+
+/// What one `kubectl dlock …` printed, and how it ended.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit ok={}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.ok, self.stdout, self.stderr
+        )
+    }
+}
+
+/// kubectl with `kubectl-dlock` (a symlink to the dlock binary) first on PATH.
+struct Plugin {
+    path: String,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Plugin {
+    fn install(world: &World) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(EXE, bin.join("kubectl-dlock"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kubectl_dir = world
+            .cluster
+            .kubectl_path()
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let path = format!(
+            "{}:{}:{}",
+            bin.display(),
+            kubectl_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        // A copy of the admin kubeconfig whose current context names the namespace, as
+        // `kubectl config set-context --current --namespace` leaves it.
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::copy(world.cluster.kubeconfig(), &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+        let plugin = Self {
+            path,
+            kubeconfig,
+            _dir: dir,
+        };
+        let set = plugin.run_blocking(
+            &[
+                "config",
+                "set-context",
+                "--current",
+                &format!("--namespace={NS}"),
+            ],
+            &[],
+        );
+        assert!(set.ok, "{set}");
+        let listed = plugin.run_blocking(&["plugin", "list"], &[]);
+        assert!(
+            listed
+                .stdout
+                .contains(&bin.join("kubectl-dlock").display().to_string()),
+            "kubectl finds the plugin: {listed}"
+        );
+        plugin
+    }
+
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+        let mut command = std::process::Command::new("kubectl");
+        command
+            .args(args)
+            .env("PATH", &self.path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("DLOCK_SERVICE_ADDRESSES")
+            .env_remove("DLOCK_OPERATOR_TOKEN")
+            .env_remove("DLOCK_CREDENTIAL_FILE");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command
+    }
+
+    fn run_blocking(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
+        let output = self
+            .command(args, env)
+            .env("PATH", &self.path)
+            .output()
+            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+        Ran {
+            ok: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// `kubectl dlock ARGS` with `env`.
+    async fn dlock(&self, args: &[&str], env: &[(&str, &str)]) -> Ran {
+        let mut all = vec!["dlock"];
+        all.extend_from_slice(args);
+        let command = self.command(&all, env);
+        let output = tokio::process::Command::from(command)
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("kubectl dlock {args:?}: {e}"));
+        Ran {
+            ok: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let ran = self.dlock(args, &[]).await;
+        assert!(ran.ok, "{ran}");
+        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {ran}"))
+    }
+}
+
+/// The tables of a `kubectl dlock` output (separated by blank lines) as rows of column → value;
+/// sentences between them are left out.
+fn sections(text: &str) -> Vec<Vec<BTreeMap<String, String>>> {
+    text.split("\n\n")
+        .filter(|s| {
+            let header = s.lines().next().unwrap_or_default();
+            !header.is_empty() && header == header.to_uppercase()
+        })
+        .map(table)
+        .collect()
+}
+
+async fn post_json(
+    url: &str,
+    token: &str,
+    headers: &[(&str, String)],
+    body: Value,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in headers {
+        request = request.header(*k, v);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json::<Value>().await.unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_an_ambiguous_payout()
+ {
+    let mut world = World::start().await;
+    world.namespace(NS);
+    // Every transfer is taken by the rail and answered `307`: each payout ends RAIL_AMBIGUOUS.
+    world.start_services(&["--rail-redirect-rate", "1"]);
+    world.start_operator(&[NS], &[]);
+    world.start_kubelet(&[NS]);
+    let services = world.services();
+    let executor = services.token("executor");
+    let operator_token = services.token("operator");
+    let lock_url = services.url("lockServer");
+    let payment_url = services.url("paymentResource");
+    let proxy_url = services.url("railProxy");
+    let rail_url = services.url("railStub");
+    let payment = PaymentClient::new(&payment_url, "executor/setup")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&executor)));
+    for account in ["acct-17", "acct-18", HELD_ACCOUNT] {
+        payment
+            .create_account(
+                &format!("open-{account}"),
+                &CreateAccountRequest {
+                    account_id: account.to_owned(),
+                    currency: "EUR".to_owned(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        payment
+            .fund(
+                account,
+                &format!("fund-{account}"),
+                &FundRequest {
+                    amount_minor: 1_000_000,
+                    reference: format!("seed-{account}"),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    world.apply_stack_ready(NS);
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: executor-credential\nstringData:\n  token: {executor}\n"
+    );
+    world.apply(NS, &secret).unwrap_or_else(|e| panic!("{e:#}"));
+
+    // A holder at the real lock server (a wedged worker, say), mirrored as a Lock.
+    let holder = LockClient::new(&lock_url, "executor/wedged")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&executor)));
+    let session = holder
+        .create_session(Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = format!("payout:{HELD_ACCOUNT}");
+    let grant = holder
+        .acquire(&key, session.session_id, Some(60_000), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // kubectl apply -f examples/payoutbatch.yaml; its Job runs and leaves 4 RAIL_AMBIGUOUS.
+    let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    world
+        .apply(NS, &example)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut object = Value::Null;
+    wait_until(
+        "the batch is Degraded with 4 ambiguous payouts",
+        Duration::from_secs(120),
+        || {
+            object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
+            condition(&object, "Degraded").is_some_and(|c| c["status"] == "True")
+                && object["status"]["ambiguous"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 4)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}: {object}{}", world.diagnostics()));
+    let ambiguous: Vec<String> = object["status"]["ambiguous"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    wait_until(
+        "the held lock in the Lock mirror",
+        Duration::from_secs(60),
+        || {
+            world
+                .try_kubectl(&["get", "locks", "-n", NS, "-o", "json"])
+                .is_ok_and(|t| t.contains(&format!("\"key\": \"{key}\"")))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    // The grant outlives the rest of the scenario.
+    holder
+        .heartbeat(session.session_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    holder
+        .renew(&key, session.session_id, grant.fencing_token, Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let plugin = Plugin::install(&world);
+    let started = std::time::Instant::now();
+
+    // status: the namespace comes from the context.
+    let ran = plugin.dlock(&["status"], &[]).await;
+    assert!(ran.ok, "{ran}");
+    let parts = sections(&ran.stdout);
+    assert_eq!(parts.len(), 3, "resources, locks, ambiguous payouts: {ran}");
+    let row = |kind: &str, name: &str| {
+        parts[0]
+            .iter()
+            .find(|r| r["KIND"] == kind && r["NAME"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} {name} row: {ran}"))
+    };
+    for (kind, name) in [
+        ("LockServer", "lock-server"),
+        ("PaymentResource", "payment-resource"),
+        ("RailProxy", "rail-proxy"),
+    ] {
+        let r = row(kind, name);
+        assert_eq!(
+            (r["READY"].as_str(), r["DEGRADED"].as_str()),
+            ("True", "False"),
+            "{r:?}"
+        );
+    }
+    let batch_row = row("PayoutBatch", BATCH);
+    assert_eq!(
+        (batch_row["DEGRADED"].as_str(), batch_row["REASON"].as_str()),
+        ("True", "RailAmbiguous"),
+        "{batch_row:?}"
+    );
+    let lock_row = parts[1]
+        .iter()
+        .find(|r| r["KEY"] == key)
+        .unwrap_or_else(|| panic!("the held lock: {ran}"));
+    assert_eq!(lock_row["HOLDER"], "executor/wedged", "{lock_row:?}");
+    assert_eq!(
+        lock_row["TOKEN"],
+        grant.fencing_token.to_string(),
+        "{lock_row:?}"
+    );
+    assert!(!lock_row["EXPIRES"].is_empty() && lock_row["EXPIRES"] != "<none>");
+    let mut listed: Vec<String> = parts[2].iter().map(|r| r["PAYOUT"].clone()).collect();
+    let mut expected = ambiguous.clone();
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected, "every ambiguous payout: {ran}");
+    eprintln!("{}", ran.stdout);
+
+    let status = plugin.json(&["status", "-o", "json", "-n", NS]).await;
+    assert_eq!(status["namespace"], NS);
+    let resources = status["resources"].as_array().cloned().unwrap_or_default();
+    let batch_resource = resources
+        .iter()
+        .find(|r| r["kind"] == "PayoutBatch" && r["name"] == BATCH)
+        .unwrap_or_else(|| panic!("{status}"));
+    let degraded = condition(&json!({"status": batch_resource}), "Degraded")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(degraded["reason"], "RailAmbiguous", "{batch_resource}");
+    assert!(
+        resources
+            .iter()
+            .filter(|r| r["kind"] == "LockServer")
+            .all(|r| r["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready"))),
+        "{status}"
+    );
+    let lock = status["locks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| l["key"] == key)
+        .unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(lock["token"], grant.fencing_token, "{lock}");
+    assert_eq!(lock["accountId"], HELD_ACCOUNT, "{lock}");
+    assert_eq!(
+        status["ambiguousPayouts"].as_array().map(Vec::len),
+        Some(4),
+        "{status}"
+    );
+
+    // batch: the counts add up to the batch's size.
+    let batch = plugin.json(&["batch", BATCH, "-o", "json"]).await;
+    let counts = batch["counts"].as_object().cloned().unwrap_or_default();
+    let total: i64 = counts.values().filter_map(Value::as_i64).sum();
+    assert_eq!(total, 4, "{batch}");
+    assert_eq!(batch["payouts"], 4, "{batch}");
+    assert_eq!(counts.get("RAIL_AMBIGUOUS"), Some(&json!(4)), "{batch}");
+    assert_eq!(batch["phase"], "Degraded", "{batch}");
+    assert_eq!(batch["job"]["state"], "Complete", "{batch}");
+    assert_eq!(batch["job"]["name"], format!("{BATCH}-executor"), "{batch}");
+    let ran = plugin.dlock(&["batch", BATCH], &[]).await;
+    assert!(ran.ok, "{ran}");
+    let parts = sections(&ran.stdout);
+    assert_eq!(parts[0][0]["PHASE"], "Degraded", "{ran}");
+    assert_eq!(parts[0][0]["JOB-STATE"], "Complete", "{ran}");
+    assert!(
+        parts[1]
+            .iter()
+            .any(|r| r["STATE"] == "RAIL_AMBIGUOUS" && r["PAYOUTS"] == "4"),
+        "{ran}"
+    );
+    eprintln!("{}", ran.stdout);
+
+    // The errors a person meets say what happened and what to do.
+    let ran = plugin.dlock(&["batch", "no-such-batch"], &[]).await;
+    assert!(
+        !ran.ok && ran.stderr.contains("not found in namespace oncall"),
+        "{ran}"
+    );
+    let ran = plugin
+        .dlock(
+            &["status"],
+            &[
+                ("KUBECONFIG", "/nonexistent/kubeconfig"),
+                ("HOME", "/nonexistent"),
+            ],
+        )
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("no usable kubeconfig"),
+        "{ran}"
+    );
+    world.kubectl(&["create", "serviceaccount", "nobody", "-n", NS]);
+    let nobody = world.service_account_kubeconfig(NS, "nobody", "nobody.kubeconfig");
+    let ran = plugin
+        .dlock(
+            &["status", "-n", NS],
+            &[("KUBECONFIG", &nobody.display().to_string())],
+        )
+        .await;
+    assert!(
+        !ran.ok
+            && ran.stderr.contains("forbidden: you may not list")
+            && ran.stderr.contains("kubectl auth can-i"),
+        "{ran}"
+    );
+    let ran = plugin
+        .dlock(
+            &[
+                "revoke",
+                "payout:acct-nobody",
+                "--reason",
+                "e2e: nobody holds it",
+            ],
+            &[],
+        )
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("no Lock in namespace oncall mirrors"),
+        "{ran}"
+    );
+    let ran = plugin
+        .dlock(&["revoke", &key, "--reason", "short"], &[])
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("at least 8 characters"),
+        "{ran}"
+    );
+    let revocations = world.get_json(&["lockrevocations", "-n", NS]);
+    assert_eq!(
+        revocations["items"].as_array().map(Vec::len),
+        Some(0),
+        "refused before creating: {revocations}"
+    );
+
+    // revoke: a LockRevocation guarded by the holder's token, watched until both fences.
+    let ran = plugin
+        .dlock(
+            &[
+                "revoke",
+                &key,
+                "--reason",
+                "e2e: the worker looks wedged",
+                "--operator",
+                "oncall-ana",
+                "--timeout",
+                "60s",
+            ],
+            &[],
+        )
+        .await;
+    assert!(ran.ok, "{ran}{}", world.diagnostics());
+    for step in [
+        "lockrevocation.dlock.io/revoke-payout-acct-held-",
+        &format!("grant with token {} revoked", grant.fencing_token),
+        &format!("payment resource: account {HELD_ACCOUNT} fenced"),
+        &format!("rail proxy: high-water mark of {HELD_ACCOUNT} advanced"),
+        "done: ",
+    ] {
+        assert!(ran.stdout.contains(step), "{step:?} in {ran}");
+    }
+    eprintln!("{}", ran.stdout);
+    let revocations = world.get_json(&["lockrevocations", "-n", NS]);
+    let created = &revocations["items"][0];
+    assert_eq!(
+        created["spec"]["expectedToken"], grant.fencing_token,
+        "{created}"
+    );
+    assert_eq!(created["spec"]["revokedBy"], "oncall-ana", "{created}");
+    assert_eq!(
+        created["status"]["result"]["outcome"], "Complete",
+        "{created}"
+    );
+    let floor = created["status"]["result"]["newTokenFloor"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{created}"));
+    assert!(floor > grant.fencing_token);
+    // The revoked token, with the proof its grant carried, is FENCED_OUT at both points.
+    let stale = Uuid::new_v4();
+    payment
+        .create_payout(
+            &format!("create-{stale}"),
+            &CreatePayoutRequest {
+                payout_id: stale,
+                account_id: HELD_ACCOUNT.to_owned(),
+                amount_minor: 500,
+                currency: "EUR".to_owned(),
+                beneficiary_ref: "ben-stale".to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut headers = vec![
+        ("x-owner-id", "executor/wedged".to_owned()),
+        ("x-idempotency-key", format!("payout-{stale}")),
+        ("x-fencing-token", grant.fencing_token.to_string()),
+    ];
+    if let Some(proof) = &grant.fencing_proof {
+        headers.push((dlock_contract::headers::FENCING_PROOF, proof.clone()));
+    }
+    let (code, body) = post_json(
+        &format!("{payment_url}/v1/payouts/{stale}/claim"),
+        &executor,
+        &headers,
+        json!({"expectedState": "PENDING"}),
+    )
+    .await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("FENCED_OUT")),
+        "{body}"
+    );
+    let (code, body) = post_json(
+        &format!("{proxy_url}/v1/rail/submissions"),
+        &executor,
+        &headers,
+        json!({"payoutId": stale, "accountId": HELD_ACCOUNT, "amountMinor": 500,
+               "currency": "EUR", "beneficiaryRef": "ben-stale"}),
+    )
+    .await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("FENCED_OUT")),
+        "{body}"
+    );
+
+    // resolve: the payment resource found from the PaymentResource, reached through the
+    // address map, called with the operator credential.
+    let statement = dlock_contract::rail::read_statement(&rail_url, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let target = &ambiguous[0];
+    let reference = statement
+        .transfers
+        .iter()
+        .find(|t| &t.client_ref == target)
+        .map(|t| t.rail_reference.clone())
+        .unwrap_or_else(|| panic!("{target} on the rail's statement"));
+    let addresses = world.service_addresses(&[NS]);
+    let resolve = [
+        "resolve",
+        target.as_str(),
+        "--posted",
+        "--rail-reference",
+        reference.as_str(),
+    ];
+    let ran = plugin
+        .dlock(&resolve, &[("DLOCK_SERVICE_ADDRESSES", &addresses)])
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("DLOCK_OPERATOR_TOKEN"),
+        "no credential: {ran}"
+    );
+    let ran = plugin
+        .dlock(&resolve, &[("DLOCK_OPERATOR_TOKEN", &operator_token)])
+        .await;
+    assert!(
+        !ran.ok
+            && ran.stderr.contains("kubectl port-forward")
+            && ran.stderr.contains("DLOCK_SERVICE_ADDRESSES"),
+        "without the address map the in-cluster address is unreachable here: {ran}"
+    );
+    let ran = plugin
+        .dlock(
+            &resolve,
+            &[
+                ("DLOCK_SERVICE_ADDRESSES", &addresses),
+                ("DLOCK_OPERATOR_TOKEN", &operator_token),
+            ],
+        )
+        .await;
+    assert!(ran.ok && ran.stdout.contains("is POSTED"), "{ran}");
+    let id: Uuid = target.parse().unwrap_or_else(|e| panic!("{e}"));
+    let resolved = payment
+        .get_payout(id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(resolved.state, PayoutState::Posted, "{resolved:?}");
+    let ran = plugin
+        .dlock(
+            &["resolve", &ambiguous[1], "--failed"],
+            &[
+                ("DLOCK_SERVICE_ADDRESSES", &addresses),
+                ("DLOCK_OPERATOR_TOKEN", &operator_token),
+            ],
+        )
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("--evidence"),
+        "--failed needs evidence: {ran}"
+    );
+    let other = payment
+        .get_payout(ambiguous[1].parse().unwrap_or_else(|e| panic!("{e}")))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(other.state, PayoutState::RailAmbiguous, "{other:?}");
+
+    eprintln!(
+        "revoked token {}, floor {floor}; plugin steps in {} ms; scenario done in {} ms",
+        grant.fencing_token,
+        started.elapsed().as_millis(),
+        world.started.elapsed().as_millis()
+    );
+}
