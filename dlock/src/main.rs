@@ -4,6 +4,7 @@ mod demo;
 mod dev;
 mod jobs;
 mod kubectl;
+mod telemetry;
 
 use std::path::PathBuf;
 
@@ -165,30 +166,6 @@ fn parse_cli() -> Cli {
     Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
 }
 
-fn init_logging(default_filter: &str, json_by_default: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("DLOCK_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new(default_filter));
-    // Services log JSON lines for machines; commands people run log text unless told otherwise.
-    let json = std::env::var("DLOCK_LOG_FORMAT")
-        .map(|f| f != "text")
-        .unwrap_or(json_by_default);
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init();
-    } else {
-        builder.init();
-    }
-}
-
 fn main() -> std::process::ExitCode {
     let cli = parse_cli();
     // Services log their events; the commands people run stay quiet unless something is wrong.
@@ -199,7 +176,19 @@ fn main() -> std::process::ExitCode {
         Command::Operator(_) => ("info,kube=warn,hyper=warn,tower=warn", true),
         _ => ("warn,sqlx=error", false),
     };
-    init_logging(default_filter, json);
+    // The exported spans name their process (OTEL_SERVICE_NAME overrides it).
+    let service_name = match &cli.command {
+        Command::Serve { service } => match service {
+            Service::LockServer { .. } => "dlock-lock-server",
+            Service::PaymentResource { .. } => "dlock-payment-resource",
+            Service::RailProxy { .. } => "dlock-rail-proxy",
+            Service::RailStub { .. } => "dlock-rail-stub",
+        },
+        Command::Run(_) | Command::Demo(_) => "dlock-executor",
+        Command::Operator(_) => "dlock-operator",
+        _ => "dlock",
+    };
+    let _telemetry = telemetry::init(default_filter, json, service_name);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

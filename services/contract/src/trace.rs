@@ -1,12 +1,20 @@
 //! Trace ids. Every request runs inside a W3C trace: the caller's `traceparent` when it sends a
 //! valid one, a fresh trace otherwise. Error bodies carry the trace id and every log line of the
 //! request is inside a span that names it, so one `traceId` from a client finds the server's logs.
+//!
+//! When the process exports spans (OTLP, set up by the `dlock` binary), the same ids are the
+//! spans' ids: a request's span is the child of the caller's span named in `traceparent`, an
+//! outgoing call names the current span as its parent, and a root span started inside [`scope`]
+//! takes the scope's trace id ([`scoped_trace_id`], read by the binary's id generator), so the
+//! `traceId` of an error envelope finds its trace in the tracing backend.
 
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use rand::RngCore;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 #[derive(Debug, Clone)]
 pub struct TraceContext {
@@ -65,10 +73,45 @@ pub fn current_trace_id() -> String {
         .unwrap_or_else(|_| new_trace_id())
 }
 
-/// A `traceparent` for an outgoing call: the current trace, a new span.
+/// The trace id of the enclosing [`scope`], if there is one.
+pub fn scoped_trace_id() -> Option<String> {
+    TRACE.try_with(|t| t.trace_id.clone()).ok()
+}
+
+/// A `traceparent` for an outgoing call. When spans are exported, the current span is the
+/// parent; otherwise the call names the given trace (or the current one) and a fresh span id.
 pub fn outgoing_traceparent(trace_id: Option<&str>) -> String {
+    let context = tracing::Span::current().context();
+    let current = context.span().span_context().clone();
+    if current.is_valid() {
+        return format!(
+            "00-{}-{}-{:02x}",
+            current.trace_id(),
+            current.span_id(),
+            current.trace_flags().to_u8()
+        );
+    }
     let trace_id = trace_id.map(str::to_owned).unwrap_or_else(current_trace_id);
     format!("00-{trace_id}-{}-01", new_span_id())
+}
+
+/// The caller's span as the remote parent of a request's span.
+fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
+    let ctx = parse_traceparent(header)?;
+    let flags = header.trim().rsplit('-').next()?;
+    let sampled = u8::from_str_radix(flags, 16).ok()? & 1 == 1;
+    let span_context = SpanContext::new(
+        TraceId::from_hex(&ctx.trace_id).ok()?,
+        SpanId::from_hex(ctx.parent_span_id.as_deref()?).ok()?,
+        if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        },
+        true,
+        TraceState::default(),
+    );
+    Some(opentelemetry::Context::new().with_remote_span_context(span_context))
 }
 
 /// Runs `fut` inside the given trace, so errors built in it carry its id.
@@ -76,24 +119,92 @@ pub async fn scope<F: std::future::Future>(ctx: TraceContext, fut: F) -> F::Outp
     TRACE.scope(ctx, fut).await
 }
 
-/// Axum middleware: sets up the request's trace and its span.
+/// Axum middleware: sets up the request's trace and its span. The span carries what an
+/// on-call engineer searches by: the route, the owner, the fencing token, the payout and the
+/// answer's status.
 pub async fn middleware(request: Request, next: Next) -> Response {
-    let ctx = request
+    let traceparent = request
         .headers()
         .get(crate::headers::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let ctx = traceparent
+        .as_deref()
         .and_then(parse_traceparent)
         .unwrap_or_else(|| TraceContext {
             trace_id: new_trace_id(),
             parent_span_id: None,
         });
-    let span = tracing::info_span!(
-        "request",
-        method = %request.method(),
-        path = %request.uri().path(),
-        trace_id = %ctx.trace_id,
-    );
-    TRACE.scope(ctx, next.run(request).instrument(span)).await
+    let path = request.uri().path().to_owned();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| path.clone());
+    let segment = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|rest| rest.split('/').next())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.chars().take(160).collect::<String>())
+    };
+    let payout = segment("/v1/payouts/");
+    let lock_key = segment("/v1/locks/");
+    let method = request.method().clone();
+    let (owner, token) = {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.chars().take(128).collect::<String>())
+        };
+        (
+            header(crate::headers::OWNER_ID),
+            header(crate::headers::FENCING_TOKEN),
+        )
+    };
+    let trace_id = ctx.trace_id.clone();
+    TRACE
+        .scope(ctx, async move {
+            // Made inside the scope: a root span takes the scope's trace id.
+            let span = tracing::info_span!(
+                "request",
+                otel.name = %format_args!("{method} {route}"),
+                otel.kind = "server",
+                otel.status_code = tracing::field::Empty,
+                method = %method,
+                path = %path,
+                trace_id = %trace_id,
+                owner = tracing::field::Empty,
+                fencing.token = tracing::field::Empty,
+                payout.id = tracing::field::Empty,
+                lock.key = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            );
+            // Attributes only where the request has them.
+            for (field, value) in [
+                ("owner", owner),
+                ("fencing.token", token),
+                ("payout.id", payout),
+                ("lock.key", lock_key),
+            ] {
+                if let Some(value) = value {
+                    span.record(field, value);
+                }
+            }
+            if let Some(parent) = traceparent.as_deref().and_then(remote_parent) {
+                // Ignored when no exporter is installed.
+                let _ = span.set_parent(parent);
+            }
+            let response = next.run(request).instrument(span.clone()).await;
+            let status = response.status();
+            span.record("http.response.status_code", status.as_u16());
+            if status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+            response
+        })
+        .await
 }
 
 #[cfg(test)]

@@ -510,7 +510,7 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
                 left.push(payout);
                 continue;
             }
-            let outcome = cycle(&shared, &payout).await;
+            let outcome = traced_cycle(&shared, &payout).await;
             shared.cycles.fetch_add(1, Ordering::SeqCst);
             *shared
                 .outcomes
@@ -550,6 +550,31 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
     }
 }
 
+/// One lock cycle inside the payout's trace: a span named for the payout (its id, account,
+/// owner, fencing token and outcome as attributes) whose trace id is the payout's own, so every
+/// cycle of one payout, in any process, lands in one trace.
+async fn traced_cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
+    let trace = dlock_contract::trace::TraceContext {
+        trace_id: planned.payout_id.simple().to_string(),
+        parent_span_id: None,
+    };
+    dlock_contract::trace::scope(trace, async {
+        let span = tracing::info_span!(
+            "payout cycle",
+            otel.kind = "internal",
+            payout.id = %planned.payout_id,
+            account.id = %planned.item.account_id,
+            owner = %shared.options.owner_id,
+            fencing.token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let outcome = tracing::Instrument::instrument(cycle(shared, planned), span.clone()).await;
+        span.record("outcome", format!("{outcome:?}"));
+        outcome
+    })
+    .await
+}
+
 /// One lock cycle for one payout.
 async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
     let hops = shared.hops(planned.payout_id);
@@ -579,6 +604,7 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
             return CycleOutcome::Unavailable;
         }
     };
+    tracing::Span::current().record("fencing.token", grant.fencing_token);
     let deadline = local_deadline(
         sent,
         &grant,

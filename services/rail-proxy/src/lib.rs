@@ -314,11 +314,22 @@ async fn forward(state: &AppState, body: &SubmissionRequest) -> RailAnswer {
         "amountMinor": body.amount_minor,
         "currency": body.currency,
     });
-    let mut forward = state.rail.post(&url).json(&request);
+    // The hop to the rail is a span of its own: the last link of the payout's trace.
+    let span = tracing::info_span!(
+        "rail submit",
+        otel.kind = "client",
+        payout.id = %body.payout_id,
+    );
+    let traceparent = span.in_scope(|| dlock_contract::trace::outgoing_traceparent(None));
+    let mut forward = state
+        .rail
+        .post(&url)
+        .json(&request)
+        .header(dlock_contract::headers::TRACEPARENT, traceparent);
     if let Some(credential) = &state.config.rail_credential {
         forward = forward.header(axum::http::header::AUTHORIZATION, credential.header_value());
     }
-    let response = match forward.send().await {
+    let response = match tracing::Instrument::instrument(forward.send(), span).await {
         Ok(r) => r,
         // Even a refused connection is treated as unknown: proving that nothing was presented
         // is the rail's business, and a wrong guess here pays twice.
@@ -379,6 +390,8 @@ async fn submit(
         return Err(ApiError::validation(fields));
     }
     check_body(&body)?;
+    // The request's span names the payout, as the payment resource's spans do from their path.
+    tracing::Span::current().record("payout.id", tracing::field::display(body.payout_id));
     // DESIGN D-8: the token must be one the lock server granted on this account's key. Checked
     // before rail_admit, so a refused submission records nothing and moves no mark.
     if let Some(keys) = &state.config.proof_keys {
@@ -979,6 +992,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
+    state.metrics.refresh_ambiguous(&state.pool).await;
     (
         [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
         state.metrics.encode(),
