@@ -931,11 +931,12 @@ async fn resolve(kube: &Kube, args: ResolveArgs) -> Result<()> {
         (None, Some(r)) => format!("the rail's reference {r}"),
         (None, None) => bail!("--failed needs --evidence TEXT (what the decision rests on)"),
     };
+    let payout = args.payout_id.to_string();
     let authority = url
         .trim_start_matches("http://")
         .trim_start_matches("https://")
         .to_owned();
-    crate::jobs::resolve(crate::jobs::ResolveArgs {
+    let resolved = crate::jobs::resolve(crate::jobs::ResolveArgs {
         payout_id: args.payout_id,
         posted: args.posted,
         failed: args.failed,
@@ -958,7 +959,46 @@ async fn resolve(kube: &Kube, args: ResolveArgs) -> Result<()> {
         } else {
             anyhow!("{text}")
         }
-    })
+    });
+    resolved?;
+    refresh_batches_listing(kube, &payout).await;
+    Ok(())
+}
+
+/// The annotation that asks the operator to count a batch's payouts again now (any change to
+/// the object starts a reconcile, which re-reads the payouts' states from paydb).
+pub const REFRESH_ANNOTATION: &str = "dlock.io/refresh-requested-at";
+
+/// After a resolution: the batches that list `payout` as RAIL_AMBIGUOUS are asked to count again,
+/// so `status` and `batch` stop listing it at once instead of at the next resync (5 minutes).
+async fn refresh_batches_listing(kube: &Kube, payout: &str) {
+    let Ok(batches) = kube.list::<PayoutBatch>("payoutbatches.dlock.io").await else {
+        return;
+    };
+    let api = kube.api::<PayoutBatch>();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let patch = serde_json::json!({"metadata": {"annotations": {REFRESH_ANNOTATION: now}}});
+    for batch in batches.iter().filter(|b| {
+        b.status
+            .as_ref()
+            .is_some_and(|s| s.ambiguous.iter().any(|a| a == payout))
+    }) {
+        let name = batch.name_any();
+        match api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => println!("payoutbatch.dlock.io/{name} asked to count its payouts again"),
+            Err(e) => eprintln!(
+                "note: PayoutBatch {name} still lists {payout} until the operator counts again (within 5 minutes): {}",
+                kube.explain(e, "patch", "payoutbatches.dlock.io", Some(&name))
+            ),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

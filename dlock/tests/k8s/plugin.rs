@@ -376,6 +376,26 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         Some(4),
         "{status}"
     );
+    // The same document as YAML, on the context named with --context.
+    let current = plugin.run_blocking(&["config", "current-context"], &[]);
+    assert!(current.ok, "{current}");
+    let ran = plugin
+        .dlock(
+            &["status", "--context", current.stdout.trim(), "-o", "yaml"],
+            &[],
+        )
+        .await;
+    assert!(ran.ok, "{ran}");
+    let yaml: Value = serde_yaml_ng::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {ran}"));
+    assert_eq!(yaml["namespace"], NS, "the context's namespace: {ran}");
+    assert_eq!(yaml["locks"], status["locks"], "{ran}");
+    let ran = plugin
+        .dlock(&["status", "--context", "no-such-context"], &[])
+        .await;
+    assert!(
+        !ran.ok && ran.stderr.contains("kubectl config get-contexts"),
+        "{ran}"
+    );
 
     // batch: the counts add up to the batch's size.
     let batch = plugin.json(&["batch", BATCH, "-o", "json"]).await;
@@ -605,6 +625,35 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(resolved.state, PayoutState::Posted, "{resolved:?}");
+    assert!(
+        ran.stdout
+            .contains(&format!("payoutbatch.dlock.io/{BATCH} asked to count")),
+        "{ran}"
+    );
+    // The batch counts again at once: the resolved payout leaves the ambiguous list.
+    let mut counts = Value::Null;
+    for _ in 0..100 {
+        let batch = plugin.json(&["batch", BATCH, "-o", "json"]).await;
+        counts = batch["counts"].clone();
+        if counts["POSTED"] == 1 && counts["RAIL_AMBIGUOUS"] == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (counts["POSTED"].as_i64(), counts["RAIL_AMBIGUOUS"].as_i64()),
+        (Some(1), Some(3)),
+        "{counts}"
+    );
+    let status = plugin.json(&["status", "-o", "json"]).await;
+    let still: Vec<&Value> = status["ambiguousPayouts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| &a["payoutId"])
+        .collect();
+    assert_eq!(still.len(), 3, "{status}");
+    assert!(!still.contains(&&json!(target)), "{status}");
     let ran = plugin
         .dlock(
             &["resolve", &ambiguous[1], "--failed"],

@@ -6,6 +6,8 @@
 //! loopback ports. PostgreSQL refuses to run as root, so as root it runs as the `postgres` user
 //! through `setpriv`, which execs (no intermediate process that could outlive a kill).
 
+pub mod certs;
+pub mod etcd_cluster;
 pub mod faultproxy;
 pub mod kube;
 pub mod netfault;
@@ -87,7 +89,7 @@ fn pg_command(bin: &Path) -> Command {
     }
 }
 
-fn chown_for_postgres(path: &Path) -> Result<()> {
+pub(crate) fn chown_for_postgres(path: &Path) -> Result<()> {
     if running_as_root() {
         let (uid, gid) = postgres_ids()?;
         std::os::unix::fs::chown(path, Some(uid), Some(gid))
@@ -284,6 +286,8 @@ pub struct PgServer {
     dir: PathBuf,
     /// Addresses it listens on besides 127.0.0.1 (a netfault veth, say).
     extra_listen: Vec<IpAddr>,
+    /// More `-c name=value` server settings (`ssl=on`, say; see [`PgServer::start_tls`]).
+    settings: Vec<String>,
     _temp: Option<tempfile::TempDir>,
     child: Option<ManagedChild>,
 }
@@ -297,6 +301,16 @@ impl PgServer {
     /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with
     /// trust authentication for clients on their subnets (`samenet`).
     pub fn start_listening(dir: Option<&Path>, extra: &[IpAddr]) -> Result<Self> {
+        Self::start_with(dir, extra, |_| Ok(Vec::new()))
+    }
+
+    /// Starts a server with the `-c name=value` settings that `prepare` returns once it has
+    /// seen the server's directory (the data directory is `dir/data`).
+    pub(crate) fn start_with(
+        dir: Option<&Path>,
+        extra: &[IpAddr],
+        prepare: impl FnOnce(&Path) -> Result<Vec<String>>,
+    ) -> Result<Self> {
         let bin = pg_bin_dir()?;
         let (temp, dir) = match dir {
             Some(dir) => (None, dir.to_path_buf()),
@@ -332,11 +346,13 @@ impl PgServer {
                 std::fs::write(&hba, format!("{text}\n{line}\n")).context("writing pg_hba.conf")?;
             }
         }
+        let settings = prepare(&dir)?;
         let mut server = Self {
             port: free_port()?,
             bin,
             dir,
             extra_listen: extra.to_vec(),
+            settings,
             _temp: temp,
             child: None,
         };
@@ -374,6 +390,7 @@ impl PgServer {
                 "-c",
                 "full_page_writes=off",
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

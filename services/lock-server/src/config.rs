@@ -1,7 +1,7 @@
 //! The lock server's configuration (DESIGN §7 keys plus the server's own limits).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
@@ -20,6 +20,115 @@ pub struct EtcdSettings {
     pub prefix: String,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    /// `lock.etcd.ca-file`, `cert-file`, `key-file`: TLS to etcd (https endpoints).
+    pub tls: Option<EtcdTlsFiles>,
+    /// `lock.etcd.username` and `lock.etcd.password-file`: etcd's own authentication.
+    pub user: Option<EtcdUser>,
+}
+
+/// The PEM files of the lock server's TLS to etcd, re-read when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    /// The CA bundle that etcd's serving certificate must chain to.
+    pub ca_file: PathBuf,
+    /// The client certificate and key (for etcd's `--client-cert-auth`), both or neither.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// An etcd user; the password stays in its file (re-read when it changes), never in memory
+/// longer than a connection attempt and never in a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password_file: PathBuf,
+}
+
+fn config_error(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        origin: String::new(),
+        message: message.into(),
+    }
+}
+
+/// Reads `lock.etcd.ca-file`, `cert-file`, `key-file`, `username` and `password-file`, and
+/// checks them against the endpoints' schemes. The files themselves are read (and a bad one
+/// named) when the store connects.
+fn etcd_credentials(
+    raw: &mut RawConfig,
+    endpoints: &[String],
+) -> Result<(Option<EtcdTlsFiles>, Option<EtcdUser>), ConfigError> {
+    let ca = raw.string_optional("lock.etcd.ca-file")?;
+    let cert = raw.string_optional("lock.etcd.cert-file")?;
+    let key = raw.string_optional("lock.etcd.key-file")?;
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (None, None) => None,
+        _ => {
+            return Err(config_error(
+                "lock.etcd.cert-file",
+                "lock.etcd.cert-file and lock.etcd.key-file go together: set both for a client \
+                 certificate, or neither",
+            ));
+        }
+    };
+    let tls = match (ca, client) {
+        (Some(ca), client) => Some(EtcdTlsFiles {
+            ca_file: ca.into(),
+            client,
+        }),
+        (None, Some(_)) => {
+            return Err(config_error(
+                "lock.etcd.ca-file",
+                "is required with lock.etcd.cert-file: name the CA bundle that signed etcd's \
+                 serving certificate",
+            ));
+        }
+        (None, None) => None,
+    };
+    for endpoint in endpoints {
+        let https = endpoint.starts_with("https://");
+        if tls.is_some() && endpoint.starts_with("http://") {
+            return Err(config_error(
+                "lock.etcd.endpoints",
+                format!(
+                    "{endpoint:?} is plain HTTP but lock.etcd.ca-file is set: write https:// \
+                     endpoints for TLS"
+                ),
+            ));
+        }
+        if tls.is_none() && https {
+            return Err(config_error(
+                "lock.etcd.ca-file",
+                format!(
+                    "is required for the https endpoint {endpoint:?}: name the CA bundle that \
+                     signed etcd's serving certificate"
+                ),
+            ));
+        }
+    }
+    let username = raw.string_optional("lock.etcd.username")?;
+    let password_file = raw.string_optional("lock.etcd.password-file")?;
+    let user = match (username, password_file) {
+        (Some(name), Some(file)) => Some(EtcdUser {
+            name,
+            password_file: file.into(),
+        }),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(config_error(
+                "lock.etcd.password-file",
+                "is required with lock.etcd.username: name the file holding the user's password",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(config_error(
+                "lock.etcd.username",
+                "is required with lock.etcd.password-file",
+            ));
+        }
+    };
+    Ok((tls, user))
 }
 
 #[derive(Debug, Clone)]
@@ -97,7 +206,10 @@ impl LockServerConfig {
                         message: "must name at least one etcd endpoint".into(),
                     });
                 }
+                let (tls, user) = etcd_credentials(raw, &endpoints)?;
                 BackendSettings::Etcd(EtcdSettings {
+                    tls,
+                    user,
                     endpoints,
                     prefix: raw.string("lock.etcd.prefix", "/dlock")?,
                     connect_timeout: Duration::from_millis(raw.integer(

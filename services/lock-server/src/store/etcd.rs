@@ -34,8 +34,8 @@
 use chrono::{DateTime, TimeZone, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
 };
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -57,7 +57,8 @@ const SWEEP_PAGE: i64 = 500;
 
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    /// Replaced whole when the TLS or password files are rotated (see `etcd_conn`).
+    client: super::etcd_conn::ClientCell,
     prefix: String,
     retention_s: i64,
 }
@@ -94,27 +95,34 @@ struct RevocationValue {
 }
 
 fn map_etcd(error: etcd_client::Error) -> StoreError {
-    use etcd_client::Error as E;
-    match &error {
-        E::GRpcStatus(status) => {
-            let message = status.message();
-            // gRPC codes 4 (deadline exceeded) and 14 (unavailable).
-            let code = i32::from(status.code());
-            let unavailable = code == 4
-                || code == 14
-                || message.contains("no leader")
-                || message.contains("leader changed")
-                || message.contains("timed out");
-            if unavailable {
-                StoreError::NotLeader(format!("etcd cannot serve a linearizable write: {message}"))
-            } else {
-                StoreError::Backend(format!("etcd: {error}"))
+    use super::etcd_conn::{Failure, classify};
+    let (failure, text) = classify(&error);
+    match failure {
+        // Refusals of the credentials are NOT_LEADER too (nothing was changed, and another
+        // replica, or this one after a rotation, may succeed), with the cause in the log.
+        Failure::Tls => StoreError::NotLeader(format!(
+            "the TLS handshake with etcd failed (lock.etcd.ca-file, cert-file, key-file): {text}"
+        )),
+        Failure::Authentication => StoreError::NotLeader(format!(
+            "etcd refused the lock server's user (lock.etcd.username, password-file): {text}"
+        )),
+        Failure::Permission => StoreError::NotLeader(format!(
+            "etcd denies the lock server's user its prefix (lock.etcd.prefix): {text}"
+        )),
+        Failure::Unreachable => StoreError::NotLeader(format!("etcd is unreachable: {text}")),
+        Failure::Other => match &error {
+            etcd_client::Error::GRpcStatus(status)
+                if ["no leader", "leader changed", "timed out"]
+                    .iter()
+                    .any(|m| status.message().contains(m)) =>
+            {
+                StoreError::NotLeader(format!(
+                    "etcd cannot serve a linearizable write: {}",
+                    status.message()
+                ))
             }
-        }
-        E::TransportError(_) | E::IoError(_) => {
-            StoreError::NotLeader(format!("etcd is unreachable: {error}"))
-        }
-        _ => StoreError::Backend(format!("etcd: {error}")),
+            _ => StoreError::Backend(format!("etcd: {text}")),
+        },
     }
 }
 
@@ -179,21 +187,14 @@ struct Holder {
 }
 
 impl EtcdStore {
+    /// Connects (TLS, client certificate and user as configured), checks that the credentials
+    /// may read and write the prefix, and keeps them current across rotations.
     pub async fn connect(settings: &EtcdSettings, retention_ms: i64) -> anyhow::Result<Self> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(settings.connect_timeout)
-            .with_timeout(settings.request_timeout);
-        let client = Client::connect(&settings.endpoints, Some(options))
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to etcd at {} (lock.etcd.endpoints): {e}",
-                    settings.endpoints.join(",")
-                )
-            })?;
+        let prefix = settings.prefix.trim_end_matches('/').to_owned();
+        let client = super::etcd_conn::connect(settings, &prefix).await?;
         Ok(Self {
             client,
-            prefix: settings.prefix.trim_end_matches('/').to_owned(),
+            prefix,
             retention_s: (retention_ms + 999) / 1000,
         })
     }
@@ -227,7 +228,10 @@ impl EtcdStore {
     }
 
     fn client(&self) -> Client {
-        self.client.clone()
+        self.client
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// Several reads in one round trip, at one revision.

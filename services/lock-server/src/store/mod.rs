@@ -1,6 +1,7 @@
 //! The two lock stores. They answer identically (FR-09); only how they keep the state differs.
 
 pub mod etcd;
+pub mod etcd_conn;
 pub mod pg;
 
 use chrono::{DateTime, Utc};
