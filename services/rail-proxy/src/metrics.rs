@@ -1,12 +1,18 @@
 //! The rail proxy's metrics: `rail_submission{outcome}`, `rail_duplicate_attempted`,
-//! `lock_fenced_out{resource}`. Labels are enums; ids go to logs.
+//! `lock_fenced_out{resource}`, and the RAIL_AMBIGUOUS payouts waiting for an operator
+//! (`payout_ambiguous`, `payout_ambiguous_oldest_age_seconds`, read from paydb at each scrape).
+//! Labels are enums; ids go to logs.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use sqlx::PgPool;
 
 // Variant names are the label values, hence lower case.
 #[allow(non_camel_case_types)]
@@ -41,6 +47,8 @@ pub struct Metrics {
     submissions: Family<OutcomeLabels, Counter>,
     duplicates: Counter,
     fenced: Family<ResourceLabels, Counter>,
+    ambiguous: Gauge,
+    ambiguous_oldest_age: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -49,6 +57,8 @@ impl Metrics {
         let submissions = Family::<OutcomeLabels, Counter>::default();
         let duplicates = Counter::default();
         let fenced = Family::<ResourceLabels, Counter>::default();
+        let ambiguous = Gauge::default();
+        let ambiguous_oldest_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "rail_submission",
             "Rail submissions by outcome",
@@ -64,11 +74,28 @@ impl Metrics {
             "Writes refused because a newer token holds the resource",
             fenced.clone(),
         );
+        registry.register(
+            "payout_ambiguous",
+            "Payouts in RAIL_AMBIGUOUS, waiting for an operator to resolve them from the rail statement",
+            ambiguous.clone(),
+        );
+        registry.register(
+            "payout_ambiguous_oldest_age_seconds",
+            "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
+            ambiguous_oldest_age.clone(),
+        );
+        // Every fenced-out series exists from the start at 0, so the first fence-out is an
+        // increase a rule can see (a series born at 1 has no increase).
+        for resource in [Resource::account, Resource::ledger, Resource::rail] {
+            let _ = fenced.get_or_create(&ResourceLabels { resource });
+        }
         Arc::new(Self {
             registry,
             submissions,
             duplicates,
             fenced,
+            ambiguous,
+            ambiguous_oldest_age,
         })
     }
 
@@ -91,6 +118,31 @@ impl Metrics {
         self.fenced
             .get_or_create(&ResourceLabels { resource })
             .inc();
+    }
+
+    /// Reads the RAIL_AMBIGUOUS payouts from paydb (an index range on `payouts (state, …)`).
+    /// On failure the previous values stay and the failure is logged: `/readyz` reports paydb.
+    pub async fn refresh_ambiguous(&self, pool: &PgPool) {
+        let query = sqlx::query_as::<_, (i64, f64)>(
+            "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(updated_at)), 0)::float8 \
+             FROM payouts WHERE state = 'RAIL_AMBIGUOUS'",
+        )
+        .fetch_one(pool);
+        match tokio::time::timeout(Duration::from_secs(2), query).await {
+            Ok(Ok((count, age))) => {
+                self.ambiguous.set(count);
+                self.ambiguous_oldest_age.set(age.max(0.0));
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(event = "metrics_ambiguous_failed", %error, "counting RAIL_AMBIGUOUS payouts failed; payout_ambiguous keeps its last value until paydb answers");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    event = "metrics_ambiguous_failed",
+                    "counting RAIL_AMBIGUOUS payouts took over 2 s; payout_ambiguous keeps its last value until paydb answers"
+                );
+            }
+        }
     }
 
     pub fn encode(&self) -> String {
