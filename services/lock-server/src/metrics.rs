@@ -82,6 +82,11 @@ impl Metrics {
             "Forced revocations that ended a grant and advanced the token",
             revocations.clone(),
         );
+        // The counters exist from the start at 0, so the first contention or timeout is an
+        // increase a rule can see (a series born at 1 has no increase).
+        for family in [&contention, &timeouts, &revocations] {
+            let _ = family.get_or_create(&BackendLabels { backend });
+        }
         Arc::new(Self {
             backend,
             registry,
