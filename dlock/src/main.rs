@@ -188,7 +188,6 @@ fn main() -> std::process::ExitCode {
         Command::Operator(_) => "dlock-operator",
         _ => "dlock",
     };
-    let _telemetry = telemetry::init(default_filter, json, service_name);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -198,6 +197,12 @@ fn main() -> std::process::ExitCode {
             eprintln!("dlock: cannot start the async runtime: {error}");
             return std::process::ExitCode::FAILURE;
         }
+    };
+    // Inside the runtime: the gRPC exporter's channel lives on it. Dropped before the runtime,
+    // so the last spans are flushed while it still runs.
+    let _telemetry = {
+        let _inside = runtime.enter();
+        telemetry::init(default_filter, json, service_name)
     };
     let result = runtime.block_on(async move {
         let done: anyhow::Result<()> = match cli.command {

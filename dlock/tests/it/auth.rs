@@ -33,10 +33,16 @@ pub(crate) struct DevStack {
 
 impl DevStack {
     pub(crate) fn start() -> Self {
+        Self::start_with_env(&[])
+    }
+
+    /// The stack with extra environment for every process of it (e.g. an OTLP endpoint).
+    pub(crate) fn start_with_env(env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let mut child = Command::new(EXE)
             .args(["dev", "up", "--data-dir"])
             .arg(dir.path())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -20,4 +20,5 @@ mod proof;
 mod rail;
 mod rail_reason;
 mod rail_replay;
+mod traces;
 mod waiters;
