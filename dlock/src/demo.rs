@@ -159,22 +159,13 @@ async fn run_demo(
         "the rail statement holds {} transfers for {} payouts; double payments: {}",
         findings.transfers_on_statement, report.payouts, findings.double_payments
     );
-    print!(
-        "{}",
-        crate::jobs::summary(
-            &report,
-            &[
-                ("lock server", endpoints.lock_server.as_str()),
-                ("payment resource", endpoints.payment_resource.as_str()),
-                ("rail proxy", endpoints.rail_proxy.as_str()),
-            ],
-            None,
-        )
-    );
+    // The stack stops with the demo: no metrics address to give, and the commands are for a
+    // stack of one's own.
+    print!("{}", crate::jobs::summary(&report, &[], None));
     println!(
-        "the demo stops its stack now, so the commands above are for a stack of your own: \
-         `eval \"$(dlock dev up --detach --rail-redirect-rate 1)\"` gives one whose payouts are all \
-         quarantined (README, \"An ambiguous payout\")"
+        "the demo's stack stops now; to try these commands, start one whose rail quarantines \
+         every payout: eval \"$(dlock dev up --detach --rail-redirect-rate 1)\" (README, \
+         \"An ambiguous payout, resolved\"); each service serves /metrics"
     );
     Ok(if findings.critical() || !report.complete {
         std::process::ExitCode::from(2)

@@ -351,14 +351,30 @@ pub async fn up(args: UpArgs) -> Result<()> {
     // `dev down` waits for the pid file to go: it goes last (with the directory, if it is ours).
     let _ = std::fs::remove_file(&env_file);
     match remove_data_dir {
-        Some(dir) => {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        Some(dir) => remove_pid_file_last(&dir),
         None => {
             let _ = std::fs::remove_file(&pid_file);
         }
     }
     Ok(())
+}
+
+/// Removes `dir` with its pid file last, so that `dev down` returns when it is all gone.
+fn remove_pid_file_last(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name() == PID_FILE {
+                continue;
+            }
+            let _ = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+        }
+    }
+    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// `dev up --detach`: the same command again in the background (its own process group, so a
@@ -476,10 +492,18 @@ pub fn down(args: &DownArgs) -> Result<()> {
     if !gone(pid) {
         kill(pid, Signal::SIGTERM).with_context(|| format!("stopping dlock dev up ({pid})"))?;
     }
+    // The pid file goes last but for the directory itself, when `dev up` removes that: an
+    // empty directory is one about to go.
+    let settled = || match std::fs::read_dir(&args.data_dir) {
+        Ok(mut entries) => entries.next().is_some() && !pid_file.exists(),
+        Err(_) => true,
+    };
     wait_until("dlock dev up to stop", Duration::from_secs(60), || {
-        !pid_file.exists() || gone(pid)
+        settled() || gone(pid)
     })
     .with_context(|| format!("dlock dev up ({pid}) did not stop within 60 s"))?;
+    // A `dev up` that died without cleaning up leaves its pid file behind.
+    let _ = std::fs::remove_file(&pid_file);
     eprintln!(
         "dlock dev down: stopped the stack in {}",
         args.data_dir.display()
@@ -627,4 +651,149 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         credentials,
     };
     Ok((stack, line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn line(dir: &Path, executor: &str) -> UpLine {
+        UpLine {
+            lock_server: "http://127.0.0.1:40123".into(),
+            payment_resource: Some("http://127.0.0.1:40124".into()),
+            rail_proxy: Some("http://127.0.0.1:40125".into()),
+            rail_stub: Some("http://127.0.0.1:40126".into()),
+            backend: "pg",
+            pids: Pids {
+                lock_server: Some(1),
+                payment_resource: None,
+                rail_proxy: None,
+                rail_stub: None,
+            },
+            paydb: "postgres://postgres@127.0.0.1:40001/paydb".into(),
+            lockdb: "postgres://postgres@127.0.0.1:40001/lockdb".into(),
+            etcd: None,
+            tokens_file: dir.join("tokens").display().to_string(),
+            proof_keys_file: dir.join("fencing-proof-keys").display().to_string(),
+            data_dir: dir.display().to_string(),
+            env_file: dir.join(ENV_FILE).display().to_string(),
+            credentials: Credentials {
+                executor: executor.into(),
+                operator: DEV_OPERATOR_TOKEN.into(),
+            },
+        }
+    }
+
+    /// Sources `file` in bash and prints each of `names` on a line of its own.
+    fn sourced(file: &Path, names: &[&str]) -> Vec<String> {
+        let script = format!(
+            "set -eu; PATH=/usr/bin:/bin; source {}; for n in {}; do printf '%s\\n' \"${{!n}}\"; done; \
+             printf '%s\\n' \"$PATH\"",
+            shell_quote(&file.display().to_string()),
+            names.join(" ")
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .output()
+            .unwrap_or_else(|e| panic!("bash: {e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
+        let temp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        // A directory with a quote and a space still round-trips through the shell.
+        let dir = temp.path().join("it's a dir");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let up = line(&dir, "exec-token-0123456789abcdef");
+        let bin = Path::new("/opt/dlock bin");
+        let env = Path::new(&up.env_file);
+        // A file that was readable by others is narrowed before the secrets go in.
+        std::fs::write(env, "old").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(env, std::fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_private(env, &env_file_text(&up, 1_500, Some(bin))).unwrap_or_else(|e| panic!("{e}"));
+        let mode = std::fs::metadata(env)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        let names = [
+            "DLOCK_DEV_DIR",
+            "DLOCK_LOCK_SERVER",
+            "DLOCK_PAYMENT_RESOURCE",
+            "DLOCK_RAIL_PROXY",
+            "DLOCK_RAIL_READ_TIMEOUT_MS",
+            "DLOCK_IDENTITY",
+            "DLOCK_CREDENTIAL",
+            "DLOCK_OPERATOR_TOKEN",
+            "DLOCK_PAYDB",
+            "DLOCK_RAIL",
+            "LS",
+            "PR",
+            "RP",
+            "RAIL",
+            "TOKEN",
+            "OPTOKEN",
+        ];
+        let values = sourced(env, &names);
+        let expected = [
+            dir.display().to_string().as_str(),
+            "http://127.0.0.1:40123",
+            "http://127.0.0.1:40124",
+            "http://127.0.0.1:40125",
+            "1500",
+            "executor",
+            "exec-token-0123456789abcdef",
+            DEV_OPERATOR_TOKEN,
+            "postgres://postgres@127.0.0.1:40001/paydb",
+            "http://127.0.0.1:40126",
+            "http://127.0.0.1:40123",
+            "http://127.0.0.1:40124",
+            "http://127.0.0.1:40125",
+            "http://127.0.0.1:40126",
+            "exec-token-0123456789abcdef",
+            DEV_OPERATOR_TOKEN,
+        ]
+        .map(str::to_owned);
+        assert_eq!(values[..names.len()], expected[..]);
+        // The binary that runs the stack comes first on PATH, once.
+        assert_eq!(values[names.len()], "/opt/dlock bin:/usr/bin:/bin");
+        // Without a binary directory PATH is left alone.
+        write_private(env, &env_file_text(&up, 8_000, None)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sourced(env, &[]), vec!["/usr/bin:/bin".to_owned()]);
+    }
+
+    #[test]
+    fn what_dev_up_writes_for_people_names_no_secret() {
+        let temp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (tokens, proxy, credentials) =
+            write_tokens(temp.path()).unwrap_or_else(|e| panic!("{e}"));
+        for file in [&tokens, &proxy] {
+            let mode = std::fs::metadata(file)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{}: {mode:o}", file.display());
+        }
+        // Positive control: the tokens file does hold the executor's token.
+        let text = std::fs::read_to_string(&tokens).unwrap_or_else(|e| panic!("{e}"));
+        assert!(text.contains(&credentials.executor));
+        let up = line(temp.path(), &credentials.executor);
+        let env_text = env_file_text(&up, 8_000, None);
+        assert!(env_text.contains(&credentials.executor));
+        // The env file's own comment lines (what `head` or a reviewer sees) hold no secret.
+        for comment in env_text.lines().filter(|l| l.starts_with('#')) {
+            assert!(!comment.contains(&credentials.executor), "{comment}");
+        }
+    }
 }

@@ -5,6 +5,7 @@ mod bad_input;
 mod chaos;
 mod conformance;
 mod crash;
+mod dev_env;
 mod etcd_tls;
 mod exclusion;
 mod executor_deadline;
