@@ -512,6 +512,7 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
             }
             let outcome = traced_cycle(&shared, &payout).await;
             shared.cycles.fetch_add(1, Ordering::SeqCst);
+            shared.options.metrics.executed(outcome.label());
             *shared
                 .outcomes
                 .lock()
