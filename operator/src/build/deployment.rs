@@ -161,6 +161,7 @@ pub fn deployment(workload: &Workload) -> Deployment {
             format!("/config/{CONFIG_FILE}"),
         ]),
         env: Some(env),
+        env_from: Some(super::telemetry_env_from()),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
             container_port: PORT,

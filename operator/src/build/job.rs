@@ -286,6 +286,7 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                             batch.credential.owner_id.clone(),
                         ]),
                         env: Some(env),
+                        env_from: Some(super::telemetry_env_from()),
                         volume_mounts: Some(volume_mounts),
                         resources: Some(batch.pod.resources.clone()),
                         security_context: Some(SecurityContext {

@@ -19,6 +19,24 @@ use crate::workload::{Component, Workload};
 
 pub const MANAGED_BY: &str = "dlock-operator";
 
+/// The ConfigMap whose keys every dlock pod the operator makes takes as environment, when it
+/// exists in the namespace: where spans go (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+/// `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_RESOURCE_ATTRIBUTES`, …). Optional, so a namespace
+/// without it runs without export. Explicit `env` entries win over it.
+pub const TELEMETRY_CONFIG_MAP: &str = "dlock-telemetry";
+
+/// `envFrom` of every dlock container: the namespace's telemetry settings, if any.
+pub fn telemetry_env_from() -> Vec<k8s_openapi::api::core::v1::EnvFromSource> {
+    use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource};
+    vec![EnvFromSource {
+        config_map_ref: Some(ConfigMapEnvSource {
+            name: TELEMETRY_CONFIG_MAP.to_owned(),
+            optional: Some(true),
+        }),
+        ..EnvFromSource::default()
+    }]
+}
+
 /// The labels that select a workload's pods. Never change them: a Deployment's selector is
 /// immutable, so a new label here would need every Deployment deleted and re-created.
 pub fn selector_labels(component: Component, instance: &str) -> BTreeMap<String, String> {

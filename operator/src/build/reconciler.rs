@@ -49,6 +49,7 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     name: "reconciler".to_owned(),
                     image: Some(reconciliation.image.clone()),
                     args: Some(vec!["reconcile".to_owned(), "--json".to_owned()]),
+                    env_from: Some(super::telemetry_env_from()),
                     env: Some(vec![
                         EnvVar {
                             name: "DLOCK_PAYDB".to_owned(),
