@@ -20,9 +20,14 @@ use dlock_operator::crd::{
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::Serialize;
 use uuid::Uuid;
+
+/// A watch that fails this many times in a row (with kube's default back-off between the
+/// attempts) gives up.
+const WATCH_FAILURES_MAX: u32 = 5;
 
 /// The file name kubectl finds the plugin under on PATH.
 pub const PLUGIN_NAME: &str = "kubectl-dlock";
@@ -806,8 +811,9 @@ async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Result<()> {
         }
     ));
     let mut last: Option<RevocationResult> = None;
-    let watch = kube::runtime::watcher::watch_object(api, &name);
+    let watch = kube::runtime::watcher::watch_object(api, &name).default_backoff();
     let mut watch = std::pin::pin!(watch);
+    let mut failures = 0;
     let deadline = tokio::time::Instant::now() + args.timeout;
     let verdict: Result<()> = loop {
         let event = match tokio::time::timeout_at(deadline, watch.next()).await {
@@ -830,16 +836,24 @@ async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Result<()> {
             }
             Ok(None) => break Err(anyhow!("the watch on LockRevocation {name} ended")),
             Ok(Some(Err(e))) => {
-                break Err(anyhow!(
-                    "watching LockRevocation {name} in namespace {ns}: {e}"
-                ));
+                failures += 1;
+                if failures >= WATCH_FAILURES_MAX {
+                    break Err(anyhow!(
+                        "watching LockRevocation {name} in namespace {ns}: {e} ({failures} times in a row)"
+                    ));
+                }
+                eprintln!("note: watching LockRevocation {name} again after: {e}");
+                continue;
             }
             Ok(Some(Ok(None))) => {
                 break Err(anyhow!(
                     "LockRevocation {name} was deleted before it completed"
                 ));
             }
-            Ok(Some(Ok(Some(object)))) => object,
+            Ok(Some(Ok(Some(object)))) => {
+                failures = 0;
+                object
+            }
         };
         let Some(result) = event.status.and_then(|s| s.result) else {
             continue;
@@ -1207,13 +1221,27 @@ async fn batch(kube: &Kube, args: BatchArgs, output: Output) -> Result<()> {
         return Ok(());
     }
     let mut shown = serde_json::to_value(&view)?;
-    let watch = kube::runtime::watcher::watch_object(api, &args.name);
+    let watch = kube::runtime::watcher::watch_object(api, &args.name).default_backoff();
     let mut watch = std::pin::pin!(watch);
+    let mut failures = 0;
     while let Some(event) = watch.next().await {
+        if event.is_ok() {
+            failures = 0;
+        }
         let object = match event {
             Ok(Some(object)) => object,
             Ok(None) => bail!("PayoutBatch {} was deleted", args.name),
-            Err(e) => bail!("watching PayoutBatch {}: {e}", args.name),
+            Err(e) => {
+                failures += 1;
+                if failures >= WATCH_FAILURES_MAX {
+                    bail!(
+                        "watching PayoutBatch {}: {e} ({failures} times in a row)",
+                        args.name
+                    );
+                }
+                eprintln!("note: watching PayoutBatch {} again after: {e}", args.name);
+                continue;
+            }
         };
         let view = batch_view(kube, &object).await?;
         let now = serde_json::to_value(&view)?;
