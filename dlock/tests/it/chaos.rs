@@ -25,12 +25,12 @@ use uuid::Uuid;
 
 use crate::harness::{Backend, eventually};
 
-const OPERATOR_TOKEN: &str = "chaos-operator-token";
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
+pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
-struct Service {
+pub(crate) struct Service {
     name: &'static str,
-    port: u16,
+    pub(crate) port: u16,
     env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<ManagedChild>,
@@ -51,7 +51,7 @@ impl Service {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
@@ -106,33 +106,45 @@ impl Figures {
     }
 }
 
-struct Chaos {
+pub(crate) struct Chaos {
     dir: tempfile::TempDir,
-    pg: PgServer,
+    pub(crate) pg: PgServer,
     etcd: Option<EtcdServer>,
-    lock: Service,
-    payment: Service,
+    pub(crate) lock: Service,
+    pub(crate) payment: Service,
     stub: Service,
-    proxy: Service,
+    pub(crate) proxy: Service,
     read_timeout_ms: u64,
 }
 
 impl Chaos {
-    fn start(backend: Backend, rail: &[(&str, &str)], read_timeout_ms: u64) -> Self {
+    pub(crate) fn start(backend: Backend, rail: &[(&str, &str)], read_timeout_ms: u64) -> Self {
+        Self::start_on(backend, None, rail, read_timeout_ms)
+    }
+
+    /// Like [`Chaos::start`], the lock server configured by `lock_pairs` when given (an etcd
+    /// cluster the test runs itself, say) instead of a backend started here.
+    pub(crate) fn start_on(
+        backend: Backend,
+        lock_pairs: Option<Vec<(&'static str, String)>>,
+        rail: &[(&str, &str)],
+        read_timeout_ms: u64,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
         pg.create_database("lockdb")
             .unwrap_or_else(|e| panic!("{e:#}"));
         pg.create_database("paydb")
             .unwrap_or_else(|e| panic!("{e:#}"));
-        let etcd = (backend == Backend::Etcd)
+        let etcd = (backend == Backend::Etcd && lock_pairs.is_none())
             .then(|| EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}")));
-        let lock_pairs = match &etcd {
-            Some(etcd) => vec![
+        let lock_pairs = match (lock_pairs, &etcd) {
+            (Some(pairs), _) => pairs,
+            (None, Some(etcd)) => vec![
                 ("lock.backend", "etcd".to_owned()),
                 ("lock.etcd.endpoints", etcd.endpoint()),
             ],
-            None => vec![
+            (None, None) => vec![
                 ("lock.backend", "pg".to_owned()),
                 ("lock.pg.url", pg.url("lockdb")),
             ],
@@ -184,7 +196,7 @@ impl Chaos {
         PaymentClient::new(&self.payment.url(), "chaos").unwrap_or_else(|e| panic!("{e}"))
     }
 
-    async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
+    pub(crate) async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
         let payment = self.payment_client();
         for i in 0..n {
             let account = format!("{prefix}-{i:02}");
@@ -208,7 +220,7 @@ impl Chaos {
     }
 
     /// Writes a batch of `n` payouts spread over `accounts` accounts.
-    fn batch(&self, name: &str, prefix: &str, accounts: usize, n: usize) -> PathBuf {
+    pub(crate) fn batch(&self, name: &str, prefix: &str, accounts: usize, n: usize) -> PathBuf {
         let mut text = format!(
             "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 4\n  payouts:\n"
         );
@@ -224,7 +236,12 @@ impl Chaos {
         path
     }
 
-    fn executor(&self, batch: &Path, owner: &str, extra: &[&str]) -> (ManagedChild, PathBuf) {
+    pub(crate) fn executor(
+        &self,
+        batch: &Path,
+        owner: &str,
+        extra: &[&str],
+    ) -> (ManagedChild, PathBuf) {
         let log = self.dir.path().join(format!("{owner}.log"));
         let mut args: Vec<String> = vec![
             "run".into(),
@@ -252,7 +269,7 @@ impl Chaos {
     }
 
     /// Waits for an executor to finish and returns how many fenced-out events it reported.
-    fn finish(&self, mut executor: ManagedChild, log: &Path) -> usize {
+    pub(crate) fn finish(&self, mut executor: ManagedChild, log: &Path) -> usize {
         let status = executor.wait_exit(Duration::from_secs(180));
         let text = std::fs::read_to_string(log).unwrap_or_default();
         assert!(
@@ -262,7 +279,7 @@ impl Chaos {
         fenced_out_in(&text)
     }
 
-    async fn posted_count(&self) -> usize {
+    pub(crate) async fn posted_count(&self) -> usize {
         self.pg
             .psql(
                 "paydb",
@@ -274,7 +291,7 @@ impl Chaos {
     }
 
     /// The shared invariant checker.
-    async fn check(
+    pub(crate) async fn check(
         &self,
         scenario: &'static str,
         batches: &[(&str, &str, usize)],
@@ -404,7 +421,7 @@ pub(crate) fn header() {
 }
 
 /// A worker that acquires and claims, then "pauses": the test drives its steps by hand.
-struct ScriptedHolder {
+pub(crate) struct ScriptedHolder {
     lock: LockClient,
     payment: PaymentClient,
     rail: RailClient,
@@ -413,7 +430,7 @@ struct ScriptedHolder {
 }
 
 impl ScriptedHolder {
-    async fn claim(chaos: &Chaos, account: &str, payout: Uuid, ttl_ms: i64) -> Self {
+    pub(crate) async fn claim(chaos: &Chaos, account: &str, payout: Uuid, ttl_ms: i64) -> Self {
         let lock =
             LockClient::new(&chaos.lock.url(), "paused-holder").unwrap_or_else(|e| panic!("{e}"));
         let payment = PaymentClient::new(&chaos.payment.url(), "paused-holder")
@@ -457,7 +474,7 @@ impl ScriptedHolder {
     }
 
     /// The holder wakes up and carries on with its old token: every write must be fenced.
-    async fn resume(&self, account: &str, payout: Uuid, amount: i64) -> usize {
+    pub(crate) async fn resume(&self, account: &str, payout: Uuid, amount: i64) -> usize {
         let key = idempotency_key(payout);
         let body = SubmissionRequest {
             payout_id: payout,
@@ -486,7 +503,7 @@ impl ScriptedHolder {
     }
 }
 
-async fn register_one(chaos: &Chaos, batch: &str, account: &str, amount: i64) -> Uuid {
+pub(crate) async fn register_one(chaos: &Chaos, batch: &str, account: &str, amount: i64) -> Uuid {
     let id = payout_id(batch, "item-0000");
     let body = CreatePayoutRequest {
         payout_id: id,

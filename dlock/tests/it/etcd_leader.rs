@@ -1,0 +1,268 @@
+//! A leader change under a batch (issue 18, item 3): three etcd members on loopback, the lock
+//! server with all three endpoints, a batch of payouts through the real services; the leader is
+//! killed mid-batch (SIGKILL: no leadership hand-over, a real election) and restarted later.
+//! A probe client measures what clients see meanwhile: every refusal is `503 NOT_LEADER` with
+//! `retryAfterMillis`, a grant held across the election survives or is `LOCK_LOST` /
+//! `SESSION_EXPIRED`, and never has a second holder. The chaos suite's invariant checker then
+//! counts double payments on the rail's statement.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock_contract::ErrorCode;
+use dlock_devstack::etcd_cluster::EtcdCluster;
+use etcd_client::Client;
+use tokio::sync::Mutex;
+
+use crate::chaos::{Chaos, header};
+use crate::harness::{Backend, client, eventually};
+
+/// The member that leads now, by etcd's status API (asked of each member in turn).
+async fn leader(cluster: &EtcdCluster) -> usize {
+    for i in 0..cluster.members.len() {
+        if !cluster.members[i].running() {
+            continue;
+        }
+        let Ok(mut c) = Client::connect([cluster.endpoint(i)], None).await else {
+            continue;
+        };
+        let Ok(status) = c.status().await else {
+            continue;
+        };
+        let me = status.header().map(|h| h.member_id()).unwrap_or_default();
+        if status.leader() == me && me != 0 {
+            return i;
+        }
+    }
+    panic!("no member says it leads")
+}
+
+/// Sends `call` again after each `503 NOT_LEADER`, waiting its `retryAfterMillis`, as the
+/// contract allows (nothing was changed); up to 40 times.
+async fn past_not_leader<T, F, Fut>(mut call: F) -> Result<T, dlock_contract::client::ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, dlock_contract::client::ClientError>>,
+{
+    let mut attempts = 0;
+    loop {
+        match call().await {
+            Err(e) if e.code() == Some(ErrorCode::NotLeader) && attempts < 40 => {
+                attempts += 1;
+                let wait = e
+                    .retry_after()
+                    .unwrap_or_else(|| panic!("no retryAfterMillis: {e}"));
+                tokio::time::sleep(wait.min(Duration::from_millis(500))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Seen {
+    cycles: AtomicUsize,
+    refused: AtomicUsize,
+    other_errors: Mutex<Vec<String>>,
+    /// First refusal and first success after it.
+    outage: Mutex<(Option<Instant>, Option<Instant>)>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_change_mid_batch_pays_nobody_twice() {
+    let mut cluster = EtcdCluster::start(3, None).unwrap_or_else(|e| panic!("{e:#}"));
+    let pairs = vec![
+        ("lock.backend", "etcd".to_owned()),
+        ("lock.etcd.endpoints", cluster.endpoints().join(",")),
+        ("lock.etcd.connect-timeout-ms", "500".to_owned()),
+        ("lock.etcd.request-timeout-ms", "3000".to_owned()),
+    ];
+    let chaos = Chaos::start_on(
+        Backend::Etcd,
+        Some(pairs),
+        &[("rail.stub.latency-ms", "20")],
+        1_000,
+    );
+    chaos.accounts("lead", 8, 10_000_000).await;
+    let batch = chaos.batch("lead-batch", "lead", 8, 120);
+    let (executor, log) = chaos.executor(&batch, "executor-lead", &[]);
+
+    // A holder whose grant spans the election, and a probe doing whole cycles every 50 ms.
+    let lock_url = chaos.lock.url();
+    let holder = client(&lock_url, "holder");
+    let held_session = holder
+        .create_session(Some(30_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let held = holder
+        .acquire("probe:held", held_session.session_id, Some(30_000), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let seen = Arc::new(Seen::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = tokio::spawn({
+        let (seen, stop, url) = (seen.clone(), stop.clone(), lock_url.clone());
+        async move {
+            let lock = client(&url, "probe");
+            let mut session = None;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let result = async {
+                    let id = match session {
+                        Some(id) => id,
+                        None => {
+                            let s = lock.create_session(Some(10_000)).await?;
+                            session = Some(s.session_id);
+                            s.session_id
+                        }
+                    };
+                    // A key per cycle: a release refused mid-election leaves its grant to
+                    // its TTL, which must not make the next cycle contend with itself.
+                    let key = format!("probe:cycle-{}", n);
+                    n += 1;
+                    let grant = lock.acquire(&key, id, Some(5_000), None).await?;
+                    lock.release(&key, id, grant.fencing_token).await
+                }
+                .await;
+                match result {
+                    Ok(()) => {
+                        seen.cycles.fetch_add(1, Ordering::Relaxed);
+                        let mut outage = seen.outage.lock().await;
+                        if outage.0.is_some() && outage.1.is_none() {
+                            outage.1 = Some(Instant::now());
+                        }
+                    }
+                    Err(e) if e.code() == Some(ErrorCode::NotLeader) => {
+                        assert!(e.retry_safe(), "NOT_LEADER is retry-safe: {e}");
+                        assert!(
+                            e.retry_after().is_some(),
+                            "NOT_LEADER carries retryAfterMillis: {e}"
+                        );
+                        seen.refused.fetch_add(1, Ordering::Relaxed);
+                        let mut outage = seen.outage.lock().await;
+                        if outage.0.is_none() {
+                            outage.0 = Some(Instant::now());
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.code(),
+                            Some(ErrorCode::SessionExpired | ErrorCode::SessionUnknown)
+                        ) =>
+                    {
+                        session = None;
+                    }
+                    Err(e) => seen.other_errors.lock().await.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+
+    eventually(
+        "the batch makes progress",
+        Duration::from_secs(60),
+        || async { (chaos.posted_count().await >= 30).then_some(()) },
+    )
+    .await;
+    let old_leader = leader(&cluster).await;
+    let posted_at_kill = chaos.posted_count().await;
+    let killed_at = Instant::now();
+    cluster.kill(old_leader);
+    // The election is over for clients when a whole cycle succeeds after the kill.
+    let cycles_at_kill = seen.cycles.load(Ordering::Relaxed);
+    eventually(
+        "a lock cycle succeeds after the leader's death",
+        Duration::from_secs(30),
+        || async { (seen.cycles.load(Ordering::Relaxed) > cycles_at_kill + 2).then_some(()) },
+    )
+    .await;
+    let new_leader = leader(&cluster).await;
+    assert_ne!(new_leader, old_leader);
+
+    // The grant held across the election: renewed with the same token, or ended as the
+    // contract says; while it is renewed, nobody else gets the key.
+    let contender = client(&lock_url, "contender");
+    let contender_session = past_not_leader(|| contender.create_session(Some(10_000)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let held_outcome = match holder
+        .renew(
+            "probe:held",
+            held_session.session_id,
+            held.fencing_token,
+            None,
+        )
+        .await
+    {
+        Ok(renewed) => {
+            assert_eq!(renewed.fencing_token, held.fencing_token);
+            let second = past_not_leader(|| {
+                contender.acquire("probe:held", contender_session.session_id, None, None)
+            })
+            .await;
+            assert_eq!(
+                second.as_ref().err().and_then(|e| e.code()),
+                Some(ErrorCode::LockContended),
+                "a grant that survived the election has no second holder: {second:?}"
+            );
+            "survived (renewed, same token)"
+        }
+        Err(e) => {
+            assert!(
+                matches!(
+                    e.code(),
+                    Some(ErrorCode::LockLost | ErrorCode::SessionExpired)
+                ),
+                "a grant lost in the election is LOCK_LOST or SESSION_EXPIRED: {e}"
+            );
+            "ended (LOCK_LOST/SESSION_EXPIRED)"
+        }
+    };
+
+    // The old leader comes back as a follower while the batch goes on.
+    eventually(
+        "more payouts after the election",
+        Duration::from_secs(60),
+        || async { (chaos.posted_count().await >= posted_at_kill + 10).then_some(()) },
+    )
+    .await;
+    cluster
+        .restart(old_leader)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let fenced = chaos.finish(executor, &log);
+    stop.store(true, Ordering::Relaxed);
+    probe.await.unwrap_or_else(|e| panic!("probe: {e}"));
+
+    let (first_refusal, back) = *seen.outage.lock().await;
+    let refused = seen.refused.load(Ordering::Relaxed);
+    let others = seen.other_errors.lock().await.clone();
+    assert!(
+        others.is_empty(),
+        "during the election every refusal is NOT_LEADER: {others:?}"
+    );
+    let election_ms = match (first_refusal, back) {
+        (Some(a), Some(b)) => b.duration_since(a).as_millis(),
+        _ => 0,
+    };
+    println!(
+        "leader change: member {old_leader} killed {} ms after start of outage window; clients \
+         refused {refused} times (NOT_LEADER, retryAfterMillis set) over {election_ms} ms; \
+         held grant {held_outcome}; new leader member {new_leader}",
+        first_refusal
+            .map(|f| f.saturating_duration_since(killed_at).as_millis())
+            .unwrap_or(0)
+    );
+    header();
+    let figures = chaos
+        .check(
+            "etcd leader killed (3 members)",
+            &[("lead-batch", "lead", 120)],
+            1,
+            fenced,
+        )
+        .await;
+    assert_eq!(figures.payouts, 120);
+}
