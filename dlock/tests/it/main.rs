@@ -14,6 +14,7 @@ mod expiry;
 mod hardening;
 mod harness;
 mod lock_owner;
+mod monitoring;
 mod netfault;
 mod payment;
 mod payment_hygiene;
