@@ -6,15 +6,7 @@ use std::path::{Path, PathBuf};
 use mlua::{Lua, LuaSerdeExt};
 use serde::Deserialize;
 
-const KINDS: [&str; 7] = [
-    "LockServer",
-    "PaymentResource",
-    "RailProxy",
-    "PayoutBatch",
-    "Lock",
-    "LockRevocation",
-    "Reconciliation",
-];
+use dlock_operator::argocd::KINDS;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
