@@ -184,11 +184,30 @@ pub struct PgBackend {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackend {
+    /// Every member; all `https://` with `tlsSecret`, none without it.
     #[schemars(length(min = 1, max = 16))]
     pub endpoints: Vec<String>,
-    /// A Secret with `ca.crt`, `tls.crt` and `tls.key`, mounted at `/etc/dlock/etcd-tls`.
+    /// TLS to etcd with a client certificate: a Secret in the `kubernetes.io/tls` layout that
+    /// cert-manager writes, `ca.crt` (the CA of etcd's serving certificate), `tls.crt` and
+    /// `tls.key` (the lock server's client certificate and key). Mounted read-only at
+    /// `/etc/dlock/etcd-tls` and named by `lock.etcd.ca-file`, `cert-file` and `key-file`; a
+    /// renewed certificate is picked up without a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_secret: Option<String>,
+    /// etcd's own authentication (`lock.etcd.username`, `lock.etcd.password-file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<EtcdAuth>,
+}
+
+/// An etcd user whose role grants `readwrite` on the lock server's prefix only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdAuth {
+    #[schemars(length(min = 1, max = 128))]
+    pub username: String,
+    /// The key holding the user's password; mounted read-only at `/etc/dlock/etcd-auth` and
+    /// named by `lock.etcd.password-file` (a changed password is picked up without a restart).
+    pub password_secret: SecretKeyRef,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
+use crate::build::deployment::{
+    ETCD_AUTH_DIR, ETCD_TLS_CA_KEY, ETCD_TLS_CERT_KEY, ETCD_TLS_DIR, ETCD_TLS_KEY_KEY,
+};
 use crate::build::job::{
     ExecutorCredential, TOKEN_AUDIENCE, TokenSource, ValidatedBatch, executor_owner_id,
 };
@@ -118,6 +121,104 @@ fn service_account(auth: AuthMode) -> Option<String> {
 /// Lines of a service's TOML configuration: key, TOML value.
 type ConfigLines = Vec<(&'static str, String)>;
 
+/// A Secret name, or a Secret key that is a plain file name (1 to 253 of `[-._a-zA-Z0-9]`).
+fn valid_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 253
+        && v != "."
+        && v != ".."
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A Secret key mounted as a file in a directory: its name must be a Secret name and its key a
+/// file name that cannot leave the directory.
+fn check_mounted_secret(secret: &crate::crd::SecretKeyRef, field: &str) -> Result<(), Invalid> {
+    if !valid_name(&secret.name) {
+        return Err(invalid(&format!("{field}.name"), "must be a Secret name"));
+    }
+    if !valid_name(&secret.key) {
+        return Err(invalid(
+            &format!("{field}.key"),
+            "must be a Secret key (1 to 253 of [-._a-zA-Z0-9], not . or ..)",
+        ));
+    }
+    Ok(())
+}
+
+/// The `lock.etcd.*` TLS and authentication lines for `spec.backend.etcd`, with the Secrets to
+/// mount: the TLS Secret's `ca.crt`, `tls.crt` and `tls.key` (the `kubernetes.io/tls` layout)
+/// and the user's password key. TLS and `https://` go together, as the lock server requires
+/// (it would stop at start otherwise): refused here, before a pod crash-loops on it.
+fn etcd_credentials(
+    etcd: &crate::crd::EtcdBackend,
+) -> Result<(ConfigLines, Option<String>, Option<String>), Invalid> {
+    let mut lines = Vec::new();
+    for (i, endpoint) in etcd.endpoints.iter().enumerate() {
+        let field = format!("spec.backend.etcd.endpoints[{i}]");
+        let https = endpoint.starts_with("https://");
+        if etcd.tls_secret.is_some() && !https {
+            return Err(invalid(
+                &field,
+                format!(
+                    "{endpoint:?} must be https:// with spec.backend.etcd.tlsSecret (the lock \
+                     server speaks TLS to every member or to none)"
+                ),
+            ));
+        }
+        if etcd.tls_secret.is_none() && https {
+            return Err(invalid(
+                &field,
+                format!(
+                    "{endpoint:?} is https://: set spec.backend.etcd.tlsSecret (a Secret with \
+                     ca.crt, tls.crt and tls.key) or use http:// endpoints"
+                ),
+            ));
+        }
+    }
+    if let Some(secret) = &etcd.tls_secret {
+        if !valid_name(secret) {
+            return Err(invalid(
+                "spec.backend.etcd.tlsSecret",
+                "must be a Secret name",
+            ));
+        }
+        for (key, file) in [
+            ("lock.etcd.ca-file", ETCD_TLS_CA_KEY),
+            ("lock.etcd.cert-file", ETCD_TLS_CERT_KEY),
+            ("lock.etcd.key-file", ETCD_TLS_KEY_KEY),
+        ] {
+            lines.push((key, toml_string(&format!("{ETCD_TLS_DIR}/{file}"))));
+        }
+    }
+    let mut password_secret = None;
+    if let Some(auth) = &etcd.auth {
+        let username = auth.username.as_str();
+        if username.is_empty()
+            || username.len() > 128
+            || username
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "spec.backend.etcd.auth.username",
+                "must be an etcd user name (1 to 128 characters, no spaces)",
+            ));
+        }
+        check_mounted_secret(
+            &auth.password_secret,
+            "spec.backend.etcd.auth.passwordSecret",
+        )?;
+        lines.push(("lock.etcd.username", toml_string(username)));
+        lines.push((
+            "lock.etcd.password-file",
+            toml_string(&format!("{ETCD_AUTH_DIR}/{}", auth.password_secret.key)),
+        ));
+        password_secret = Some(auth.password_secret.name.clone());
+    }
+    Ok((lines, etcd.tls_secret.clone(), password_secret))
+}
+
 /// `fencing.proof-keys-file` and the Secret to mount for `spec.fencingProofKeysSecret`.
 fn fencing_proof_keys(
     spec: Option<&crate::crd::SecretKeyRef>,
@@ -125,26 +226,7 @@ fn fencing_proof_keys(
     let Some(secret) = spec else {
         return Ok((Vec::new(), None));
     };
-    let valid_name = |v: &str, max: usize| {
-        !v.is_empty()
-            && v.len() <= max
-            && v != "."
-            && v != ".."
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    };
-    if !valid_name(&secret.name, 253) {
-        return Err(invalid(
-            "spec.fencingProofKeysSecret.name",
-            "must be a Secret name",
-        ));
-    }
-    if !valid_name(&secret.key, 253) {
-        return Err(invalid(
-            "spec.fencingProofKeysSecret.key",
-            "must be a Secret key (1 to 253 of [-._a-zA-Z0-9], not . or ..)",
-        ));
-    }
+    check_mounted_secret(secret, "spec.fencingProofKeysSecret")?;
     Ok((
         vec![(
             "fencing.proof-keys-file",
@@ -180,6 +262,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
     let mut lines = vec![("server.listen", listen())];
     let mut secret_env = Vec::new();
     let mut etcd_tls_secret = None;
+    let mut etcd_password_secret = None;
     match spec.backend.type_ {
         BackendType::Pg => {
             let pg = spec.backend.pg.as_ref().ok_or_else(|| {
@@ -227,7 +310,10 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
                     .collect(),
             );
             lines.push(("lock.etcd.endpoints", endpoints.to_string()));
-            etcd_tls_secret = etcd.tls_secret.clone();
+            let (credential_lines, tls_secret, password_secret) = etcd_credentials(etcd)?;
+            lines.extend(credential_lines);
+            etcd_tls_secret = tls_secret;
+            etcd_password_secret = password_secret;
         }
     }
     let auth = auth_mode(spec.auth.as_ref());
@@ -247,6 +333,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret,
+        etcd_password_secret,
         service_account: service_account(auth),
         auth_disabled: auth == AuthMode::None,
         fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
@@ -298,6 +385,7 @@ pub fn payment_resource(
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret: None,
+        etcd_password_secret: None,
         service_account: service_account(auth),
         auth_disabled: auth == AuthMode::None,
         fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
@@ -379,6 +467,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
         data_volume: false,
         etcd_tls_secret: None,
+        etcd_password_secret: None,
         service_account: service_account(auth),
         auth_disabled: auth == AuthMode::None,
         fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
@@ -421,6 +510,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         cloud_sql: None,
         data_volume: true,
         etcd_tls_secret: None,
+        etcd_password_secret: None,
         service_account: None,
         auth_disabled: false,
         fencing_proof_keys_secret: None,

@@ -84,6 +84,8 @@ pub struct Workload {
     pub data_volume: bool,
     /// A Secret mounted at `/etc/dlock/etcd-tls`.
     pub etcd_tls_secret: Option<String>,
+    /// The etcd user's password Secret, mounted at `/etc/dlock/etcd-auth`.
+    pub etcd_password_secret: Option<String>,
     /// The pod's service account, with its token mounted (TokenReview needs it); `None`: the
     /// namespace's default account and no token.
     pub service_account: Option<String>,

@@ -19,6 +19,14 @@ use crate::workload::{FENCING_PROOF_KEYS_DIR, PORT, Workload};
 pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
 /// The non-root user of the `dlock` image.
 pub const RUN_AS_USER: i64 = 65532;
+/// Where the LockServer's `spec.backend.etcd.tlsSecret` is mounted.
+pub const ETCD_TLS_DIR: &str = "/etc/dlock/etcd-tls";
+/// The keys of that Secret (the `kubernetes.io/tls` layout, with cert-manager's `ca.crt`).
+pub const ETCD_TLS_CA_KEY: &str = "ca.crt";
+pub const ETCD_TLS_CERT_KEY: &str = "tls.crt";
+pub const ETCD_TLS_KEY_KEY: &str = "tls.key";
+/// Where the Secret of `spec.backend.etcd.auth.passwordSecret` is mounted.
+pub const ETCD_AUTH_DIR: &str = "/etc/dlock/etcd-auth";
 
 /// The first 16 hex digits of the configuration's SHA-256.
 pub fn config_hash(config_toml: &str) -> String {
@@ -115,15 +123,22 @@ pub fn deployment(workload: &Workload) -> Deployment {
             ..Volume::default()
         });
     }
-    if let Some(secret) = &workload.etcd_tls_secret {
+    // The etcd TLS and password Secrets, as directories (never a subPath): kubelet updates
+    // them when cert-manager renews the certificate or the password changes, and the lock
+    // server re-reads the files every 10 s and reconnects with them.
+    for (volume, dir, secret) in [
+        ("etcd-tls", ETCD_TLS_DIR, &workload.etcd_tls_secret),
+        ("etcd-auth", ETCD_AUTH_DIR, &workload.etcd_password_secret),
+    ] {
+        let Some(secret) = secret else { continue };
         volume_mounts.push(VolumeMount {
-            name: "etcd-tls".to_owned(),
-            mount_path: "/etc/dlock/etcd-tls".to_owned(),
+            name: volume.to_owned(),
+            mount_path: dir.to_owned(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
         volumes.push(Volume {
-            name: "etcd-tls".to_owned(),
+            name: volume.to_owned(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(secret.clone()),
                 ..SecretVolumeSource::default()

@@ -117,13 +117,91 @@ fn an_etcd_lock_server_config_lists_the_endpoints() {
     let workload = validate::lock_server(&object, &settings()).unwrap();
     assert_eq!(
         workload.config_toml,
-        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"lock.etcd.ca-file\" = \"/etc/dlock/etcd-tls/ca.crt\"\n\"lock.etcd.cert-file\" = \"/etc/dlock/etcd-tls/tls.crt\"\n\"lock.etcd.key-file\" = \"/etc/dlock/etcd-tls/tls.key\"\n\"lock.etcd.username\" = \"dlock\"\n\"lock.etcd.password-file\" = \"/etc/dlock/etcd-auth/password\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
     );
     assert!(workload.secret_env.is_empty());
     assert_snapshot(
         "lock-server-etcd-deployment",
         &deployment::deployment(&workload),
     );
+}
+
+/// `spec.backend.etcd.tlsSecret` (the `kubernetes.io/tls` layout: `ca.crt`, `tls.crt`,
+/// `tls.key`) and `spec.backend.etcd.auth` reach the lock server: both Secrets mounted read-only
+/// as directories (a renewed certificate or a changed password reaches the pod) and named by the
+/// `lock.etcd.*` file keys; no password in the ConfigMap or the environment. TLS without
+/// `https://` endpoints (or the reverse), a bad user name or a key that could leave the mount is
+/// refused by validation (the controller's Degraded `InvalidSpec`), before a pod crash-loops.
+#[test]
+fn the_etcd_tls_secret_and_password_are_mounted_and_named_by_the_lock_etcd_keys() {
+    let mut object = fixtures::lock_server();
+    object.spec.backend = fixtures::etcd_backend();
+    let workload = validate::lock_server(&object, &settings()).unwrap();
+    let config: toml::Table = workload.config_toml.parse().unwrap();
+    for (key, value) in [
+        ("lock.etcd.ca-file", "/etc/dlock/etcd-tls/ca.crt"),
+        ("lock.etcd.cert-file", "/etc/dlock/etcd-tls/tls.crt"),
+        ("lock.etcd.key-file", "/etc/dlock/etcd-tls/tls.key"),
+        ("lock.etcd.username", "dlock"),
+        ("lock.etcd.password-file", "/etc/dlock/etcd-auth/password"),
+    ] {
+        assert_eq!(config[key].as_str(), Some(value), "{key}");
+    }
+    let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap()["spec"]["template"]
+        ["spec"]
+        .clone();
+    let container = &pod["containers"][0];
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let volumes = pod["volumes"].as_array().unwrap();
+    for (volume, dir, secret) in [
+        ("etcd-tls", "/etc/dlock/etcd-tls", "etcd-client-tls"),
+        ("etcd-auth", "/etc/dlock/etcd-auth", "etcd-dlock-user"),
+    ] {
+        assert!(
+            mounts.contains(&json!({"name": volume, "mountPath": dir, "readOnly": true})),
+            "{mounts:?}"
+        );
+        assert!(
+            volumes.contains(&json!({"name": volume, "secret": {"secretName": secret}})),
+            "{volumes:?}"
+        );
+    }
+    assert!(
+        !container["env"].to_string().contains("etcd-dlock-user"),
+        "the password is a file, not an environment variable"
+    );
+
+    // Without TLS and auth: plain endpoints, no keys, no mounts.
+    let mut plain = object.clone();
+    plain.spec.backend.etcd = Some(dlock_operator::crd::EtcdBackend {
+        endpoints: vec!["http://etcd:2379".to_owned()],
+        tls_secret: None,
+        auth: None,
+    });
+    let workload = validate::lock_server(&plain, &settings()).unwrap();
+    assert!(
+        !workload.config_toml.contains("-file") && !workload.config_toml.contains("username"),
+        "{}",
+        workload.config_toml
+    );
+    let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap();
+    assert!(!pod.to_string().contains("etcd-"), "{pod}");
+
+    let refused = |edit: &dyn Fn(&mut dlock_operator::crd::EtcdBackend)| {
+        let mut object = object.clone();
+        edit(object.spec.backend.etcd.as_mut().unwrap());
+        validate::lock_server(&object, &settings()).unwrap_err()
+    };
+    let error = refused(&|etcd| etcd.endpoints.push("http://etcd-1.etcd:2379".to_owned()));
+    assert_eq!(error.field, "spec.backend.etcd.endpoints[1]");
+    assert!(error.message.contains("must be https://"), "{error}");
+    let error = refused(&|etcd| etcd.tls_secret = None);
+    assert_eq!(error.field, "spec.backend.etcd.endpoints[0]");
+    assert!(error.message.contains("tlsSecret"), "{error}");
+    let error = refused(&|etcd| etcd.auth.as_mut().unwrap().username = "dl ock".to_owned());
+    assert_eq!(error.field, "spec.backend.etcd.auth.username");
+    let error = refused(&|etcd| etcd.auth.as_mut().unwrap().password_secret.key = "../x".into());
+    assert_eq!(error.field, "spec.backend.etcd.auth.passwordSecret.key");
 }
 
 /// maxUnavailable 0, readiness on /readyz (which gates on the backend and, since each service

@@ -67,6 +67,10 @@ pub fn etcd_backend() -> LockBackend {
         etcd: Some(EtcdBackend {
             endpoints: vec!["https://etcd-0.etcd:2379".to_owned()],
             tls_secret: Some("etcd-client-tls".to_owned()),
+            auth: Some(EtcdAuth {
+                username: "dlock".to_owned(),
+                password_secret: secret("etcd-dlock-user", "password"),
+            }),
         }),
     }
 }
