@@ -509,6 +509,14 @@ async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, 
     let (_, mut fenced) = stack.wait(first, &first_log, Duration::from_secs(25));
     let (again, again_log) = stack.executor(&batch, &format!("executor-{prefix}-b"), &[]);
     fenced += stack.finish(again, &again_log);
+    // Positive control: the count that stood still during the partition is the one that moves
+    // once the lock server reaches its backend again, so "frozen" was not a blind counter.
+    let healed = stack.posted();
+    assert!(
+        frozen < 120 && healed > frozen,
+        "{scenario}: the cut left payouts to post ({frozen} of 120) and the same count rose \
+         after the heal ({healed})"
+    );
     header();
     stack
         .check(
@@ -636,6 +644,13 @@ async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an
         seen.unwrap_or("?")
     );
     let fenced = stack.finish(a, &a_log);
+    // Positive control: the statement that stood still while paydb was out of reach grows once
+    // the proxy can record intents again.
+    let healed = stack.transfers().await;
+    assert!(
+        healed > after,
+        "the statement grew after the heal ({after} -> {healed}); otherwise \"frozen\" proves nothing"
+    );
     header();
     stack
         .check(
