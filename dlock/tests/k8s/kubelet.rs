@@ -355,14 +355,23 @@ async fn resolve_env(
     let maps: Api<ConfigMap> = Api::namespaced(shared.client.clone(), namespace);
     let mut env = Vec::new();
     for from in container.env_from.iter().flatten() {
+        // As the kubelet does: an optional Secret or ConfigMap that is absent sets nothing.
         if let Some(r) = &from.secret_ref {
-            let secret = secrets.get(&r.name).await?;
+            let secret = match secrets.get_opt(&r.name).await? {
+                Some(secret) => secret,
+                None if r.optional == Some(true) => continue,
+                None => secrets.get(&r.name).await?,
+            };
             for (k, v) in secret_data(&secret) {
                 env.push((format!("{}{k}", from.prefix.clone().unwrap_or_default()), v));
             }
         }
         if let Some(r) = &from.config_map_ref {
-            let map = maps.get(&r.name).await?;
+            let map = match maps.get_opt(&r.name).await? {
+                Some(map) => map,
+                None if r.optional == Some(true) => continue,
+                None => maps.get(&r.name).await?,
+            };
             for (k, v) in map.data.unwrap_or_default() {
                 env.push((format!("{}{k}", from.prefix.clone().unwrap_or_default()), v));
             }

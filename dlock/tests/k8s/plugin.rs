@@ -248,11 +248,19 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .unwrap_or_else(|e| panic!("{e}"));
 
     // kubectl apply -f examples/payoutbatch.yaml; its Job runs and leaves 4 RAIL_AMBIGUOUS.
+    // `kubectl dlock batch -w` follows it from the start until its Job has ended.
+    let plugin = Plugin::install(&world);
     let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
         .unwrap_or_else(|e| panic!("{e}"));
     world
         .apply(NS, &example)
         .unwrap_or_else(|e| panic!("{e:#}"));
+    let watching = tokio::process::Command::from(
+        plugin.command(&["dlock", "batch", BATCH, "-w", "-o", "json"], &[]),
+    )
+    .kill_on_drop(true)
+    .output();
+    let watching = tokio::spawn(watching);
     let mut object = Value::Null;
     wait_until(
         "the batch is Degraded with 4 ambiguous payouts",
@@ -266,6 +274,22 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}: {object}{}", world.diagnostics()));
+    let watched = tokio::time::timeout(Duration::from_secs(60), watching)
+        .await
+        .unwrap_or_else(|_| panic!("batch -w did not end with its Job"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lines: Vec<Value> = String::from_utf8_lossy(&watched.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(watched.status.success(), "{watched:?}");
+    let last = lines.last().cloned().unwrap_or_default();
+    assert_eq!(last["job"]["state"], "Complete", "{lines:?}");
+    assert!(
+        lines.len() >= 2 && lines[0]["job"]["state"] != "Complete",
+        "batch -w printed the batch before its Job ended, and again after: {lines:?}"
+    );
     let ambiguous: Vec<String> = object["status"]["ambiguous"]
         .as_array()
         .into_iter()
@@ -292,7 +316,6 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 
-    let plugin = Plugin::install(&world);
     let started = std::time::Instant::now();
 
     // status: the namespace comes from the context.
