@@ -117,9 +117,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
         options.workers,
         options.owner_id
     );
-    let metrics_server = args
-        .metrics_listen
-        .map(|addr| tokio::spawn(options.metrics.clone().serve(addr)));
+    let metrics_server = args.metrics_listen.map(|addr| {
+        let metrics = options.metrics.clone();
+        tokio::spawn(async move {
+            if let Err(error) = metrics.serve(addr).await {
+                tracing::warn!(
+                    event = "metrics_listen_failed",
+                    %addr,
+                    error = format!("{error:#}"),
+                    "the executor's /metrics is not served (the batch runs on): free the \
+                     address or pick another --metrics-listen"
+                );
+            }
+        })
+    });
     let report = dlock_executor::execute(&batch, &args.endpoints(), options).await?;
     if let Some(server) = metrics_server {
         server.abort();

@@ -2,8 +2,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, EnvVar,
-    EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
+    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
+    EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
     SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection,
 };
@@ -105,6 +105,9 @@ pub fn executor_owner_id(identity: &str, batch: &str) -> Option<String> {
 /// The labels of a batch's objects and its executor pods. `app.kubernetes.io/component:
 /// executor`; the batch is named by `dlock.io/instance`, never `app.kubernetes.io/instance`
 /// (Argo CD's tracking label).
+/// Where an executor pod serves `/metrics` (`dlock run --metrics-listen`).
+pub const EXECUTOR_METRICS_PORT: i32 = 9090;
+
 pub fn batch_labels(batch: &str) -> BTreeMap<String, String> {
     super::owned_labels("executor", batch)
 }
@@ -284,7 +287,17 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                             format!("/config/{MANIFEST_FILE}"),
                             "--owner-id".to_owned(),
                             batch.credential.owner_id.clone(),
+                            // The executor's own metrics (cycles by outcome, backlog age) for
+                            // the chart's PodMonitor, on the port named like the services'.
+                            "--metrics-listen".to_owned(),
+                            format!("0.0.0.0:{EXECUTOR_METRICS_PORT}"),
                         ]),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".to_owned()),
+                            container_port: EXECUTOR_METRICS_PORT,
+                            protocol: Some("TCP".to_owned()),
+                            ..ContainerPort::default()
+                        }]),
                         env: Some(env),
                         env_from: Some(super::telemetry_env_from()),
                         volume_mounts: Some(volume_mounts),
