@@ -784,7 +784,10 @@ pub fn check_ask(ask: &RevocationAsk<'_>) -> Result<(), Invalid> {
         return Err(invalid("key", "must be 1 to 128 of [a-zA-Z0-9:._-]"));
     }
     if !dlock_contract::payment::account_id_is_valid(account_id) {
-        return Err(invalid("accountId", "must be 1 to 64 of [a-zA-Z0-9:._-]"));
+        return Err(invalid(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
     }
     if expected_token.is_some_and(|t| t <= 0) {
         return Err(invalid("expectedToken", "must be greater than 0"));

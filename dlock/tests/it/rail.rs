@@ -425,6 +425,15 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_envelope("bad amount", status, &body, "VALIDATION_FAILED");
     let (status, body) = submit(&proxy, "acct-a", p8, 999, "50").await;
     assert_eq!(status, 400, "an amount that is not the payout's: {body}");
+    // The account id rule is the contract's, the same one the payment resource applies.
+    for bad in ["acct a", "acct/a", "", &"a".repeat(65)] {
+        let (status, body) = submit(&proxy, bad, p8, 1_000, "50").await;
+        assert_envelope("bad account id", status, &body, "VALIDATION_FAILED");
+        assert_eq!(
+            body["details"]["fields"][0]["field"], "accountId",
+            "{bad:?}: {body}"
+        );
+    }
     assert!(w.submissions(p8).await.is_empty());
     assert_eq!(w.state(p8).await, "CLAIMED");
 }
@@ -579,6 +588,27 @@ async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator()
     let (status, _, body) = advance(Some("Bearer test-operator")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["highestToken"], 9);
+    // An account id outside the contract's rule is refused and creates no mark.
+    let (status, _, body) = raw(
+        Method::POST,
+        &format!("{proxy}/v1/rail/high-water/acct%20e"),
+        &[
+            ("content-type", "application/json"),
+            ("x-owner-id", "ops"),
+            ("authorization", "Bearer test-operator"),
+        ],
+        Some(
+            &json!({"floor": 9, "operator": "ops", "reason": "revoked a stuck holder"}).to_string(),
+        ),
+    )
+    .await;
+    assert_envelope("bad account id", status, &body, "VALIDATION_FAILED");
+    let marks: (i64,) =
+        sqlx::query_as("SELECT count(*) FROM rail_high_water WHERE account_id = 'acct e'")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(marks.0, 0);
     // The revoked holder's token is now fenced at the rail, before it ever submitted.
     let (status, body) = submit(&proxy, "acct-e", payout, 100, "5").await;
     assert_eq!(status, 409);

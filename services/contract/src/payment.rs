@@ -45,6 +45,9 @@ pub fn currency_is_valid(code: &str) -> bool {
     CURRENCIES.contains(&code)
 }
 
+/// What [`account_id_is_valid`] allows, as a validation message says it.
+pub const ACCOUNT_ID_RULE: &str = "must be 1 to 64 of [a-zA-Z0-9:._-]";
+
 /// Whether `id` is an account id the contract allows: 1–64 of `[a-zA-Z0-9:._-]`.
 pub fn account_id_is_valid(id: &str) -> bool {
     !id.is_empty()

@@ -229,8 +229,11 @@ struct RecordRow {
 
 fn check_body(body: &SubmissionRequest) -> Result<(), ApiError> {
     let mut fields = Vec::new();
-    if body.account_id.is_empty() || body.account_id.len() > 64 {
-        fields.push(FieldError::new("accountId", "must be 1 to 64 characters"));
+    if !dlock_contract::payment::account_id_is_valid(&body.account_id) {
+        fields.push(FieldError::new(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
     }
     if body.amount_minor <= 0 {
         fields.push(FieldError::new(
@@ -814,6 +817,12 @@ async fn advance_high_water(
     let identity = identity_of(&caller);
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
     let mut fields = Vec::new();
+    if !dlock_contract::payment::account_id_is_valid(&account_id) {
+        fields.push(FieldError::new(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
+    }
     if body.floor <= 0 {
         fields.push(FieldError::new("floor", "must be a token greater than 0"));
     }
@@ -900,8 +909,11 @@ async fn lower_high_water(
     let token = headers::fencing_token(&headers)?;
     let mut fields = dlock_contract::proof::check_lower_request(&body);
     let owner = headers::owner_id(&headers).map_err(|e| fields.push(e)).ok();
-    if account_id.is_empty() || account_id.len() > 64 {
-        fields.push(FieldError::new("accountId", "must be 1 to 64 characters"));
+    if !dlock_contract::payment::account_id_is_valid(&account_id) {
+        fields.push(FieldError::new(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
     }
     if !fields.is_empty() {
         return Err(ApiError::validation(fields));
