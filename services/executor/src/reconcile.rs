@@ -119,7 +119,11 @@ pub async fn reconcile(
     };
 
     let accounts: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT a.account_id, a.kind, a.balance_minor, a.held_minor,
+        // A settlement account's balance is its row's plus its shards' (paydb 0007).
+        "SELECT a.account_id, a.kind,
+                (a.balance_minor + coalesce((SELECT sum(s.balance_minor) FROM account_balance_shards s
+                                             WHERE s.account_id = a.account_id), 0))::bigint,
+                a.held_minor,
                 coalesce(sum(CASE e.direction WHEN 'CREDIT' THEN e.amount_minor ELSE -e.amount_minor END), 0)::bigint
          FROM accounts a LEFT JOIN ledger_entries e ON e.account_id = a.account_id
          GROUP BY a.account_id, a.kind, a.balance_minor, a.held_minor",

@@ -27,8 +27,8 @@ use uuid::Uuid;
 use crate::config::PaymentConfig;
 use crate::metrics::{Lookup, Metrics, Resource};
 use crate::store::{
-    Begin, CancelAudit, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome, LowerAudit,
-    PayStore, Scope, StoreError, Tx, parse_state,
+    Begin, CancelAudit, ClaimRow, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome,
+    LowerAudit, Once, PayStore, PostRow, Scope, StoreError, StoreResult, Tx, parse_state,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 
@@ -272,11 +272,41 @@ impl AppState {
     }
 
     async fn start(&self, scope: &Scope) -> Result<Started, ApiError> {
-        match self
+        let begun = self
             .store
             .begin(scope, self.config.idempotency.in_progress_wait_ms)
+            .await;
+        self.started(scope, begun)
+    }
+
+    /// A `*_once` call's verdict: the effect's row in the open transaction when fresh, the
+    /// replayed or refused answer otherwise (as [`Self::start`]).
+    async fn start_once<T, F, Fut>(&self, scope: &Scope, call: F) -> Result<(Tx, T), Response>
+    where
+        F: FnOnce(Tx, i32) -> Fut,
+        Fut: std::future::Future<Output = StoreResult<Once<T>>>,
+    {
+        let tx = self
+            .store
+            .begin_tx()
             .await
-        {
+            .map_err(|e| store_error(e).into_response())?;
+        let (begun, row) = match call(tx, self.config.idempotency.in_progress_wait_ms).await {
+            Ok(Once::Fresh(tx, row)) => (Ok(Begin::Fresh(tx)), Some(row)),
+            Ok(Once::Replay { status, body }) => (Ok(Begin::Replay { status, body }), None),
+            Ok(Once::Conflict) => (Ok(Begin::Conflict), None),
+            Err(e) => (Err(e), None),
+        };
+        match (self.started(scope, begun), row) {
+            (Ok(Started::Fresh(tx)), Some(row)) => Ok((tx, row)),
+            (Ok(Started::Done(response)), _) => Err(response),
+            (Err(error), _) => Err(error.into_response()),
+            (Ok(Started::Fresh(_)), None) => Err(missing("effect row").into_response()),
+        }
+    }
+
+    fn started(&self, scope: &Scope, begun: StoreResult<Begin>) -> Result<Started, ApiError> {
+        match begun {
             Ok(Begin::Fresh(tx)) => {
                 self.metrics.lookup(Lookup::miss);
                 Ok(Started::Fresh(tx))
@@ -389,17 +419,16 @@ fn fenced_out(state: &AppState, f: Fenced<'_>) -> ApiError {
         trace = %dlock_contract::trace::current_trace_id(),
         "a write presented a token below the stored fence: a newer holder exists"
     );
-    ApiError::new(
-        ErrorCode::FencedOut,
+    ApiError::fenced_out(
         "a newer holder's token is stored for this resource; abort the whole critical section, do not retry",
+        &dlock_contract::error::FencedOutDetails {
+            presented_token: f.presented,
+            highest_token: f.highest,
+            resource_type: Some(f.resource.as_str().to_owned()),
+            resource_id: f.resource_id.to_owned(),
+            owner_id: f.write.owner_id.clone(),
+        },
     )
-    .with_details(json!({
-        "presentedToken": f.presented,
-        "highestToken": f.highest,
-        "resourceType": f.resource.as_str(),
-        "resourceId": f.resource_id,
-        "ownerId": f.write.owner_id,
-    }))
 }
 
 fn not_claimable(payout_id: Uuid, state: Option<&str>, wanted: &str) -> ApiError {
@@ -972,9 +1001,21 @@ async fn claim(
     prove(&state, &headers, payout_id, token).await?;
     let route = format!("POST /v1/payouts/{payout_id}/claim");
     let scope = state.scope(route, &write, token, &body, false)?;
-    Ok(idempotent!(&state, scope, |conn| {
-        claim_effect(&state, conn, payout_id, token, body.expected_state, &write).await
-    }))
+    let max_attempts = state.config.max_attempts;
+    let expected = body.expected_state;
+    // One round trip: the idempotency record and the claim in one call (paydb 0007).
+    let once = state
+        .start_once(&scope, |tx, wait| {
+            PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts)
+        })
+        .await;
+    Ok(match once {
+        Err(response) => response,
+        Ok((tx, row)) => {
+            let result = claim_effect(&state, row, payout_id, token, expected, &write);
+            state.finish(tx, &scope, result).await
+        }
+    })
 }
 
 /// What the caller's credential authenticated as, for the audit rows (issue 13, item 13).
@@ -984,24 +1025,14 @@ fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
         .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
 }
 
-async fn claim_effect(
+fn claim_effect(
     state: &AppState,
-    conn: &mut PgConnection,
+    row: ClaimRow,
     payout_id: Uuid,
     token: i64,
     expected_state: PayoutState,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let row = PayStore::claim(
-        conn,
-        payout_id,
-        token,
-        expected_state,
-        state.config.max_attempts,
-        &write.owner_id,
-    )
-    .await
-    .map_err(store_error)?;
     let account_id = row.account_id.clone().unwrap_or_default();
     match row.outcome.as_str() {
         "claimed" => {
@@ -1083,33 +1114,38 @@ async fn post_payout(
     prove(&state, &headers, payout_id, token).await?;
     let route = format!("POST /v1/payouts/{payout_id}/post");
     let scope = state.scope(route, &write, token, &body, true)?;
-    Ok(idempotent!(&state, scope, |conn| {
-        post_effect(&state, conn, payout_id, token, &body, &write).await
-    }))
+    // One round trip: the idempotency record, the post and its entries in one call (paydb 0007).
+    let once = state
+        .start_once(&scope, |tx, wait| {
+            PayStore::post_once(
+                tx,
+                &scope,
+                wait,
+                payout_id,
+                &body.rail_reference,
+                body.submission_id,
+            )
+        })
+        .await;
+    Ok(match once {
+        Err(response) => response,
+        Ok((tx, (row, entries))) => {
+            let result = post_effect(&state, row, entries, payout_id, token, &write);
+            state.finish(tx, &scope, result).await
+        }
+    })
 }
 
-async fn post_effect(
+fn post_effect(
     state: &AppState,
-    conn: &mut PgConnection,
+    row: PostRow,
+    entries: Vec<LedgerEntry>,
     payout_id: Uuid,
     token: i64,
-    body: &PostRequest,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let row = PayStore::post(
-        conn,
-        payout_id,
-        token,
-        &body.rail_reference,
-        body.submission_id,
-    )
-    .await
-    .map_err(store_error)?;
     match row.outcome.as_str() {
         "posted" => {
-            let entries = PayStore::entries(conn, &format!("payout:{payout_id}"), true)
-                .await
-                .map_err(store_error)?;
             tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
             Reply::json(
                 StatusCode::OK,

@@ -87,6 +87,91 @@ struct BeginRow {
     response_body: Option<Vec<u8>>,
 }
 
+/// What a `*_once` call found: a fresh request with its effect's row (in the open
+/// transaction, to be finished), or the idempotency record's verdict.
+pub enum Once<T> {
+    Fresh(Tx, T),
+    Replay { status: u16, body: Vec<u8> },
+    Conflict,
+}
+
+impl<T> Once<T> {
+    fn from_begin(
+        begun: BeginRow,
+        tx: Tx,
+        effect: impl FnOnce() -> StoreResult<T>,
+    ) -> StoreResult<Self> {
+        match begun.outcome.as_str() {
+            "fresh" => Ok(Once::Fresh(tx, effect()?)),
+            "conflict" => Ok(Once::Conflict),
+            "replay" => Ok(Once::Replay {
+                status: begun
+                    .response_status
+                    .ok_or_else(|| missing("response status"))? as u16,
+                body: begun
+                    .response_body
+                    .ok_or_else(|| missing("response body"))?,
+            }),
+            other => Err(StoreError::Backend(format!("unexpected outcome {other}"))),
+        }
+    }
+}
+
+#[derive(Debug, FromRow)]
+struct ClaimOnceRow {
+    begin_outcome: String,
+    response_status: Option<i16>,
+    response_body: Option<Vec<u8>>,
+    outcome: Option<String>,
+    state: Option<String>,
+    fence: Option<i64>,
+    attempt_count: Option<i32>,
+    claim_token: Option<i64>,
+    account_id: Option<String>,
+    available_minor: Option<i64>,
+    amount_minor: Option<i64>,
+}
+
+#[derive(Debug, FromRow)]
+struct PostOnceRow {
+    begin_outcome: String,
+    response_status: Option<i16>,
+    response_body: Option<Vec<u8>>,
+    outcome: Option<String>,
+    state: Option<String>,
+    fence: Option<i64>,
+    account_id: Option<String>,
+    balance_minor: Option<i64>,
+    entries: Option<String>,
+}
+
+/// One entry of `pay_post_once`'s JSON array.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryJson {
+    entry_id: Uuid,
+    account_id: String,
+    direction: String,
+    amount_minor: i64,
+    fence: i64,
+}
+
+impl EntryJson {
+    fn into_entry(self) -> LedgerEntry {
+        LedgerEntry {
+            entry_id: self.entry_id,
+            account_id: self.account_id,
+            direction: if self.direction == "DEBIT" {
+                Direction::Debit
+            } else {
+                Direction::Credit
+            },
+            amount_minor: self.amount_minor,
+            fence: self.fence,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreateOutcome {
     Created,
@@ -263,8 +348,11 @@ pub fn parse_state(text: &str) -> StoreResult<PayoutState> {
     PayoutState::parse(text).ok_or_else(|| StoreError::Backend(format!("unknown state {text}")))
 }
 
+// The balance is the row's plus, for a settlement account, its shards' (paydb 0007).
 const ACCOUNT_SELECT: &str = "SELECT a.account_id, a.currency::text AS currency, a.kind, \
-    a.balance_minor, a.held_minor, a.fence, a.updated_at, \
+    (a.balance_minor + coalesce((SELECT sum(s.balance_minor) FROM account_balance_shards s \
+                                 WHERE s.account_id = a.account_id), 0))::bigint \
+        AS balance_minor, a.held_minor, a.fence, a.updated_at, \
     coalesce((SELECT sum(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor \
                               ELSE -e.amount_minor END) \
                 FROM ledger_entries e WHERE e.account_id = a.account_id), 0)::bigint \
@@ -344,6 +432,111 @@ impl PayStore {
             }
             other => Err(StoreError::Backend(format!("unexpected outcome {other}"))),
         }
+    }
+
+    /// Opens a write's transaction for a `*_once` call, which claims the idempotency record and
+    /// runs the effect in one round trip.
+    pub async fn begin_tx(&self) -> StoreResult<Tx> {
+        self.pool.begin().await.map_err(map_sqlx)
+    }
+
+    /// P2 in one call (`pay_claim_once`): the idempotency record and, when fresh, the claim.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim_once(
+        mut tx: Tx,
+        scope: &Scope,
+        wait_ms: i32,
+        payout_id: Uuid,
+        expected_state: PayoutState,
+        max_attempts: i32,
+    ) -> StoreResult<Once<ClaimRow>> {
+        let row: ClaimOnceRow = sqlx::query_as(
+            "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
+                    attempt_count, claim_token, account_id, available_minor, amount_minor \
+             FROM pay_claim_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&scope.route)
+        .bind(&scope.key)
+        .bind(scope.token)
+        .bind(&scope.owner_id)
+        .bind(&scope.payload_hash[..])
+        .bind(scope.retention_ms)
+        .bind(wait_ms)
+        .bind(payout_id)
+        .bind(expected_state.as_str())
+        .bind(max_attempts)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        let begun = BeginRow {
+            outcome: row.begin_outcome,
+            response_status: row.response_status,
+            response_body: row.response_body,
+        };
+        Once::from_begin(begun, tx, || {
+            Ok(ClaimRow {
+                outcome: row.outcome.ok_or_else(|| missing("claim outcome"))?,
+                state: row.state,
+                fence: row.fence,
+                attempt_count: row.attempt_count,
+                claim_token: row.claim_token,
+                account_id: row.account_id,
+                available_minor: row.available_minor,
+                amount_minor: row.amount_minor,
+            })
+        })
+    }
+
+    /// P3 in one call (`pay_post_once`): the idempotency record and, when fresh, the post with
+    /// its two entries (DEBIT first).
+    pub async fn post_once(
+        mut tx: Tx,
+        scope: &Scope,
+        wait_ms: i32,
+        payout_id: Uuid,
+        rail_reference: &str,
+        submission_id: Uuid,
+    ) -> StoreResult<Once<(PostRow, Vec<LedgerEntry>)>> {
+        let row: PostOnceRow = sqlx::query_as(
+            "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
+                    account_id, balance_minor, entries \
+             FROM pay_post_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&scope.route)
+        .bind(&scope.key)
+        .bind(scope.token)
+        .bind(&scope.owner_id)
+        .bind(&scope.payload_hash[..])
+        .bind(scope.retention_ms)
+        .bind(wait_ms)
+        .bind(payout_id)
+        .bind(rail_reference)
+        .bind(submission_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        let begun = BeginRow {
+            outcome: row.begin_outcome,
+            response_status: row.response_status,
+            response_body: row.response_body,
+        };
+        Once::from_begin(begun, tx, || {
+            let entries: Vec<EntryJson> = match row.entries.as_deref() {
+                Some(text) => serde_json::from_str(text)
+                    .map_err(|e| StoreError::Backend(format!("posting entries: {e}")))?,
+                None => Vec::new(),
+            };
+            Ok((
+                PostRow {
+                    outcome: row.outcome.ok_or_else(|| missing("post outcome"))?,
+                    state: row.state,
+                    fence: row.fence,
+                    account_id: row.account_id,
+                    balance_minor: row.balance_minor,
+                },
+                entries.into_iter().map(EntryJson::into_entry).collect(),
+            ))
+        })
     }
 
     /// Stores the answer with the effect and commits both.
