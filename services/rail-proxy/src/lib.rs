@@ -522,17 +522,16 @@ async fn admit_and_forward(state: AppState, attempt: Attempt) -> Result<Response
                 owner_id = %owner,
                 "a stale token was refused at the rail; two workers believed they held one lock"
             );
-            return Err(ApiError::new(
-                ErrorCode::FencedOut,
+            return Err(ApiError::fenced_out(
                 "a newer holder exists; abort the whole critical section, do not retry",
-            )
-            .with_details(json!({
-                "presentedToken": token,
-                "highestToken": highest,
-                "resourceType": resource,
-                "resourceId": body.account_id,
-                "ownerId": owner,
-            })));
+                &dlock_contract::error::FencedOutDetails {
+                    presented_token: token,
+                    highest_token: highest,
+                    resource_type: Some(resource),
+                    resource_id: body.account_id.clone(),
+                    owner_id: owner,
+                },
+            ));
         }
         "duplicate" => {
             state.metrics.duplicate_attempted();
@@ -631,6 +630,12 @@ async fn admit_and_forward(state: AppState, attempt: Attempt) -> Result<Response
         }
     };
     let bytes = bytes.map_err(ApiError::internal)?;
+    // An ACKED answer is built from the recorded row alone (the submission, the caller's token,
+    // the rail reference and the two DB timestamps), so the identical retry rebuilds the same
+    // bytes from the row (see `replay`): storing it would be one more commit per payout.
+    if recorded.outcome == "ACKED" {
+        return stored_answer(status.as_u16(), bytes);
+    }
     // Kept for the identical retry. If this fails the retry is answered from the row instead.
     let stored: Result<(bool,), _> = sqlx::query_as("SELECT rail_store_answer($1, $2, $3, $4)")
         .bind(submission_id)
@@ -700,6 +705,10 @@ async fn await_first_answer(
         if let Some(answer) = status.zip(body) {
             return Ok((outcome, Some(answer)));
         }
+        // An ACKED answer is never stored: it is rebuilt from the row, byte for byte.
+        if outcome == "ACKED" {
+            return Ok((outcome, None));
+        }
         if outcome != "unresolved" {
             let since = *resolved_at.get_or_insert(now);
             if now >= since + STORE_GRACE {
@@ -747,8 +756,8 @@ async fn replay(
             "payoutId": payout_id,
             "outcome": "unresolved",
         }))),
-        // Resolved, but no answer kept (the sweeper timed it out, or storing failed): answer
-        // from the row.
+        // Resolved, but no answer kept (ACKED answers never are; the sweeper timed it out, or
+        // storing failed): answer from the row.
         "ACKED" => {
             let recorded: RecordRow = sqlx::query_as(
                 "SELECT outcome, payout_id, rail_reference, submitted_at, resolved_at \
