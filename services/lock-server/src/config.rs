@@ -217,9 +217,11 @@ impl LockServerConfig {
                         2_000,
                         100..=60_000,
                     )? as u64),
+                    // Below the callers' 2 s write timeout (C3 §3.8): a write stalled by an
+                    // election is answered 503 NOT_LEADER before the caller gives up on it.
                     request_timeout: Duration::from_millis(raw.integer(
                         "lock.etcd.request-timeout-ms",
-                        5_000,
+                        1_500,
                         100..=60_000,
                     )? as u64),
                 })

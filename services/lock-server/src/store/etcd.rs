@@ -109,7 +109,10 @@ fn map_etcd(error: etcd_client::Error) -> StoreError {
         Failure::Permission => StoreError::NotLeader(format!(
             "etcd denies the lock server's user its prefix (lock.etcd.prefix): {text}"
         )),
-        Failure::Unreachable => StoreError::NotLeader(format!("etcd is unreachable: {text}")),
+        Failure::Unreachable => StoreError::NotLeader(format!(
+            "etcd is unreachable or did not answer within lock.etcd.request-timeout-ms (a \
+             leader election, a dead member): {text}"
+        )),
         Failure::Other => match &error {
             etcd_client::Error::GRpcStatus(status)
                 if ["no leader", "leader changed", "timed out"]
@@ -228,10 +231,7 @@ impl EtcdStore {
     }
 
     fn client(&self) -> Client {
-        self.client
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.client.client()
     }
 
     /// Several reads in one round trip, at one revision.

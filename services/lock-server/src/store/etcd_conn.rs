@@ -9,11 +9,20 @@
 //! that cannot be read, or credentials etcd refuses, keeps the previous client and says so in the
 //! log on every check until it is fixed.
 //!
+//! Requests are spread over every endpoint (etcd-client's balanced channel). That channel keeps
+//! a member that stopped answering in its rotation: each request routed there fails to connect
+//! (on a host that is gone, only after `lock.etcd.connect-timeout-ms`) and is refused as
+//! `NOT_LEADER`, although the other members still form a quorum. So every
+//! [`MEMBER_CHECK_EVERY`] each member is asked for its status over its own connection; one that
+//! cannot be reached is taken out of the rotation (never the last one) and put back when it
+//! answers again (`etcd_member_unreachable`, `etcd_member_back`).
+//!
 //! At start-up a refusal by etcd is final and named (a CA that does not match etcd's certificate,
 //! a client certificate etcd does not accept — expired, say —, a wrong password, a user whose role
 //! does not grant the prefix): the server stops with that message instead of retrying. Only an
 //! etcd that cannot be reached at all is waited for, with a warning per attempt.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
@@ -30,8 +39,52 @@ pub const ROTATION_CHECK_EVERY: Duration = Duration::from_secs(10);
 /// The wait between two start-up attempts while etcd cannot be reached.
 const UNREACHABLE_RETRY: Duration = Duration::from_secs(1);
 
+/// How often each member's status is asked, to keep dead members out of the rotation.
+pub const MEMBER_CHECK_EVERY: Duration = Duration::from_millis(250);
+
 /// The client every request uses; replaced whole on a rotation.
-pub type ClientCell = Arc<RwLock<Client>>;
+pub type ClientCell = Arc<Connection>;
+
+/// The current client, with what the member check needs to reach each member on its own.
+pub struct Connection {
+    current: RwLock<Current>,
+}
+
+struct Current {
+    client: Client,
+    /// Bumped on every rotation: the new client has every endpoint in its rotation again.
+    generation: u64,
+    /// The connection options without the user (a status call needs no authentication).
+    probe_options: ConnectOptions,
+}
+
+impl Connection {
+    fn new(client: Client, probe_options: ConnectOptions) -> Self {
+        Self {
+            current: RwLock::new(Current {
+                client,
+                generation: 0,
+                probe_options,
+            }),
+        }
+    }
+
+    /// The client for one request (cheap: a handle on shared channels).
+    pub fn client(&self) -> Client {
+        self.read().client.clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Current> {
+        self.current.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn replace(&self, client: Client, probe_options: ConnectOptions) {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        current.client = client;
+        current.generation += 1;
+        current.probe_options = probe_options;
+    }
+}
 
 /// The contents of every credential file, as read at one moment.
 #[derive(PartialEq, Eq)]
@@ -139,6 +192,15 @@ impl Material {
     }
 
     fn options(&self, settings: &EtcdSettings) -> ConnectOptions {
+        let mut options = self.probe_options(settings);
+        if let (Some(user), Some(password)) = (&settings.user, &self.password) {
+            options = options.with_user(user.name.clone(), password.clone());
+        }
+        options
+    }
+
+    /// TLS and timeouts, without the user.
+    fn probe_options(&self, settings: &EtcdSettings) -> ConnectOptions {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(settings.connect_timeout)
             .with_timeout(settings.request_timeout);
@@ -148,9 +210,6 @@ impl Material {
                 tls = tls.identity(Identity::from_pem(cert, key));
             }
             options = options.with_tls(tls);
-        }
-        if let (Some(user), Some(password)) = (&settings.user, &self.password) {
-            options = options.with_user(user.name.clone(), password.clone());
         }
         options
     }
@@ -206,6 +265,9 @@ pub fn classify(error: &etcd_client::Error) -> (Failure, String) {
     let failure = if let etcd_client::Error::GRpcStatus(status) = error {
         let message = status.message().to_lowercase();
         match i32::from(status.code()) {
+            // The client's own deadline (`lock.etcd.request-timeout-ms`, tonic's "Timeout
+            // expired"): no answer in time, as while the members elect a leader.
+            1 if status.message().contains("Timeout expired") => Failure::Unreachable,
             7 => Failure::Permission,
             16 => Failure::Authentication,
             _ if message.contains("permission denied") => Failure::Permission,
@@ -327,7 +389,13 @@ pub async fn connect(settings: &EtcdSettings, prefix: &str) -> anyhow::Result<Cl
         user = settings.user.as_ref().map(|u| u.name.as_str()),
         "connected to etcd; the credentials may read and write the prefix"
     );
-    let cell = Arc::new(RwLock::new(client));
+    let cell = Arc::new(Connection::new(client, material.probe_options(settings)));
+    if settings.endpoints.len() > 1 {
+        tokio::spawn(keep_dead_members_out(
+            Arc::downgrade(&cell),
+            settings.clone(),
+        ));
+    }
     if settings.tls.is_some() || settings.user.is_some() {
         tokio::spawn(watch_rotation(
             Arc::downgrade(&cell),
@@ -341,7 +409,7 @@ pub async fn connect(settings: &EtcdSettings, prefix: &str) -> anyhow::Result<Cl
 
 /// Re-reads the credential files and reconnects when they changed, until the store is gone.
 async fn watch_rotation(
-    cell: Weak<RwLock<Client>>,
+    cell: Weak<Connection>,
     settings: EtcdSettings,
     prefix: String,
     mut current: Material,
@@ -369,7 +437,7 @@ async fn watch_rotation(
         match open(&settings, &fresh, &prefix).await {
             Ok(client) => {
                 let Some(cell) = cell.upgrade() else { return };
-                *cell.write().unwrap_or_else(|p| p.into_inner()) = client;
+                cell.replace(client, fresh.probe_options(&settings));
                 current = fresh;
                 tracing::info!(
                     event = "etcd_credentials_rotated",
@@ -381,6 +449,99 @@ async fn watch_rotation(
                 %message,
                 "the rotated etcd credentials do not work yet; the previous ones stay in use"
             ),
+        }
+    }
+}
+
+/// The endpoint as etcd-client keys it in the balanced channel (a bare `host:port` gets the
+/// scheme etcd-client gives it).
+fn endpoint_url(endpoint: &str, tls: bool) -> String {
+    if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
+        endpoint.to_owned()
+    } else if tls {
+        format!("https://{endpoint}")
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// Whether the member at `endpoint` answers at all: any answer (even a refusal) is a live
+/// member; no connection or no answer within the connect timeout is a dead one.
+async fn answers(probe: &mut Client, timeout: Duration) -> bool {
+    match tokio::time::timeout(timeout, probe.status()).await {
+        Err(_) => false,
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) => classify(&error).0 != Failure::Unreachable,
+    }
+}
+
+/// Takes members that cannot be reached out of the client's rotation and puts them back when
+/// they answer, until the store is gone. At least one endpoint always stays in.
+async fn keep_dead_members_out(cell: Weak<Connection>, settings: EtcdSettings) {
+    let tls = settings.tls.is_some();
+    let urls: Vec<String> = settings
+        .endpoints
+        .iter()
+        .map(|e| endpoint_url(e, tls))
+        .collect();
+    let timeout = settings.connect_timeout.min(MEMBER_CHECK_EVERY * 4);
+    let mut generation = None;
+    let mut probes: Vec<Option<Client>> = Vec::new();
+    let mut out: BTreeSet<usize> = BTreeSet::new();
+    let mut ticker = tokio::time::interval(MEMBER_CHECK_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(connection) = cell.upgrade() else {
+            return;
+        };
+        let (client, current_generation, probe_options) = {
+            let current = connection.read();
+            (
+                current.client.clone(),
+                current.generation,
+                current.probe_options.clone(),
+            )
+        };
+        drop(connection);
+        if generation != Some(current_generation) {
+            // A new client (start, or a rotation): every endpoint is in its rotation.
+            generation = Some(current_generation);
+            out.clear();
+            probes = Vec::with_capacity(urls.len());
+            for url in &urls {
+                probes.push(
+                    Client::connect([url], Some(probe_options.clone()))
+                        .await
+                        .ok(),
+                );
+            }
+        }
+        let checks = probes.iter_mut().map(|probe| async {
+            match probe {
+                Some(probe) => answers(probe, timeout).await,
+                None => false,
+            }
+        });
+        let alive = futures::future::join_all(checks).await;
+        for (i, url) in urls.iter().enumerate() {
+            if !alive[i] && !out.contains(&i) && out.len() + 1 < urls.len() {
+                if client.remove_endpoint(url).await.is_ok() {
+                    out.insert(i);
+                    tracing::warn!(
+                        event = "etcd_member_unreachable",
+                        endpoint = %url,
+                        "an etcd member does not answer; requests go to the others until it does"
+                    );
+                }
+            } else if alive[i] && out.contains(&i) && client.add_endpoint(url).await.is_ok() {
+                out.remove(&i);
+                tracing::info!(
+                    event = "etcd_member_back",
+                    endpoint = %url,
+                    "an etcd member answers again; requests go to it again"
+                );
+            }
         }
     }
 }
