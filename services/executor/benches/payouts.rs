@@ -1,8 +1,11 @@
 //! End-to-end payouts/s: the executor moving a batch through the lock server, the payment
 //! resource, the rail proxy and the rail stub (latency 0), at 1, 8 and 32 workers, over 100
-//! accounts and over a single hot account — printed beside the lock server's own
-//! acquire+release cycles/s on the same run. All four services run in this process on real
-//! loopback ports against one throwaway PostgreSQL.
+//! accounts and over a single hot account, on the `pg` and the `etcd` lock backends — with p50
+//! and p99 per payout cycle, beside the lock server's own acquire+release cycles/s and the raw
+//! commit rate of the same PostgreSQL (one conditional `UPDATE` per transaction, sequential and
+//! at 32 connections), the commits per payout, the commit bound and our ratio to it, the server
+//! time per hop of one payout, and the process's RSS. All services run in this process on real
+//! loopback ports against one throwaway PostgreSQL and one throwaway etcd.
 //!
 //! `cargo bench -p dlock-executor --bench payouts` (optionally `-- --payouts 1200`).
 
@@ -13,7 +16,7 @@ use dlock_contract::client::LockClient;
 use dlock_contract::config::RawConfig;
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::PgServer;
+use dlock_devstack::{EtcdServer, PgServer};
 use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
 use dlock_executor::{Endpoints, RunOptions};
 
@@ -35,14 +38,21 @@ fn serve(l: tokio::net::TcpListener, app: axum::Router) {
     });
 }
 
-async fn stack(pg: &PgServer, dir: &std::path::Path) -> Endpoints {
+/// A lock server on `backend` (`pg` on lockdb, or `etcd`), serving on a loopback port.
+async fn lock_server(pg: &PgServer, etcd: &EtcdServer, backend: &str) -> String {
     let (l, lock_addr) = bind().await;
-    let config = dlock_lock_server::LockServerConfig::from_raw(&mut raw(&[
+    let mut pairs = vec![
         ("server.listen", lock_addr.clone()),
-        ("lock.pg.url", pg.url("lockdb")),
-        ("lock.pg.pool-max", "32".into()),
-    ]))
-    .unwrap_or_else(|e| panic!("{e}"));
+        ("lock.backend", backend.to_owned()),
+    ];
+    if backend == "pg" {
+        pairs.push(("lock.pg.url", pg.url("lockdb")));
+        pairs.push(("lock.pg.pool-max", "32".into()));
+    } else {
+        pairs.push(("lock.etcd.endpoints", etcd.endpoint()));
+    }
+    let config = dlock_lock_server::LockServerConfig::from_raw(&mut raw(&pairs))
+        .unwrap_or_else(|e| panic!("{e}"));
     let store = dlock_lock_server::open_store(&config)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -50,7 +60,11 @@ async fn stack(pg: &PgServer, dir: &std::path::Path) -> Endpoints {
         l,
         dlock_lock_server::app(dlock_lock_server::AppState::new(store, Arc::new(config))),
     );
+    format!("http://{lock_addr}")
+}
 
+/// The payment resource, the rail stub and the rail proxy.
+async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> Endpoints {
     let (l, pay_addr) = bind().await;
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
@@ -96,7 +110,7 @@ async fn stack(pg: &PgServer, dir: &std::path::Path) -> Endpoints {
     serve(l, dlock_rail_proxy::app(state));
 
     Endpoints {
-        lock_server: format!("http://{lock_addr}"),
+        lock_server,
         payment_resource: format!("http://{pay_addr}"),
         rail_proxy: format!("http://{proxy_addr}"),
     }
@@ -181,76 +195,282 @@ async fn lock_cycles(url: &str, run_for: Duration) -> f64 {
     total as f64 / run_for.as_secs_f64()
 }
 
+/// Span timings: every `payout cycle` span (one per payout cycle) and every server `request`
+/// span (by route), recorded from creation to close, for p50/p99 and the per-hop breakdown.
+mod spans {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use tracing::span::{Attributes, Id};
+    use tracing::subscriber::Interest;
+    use tracing::{Metadata, Subscriber};
+    use tracing_subscriber::layer::Context;
+    use tracing_subscriber::registry::LookupSpan;
+
+    pub static TIMES: Mutex<BTreeMap<String, Vec<Duration>>> = Mutex::new(BTreeMap::new());
+
+    struct Started(Instant, String);
+
+    pub struct Timing;
+
+    #[derive(Default)]
+    struct Name(Option<String>);
+
+    impl tracing::field::Visit for Name {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "otel.name" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Timing {
+        fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+            if meta.is_span() && matches!(meta.name(), "payout cycle" | "request") {
+                Interest::always()
+            } else {
+                Interest::never()
+            }
+        }
+
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut name = Name::default();
+            attrs.record(&mut name);
+            let name = name.0.unwrap_or_else(|| attrs.metadata().name().to_owned());
+            // Concrete paths name one payout: keep the route's shape only.
+            let name = name
+                .split('/')
+                .map(|seg| if seg.len() > 30 { "{id}" } else { seg })
+                .collect::<Vec<_>>()
+                .join("/");
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(Started(Instant::now(), name));
+            }
+        }
+
+        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+            if let Some(span) = ctx.span(&id)
+                && let Some(Started(at, name)) = span.extensions_mut().remove::<Started>()
+            {
+                let mut times = TIMES.lock().unwrap_or_else(|e| e.into_inner());
+                times.entry(name).or_default().push(at.elapsed());
+            }
+        }
+    }
+
+    pub fn take() -> BTreeMap<String, Vec<Duration>> {
+        std::mem::take(&mut *TIMES.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+        if sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+    }
+}
+
+/// Commits/s of the same PostgreSQL: one conditional `UPDATE` per transaction (autocommit,
+/// synchronous commit as configured), from `clients` connections over `rows` rows.
+async fn raw_commits(url: &str, clients: usize, rows: i32, run_for: Duration) -> f64 {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(clients as u32 + 1)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS raw_commit (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(
+        "INSERT INTO raw_commit (id) SELECT g FROM generate_series(0, 99) g ON CONFLICT DO NOTHING",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + run_for;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < deadline {
+                let id = ((c + n) as i32) % rows;
+                sqlx::query("UPDATE raw_commit SET fence = fence + 1 WHERE id = $1 AND fence >= 0")
+                    .bind(id)
+                    .execute(&pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    pool.close().await;
+    total as f64 / run_for.as_secs_f64()
+}
+
+/// Commits PostgreSQL counted so far in paydb and lockdb (the statistics lag by up to a
+/// second; the bench waits that out around each run).
+async fn commits(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT sum(xact_commit)::bigint FROM pg_stat_database WHERE datname IN ('paydb', 'lockdb')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 fn main() {
+    use tracing_subscriber::layer::SubscriberExt;
     let payouts: usize = std::env::args()
         .skip_while(|a| a != "--payouts")
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans::Timing))
+        .unwrap_or_else(|e| panic!("{e}"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    pg.create_database("lockdb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    pg.create_database("paydb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    for db in ["lockdb", "paydb", "rawdb"] {
+        pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     runtime.block_on(async {
-        let endpoints = stack(&pg, dir.path()).await;
+        let rss_start = rss_mib();
+        let raw_seq = raw_commits(&pg.url("rawdb"), 1, 100, Duration::from_secs(2)).await;
+        let raw_32 = raw_commits(&pg.url("rawdb"), 32, 100, Duration::from_secs(2)).await;
+        let raw_hot = raw_commits(&pg.url("rawdb"), 32, 1, Duration::from_secs(2)).await;
+        let stats = sqlx::PgPool::connect(&pg.url("paydb"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pg_lock = lock_server(&pg, &etcd, "pg").await;
+        let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
+        let mut endpoints = stack(&pg, dir.path(), pg_lock.clone()).await;
         let payment = PaymentClient::new(&endpoints.payment_resource, "bench")
             .unwrap_or_else(|e| panic!("{e}"));
-        let cycles = lock_cycles(&endpoints.lock_server, Duration::from_secs(3)).await;
+        let cycles_pg = lock_cycles(&pg_lock, Duration::from_secs(3)).await;
+        let cycles_etcd = lock_cycles(&etcd_lock, Duration::from_secs(3)).await;
+        let rss_rest = rss_mib();
+        spans::take();
+        println!("end-to-end payouts (acquire, re-read, claim, submit, post, release), rail latency 0");
         println!(
-            "end-to-end payouts (acquire, re-read, claim, submit, post, release), rail latency 0"
+            "raw PostgreSQL (one conditional UPDATE per commit): {raw_seq:.0}/s sequential, {raw_32:.0}/s at 32 connections over 100 rows, {raw_hot:.0}/s at 32 on one row"
         );
         println!(
-            "lock server alone on this run: {cycles:.0} acquire+release cycles/s at 16 clients"
+            "lock server alone (16 clients, acquire+release cycles/s): {cycles_pg:.0} on pg, {cycles_etcd:.0} on etcd"
         );
         println!(
-            "{:<14} {:>7} {:>8} {:>10} {:>12} {:>16}",
-            "accounts", "workers", "payouts", "seconds", "payouts/s", "lock cycles/s"
+            "{:<8} {:<14} {:>7} {:>8} {:>10} {:>8} {:>8} {:>9} {:>8} {:>9}",
+            "backend", "accounts", "workers", "payouts", "payouts/s", "p50 ms", "p99 ms",
+            "xacts/p", "bound/s", "of bound"
         );
-        for (label, accounts_n, n) in [
-            ("100 accounts", 100usize, payouts),
-            ("1 hot account", 1usize, payouts / 4),
-        ] {
-            for workers in [1usize, 8, 32] {
-                let prefix = format!("b{}w{workers}", accounts_n);
-                accounts(&payment, &prefix, accounts_n).await;
-                let batch = batch(&format!("bench-{prefix}"), &prefix, accounts_n, n);
-                // Register outside the timed run: it is a one-off per batch, not payout work.
-                dlock_executor::register(&batch, &payment)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e:#}"));
-                let options = RunOptions {
-                    workers,
-                    owner_id: format!("bench-{prefix}"),
-                    ..RunOptions::default()
-                };
-                let started = Instant::now();
-                let report = dlock_executor::execute(&batch, &endpoints, options)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e:#}"));
-                let seconds = started.elapsed().as_secs_f64();
-                assert!(report.complete, "the batch settled");
-                assert_eq!(
-                    report.states.get("POSTED").copied(),
-                    Some(n),
-                    "every payout posted"
-                );
+        let mut first_breakdown = None;
+        for (backend, lock_url) in [("pg", pg_lock.clone()), ("etcd", etcd_lock.clone())] {
+            endpoints.lock_server = lock_url;
+            for (label, accounts_n, n) in [
+                ("100 accounts", 100usize, payouts),
+                ("1 hot account", 1usize, payouts / 2),
+            ] {
+                for workers in [1usize, 8, 32] {
+                    let prefix = format!("{backend}{accounts_n}w{workers}");
+                    accounts(&payment, &prefix, accounts_n).await;
+                    let batch = batch(&format!("bench-{prefix}"), &prefix, accounts_n, n);
+                    // Register outside the timed run: it is a one-off per batch, not payout work.
+                    dlock_executor::register(&batch, &payment)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e:#}"));
+                    let options = RunOptions {
+                        workers,
+                        owner_id: format!("bench-{prefix}"),
+                        ..RunOptions::default()
+                    };
+                    tokio::time::sleep(Duration::from_millis(1_100)).await;
+                    let commits_before = commits(&stats).await;
+                    spans::take();
+                    let started = Instant::now();
+                    let report = dlock_executor::execute(&batch, &endpoints, options)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e:#}"));
+                    let seconds = started.elapsed().as_secs_f64();
+                    let times = spans::take();
+                    tokio::time::sleep(Duration::from_millis(1_100)).await;
+                    let per_payout =
+                        (commits(&stats).await - commits_before) as f64 / n as f64;
+                    assert!(report.complete, "the batch settled");
+                    assert_eq!(
+                        report.states.get("POSTED").copied(),
+                        Some(n),
+                        "every payout posted"
+                    );
+                    let mut cycles = times.get("payout cycle").cloned().unwrap_or_default();
+                    cycles.sort();
+                    let rate = n as f64 / seconds;
+                    let raw = if accounts_n == 1 { raw_seq } else { raw_32 };
+                    let bound = raw / per_payout.max(1.0);
+                    println!(
+                        "{:<8} {:<14} {:>7} {:>8} {:>10.0} {:>8.2} {:>8.2} {:>9.1} {:>8.0} {:>9.2}",
+                        backend,
+                        label,
+                        workers,
+                        n,
+                        rate,
+                        ms(spans::quantile(&cycles, 0.50)),
+                        ms(spans::quantile(&cycles, 0.99)),
+                        per_payout,
+                        bound,
+                        rate / bound
+                    );
+                    if first_breakdown.is_none() && workers == 1 {
+                        first_breakdown = Some((cycles.len(), times));
+                    }
+                }
+            }
+        }
+        if let Some((cycles, times)) = first_breakdown {
+            println!("\nserver time per hop, pg backend, 1 worker, 100 accounts ({cycles} cycles):");
+            println!("{:<44} {:>7} {:>9} {:>9}", "span", "count", "p50 ms", "per payout");
+            for (name, mut d) in times {
+                d.sort();
+                let total: Duration = d.iter().sum();
                 println!(
-                    "{:<14} {:>7} {:>8} {:>10.2} {:>12.0} {:>16.0}",
-                    label,
-                    workers,
-                    n,
-                    seconds,
-                    n as f64 / seconds,
-                    cycles
+                    "{:<44} {:>7} {:>9.2} {:>9.2}",
+                    name,
+                    d.len(),
+                    ms(spans::quantile(&d, 0.5)),
+                    ms(total) / cycles.max(1) as f64
                 );
             }
         }
+        println!(
+            "\nRSS of this process (all services and the executor): {rss_start:.0} MiB at start, {rss_rest:.0} MiB at rest, {:.0} MiB after the runs",
+            rss_mib()
+        );
     });
+    drop(etcd);
     drop(pg);
 }
