@@ -206,6 +206,13 @@ impl ApiError {
         self
     }
 
+    /// `409 FENCED_OUT` with its details: an incident-grade refusal (C3), so every enforcement
+    /// point says the same things in the same shape.
+    pub fn fenced_out(message: &str, details: &FencedOutDetails) -> Self {
+        Self::new(ErrorCode::FencedOut, message)
+            .with_details(serde_json::to_value(details).unwrap_or(serde_json::Value::Null))
+    }
+
     /// `400 VALIDATION_FAILED` naming every field at fault.
     pub fn validation(fields: Vec<FieldError>) -> Self {
         let message = match fields.as_slice() {
@@ -298,6 +305,20 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// The details of `FENCED_OUT`: the token presented, the newest one stored, where, and who
+/// presented it. `resourceType` is `account`, `ledger` or `rail` at the payment enforcement points
+/// and absent at the lock server (a revocation's `expectedToken` that is no longer the grant's).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FencedOutDetails {
+    pub presented_token: i64,
+    pub highest_token: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_type: Option<String>,
+    pub resource_id: String,
+    pub owner_id: String,
 }
 
 #[cfg(test)]
