@@ -124,16 +124,16 @@ fn store_error(error: StoreError, key: Option<&str>) -> ApiError {
             expected,
             stored,
             owner_id,
-        } => ApiError::new(
-            ErrorCode::FencedOut,
+        } => ApiError::fenced_out(
             "expectedToken is not the live grant's token; read the lock again before revoking",
-        )
-        .with_details(json!({
-            "presentedToken": expected,
-            "highestToken": stored,
-            "resourceId": key,
-            "ownerId": owner_id,
-        })),
+            &dlock_contract::error::FencedOutDetails {
+                presented_token: expected,
+                highest_token: stored,
+                resource_type: None,
+                resource_id: key.unwrap_or_default().to_owned(),
+                owner_id,
+            },
+        ),
         StoreError::QueueFull { waiter_count } => ApiError::new(
             ErrorCode::ContentionExceeded,
             "the key's waiter queue is full; back off for retryAfterMillis before trying again",

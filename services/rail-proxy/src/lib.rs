@@ -522,17 +522,16 @@ async fn admit_and_forward(state: AppState, attempt: Attempt) -> Result<Response
                 owner_id = %owner,
                 "a stale token was refused at the rail; two workers believed they held one lock"
             );
-            return Err(ApiError::new(
-                ErrorCode::FencedOut,
+            return Err(ApiError::fenced_out(
                 "a newer holder exists; abort the whole critical section, do not retry",
-            )
-            .with_details(json!({
-                "presentedToken": token,
-                "highestToken": highest,
-                "resourceType": resource,
-                "resourceId": body.account_id,
-                "ownerId": owner,
-            })));
+                &dlock_contract::error::FencedOutDetails {
+                    presented_token: token,
+                    highest_token: highest,
+                    resource_type: Some(resource),
+                    resource_id: body.account_id.clone(),
+                    owner_id: owner,
+                },
+            ));
         }
         "duplicate" => {
             state.metrics.duplicate_attempted();
