@@ -1,6 +1,8 @@
-//! A leader change under a batch (issue 18, item 3): three etcd members on loopback, the lock
-//! server with all three endpoints, a batch of payouts through the real services; the leader is
-//! killed mid-batch (SIGKILL: no leadership hand-over, a real election) and restarted later.
+//! A leader change under a batch (issue 18, item 3): three etcd members on loopback, as
+//! production runs them (TLS, client certificates, authentication on, the lock server's role
+//! limited to its prefix: `etcd_tls::SecureEtcd`), the lock server with all three endpoints, a
+//! batch of payouts through the real services; the leader is killed mid-batch (SIGKILL: no
+//! leadership hand-over, a real election) and restarted later.
 //! A probe client measures what clients see meanwhile: every refusal is `503 NOT_LEADER` with
 //! `retryAfterMillis`, a grant held across the election survives or is `LOCK_LOST` /
 //! `SESSION_EXPIRED`, and never has a second holder. The chaos suite's invariant checker then
@@ -11,20 +13,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
+use dlock_devstack::certs::Validity;
 use dlock_devstack::etcd_cluster::EtcdCluster;
-use etcd_client::Client;
+use etcd_client::{Client, ConnectOptions};
 use tokio::sync::Mutex;
 
 use crate::chaos::{Chaos, header};
+use crate::etcd_tls::{SecureEtcd, tls_options};
 use crate::harness::{Backend, client, eventually};
 
-/// The member that leads now, by etcd's status API (asked of each member in turn).
-async fn leader(cluster: &EtcdCluster) -> usize {
+/// The member that leads now, by etcd's status API (asked of each member in turn, as `root`).
+async fn leader(cluster: &EtcdCluster, admin: &ConnectOptions) -> usize {
     for i in 0..cluster.members.len() {
         if !cluster.members[i].running() {
             continue;
         }
-        let Ok(mut c) = Client::connect([cluster.endpoint(i)], None).await else {
+        let Ok(mut c) = Client::connect([cluster.endpoint(i)], Some(admin.clone())).await else {
             continue;
         };
         let Ok(status) = c.status().await else {
@@ -88,13 +92,23 @@ impl Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_change_mid_batch_pays_nobody_twice() {
-    let mut cluster = EtcdCluster::start(3, None).unwrap_or_else(|e| panic!("{e:#}"));
-    let pairs = vec![
-        ("lock.backend", "etcd".to_owned()),
-        ("lock.etcd.endpoints", cluster.endpoints().join(",")),
+    let mut secure = SecureEtcd::start(3).await;
+    // etcd's status API answers `root` (here by a client certificate with that CN).
+    let root = secure
+        .clients_ca
+        .client("root-status", "root", Validity::Current)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let admin = ConnectOptions::new().with_tls(tls_options(&secure.server_ca, &root));
+    let mut pairs: Vec<(&'static str, String)> = secure
+        .pairs()
+        .into_iter()
+        .filter(|(key, _)| *key != "lock.etcd.connect-timeout-ms")
+        .collect();
+    pairs.extend([
         ("lock.etcd.connect-timeout-ms", "500".to_owned()),
+        // The default, written out: below the callers' 2 s write timeout.
         ("lock.etcd.request-timeout-ms", "1500".to_owned()),
-    ];
+    ]);
     let chaos = Chaos::start_on(
         Backend::Etcd,
         Some(pairs),
@@ -187,10 +201,10 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         || async { (chaos.posted_count().await >= 30).then_some(()) },
     )
     .await;
-    let old_leader = leader(&cluster).await;
+    let old_leader = leader(&secure.cluster, &admin).await;
     let posted_at_kill = chaos.posted_count().await;
     let killed_at = Instant::now();
-    cluster.kill(old_leader);
+    secure.cluster.kill(old_leader);
     // The election is over for clients when a whole cycle succeeds after the kill.
     let cycles_at_kill = seen.cycles.load(Ordering::Relaxed);
     eventually(
@@ -199,7 +213,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         || async { (seen.cycles.load(Ordering::Relaxed) > cycles_at_kill + 2).then_some(()) },
     )
     .await;
-    let new_leader = leader(&cluster).await;
+    let new_leader = leader(&secure.cluster, &admin).await;
     assert_ne!(new_leader, old_leader);
 
     // The grant held across the election: renewed with the same token, or ended as the
@@ -271,9 +285,20 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
     let restarted_at = Instant::now();
     let refused_member_down = seen.refused_between(steady_from, restarted_at).await;
     // The old leader comes back as a follower while the batch goes on.
-    cluster
+    secure
+        .cluster
         .restart(old_leader)
         .unwrap_or_else(|e| panic!("{e:#}"));
+    // Back as a follower, it gets requests again: none may be refused (a restarted member has
+    // forgotten the lock server's etcd token, which the lock server must renew by itself).
+    let back_from = Instant::now() + Duration::from_secs(1);
+    eventually(
+        "20 lock cycles with the old leader back",
+        Duration::from_secs(60),
+        || async { (seen.cycles_started_after(back_from).await >= 20).then_some(()) },
+    )
+    .await;
+    let refused_member_back = seen.refused_between(back_from, Instant::now()).await;
     let fenced = chaos.finish(executor, &log);
     stop.store(true, Ordering::Relaxed);
     probe.await.unwrap_or_else(|e| panic!("probe: {e}"));
@@ -286,7 +311,8 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         "leader change: member {old_leader} killed, member {new_leader} leads; clients saw the \
          election for {} ms (first lock cycle begun after the kill to its commit); NOT_LEADER \
          refusals (retryAfterMillis set): {refused_election} during the election, \
-         {refused_member_down} while the dead member stayed down, {refused_total} in all; \
+         {refused_member_down} while the dead member stayed down, {refused_member_back} once \
+         it was back, {refused_total} in all; \
          {cycles} probe cycles; held grant {held_outcome}",
         elected_at.duration_since(killed_at).as_millis(),
     );
@@ -300,9 +326,26 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         )
         .await;
     assert_eq!(figures.payouts, 120);
+    assert_eq!(
+        refused_member_back, 0,
+        "the restarted member serves the lock server again (its etcd token renewed)"
+    );
+    // The lock server's log sits beside the batch file; its internal errors name the cause.
+    let internal: Vec<String> = std::fs::read_to_string(
+        batch
+            .parent()
+            .expect("the batch file is in the chaos directory")
+            .join("lock-server.log"),
+    )
+    .unwrap_or_default()
+    .lines()
+    .filter(|line| line.contains("internal_error"))
+    .map(str::to_owned)
+    .collect();
     assert!(
         others.is_empty(),
-        "during the election every refusal is NOT_LEADER: {others:?}"
+        "during the election every refusal is NOT_LEADER: {others:?}; the lock server's \
+         internal errors: {internal:#?}"
     );
     assert_eq!(
         refused_member_down, 0,

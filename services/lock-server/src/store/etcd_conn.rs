@@ -194,7 +194,12 @@ impl Material {
     fn options(&self, settings: &EtcdSettings) -> ConnectOptions {
         let mut options = self.probe_options(settings);
         if let (Some(user), Some(password)) = (&settings.user, &self.password) {
-            options = options.with_user(user.name.clone(), password.clone());
+            // etcd's tokens lapse (`--auth-token-ttl`, 5 min idle by default) and a restarted
+            // member forgets simple tokens: a request refused for its token authenticates again
+            // and is sent once more, instead of every later request being refused.
+            options = options
+                .with_user(user.name.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         options
     }
@@ -268,6 +273,22 @@ pub fn classify(error: &etcd_client::Error) -> (Failure, String) {
             // The client's own deadline (`lock.etcd.request-timeout-ms`, tonic's "Timeout
             // expired"): no answer in time, as while the members elect a leader.
             1 if status.message().contains("Timeout expired") => Failure::Unreachable,
+            // The connection broke under the request (a member killed or restarted): tonic's
+            // Unknown "transport error" (connection reset, broken pipe, an h2 stream error). A
+            // failed TLS handshake is a transport error too, and stays a TLS failure.
+            2 | 13
+                if !tls
+                    && [
+                        "transport error",
+                        "connection reset",
+                        "broken pipe",
+                        "h2 protocol error",
+                    ]
+                    .iter()
+                    .any(|m| message.contains(m)) =>
+            {
+                Failure::Unreachable
+            }
             7 => Failure::Permission,
             16 => Failure::Authentication,
             _ if message.contains("permission denied") => Failure::Permission,
@@ -520,7 +541,9 @@ async fn keep_dead_members_out(cell: Weak<Connection>, settings: EtcdSettings) {
         let checks = probes.iter_mut().map(|probe| async {
             match probe {
                 Some(probe) => answers(probe, timeout).await,
-                None => false,
+                // No probe client (cannot happen for an endpoint the main client took): unknown,
+                // so the endpoint stays in.
+                None => true,
             }
         });
         let alive = futures::future::join_all(checks).await;
