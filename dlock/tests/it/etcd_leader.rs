@@ -266,7 +266,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
             .filter(|(start, _, refused)| !refused && *start >= killed_at)
             .map(|(_, end, _)| *end)
             .min()
-            .expect("a cycle succeeded after the kill")
+            .unwrap_or_else(|| panic!("no cycle succeeded after the kill"))
     };
     // Then two of three members serve, a quorum: clients must not be refused while the dead
     // member stays down (requests routed to it would be). Measured over at least 20 cycles,
@@ -334,7 +334,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
     let internal: Vec<String> = std::fs::read_to_string(
         batch
             .parent()
-            .expect("the batch file is in the chaos directory")
+            .unwrap_or_else(|| panic!("the batch file is in the chaos directory"))
             .join("lock-server.log"),
     )
     .unwrap_or_default()
