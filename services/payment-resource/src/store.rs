@@ -70,6 +70,25 @@ pub struct Scope {
     pub retention_ms: i64,
 }
 
+impl Scope {
+    /// Binds `pay_idempotency_begin`'s seven parameters ($1–$7, the scope and `wait_ms`), which
+    /// every call that begins a protected write takes first.
+    fn bind_begin<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments>,
+        wait_ms: i32,
+    ) -> sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.route)
+            .bind(&self.key)
+            .bind(self.token)
+            .bind(&self.owner_id)
+            .bind(&self.payload_hash[..])
+            .bind(self.retention_ms)
+            .bind(wait_ms)
+    }
+}
+
 /// What the idempotency record says about a request.
 pub enum Begin {
     /// No record: this request runs the effect in `Tx` and then calls [`PayStore::finish`].
@@ -403,20 +422,17 @@ impl PayStore {
     /// rolls back (then runs itself), for at most `wait_ms`.
     pub async fn begin(&self, scope: &Scope, wait_ms: i32) -> StoreResult<Begin> {
         let mut tx = self.pool.begin().await.map_err(map_sqlx)?;
-        let row: BeginRow = sqlx::query_as(
-            "SELECT outcome, response_status, response_body \
+        let row: BeginRow = scope
+            .bind_begin(
+                sqlx::query_as(
+                    "SELECT outcome, response_status, response_body \
              FROM pay_idempotency_begin($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(&scope.route)
-        .bind(&scope.key)
-        .bind(scope.token)
-        .bind(&scope.owner_id)
-        .bind(&scope.payload_hash[..])
-        .bind(scope.retention_ms)
-        .bind(wait_ms)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+                ),
+                wait_ms,
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         match row.outcome.as_str() {
             "fresh" => Ok(Begin::Fresh(tx)),
             "conflict" => Ok(Begin::Conflict),
@@ -450,24 +466,21 @@ impl PayStore {
         expected_state: PayoutState,
         max_attempts: i32,
     ) -> StoreResult<Once<ClaimRow>> {
-        let row: ClaimOnceRow = sqlx::query_as(
-            "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
+        let row: ClaimOnceRow = scope
+            .bind_begin(
+                sqlx::query_as(
+                    "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
                     attempt_count, claim_token, account_id, available_minor, amount_minor \
              FROM pay_claim_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(&scope.route)
-        .bind(&scope.key)
-        .bind(scope.token)
-        .bind(&scope.owner_id)
-        .bind(&scope.payload_hash[..])
-        .bind(scope.retention_ms)
-        .bind(wait_ms)
-        .bind(payout_id)
-        .bind(expected_state.as_str())
-        .bind(max_attempts)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+                ),
+                wait_ms,
+            )
+            .bind(payout_id)
+            .bind(expected_state.as_str())
+            .bind(max_attempts)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         let begun = BeginRow {
             outcome: row.begin_outcome,
             response_status: row.response_status,
@@ -497,24 +510,21 @@ impl PayStore {
         rail_reference: &str,
         submission_id: Uuid,
     ) -> StoreResult<Once<(PostRow, Vec<LedgerEntry>)>> {
-        let row: PostOnceRow = sqlx::query_as(
-            "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
+        let row: PostOnceRow = scope
+            .bind_begin(
+                sqlx::query_as(
+                    "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
                     account_id, balance_minor, entries \
              FROM pay_post_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(&scope.route)
-        .bind(&scope.key)
-        .bind(scope.token)
-        .bind(&scope.owner_id)
-        .bind(&scope.payload_hash[..])
-        .bind(scope.retention_ms)
-        .bind(wait_ms)
-        .bind(payout_id)
-        .bind(rail_reference)
-        .bind(submission_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+                ),
+                wait_ms,
+            )
+            .bind(payout_id)
+            .bind(rail_reference)
+            .bind(submission_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         let begun = BeginRow {
             outcome: row.begin_outcome,
             response_status: row.response_status,
