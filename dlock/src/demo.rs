@@ -84,7 +84,7 @@ async fn open_accounts(payment: &PaymentClient, batch: &PayoutBatch) -> Result<(
 pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
     let batch = match &args.file {
         Some(file) => crate::jobs::read_batch(file)?,
-        None => PayoutBatch::parse(DEMO_BATCH).context("the built-in demo batch")?,
+        None => dlock_executor::manifest::parse(DEMO_BATCH).context("the built-in demo batch")?,
     };
     let up = UpArgs {
         backend: args.backend,

@@ -81,7 +81,7 @@ pub fn credential(file: Option<&std::path::Path>) -> Result<Option<Credential>> 
 pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    PayoutBatch::parse(&text).with_context(|| format!("in {}", file.display()))
+    dlock_executor::manifest::parse(&text).with_context(|| format!("in {}", file.display()))
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -629,7 +629,7 @@ mod tests {
                 "    - key: k{n}\n      accountId: {account}\n      amountMinor: {amount}\n      currency: {currency}\n      beneficiaryRef: ben-{n}\n"
             ));
         }
-        PayoutBatch::parse(&text).unwrap_or_else(|e| panic!("{e:#}"))
+        dlock_executor::manifest::parse(&text).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     #[test]

@@ -29,7 +29,6 @@ use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
 use dlock_executor::executor::{Endpoints, Report, RunOptions, execute};
-use dlock_executor::manifest::PayoutBatch;
 
 /// A write lands in paydb a few milliseconds after the executor's check; this much is allowed.
 const SLACK_MS: f64 = 60.0;
@@ -257,7 +256,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 
-    let batch = PayoutBatch::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
+    let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {
         lock_server: lock.url(),
         payment_resource: payment.url(),

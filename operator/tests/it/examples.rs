@@ -68,14 +68,14 @@ fn every_sample_is_a_valid_custom_resource() {
 fn the_payout_batch_sample_runs_unchanged_under_dlock_run() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/payoutbatch.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    let local = dlock_executor::PayoutBatch::parse(&text).unwrap();
+    let local = dlock_executor::manifest::parse(&text).unwrap();
 
     let mut object: PayoutBatch = serde_yaml_ng::from_str(&text).unwrap();
     object.metadata.namespace = Some("default".to_owned());
     object.metadata.uid = Some("uid".to_owned());
     let batch =
         dlock_operator::validate::payout_batch(&object, &crate::fixtures::settings()).unwrap();
-    let in_cluster = dlock_executor::PayoutBatch::parse(&batch.manifest_yaml).unwrap();
+    let in_cluster = dlock_executor::manifest::parse(&batch.manifest_yaml).unwrap();
     let ids = |b: &dlock_executor::PayoutBatch| {
         b.plan()
             .into_iter()

@@ -18,6 +18,7 @@ pub mod lock;
 pub mod openapi;
 pub mod payment;
 pub mod payment_client;
+pub mod payout_batch;
 pub mod proof;
 pub mod rail;
 pub mod reconcile;
