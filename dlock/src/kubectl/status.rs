@@ -1,0 +1,249 @@
+//! `kubectl dlock status`: the namespace's dlock resources, held locks and ambiguous payouts.
+
+use super::*;
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusView {
+    pub context: String,
+    pub namespace: String,
+    pub resources: Vec<ResourceView>,
+    pub locks: Vec<LockView>,
+    pub ambiguous_payouts: Vec<AmbiguousView>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceView {
+    pub kind: String,
+    pub name: String,
+    /// The Ready condition's status, `Unknown` when there is none yet.
+    pub ready: String,
+    /// The Degraded condition's status, `False` when there is none.
+    pub degraded: String,
+    /// The Degraded condition's reason and message when it is True, else the Ready one's.
+    pub reason: String,
+    pub message: String,
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockView {
+    pub name: String,
+    pub key: String,
+    pub account_id: String,
+    pub holder: Option<String>,
+    pub token: Option<i64>,
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AmbiguousView {
+    pub batch: String,
+    pub payout_id: String,
+}
+
+pub(super) fn resource_view(kind: &str, name: String, conditions: &[Condition]) -> ResourceView {
+    let ready = find(conditions, "Ready");
+    let degraded = find(conditions, "Degraded");
+    let explaining = degraded
+        .filter(|d| d.status == "True")
+        .or(ready)
+        .or_else(|| find(conditions, "Progressing"));
+    ResourceView {
+        kind: kind.to_owned(),
+        name,
+        ready: ready.map_or("Unknown", |c| c.status.as_str()).to_owned(),
+        degraded: degraded.map_or("False", |c| c.status.as_str()).to_owned(),
+        reason: explaining.map(|c| c.reason.clone()).unwrap_or_default(),
+        message: explaining.map(|c| c.message.clone()).unwrap_or_default(),
+        conditions: conditions.to_vec(),
+    }
+}
+
+pub(super) fn conditions_of<S>(
+    status: &Option<S>,
+    get: impl Fn(&S) -> &Vec<Condition>,
+) -> Vec<Condition> {
+    status.as_ref().map(|s| get(s).clone()).unwrap_or_default()
+}
+
+pub async fn status_view(kube: &Kube) -> Result<StatusView> {
+    let (
+        lock_servers,
+        payment_resources,
+        rail_proxies,
+        batches,
+        reconciliations,
+        revocations,
+        locks,
+    ) = futures::try_join!(
+        kube.list::<LockServer>("lockservers.dlock.io"),
+        kube.list::<PaymentResource>("paymentresources.dlock.io"),
+        kube.list::<RailProxy>("railproxies.dlock.io"),
+        kube.list::<PayoutBatch>("payoutbatches.dlock.io"),
+        kube.list::<Reconciliation>("reconciliations.dlock.io"),
+        kube.list::<LockRevocation>("lockrevocations.dlock.io"),
+        kube.list::<Lock>("locks.dlock.io"),
+    )?;
+    let mut resources = Vec::new();
+    for o in &lock_servers {
+        resources.push(resource_view(
+            "LockServer",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    for o in &payment_resources {
+        resources.push(resource_view(
+            "PaymentResource",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    for o in &rail_proxies {
+        resources.push(resource_view(
+            "RailProxy",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    for o in &batches {
+        resources.push(resource_view(
+            "PayoutBatch",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    for o in &reconciliations {
+        resources.push(resource_view(
+            "Reconciliation",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    for o in &revocations {
+        resources.push(resource_view(
+            "LockRevocation",
+            o.name_any(),
+            &conditions_of(&o.status, |s| &s.conditions),
+        ));
+    }
+    let locks = locks
+        .iter()
+        .map(|l| {
+            let status = l.status.clone().unwrap_or_default();
+            LockView {
+                name: l.name_any(),
+                key: l.spec.key.clone(),
+                account_id: l.spec.account_id.clone(),
+                holder: status.holder,
+                token: status.token,
+                expires_at: status.expires_at,
+            }
+        })
+        .collect();
+    let ambiguous_payouts = batches
+        .iter()
+        .flat_map(|b| {
+            let batch = b.name_any();
+            b.status
+                .iter()
+                .flat_map(|s| s.ambiguous.clone())
+                .map(move |payout_id| AmbiguousView {
+                    batch: batch.clone(),
+                    payout_id,
+                })
+        })
+        .collect();
+    Ok(StatusView {
+        context: kube.context.clone(),
+        namespace: kube.namespace.clone(),
+        resources,
+        locks,
+        ambiguous_payouts,
+    })
+}
+
+pub fn status_table(view: &StatusView) -> String {
+    let ns = &view.namespace;
+    let mut out = String::new();
+    if view.resources.is_empty() {
+        out.push_str(&format!("No dlock resources found in {ns} namespace.\n"));
+    } else {
+        let rows: Vec<Vec<String>> = view
+            .resources
+            .iter()
+            .map(|r| {
+                vec![
+                    r.kind.clone(),
+                    r.name.clone(),
+                    r.ready.clone(),
+                    r.degraded.clone(),
+                    r.reason.clone(),
+                    cell(&r.message, 100),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["kind", "name", "ready", "degraded", "reason", "message"],
+            &rows,
+        ));
+    }
+    out.push('\n');
+    if view.locks.is_empty() {
+        out.push_str(&format!("No held locks in {ns} namespace.\n"));
+    } else {
+        let rows: Vec<Vec<String>> = view
+            .locks
+            .iter()
+            .map(|l| {
+                vec![
+                    l.name.clone(),
+                    l.key.clone(),
+                    l.holder.clone().unwrap_or_default(),
+                    l.token.map(|t| t.to_string()).unwrap_or_default(),
+                    l.expires_at.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["lock", "key", "holder", "token", "expires"],
+            &rows,
+        ));
+    }
+    out.push('\n');
+    if view.ambiguous_payouts.is_empty() {
+        out.push_str(&format!("No RAIL_AMBIGUOUS payouts in {ns} namespace.\n"));
+    } else {
+        let rows: Vec<Vec<String>> = view
+            .ambiguous_payouts
+            .iter()
+            .map(|a| {
+                vec![
+                    a.batch.clone(),
+                    a.payout_id.clone(),
+                    "RAIL_AMBIGUOUS".to_owned(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["batch", "payout", "state"], &rows));
+        out.push_str(&format!(
+            "\nResolve each after checking the rail: kubectl dlock resolve PAYOUT -n {ns} --posted --rail-reference R | --failed --evidence TEXT\n"
+        ));
+    }
+    out
+}
+
+pub(super) async fn status(kube: &Kube, output: Output) -> Result<()> {
+    let view = status_view(kube).await?;
+    match output {
+        Output::Table => {
+            print!("{}", status_table(&view));
+            Ok(())
+        }
+        _ => print_document(output, &view),
+    }
+}
