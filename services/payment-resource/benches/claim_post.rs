@@ -17,7 +17,7 @@ use dlock_contract::config::RawConfig;
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
-use dlock_payment_resource::store::{Begin, PayStore, Scope};
+use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
 use uuid::Uuid;
 
@@ -127,7 +127,7 @@ async fn raw_claim(store: &PayStore, payout: Uuid, token: i64) {
     let row = PayStore::claim(&mut tx, payout, token, PayoutState::Pending, 20, "bench")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(row.outcome, "claimed");
+    assert!(matches!(row, ClaimOutcome::Claimed { .. }), "{row:?}");
     let body = serde_json::to_vec(&serde_json::json!({ "payoutId": payout, "claimToken": token }))
         .unwrap_or_default();
     store
@@ -154,7 +154,7 @@ async fn raw_post(store: &PayStore, payout: Uuid, token: i64) {
     let row = PayStore::post(&mut tx, payout, token, &format!("rail-{payout}"), payout)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(row.outcome, "posted");
+    assert!(matches!(row, PostOutcome::Posted { .. }), "{row:?}");
     let entries = PayStore::entries(&mut tx, &format!("payout:{payout}"), true)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

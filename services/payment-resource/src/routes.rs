@@ -27,8 +27,9 @@ use uuid::Uuid;
 use crate::config::PaymentConfig;
 use crate::metrics::{Lookup, Metrics, Resource};
 use crate::store::{
-    Begin, CancelAudit, ClaimRow, CreateAccountOutcome, CreatePayoutOutcome, FundOutcome,
-    LowerAudit, Once, PayStore, PostRow, Scope, StoreError, StoreResult, Tx, parse_state,
+    AbandonOutcome, AdvanceOutcome, Audit, Begin, ClaimOutcome, CreateAccountOutcome,
+    CreatePayoutOutcome, FenceMove, FundOutcome, LowerOutcome, Once, PayStore, PostOutcome,
+    ResolveOutcome, Scope, StoreError, StoreResult, Tx,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 
@@ -624,7 +625,7 @@ async fn fence_effect(
     write: &WriteHeaders,
     identity: &str,
 ) -> Result<Reply, ApiError> {
-    let row = PayStore::advance_fence(
+    let outcome = PayStore::advance_fence(
         conn,
         account_id,
         body.floor,
@@ -636,13 +637,13 @@ async fn fence_effect(
     )
     .await
     .map_err(store_error)?;
-    if row.outcome != "advanced" {
+    let AdvanceOutcome::Advanced(FenceMove {
+        previous_fence,
+        fence,
+    }) = outcome
+    else {
         return Err(account_not_found(account_id));
-    }
-    let previous_fence = row
-        .previous_fence
-        .ok_or_else(|| missing("previous fence"))?;
-    let fence = row.fence.ok_or_else(|| missing("fence"))?;
+    };
     tracing::warn!(
         event = "fence_advanced",
         account_id,
@@ -714,30 +715,27 @@ async fn lower_fence_effect(
     identity: &str,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let audit = LowerAudit {
+    let audit = Audit {
         operator: body.operator.trim(),
         identity,
         owner_id: &write.owner_id,
         reason: body.reason.trim(),
     };
-    let row = PayStore::lower_fence(conn, account_id, token, &audit)
+    let (moved, recovery_id, lowered) = match PayStore::lower_fence(conn, account_id, token, &audit)
         .await
-        .map_err(store_error)?;
-    if row.outcome == "not_found" {
-        return Err(account_not_found(account_id));
-    }
-    let previous = row
-        .previous_fence
-        .ok_or_else(|| missing("previous fence"))?;
-    let fence = row.fence.ok_or_else(|| missing("fence"))?;
-    let lowered = row.outcome == "lowered";
+        .map_err(store_error)?
+    {
+        LowerOutcome::Lowered { fence, recovery_id } => (fence, recovery_id, true),
+        LowerOutcome::Unchanged(fence) => (fence, None, false),
+        LowerOutcome::NotFound => return Err(account_not_found(account_id)),
+    };
     if lowered {
         tracing::warn!(
             event = "fence_lowered",
             account_id,
-            previous_fence = previous,
-            fence,
-            recovery_id = row.recovery_id,
+            previous_fence = moved.previous_fence,
+            fence = moved.fence,
+            recovery_id,
             operator = %audit.operator,
             identity,
             owner = %write.owner_id,
@@ -749,10 +747,10 @@ async fn lower_fence_effect(
         &FenceLowered {
             account_id: account_id.to_owned(),
             resource: "account".into(),
-            previous_token: previous,
-            token: fence,
+            previous_token: moved.previous_fence,
+            token: moved.fence,
             lowered,
-            recovery_id: row.recovery_id,
+            recovery_id,
         },
     )
 }
@@ -1011,8 +1009,8 @@ async fn claim(
         .await;
     Ok(match once {
         Err(response) => response,
-        Ok((tx, row)) => {
-            let result = claim_effect(&state, row, payout_id, token, expected, &write);
+        Ok((tx, outcome)) => {
+            let result = claim_effect(&state, outcome, payout_id, token, expected, &write);
             state.finish(tx, &scope, result).await
         }
     })
@@ -1027,44 +1025,50 @@ fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
 
 fn claim_effect(
     state: &AppState,
-    row: ClaimRow,
+    outcome: ClaimOutcome,
     payout_id: Uuid,
     token: i64,
     expected_state: PayoutState,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let account_id = row.account_id.clone().unwrap_or_default();
-    match row.outcome.as_str() {
-        "claimed" => {
+    match outcome {
+        ClaimOutcome::Claimed {
+            account_id,
+            claim_token,
+            fence,
+            attempt_count,
+        } => {
             let response = ClaimResponse {
                 payout_id,
                 state: PayoutState::Claimed,
-                claim_token: row.claim_token.ok_or_else(|| missing("claim token"))?,
-                account_fence: row.fence.ok_or_else(|| missing("fence"))?,
-                attempt_count: row.attempt_count.ok_or_else(|| missing("attempt count"))?,
+                claim_token,
+                account_fence: fence,
+                attempt_count,
                 idempotency_key: write.key.clone(),
             };
             tracing::info!(event = "payout_claimed", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count = response.attempt_count, "payout claimed");
             Reply::json(StatusCode::OK, &response)
         }
-        "fenced_out" => Err(fenced_out(
+        ClaimOutcome::FencedOut { account_id, fence } => Err(fenced_out(
             state,
             Fenced {
                 resource: Resource::account,
                 resource_id: &account_id,
                 presented: token,
-                highest: row.fence.unwrap_or_default(),
+                highest: fence,
                 payout_id,
                 write,
             },
         )),
-        "not_claimable" => Err(not_claimable(
+        ClaimOutcome::NotClaimable { state } => Err(not_claimable(
             payout_id,
-            row.state.as_deref(),
+            state.as_deref(),
             expected_state.as_str(),
         )),
-        "abandoned" => {
-            let attempts = row.attempt_count.unwrap_or_default();
+        ClaimOutcome::Abandoned {
+            account_id,
+            attempt_count: attempts,
+        } => {
             tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count = attempts, cause = "attempts_exhausted", "a payout out of attempts was abandoned instead of claimed again");
             Err(ApiError::new(
                 ErrorCode::PayoutNotClaimable,
@@ -1080,7 +1084,11 @@ fn claim_effect(
                 "cause": "attempts_exhausted",
             })))
         }
-        "insufficient_funds" => {
+        ClaimOutcome::InsufficientFunds {
+            account_id,
+            available_minor,
+            amount_minor,
+        } => {
             tracing::info!(event = "payout_insufficient_funds", %payout_id, account_id = %account_id, owner = %write.owner_id, "claim refused for insufficient funds; payout FAILED");
             Err(ApiError::new(
                 ErrorCode::InsufficientFunds,
@@ -1090,11 +1098,11 @@ fn claim_effect(
                 "payoutId": payout_id,
                 "accountId": account_id,
                 "state": PayoutState::Failed,
-                "availableMinor": row.available_minor,
-                "amountMinor": row.amount_minor,
+                "availableMinor": available_minor,
+                "amountMinor": amount_minor,
             })))
         }
-        _ => Err(payout_not_found(payout_id)),
+        ClaimOutcome::NotFound => Err(payout_not_found(payout_id)),
     }
 }
 
@@ -1129,8 +1137,8 @@ async fn post_payout(
         .await;
     Ok(match once {
         Err(response) => response,
-        Ok((tx, (row, entries))) => {
-            let result = post_effect(&state, row, entries, payout_id, token, &write);
+        Ok((tx, (outcome, entries))) => {
+            let result = post_effect(&state, outcome, entries, payout_id, token, &write);
             state.finish(tx, &scope, result).await
         }
     })
@@ -1138,14 +1146,14 @@ async fn post_payout(
 
 fn post_effect(
     state: &AppState,
-    row: PostRow,
+    outcome: PostOutcome,
     entries: Vec<LedgerEntry>,
     payout_id: Uuid,
     token: i64,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    match row.outcome.as_str() {
-        "posted" => {
+    match outcome {
+        PostOutcome::Posted { balance_minor } => {
             tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
             Reply::json(
                 StatusCode::OK,
@@ -1153,23 +1161,25 @@ fn post_effect(
                     payout_id,
                     state: PayoutState::Posted,
                     entries,
-                    balance_minor: row.balance_minor.ok_or_else(|| missing("balance"))?,
+                    balance_minor,
                 },
             )
         }
-        "fenced_out" => Err(fenced_out(
+        PostOutcome::FencedOut { fence } => Err(fenced_out(
             state,
             Fenced {
                 resource: Resource::ledger,
                 resource_id: &payout_id.to_string(),
                 presented: token,
-                highest: row.fence.unwrap_or_default(),
+                highest: fence,
                 payout_id,
                 write,
             },
         )),
-        "not_claimable" => Err(not_claimable(payout_id, row.state.as_deref(), "RAIL_ACKED")),
-        "reference_mismatch" => Err(ApiError::validation(vec![
+        PostOutcome::NotClaimable { state } => {
+            Err(not_claimable(payout_id, state.as_deref(), "RAIL_ACKED"))
+        }
+        PostOutcome::ReferenceMismatch => Err(ApiError::validation(vec![
             FieldError::new(
                 "railReference",
                 "must match what the rail acknowledged for this payout",
@@ -1179,7 +1189,7 @@ fn post_effect(
                 "must match the submission the rail acknowledged",
             ),
         ])),
-        _ => Err(payout_not_found(payout_id)),
+        PostOutcome::NotFound => Err(payout_not_found(payout_id)),
     }
 }
 
@@ -1226,7 +1236,7 @@ async fn resolve_effect(
         Resolution::Posted => PayoutState::Posted,
         Resolution::Failed => PayoutState::Failed,
     };
-    let row = PayStore::resolve(
+    let resolved = PayStore::resolve(
         conn,
         payout_id,
         outcome,
@@ -1238,8 +1248,11 @@ async fn resolve_effect(
     )
     .await
     .map_err(store_error)?;
-    match row.outcome.as_str() {
-        "resolved" => {
+    match resolved {
+        ResolveOutcome::Resolved {
+            state,
+            balance_minor,
+        } => {
             let entries = if outcome == PayoutState::Posted {
                 PayStore::entries(conn, &format!("payout:{payout_id}"), true)
                     .await
@@ -1252,21 +1265,18 @@ async fn resolve_effect(
                 StatusCode::OK,
                 &Resolved {
                     payout_id,
-                    state: parse_state(row.state.as_deref().unwrap_or_default())
-                        .map_err(store_error)?,
+                    state,
                     entries,
-                    balance_minor: row.balance_minor.ok_or_else(|| missing("balance"))?,
+                    balance_minor,
                     operator: body.operator.trim().to_owned(),
                     identity: identity.to_owned(),
                 },
             )
         }
-        "not_claimable" => Err(not_claimable(
-            payout_id,
-            row.state.as_deref(),
-            "RAIL_AMBIGUOUS",
-        )),
-        _ => Err(payout_not_found(payout_id)),
+        ResolveOutcome::NotClaimable { state } => {
+            Err(not_claimable(payout_id, state.as_deref(), "RAIL_AMBIGUOUS"))
+        }
+        ResolveOutcome::NotFound => Err(payout_not_found(payout_id)),
     }
 }
 
@@ -1352,46 +1362,49 @@ async fn cancel_effect(
     write: &WriteHeaders,
     identity: &str,
 ) -> Result<Reply, ApiError> {
-    let audit = CancelAudit {
+    let audit = Audit {
         operator: body.operator.trim(),
         identity,
         owner_id: &write.owner_id,
         reason: body.reason.trim(),
     };
-    let row = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
+    let outcome = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
         .await
         .map_err(store_error)?;
-    let account_id = row.account_id.clone().unwrap_or_default();
-    match row.outcome.as_str() {
-        "abandoned" => {
+    match outcome {
+        AbandonOutcome::Abandoned {
+            account_id,
+            fence,
+            attempt_count,
+        } => {
             let response = Cancelled {
                 payout_id,
                 state: PayoutState::Abandoned,
-                account_fence: row.fence.ok_or_else(|| missing("fence"))?,
-                attempt_count: row.attempt_count.ok_or_else(|| missing("attempt count"))?,
+                account_fence: fence,
+                attempt_count,
                 operator: audit.operator.to_owned(),
                 identity: identity.to_owned(),
             };
             tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, operator = %audit.operator, identity, cause = "cancelled", "a payout was cancelled; it is ABANDONED and nothing will pay it");
             Reply::json(StatusCode::OK, &response)
         }
-        "fenced_out" => Err(fenced_out(
+        AbandonOutcome::FencedOut { account_id, fence } => Err(fenced_out(
             state,
             Fenced {
                 resource: Resource::account,
                 resource_id: &account_id,
                 presented: token,
-                highest: row.fence.unwrap_or_default(),
+                highest: fence,
                 payout_id,
                 write,
             },
         )),
-        "not_claimable" => Err(not_claimable(
+        AbandonOutcome::NotClaimable { state } => Err(not_claimable(
             payout_id,
-            row.state.as_deref(),
+            state.as_deref(),
             body.expected_state.as_str(),
         )),
-        _ => Err(payout_not_found(payout_id)),
+        AbandonOutcome::NotFound => Err(payout_not_found(payout_id)),
     }
 }
 

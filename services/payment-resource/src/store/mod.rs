@@ -1,0 +1,367 @@
+//! paydb through sqlx (runtime queries). Every money-moving write is one call of a function of
+//! `migrations/paydb`, inside the transaction that also holds the request's idempotency record,
+//! so the effect and the stored answer commit together or not at all.
+
+mod idempotency;
+mod outcome;
+mod writes;
+
+use chrono::{DateTime, Utc};
+use dlock_contract::payment::{
+    Account, AccountKind, LedgerEntry, Payout, PayoutState, PayoutSummary, SubmissionSummary,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::config::PgSettings;
+pub use idempotency::{Begin, Once, Scope};
+pub use outcome::{
+    AbandonOutcome, AdvanceOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    FenceMove, FundOutcome, LowerOutcome, PostOutcome, ResolveOutcome,
+};
+pub use writes::Audit;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
+
+/// The most expired idempotency records one sweep statement deletes.
+pub const SWEEP_BATCH_MAX: i32 = 1_000;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// paydb cannot take writes here: unreachable, a standby, shutting down. Nothing changed.
+    #[error("paydb is not available for writes: {0}")]
+    NotLeader(String),
+    /// An identical request holds the idempotency record and did not finish within the wait.
+    #[error("an identical request is still in progress")]
+    InProgress,
+    #[error("paydb failure: {0}")]
+    Backend(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Maps a database failure to what the caller may conclude from it (D-4).
+pub fn map_sqlx(error: sqlx::Error) -> StoreError {
+    match &error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            StoreError::NotLeader(format!("paydb is unreachable: {error}"))
+        }
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // lock_not_available: the bounded wait on an in-progress idempotency record.
+            Some("55P03") => StoreError::InProgress,
+            Some("25006") => StoreError::NotLeader("paydb is a read-only replica".into()),
+            Some("57P01") | Some("57P02") | Some("57P03") => {
+                StoreError::NotLeader(format!("paydb is not accepting writes: {error}"))
+            }
+            _ => StoreError::Backend(error.to_string()),
+        },
+        _ => StoreError::Backend(error.to_string()),
+    }
+}
+
+fn missing(what: &str) -> StoreError {
+    StoreError::Backend(format!("paydb returned no {what}"))
+}
+
+/// An `outcome` text a paydb function answered that this build does not know.
+fn unknown(function: &str, outcome: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "{function} answered the outcome {outcome:?}, which this build does not know"
+    ))
+}
+
+pub type Tx = Transaction<'static, Postgres>;
+
+#[derive(Debug, FromRow)]
+struct AccountRow {
+    account_id: String,
+    currency: String,
+    kind: String,
+    balance_minor: i64,
+    held_minor: i64,
+    fence: i64,
+    ledger_sum_minor: i64,
+    updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, FromRow)]
+struct PayoutRow {
+    payout_id: Uuid,
+    account_id: String,
+    amount_minor: i64,
+    currency: String,
+    beneficiary_ref: String,
+    state: String,
+    attempt_count: i32,
+    claim_token: Option<i64>,
+    rail_reference: Option<String>,
+    submission_id: Option<Uuid>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, FromRow)]
+struct SubmissionRow {
+    submission_id: Uuid,
+    presented_token: i64,
+    outcome: String,
+    rail_reference: Option<String>,
+    submitted_at: DateTime<Utc>,
+    resolved_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, FromRow)]
+struct EntryRow {
+    entry_id: Uuid,
+    account_id: String,
+    direction: String,
+    amount_minor: i64,
+    fence: i64,
+}
+
+#[derive(Debug, FromRow)]
+struct SummaryRow {
+    payout_id: Uuid,
+    account_id: String,
+    amount_minor: i64,
+    currency: String,
+    state: String,
+    attempt_count: i32,
+    created_at: DateTime<Utc>,
+}
+
+pub fn parse_state(text: &str) -> StoreResult<PayoutState> {
+    PayoutState::parse(text).ok_or_else(|| StoreError::Backend(format!("unknown state {text}")))
+}
+
+// The balance is the row's plus, for a settlement account, its shards' (paydb 0007).
+const ACCOUNT_SELECT: &str = "SELECT a.account_id, a.currency::text AS currency, a.kind, \
+    (a.balance_minor + coalesce((SELECT sum(s.balance_minor) FROM account_balance_shards s \
+                                 WHERE s.account_id = a.account_id), 0))::bigint \
+        AS balance_minor, a.held_minor, a.fence, a.updated_at, \
+    coalesce((SELECT sum(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor \
+                              ELSE -e.amount_minor END) \
+                FROM ledger_entries e WHERE e.account_id = a.account_id), 0)::bigint \
+        AS ledger_sum_minor \
+    FROM accounts a WHERE a.account_id = $1";
+
+const PAYOUT_SELECT: &str = "SELECT payout_id, account_id, amount_minor, currency::text AS currency, \
+    beneficiary_ref, state, attempt_count, claim_token, rail_reference, submission_id, created_at, \
+    updated_at FROM payouts WHERE payout_id = $1";
+
+#[derive(Clone)]
+pub struct PayStore {
+    pool: PgPool,
+}
+
+impl PayStore {
+    /// Opens the pool; applies the paydb migrations first when asked, so a new replica never
+    /// serves against an old schema.
+    pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
+        let options: PgConnectOptions = settings
+            .url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("payment.pg.url is not a PostgreSQL URL: {e}"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.pool_max)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_lazy_with(options.application_name("dlock-payment-resource"));
+        if settings.migrate {
+            MIGRATOR.run(&pool).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "applying the paydb migrations failed (is payment.pg.url the paydb primary?): {e}"
+                )
+            })?;
+        }
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The entries of one posting (`fund:{reference}` or `payout:{id}`), DEBIT first or CREDIT
+    /// first as asked.
+    pub async fn entries(
+        conn: &mut PgConnection,
+        posting: &str,
+        debit_first: bool,
+    ) -> StoreResult<Vec<LedgerEntry>> {
+        // 'DEBIT' sorts after 'CREDIT'.
+        let sql = if debit_first {
+            "SELECT entry_id, account_id, direction, amount_minor, fence FROM ledger_entries \
+             WHERE reference = $1 ORDER BY direction DESC"
+        } else {
+            "SELECT entry_id, account_id, direction, amount_minor, fence FROM ledger_entries \
+             WHERE reference = $1 ORDER BY direction ASC"
+        };
+        let rows: Vec<EntryRow> = sqlx::query_as(sql)
+            .bind(posting)
+            .fetch_all(conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                outcome::entry(
+                    r.entry_id,
+                    r.account_id,
+                    &r.direction,
+                    r.amount_minor,
+                    r.fence,
+                )
+            })
+            .collect())
+    }
+
+    /// P5 (and the answer of account creation), with the ledger sum recomputed.
+    pub async fn account(
+        conn: &mut PgConnection,
+        account_id: &str,
+    ) -> StoreResult<Option<Account>> {
+        let row: Option<AccountRow> = sqlx::query_as(ACCOUNT_SELECT)
+            .bind(account_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(row.map(|r| Account {
+            account_id: r.account_id,
+            currency: r.currency,
+            kind: match r.kind.as_str() {
+                "funding" => AccountKind::Funding,
+                "settlement" => AccountKind::Settlement,
+                _ => AccountKind::Customer,
+            },
+            balance_minor: r.balance_minor,
+            held_minor: r.held_minor,
+            available_minor: r.balance_minor - r.held_minor,
+            fence: r.fence,
+            ledger_sum_minor: r.ledger_sum_minor,
+            updated_at: r.updated_at,
+        }))
+    }
+
+    /// P4 (and the answer of payout creation): the payout and its rail submissions.
+    pub async fn payout(conn: &mut PgConnection, payout_id: Uuid) -> StoreResult<Option<Payout>> {
+        let row: Option<PayoutRow> = sqlx::query_as(PAYOUT_SELECT)
+            .bind(payout_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let submissions: Vec<SubmissionRow> = sqlx::query_as(
+            "SELECT submission_id, presented_token, outcome, rail_reference, submitted_at, \
+                    resolved_at FROM rail_submission WHERE payout_id = $1 \
+             ORDER BY submitted_at, submission_id",
+        )
+        .bind(payout_id)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(Some(Payout {
+            payout_id: r.payout_id,
+            account_id: r.account_id,
+            amount_minor: r.amount_minor,
+            currency: r.currency,
+            beneficiary_ref: r.beneficiary_ref,
+            state: parse_state(&r.state)?,
+            attempt_count: r.attempt_count,
+            claim_token: r.claim_token,
+            rail_reference: r.rail_reference,
+            submission_id: r.submission_id,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            submissions: submissions
+                .into_iter()
+                .map(|s| SubmissionSummary {
+                    submission_id: s.submission_id,
+                    presented_token: s.presented_token,
+                    outcome: s.outcome,
+                    rail_reference: s.rail_reference,
+                    submitted_at: s.submitted_at,
+                    resolved_at: s.resolved_at,
+                })
+                .collect(),
+        }))
+    }
+
+    /// P1: one page in creation order, after the cursor's position. Returns up to `limit + 1`
+    /// rows so the caller can tell whether there is a next page.
+    pub async fn list_payouts(
+        &self,
+        state: Option<PayoutState>,
+        account_id: Option<&str>,
+        limit: i64,
+        after: Option<(DateTime<Utc>, Uuid)>,
+    ) -> StoreResult<Vec<PayoutSummary>> {
+        let rows: Vec<SummaryRow> = sqlx::query_as(
+            "SELECT payout_id, account_id, amount_minor, currency::text AS currency, state, \
+                    attempt_count, created_at FROM payouts \
+             WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account_id = $2) \
+               AND ($3::timestamptz IS NULL OR (created_at, payout_id) > ($3, $4)) \
+             ORDER BY created_at, payout_id LIMIT $5",
+        )
+        .bind(state.map(PayoutState::as_str))
+        .bind(account_id)
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(limit + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(PayoutSummary {
+                    payout_id: r.payout_id,
+                    account_id: r.account_id,
+                    amount_minor: r.amount_minor,
+                    currency: r.currency,
+                    state: parse_state(&r.state)?,
+                    attempt_count: r.attempt_count,
+                    created_at: r.created_at,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn read_account(&self, account_id: &str) -> StoreResult<Option<Account>> {
+        let mut conn = self.pool.acquire().await.map_err(map_sqlx)?;
+        Self::account(&mut conn, account_id).await
+    }
+
+    /// The account of a payout (immutable once registered): the lock key its writes are
+    /// proven against is `payout:{accountId}`.
+    pub async fn payout_account(&self, payout_id: Uuid) -> StoreResult<Option<String>> {
+        sqlx::query_scalar("SELECT account_id FROM payouts WHERE payout_id = $1")
+            .bind(payout_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    pub async fn read_payout(&self, payout_id: Uuid) -> StoreResult<Option<Payout>> {
+        let mut conn = self.pool.acquire().await.map_err(map_sqlx)?;
+        Self::payout(&mut conn, payout_id).await
+    }
+
+    /// Ready when paydb answers and takes writes (a primary, not in recovery).
+    pub async fn ready(&self) -> StoreResult<()> {
+        let (in_recovery,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_sqlx)?;
+        if in_recovery {
+            return Err(StoreError::NotLeader(
+                "paydb is in recovery (a standby)".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,381 @@
+//! What each paydb write function answered, one enum per operation. Every function returns an
+//! `outcome text`; it is read here, once, with the columns that outcome carries. A text this
+//! build does not know is an error that names it, never a guess.
+
+use dlock_contract::payment::{Direction, LedgerEntry, PayoutState};
+use sqlx::FromRow;
+use uuid::Uuid;
+
+use super::{StoreResult, missing, parse_state, unknown};
+
+/// A ledger entry as paydb stores it (`direction` is `DEBIT` or `CREDIT`).
+pub(super) fn entry(
+    entry_id: Uuid,
+    account_id: String,
+    direction: &str,
+    amount_minor: i64,
+    fence: i64,
+) -> LedgerEntry {
+    LedgerEntry {
+        entry_id,
+        account_id,
+        direction: if direction == "DEBIT" {
+            Direction::Debit
+        } else {
+            Direction::Credit
+        },
+        amount_minor,
+        fence,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateAccountOutcome {
+    Created,
+    Exists,
+    /// The id is taken by an account of this other currency (or a system account).
+    Conflict {
+        currency: String,
+    },
+}
+
+impl CreateAccountOutcome {
+    pub(super) fn parse(outcome: &str, existing: String) -> StoreResult<Self> {
+        Ok(match outcome {
+            "created" => Self::Created,
+            "exists" => Self::Exists,
+            "conflict" => Self::Conflict { currency: existing },
+            other => return Err(unknown("pay_create_account", other)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FundOutcome {
+    Funded {
+        balance_minor: i64,
+    },
+    /// The reference was funded before with the same account and amount.
+    Exists {
+        balance_minor: i64,
+    },
+    Conflict,
+    NotFound,
+    NotCustomer,
+}
+
+impl FundOutcome {
+    pub(super) fn parse(outcome: &str, balance: Option<i64>) -> StoreResult<Self> {
+        let balance = || balance.ok_or_else(|| missing("balance"));
+        Ok(match outcome {
+            "funded" => Self::Funded {
+                balance_minor: balance()?,
+            },
+            "exists" => Self::Exists {
+                balance_minor: balance()?,
+            },
+            "conflict" => Self::Conflict,
+            "not_customer" => Self::NotCustomer,
+            "not_found" => Self::NotFound,
+            other => return Err(unknown("pay_fund", other)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatePayoutOutcome {
+    Created,
+    Exists,
+    Conflict,
+    AccountUnknown,
+    CurrencyMismatch,
+}
+
+impl CreatePayoutOutcome {
+    pub(super) fn parse(outcome: &str) -> StoreResult<Self> {
+        Ok(match outcome {
+            "created" => Self::Created,
+            "exists" => Self::Exists,
+            "conflict" => Self::Conflict,
+            "currency_mismatch" => Self::CurrencyMismatch,
+            "account_unknown" => Self::AccountUnknown,
+            other => return Err(unknown("pay_create_payout", other)),
+        })
+    }
+}
+
+/// What a claim (P2) did. `account_id` is the payout's account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Claimed {
+        account_id: String,
+        claim_token: i64,
+        fence: i64,
+        attempt_count: i32,
+    },
+    /// The account's fence is at or above the token: a newer holder exists.
+    FencedOut {
+        account_id: String,
+        fence: i64,
+    },
+    NotClaimable {
+        state: Option<String>,
+    },
+    /// Out of attempts: abandoned instead of claimed again.
+    Abandoned {
+        account_id: String,
+        attempt_count: i32,
+    },
+    /// The payout is now FAILED.
+    InsufficientFunds {
+        account_id: String,
+        available_minor: Option<i64>,
+        amount_minor: Option<i64>,
+    },
+    NotFound,
+}
+
+/// The columns `pay_claim_bounded` (and `pay_claim_once` after its record's) returns.
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct ClaimRow {
+    outcome: Option<String>,
+    state: Option<String>,
+    fence: Option<i64>,
+    attempt_count: Option<i32>,
+    claim_token: Option<i64>,
+    account_id: Option<String>,
+    available_minor: Option<i64>,
+    amount_minor: Option<i64>,
+}
+
+impl ClaimRow {
+    pub(super) fn into_outcome(self, function: &str) -> StoreResult<ClaimOutcome> {
+        let outcome = self.outcome.ok_or_else(|| missing("claim outcome"))?;
+        let account_id = self.account_id.unwrap_or_default();
+        Ok(match outcome.as_str() {
+            "claimed" => ClaimOutcome::Claimed {
+                claim_token: self.claim_token.ok_or_else(|| missing("claim token"))?,
+                fence: self.fence.ok_or_else(|| missing("fence"))?,
+                attempt_count: self.attempt_count.ok_or_else(|| missing("attempt count"))?,
+                account_id,
+            },
+            "fenced_out" => ClaimOutcome::FencedOut {
+                account_id,
+                fence: self.fence.unwrap_or_default(),
+            },
+            "not_claimable" => ClaimOutcome::NotClaimable { state: self.state },
+            "abandoned" => ClaimOutcome::Abandoned {
+                account_id,
+                attempt_count: self.attempt_count.unwrap_or_default(),
+            },
+            "insufficient_funds" => ClaimOutcome::InsufficientFunds {
+                account_id,
+                available_minor: self.available_minor,
+                amount_minor: self.amount_minor,
+            },
+            "not_found" => ClaimOutcome::NotFound,
+            other => return Err(unknown(function, other)),
+        })
+    }
+}
+
+/// What a post (P3) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostOutcome {
+    Posted {
+        balance_minor: i64,
+    },
+    /// The account's fence is above the token: a newer holder exists.
+    FencedOut {
+        fence: i64,
+    },
+    NotClaimable {
+        state: Option<String>,
+    },
+    /// The rail reference or the submission is not the one the rail acknowledged.
+    ReferenceMismatch,
+    NotFound,
+}
+
+/// The columns `pay_post` (and `pay_post_once` after its record's) returns.
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct PostRow {
+    outcome: Option<String>,
+    state: Option<String>,
+    fence: Option<i64>,
+    balance_minor: Option<i64>,
+}
+
+impl PostRow {
+    pub(super) fn into_outcome(self, function: &str) -> StoreResult<PostOutcome> {
+        let outcome = self.outcome.ok_or_else(|| missing("post outcome"))?;
+        Ok(match outcome.as_str() {
+            "posted" => PostOutcome::Posted {
+                balance_minor: self.balance_minor.ok_or_else(|| missing("balance"))?,
+            },
+            "fenced_out" => PostOutcome::FencedOut {
+                fence: self.fence.unwrap_or_default(),
+            },
+            "not_claimable" => PostOutcome::NotClaimable { state: self.state },
+            "reference_mismatch" => PostOutcome::ReferenceMismatch,
+            "not_found" => PostOutcome::NotFound,
+            other => return Err(unknown(function, other)),
+        })
+    }
+}
+
+/// What a cancel (`pay_abandon`) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AbandonOutcome {
+    Abandoned {
+        account_id: String,
+        fence: i64,
+        attempt_count: i32,
+    },
+    FencedOut {
+        account_id: String,
+        fence: i64,
+    },
+    NotClaimable {
+        state: Option<String>,
+    },
+    NotFound,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct AbandonRow {
+    outcome: String,
+    state: Option<String>,
+    fence: Option<i64>,
+    attempt_count: Option<i32>,
+    account_id: Option<String>,
+}
+
+impl AbandonRow {
+    pub(super) fn into_outcome(self) -> StoreResult<AbandonOutcome> {
+        let account_id = self.account_id.unwrap_or_default();
+        Ok(match self.outcome.as_str() {
+            "abandoned" => AbandonOutcome::Abandoned {
+                account_id,
+                fence: self.fence.ok_or_else(|| missing("fence"))?,
+                attempt_count: self.attempt_count.ok_or_else(|| missing("attempt count"))?,
+            },
+            "fenced_out" => AbandonOutcome::FencedOut {
+                account_id,
+                fence: self.fence.unwrap_or_default(),
+            },
+            "not_claimable" => AbandonOutcome::NotClaimable { state: self.state },
+            "not_found" => AbandonOutcome::NotFound,
+            other => return Err(unknown("pay_abandon", other)),
+        })
+    }
+}
+
+/// An account fence before and after a write that moves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceMove {
+    pub previous_fence: i64,
+    pub fence: i64,
+}
+
+/// What a fence advance did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdvanceOutcome {
+    /// `fence` is `max(previous_fence, floor)`.
+    Advanced(FenceMove),
+    NotFound,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct FenceRow {
+    outcome: String,
+    previous_fence: Option<i64>,
+    fence: Option<i64>,
+}
+
+impl FenceRow {
+    fn fence_move(&self) -> StoreResult<FenceMove> {
+        Ok(FenceMove {
+            previous_fence: self
+                .previous_fence
+                .ok_or_else(|| missing("previous fence"))?,
+            fence: self.fence.ok_or_else(|| missing("fence"))?,
+        })
+    }
+
+    pub(super) fn into_advance(self) -> StoreResult<AdvanceOutcome> {
+        Ok(match self.outcome.as_str() {
+            "advanced" => AdvanceOutcome::Advanced(self.fence_move()?),
+            "not_found" => AdvanceOutcome::NotFound,
+            other => return Err(unknown("pay_advance_fence", other)),
+        })
+    }
+}
+
+/// What a D-8 fence lowering did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowerOutcome {
+    /// Lowered to the operator's token and recorded in `fence_recoveries`.
+    Lowered {
+        fence: FenceMove,
+        recovery_id: Option<i64>,
+    },
+    /// The fence was already at or below the token.
+    Unchanged(FenceMove),
+    NotFound,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct LowerRow {
+    #[sqlx(flatten)]
+    fence: FenceRow,
+    recovery_id: Option<i64>,
+}
+
+impl LowerRow {
+    pub(super) fn into_outcome(self) -> StoreResult<LowerOutcome> {
+        Ok(match self.fence.outcome.as_str() {
+            "lowered" => LowerOutcome::Lowered {
+                fence: self.fence.fence_move()?,
+                recovery_id: self.recovery_id,
+            },
+            "unchanged" => LowerOutcome::Unchanged(self.fence.fence_move()?),
+            "not_found" => LowerOutcome::NotFound,
+            other => return Err(unknown("pay_lower_fence", other)),
+        })
+    }
+}
+
+/// What a resolution of a RAIL_AMBIGUOUS payout did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveOutcome {
+    Resolved {
+        state: PayoutState,
+        balance_minor: i64,
+    },
+    NotClaimable {
+        state: Option<String>,
+    },
+    NotFound,
+}
+
+#[derive(Debug, Clone, FromRow)]
+pub(super) struct ResolveRow {
+    outcome: String,
+    state: Option<String>,
+    balance_minor: Option<i64>,
+}
+
+impl ResolveRow {
+    pub(super) fn into_outcome(self) -> StoreResult<ResolveOutcome> {
+        Ok(match self.outcome.as_str() {
+            "resolved" => ResolveOutcome::Resolved {
+                state: parse_state(self.state.as_deref().unwrap_or_default())?,
+                balance_minor: self.balance_minor.ok_or_else(|| missing("balance"))?,
+            },
+            "not_claimable" => ResolveOutcome::NotClaimable { state: self.state },
+            "not_found" => ResolveOutcome::NotFound,
+            other => return Err(unknown("pay_resolve", other)),
+        })
+    }
+}

@@ -1,0 +1,231 @@
+//! The money-moving writes: each is one call of a paydb function, inside the transaction that
+//! holds the request's idempotency record, and each answers its operation's outcome enum.
+
+use dlock_contract::payment::PayoutState;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::outcome::{
+    AbandonOutcome, AbandonRow, AdvanceOutcome, ClaimOutcome, ClaimRow, CreateAccountOutcome,
+    CreatePayoutOutcome, FenceRow, FundOutcome, LowerOutcome, LowerRow, PostOutcome, PostRow,
+    ResolveOutcome, ResolveRow,
+};
+use super::{PayStore, StoreResult, map_sqlx};
+
+/// Who makes an operator write (a fence lowering, a cancel) and why, for its audit row.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub operator: &'a str,
+    pub identity: &'a str,
+    pub owner_id: &'a str,
+    pub reason: &'a str,
+}
+
+impl PayStore {
+    pub async fn create_account(
+        conn: &mut PgConnection,
+        account_id: &str,
+        currency: &str,
+    ) -> StoreResult<CreateAccountOutcome> {
+        let (outcome, existing): (String, String) = sqlx::query_as(
+            "SELECT outcome, currency::text FROM pay_create_account($1, $2::char(3))",
+        )
+        .bind(account_id)
+        .bind(currency)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        CreateAccountOutcome::parse(&outcome, existing)
+    }
+
+    pub async fn fund(
+        conn: &mut PgConnection,
+        account_id: &str,
+        amount_minor: i64,
+        reference: &str,
+    ) -> StoreResult<FundOutcome> {
+        let (outcome, balance): (String, Option<i64>) =
+            sqlx::query_as("SELECT outcome, balance_minor FROM pay_fund($1, $2, $3)")
+                .bind(account_id)
+                .bind(amount_minor)
+                .bind(reference)
+                .fetch_one(conn)
+                .await
+                .map_err(map_sqlx)?;
+        FundOutcome::parse(&outcome, balance)
+    }
+
+    pub async fn create_payout(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        account_id: &str,
+        amount_minor: i64,
+        currency: &str,
+        beneficiary_ref: &str,
+    ) -> StoreResult<CreatePayoutOutcome> {
+        let (outcome,): (String,) =
+            sqlx::query_as("SELECT outcome FROM pay_create_payout($1, $2, $3, $4::char(3), $5)")
+                .bind(payout_id)
+                .bind(account_id)
+                .bind(amount_minor)
+                .bind(currency)
+                .bind(beneficiary_ref)
+                .fetch_one(conn)
+                .await
+                .map_err(map_sqlx)?;
+        CreatePayoutOutcome::parse(&outcome)
+    }
+
+    /// P2: `fence < token` then `fence = token`, the state check and the funds check, in one
+    /// function under the payout's and the account's row locks. A payout already claimed
+    /// `max_attempts` times is abandoned instead (outcome `abandoned`), by the same function.
+    pub async fn claim(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        token: i64,
+        expected_state: PayoutState,
+        max_attempts: i32,
+        owner_id: &str,
+    ) -> StoreResult<ClaimOutcome> {
+        let row: ClaimRow = sqlx::query_as(
+            "SELECT outcome, state, fence, attempt_count, claim_token, account_id, \
+                    available_minor, amount_minor FROM pay_claim_bounded($1, $2, $3, $4, $5)",
+        )
+        .bind(payout_id)
+        .bind(token)
+        .bind(expected_state.as_str())
+        .bind(max_attempts)
+        .bind(owner_id)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_outcome("pay_claim_bounded")
+    }
+
+    /// Cancels a PENDING or CLAIMED payout: ABANDONED under a fenced token (`fence < token`,
+    /// the fence advances), recorded in `payout_abandonments`. The database refuses it once an
+    /// attempt reached the rail proxy.
+    pub async fn abandon(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        token: i64,
+        expected_state: PayoutState,
+        audit: &Audit<'_>,
+    ) -> StoreResult<AbandonOutcome> {
+        let row: AbandonRow = sqlx::query_as(
+            "SELECT outcome, state, fence, attempt_count, account_id \
+             FROM pay_abandon($1, $2, $3, 'cancelled', $4, $5, $6, $7)",
+        )
+        .bind(payout_id)
+        .bind(token)
+        .bind(expected_state.as_str())
+        .bind(audit.owner_id)
+        .bind(audit.identity)
+        .bind(audit.operator)
+        .bind(audit.reason)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_outcome()
+    }
+
+    /// P3: `fence <= token`, RAIL_ACKED -> POSTED and the two ledger rows, in one function.
+    pub async fn post(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        token: i64,
+        rail_reference: &str,
+        submission_id: Uuid,
+    ) -> StoreResult<PostOutcome> {
+        let row: PostRow = sqlx::query_as(
+            "SELECT outcome, state, fence, balance_minor FROM pay_post($1, $2, $3, $4)",
+        )
+        .bind(payout_id)
+        .bind(token)
+        .bind(rail_reference)
+        .bind(submission_id)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_outcome("pay_post")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn advance_fence(
+        conn: &mut PgConnection,
+        account_id: &str,
+        floor: i64,
+        operator: &str,
+        reason: &str,
+        revocation_id: Uuid,
+        owner_id: &str,
+        identity: &str,
+    ) -> StoreResult<AdvanceOutcome> {
+        let row: FenceRow = sqlx::query_as(
+            "SELECT outcome, previous_fence, fence \
+             FROM pay_advance_fence($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(account_id)
+        .bind(floor)
+        .bind(operator)
+        .bind(reason)
+        .bind(revocation_id)
+        .bind(owner_id)
+        .bind(identity)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_advance()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn resolve(
+        conn: &mut PgConnection,
+        payout_id: Uuid,
+        outcome: PayoutState,
+        rail_reference: Option<&str>,
+        operator: &str,
+        evidence: &str,
+        owner_id: &str,
+        identity: &str,
+    ) -> StoreResult<ResolveOutcome> {
+        let row: ResolveRow = sqlx::query_as(
+            "SELECT outcome, state, balance_minor \
+             FROM pay_resolve($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(payout_id)
+        .bind(outcome.as_str())
+        .bind(rail_reference)
+        .bind(operator)
+        .bind(evidence)
+        .bind(owner_id)
+        .bind(identity)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_outcome()
+    }
+
+    /// D-8 recovery: lowers a poisoned account fence to `to`, recorded in `fence_recoveries`.
+    pub async fn lower_fence(
+        conn: &mut PgConnection,
+        account_id: &str,
+        to: i64,
+        audit: &Audit<'_>,
+    ) -> StoreResult<LowerOutcome> {
+        let row: LowerRow = sqlx::query_as(
+            "SELECT outcome, previous_fence, fence, recovery_id \
+             FROM pay_lower_fence($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(account_id)
+        .bind(to)
+        .bind(audit.operator)
+        .bind(audit.identity)
+        .bind(audit.owner_id)
+        .bind(audit.reason)
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.into_outcome()
+    }
+}
