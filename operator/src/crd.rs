@@ -16,6 +16,10 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// One payout of a batch: the contract's type, so the CRD, the operator's manifest and
+/// `dlock run -f` read the same item.
+pub use dlock_contract::payout_batch::PayoutItem;
+
 pub const GROUP: &str = "dlock.io";
 pub const VERSION: &str = "v1alpha1";
 
@@ -421,22 +425,6 @@ pub struct ExecutorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PayoutItem {
-    /// Unique within the batch.
-    #[schemars(length(min = 1, max = 128))]
-    pub key: String,
-    #[schemars(length(min = 1, max = 128))]
-    pub account_id: String,
-    #[schemars(range(min = 1))]
-    pub amount_minor: i64,
-    #[schemars(regex(pattern = r"^[A-Z]{3}$"))]
-    pub currency: String,
-    #[schemars(length(min = 1, max = 128))]
-    pub beneficiary_ref: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -2,6 +2,7 @@
 //! input of the builders. An error here is permanent: the controller records it in a condition and
 //! waits for the spec to change.
 
+use dlock_contract::payout_batch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
@@ -24,7 +25,6 @@ use crate::workload::{
 /// The rail proxy's read timeout when the spec names none (the service's own default).
 pub const READ_TIMEOUT_MS_DEFAULT: i64 = 8_000;
 pub const REPLICAS_DEFAULT: i32 = 2;
-pub const WORKERS_DEFAULT: i32 = 4;
 
 /// What the operator knows that the spec does not say.
 #[derive(Clone, Debug, PartialEq)]
@@ -589,69 +589,49 @@ pub fn executor_credential(
     })
 }
 
-/// The executor's manifest, in the DESIGN §11 format `dlock run -f` reads.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Manifest<'a> {
-    api_version: &'a str,
-    kind: &'a str,
-    metadata: ManifestMetadata<'a>,
-    spec: ManifestSpec<'a>,
+/// The first of a batch's problems, with the others named in its message (a condition holds one
+/// field; a person should still see every problem at once).
+fn batch_invalid(problems: &[dlock_contract::payout_batch::Problem]) -> Option<Invalid> {
+    const NAMED_MAX: usize = 5;
+    let (first, others) = problems.split_first()?;
+    let mut message = first.message.clone();
+    if !others.is_empty() {
+        let named: Vec<String> = others
+            .iter()
+            .take(NAMED_MAX)
+            .map(|p| p.to_string())
+            .collect();
+        let rest = if others.len() > NAMED_MAX {
+            "; …"
+        } else {
+            ""
+        };
+        message.push_str(&format!(
+            " (and {} more: {}{rest})",
+            others.len(),
+            named.join("; ")
+        ));
+    }
+    Some(invalid(&first.field, message))
 }
 
-#[derive(serde::Serialize)]
-struct ManifestMetadata<'a> {
-    name: &'a str,
-    namespace: &'a str,
-}
-
-#[derive(serde::Serialize)]
-struct ManifestSpec<'a> {
-    workers: i32,
-    payouts: &'a [crate::crd::PayoutItem],
-}
-
+/// The batch as the executor's manifest (DESIGN §11, the format `dlock run -f` reads), checked by
+/// the contract's validator, the one `dlock run -f` applies.
 pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<ValidatedBatch, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();
     let namespace = namespace_of(object)?;
-    let workers = spec.workers.unwrap_or(WORKERS_DEFAULT);
-    if !(1..=256).contains(&workers) {
-        return Err(invalid("spec.workers", "must be 1 to 256"));
+    let workers = spec.workers.unwrap_or(payout_batch::WORKERS_DEFAULT as i32);
+    let manifest = payout_batch::PayoutBatch::new(
+        &name,
+        Some(&namespace),
+        // A negative count becomes 0, which the validator refuses as out of range.
+        u32::try_from(workers).unwrap_or(0),
+        spec.payouts.clone(),
+    );
+    if let Some(invalid) = batch_invalid(&manifest.validate()) {
+        return Err(invalid);
     }
-    if spec.payouts.is_empty() {
-        return Err(invalid("spec.payouts", "must list at least one payout"));
-    }
-    let mut keys = std::collections::HashSet::new();
-    for (index, item) in spec.payouts.iter().enumerate() {
-        if !keys.insert(item.key.as_str()) {
-            return Err(invalid(
-                &format!("spec.payouts[{index}].key"),
-                format!(
-                    "{:?} appears twice; keys are unique within a batch",
-                    item.key
-                ),
-            ));
-        }
-        if item.amount_minor <= 0 {
-            return Err(invalid(
-                &format!("spec.payouts[{index}].amountMinor"),
-                "must be positive",
-            ));
-        }
-    }
-    let manifest = Manifest {
-        api_version: "dlock.io/v1alpha1",
-        kind: "PayoutBatch",
-        metadata: ManifestMetadata {
-            name: &name,
-            namespace: &namespace,
-        },
-        spec: ManifestSpec {
-            workers,
-            payouts: &spec.payouts,
-        },
-    };
     let manifest_yaml = serde_yaml_ng::to_string(&manifest)
         .map_err(|e| invalid("spec", format!("cannot be written as a manifest: {e}")))?;
     let url = |spec: &Option<String>, default: &str| {

@@ -241,7 +241,7 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
             .spec
             .payouts
             .iter()
-            .map(|p| dlock_executor::manifest::payout_id(&batch.name, &p.key).to_string())
+            .map(|p| dlock_contract::payout_batch::payout_id(&batch.name, &p.key).to_string())
             .collect();
         match ctx
             .services
@@ -440,7 +440,7 @@ async fn cancel_unfinished(object: &PayoutBatch, ctx: &Context) -> Result<()> {
         .iter()
         .map(|p| {
             (
-                dlock_executor::manifest::payout_id(&batch.name, &p.key),
+                dlock_contract::payout_batch::payout_id(&batch.name, &p.key),
                 p.account_id.clone(),
             )
         })

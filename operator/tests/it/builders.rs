@@ -432,6 +432,44 @@ fn a_batch_with_a_repeated_key_is_refused_before_anything_is_built() {
     assert_eq!(error.field, "spec.payouts[1].key");
 }
 
+/// The operator checks a batch with the contract's validator, the one `dlock run -f` applies:
+/// what the executor would refuse is refused before a Job exists, every problem named.
+#[test]
+fn a_batch_the_executor_would_refuse_is_refused_with_every_problem_named() {
+    let mut object = fixtures::payout_batch();
+    object.spec.payouts[0].account_id = "acct/17".to_owned();
+    object.spec.payouts[1].currency = "XXX".to_owned();
+    let error = validate::payout_batch(&object, &settings()).unwrap_err();
+    assert_eq!(error.field, "spec.payouts[0].accountId");
+    assert!(
+        error
+            .message
+            .contains(dlock_contract::payment::ACCOUNT_ID_RULE),
+        "{error}"
+    );
+    assert!(
+        error
+            .message
+            .contains("and 1 more: spec.payouts[1].currency: \"XXX\" is not"),
+        "{error}"
+    );
+    let valid = validate::payout_batch(&fixtures::payout_batch(), &settings())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut manifest =
+        dlock_executor::manifest::parse(&valid.manifest_yaml).unwrap_or_else(|e| panic!("{e:#}"));
+    manifest.spec.payouts = object.spec.payouts.clone();
+    let text = serde_yaml_ng::to_string(&manifest).unwrap_or_else(|e| panic!("{e}"));
+    let refused = dlock_executor::manifest::parse(&text)
+        .err()
+        .map(|e| format!("{e:#}"));
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("spec.payouts[0].accountId")),
+        "dlock run -f refuses the same items: {refused:?}"
+    );
+}
+
 #[test]
 fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
     let server = fixtures::lock_server();
