@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
+use dlock_contract::session::LockSession;
 use tokio::sync::Mutex;
 
 use crate::harness::{Backend, LockStack, client};
@@ -128,19 +129,11 @@ async fn run(backend: Backend) {
         let history = history.clone();
         tasks.push(tokio::spawn(async move {
             let lock = client(&url, &format!("worker-{c}"));
-            let session = lock
-                .create_session(Some(30_000))
+            // Kept alive however long the run takes, as a worker's is.
+            let session = LockSession::open(lock.clone(), 30_000)
                 .await
                 .unwrap_or_else(|e| panic!("session: {e}"));
-            // Keep the session alive however long the run takes, as a worker would.
-            let beat_client = lock.clone();
-            let beat_session = session.session_id;
-            let heartbeat = tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let _ = beat_client.heartbeat(beat_session).await;
-                }
-            });
+            let session_id = session.id().await;
             let mut done = 0;
             let mut attempt = 0usize;
             while done < CYCLES_PER_CLIENT {
@@ -148,10 +141,7 @@ async fn run(backend: Backend) {
                 let key = format!("exclusion:{}", (c + attempt) % KEYS);
                 // Half the clients wait server-side, half try and back off.
                 let wait = if c % 2 == 0 { Some(5_000) } else { None };
-                let grant = match lock
-                    .acquire(&key, session.session_id, Some(10_000), wait)
-                    .await
-                {
+                let grant = match lock.acquire(&key, session_id, Some(10_000), wait).await {
                     Ok(grant) => grant,
                     Err(e) if e.code() == Some(ErrorCode::LockContended) => {
                         tokio::time::sleep(Duration::from_millis(1 + (attempt % 3) as u64)).await;
@@ -162,13 +152,13 @@ async fn run(backend: Backend) {
                 let granted = Instant::now();
                 if done % 3 == 0 {
                     let renewed = lock
-                        .renew(&key, session.session_id, grant.fencing_token, None)
+                        .renew(&key, session_id, grant.fencing_token, None)
                         .await
                         .unwrap_or_else(|e| panic!("renew: {e}"));
                     assert_eq!(renewed.fencing_token, grant.fencing_token);
                 }
                 let released = Instant::now();
-                lock.release(&key, session.session_id, grant.fencing_token)
+                lock.release(&key, session_id, grant.fencing_token)
                     .await
                     .unwrap_or_else(|e| panic!("release: {e}"));
                 history.lock().await.entry(key).or_default().push(Held {
@@ -179,10 +169,7 @@ async fn run(backend: Backend) {
                 });
                 done += 1;
             }
-            heartbeat.abort();
-            lock.end_session(session.session_id)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            session.close().await.unwrap_or_else(|e| panic!("{e}"));
         }));
     }
     for task in tasks {

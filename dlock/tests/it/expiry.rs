@@ -1,8 +1,9 @@
 //! FR-04: when a session lapses or ends, every lock attached to it is released.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
+use dlock_contract::session::LockSession;
 
 use crate::harness::{BOTH, Backend, LockStack, client, eventually};
 
@@ -84,5 +85,81 @@ async fn session_end_releases_every_lock(backend: Backend) {
 async fn a_lapsed_or_ended_session_releases_every_lock_on_both_backends() {
     for backend in BOTH {
         session_end_releases_every_lock(backend).await;
+    }
+}
+
+/// The contract's `LockSession` keeps a session alive past its TTL, gives each held lock a
+/// deadline from the granted lease, and says when the session is lost (here: ended behind its
+/// back), opening a new one for later acquires.
+async fn a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost(backend: Backend) {
+    let mut stack = LockStack::backend(backend, &[]);
+    let url = stack.serve().await;
+    let holder = client(&url, "holder");
+    let other = client(&url, "other");
+    let session = LockSession::open(holder.clone(), 1_500)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first = session.liveness().await;
+    assert_eq!(first.ttl_ms, 1_500);
+    let mut lost = session.lost();
+    let before = Instant::now();
+    let held = session
+        .acquire(&holder, "session:a", 10_000, None, 0.30)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let after = Instant::now();
+    // The lease is cut at the session's expiry (at most 1.5 s away, not the lock's 10 s), and
+    // 30 % of that is kept as margin.
+    assert!(held.deadline <= after + Duration::from_millis(1_050));
+    assert!(held.deadline > before, "a fresh grant has time left");
+    // Heartbeats keep it: three session TTLs later the lock is still held and nothing was lost.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let info = other
+        .get("session:a")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(info.held, "the session lapsed despite its heartbeats");
+    assert_eq!(*lost.borrow_and_update(), 0);
+    assert_eq!(session.id().await, first.id);
+    // Ended behind its back: the loss is signalled and a new session is opened.
+    holder
+        .end_session(first.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::timeout(Duration::from_secs(10), lost.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{backend:?}: no loss signalled within 10 s"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(*lost.borrow(), 1);
+    let renewed = eventually("a new session", Duration::from_secs(10), || async {
+        let now = session.liveness().await;
+        (now.id != first.id).then_some(now)
+    })
+    .await;
+    let again = session
+        .acquire(&holder, "session:a", 10_000, None, 0.30)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.grant.session_id, renewed.id);
+    assert!(again.token() > held.token());
+    again
+        .release(&holder)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    session.close().await.unwrap_or_else(|e| panic!("{e}"));
+    let closed = holder.heartbeat(renewed.id).await;
+    assert!(
+        matches!(
+            closed.err().and_then(|e| e.code()),
+            Some(ErrorCode::SessionUnknown | ErrorCode::SessionExpired)
+        ),
+        "close ends the session at the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost_on_both_backends() {
+    for backend in BOTH {
+        a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost(backend).await;
     }
 }

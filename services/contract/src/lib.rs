@@ -23,6 +23,7 @@ pub mod proof;
 pub mod rail;
 pub mod reconcile;
 pub mod revoke;
+pub mod session;
 pub mod time;
 pub mod tls;
 pub mod trace;

@@ -15,15 +15,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
-use dlock_contract::lock::LockGrant;
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::{RailClient, SUBMIT_READ_MARGIN, SubmissionRequest};
+use dlock_contract::session::{HeldLock, LockSession, retry_policy};
 use futures::StreamExt;
-use tokio::sync::{Mutex, Notify, RwLock};
+use tokio::sync::{Mutex, Notify};
 use uuid::Uuid;
 
 use crate::manifest::{PayoutBatch, PlannedPayout};
@@ -189,135 +189,6 @@ impl Report {
     }
 }
 
-/// The session every worker of this process shares, kept alive by heartbeats and replaced when
-/// it is lost.
-///
-/// Everything here follows what the lock server *granted*, never what was asked for: the server
-/// clamps a session TTL down (`lock.session.ttl-max`), and a heartbeat period or an expiry
-/// computed from the requested TTL would outlive the real session.
-struct SessionKeeper {
-    lock: LockClient,
-    /// The TTL to ask for when a session is (re-)opened.
-    requested_ttl_ms: i64,
-    current: RwLock<LiveSession>,
-}
-
-/// The current session, its granted TTL and when it lapses on this process's monotonic clock
-/// (counted from sending the request that last set it, so it never errs late).
-#[derive(Debug, Clone, Copy)]
-struct LiveSession {
-    id: Uuid,
-    ttl_ms: i64,
-    expires: Instant,
-}
-
-impl LiveSession {
-    fn opened(session: &dlock_contract::lock::Session, sent: Instant) -> Self {
-        let ttl_ms = session.ttl_millis.max(0);
-        Self {
-            id: session.session_id,
-            ttl_ms,
-            expires: sent + Duration::from_millis(ttl_ms as u64),
-        }
-    }
-}
-
-impl SessionKeeper {
-    async fn open(lock: LockClient, ttl_ms: i64) -> Result<Arc<Self>> {
-        let (session, sent) = Self::create(&lock, ttl_ms)
-            .await
-            .context("opening a lock-server session")?;
-        Ok(Arc::new(Self {
-            lock,
-            requested_ttl_ms: ttl_ms,
-            current: RwLock::new(LiveSession::opened(&session, sent)),
-        }))
-    }
-
-    async fn create(
-        lock: &LockClient,
-        ttl_ms: i64,
-    ) -> Result<(dlock_contract::lock::Session, Instant), ClientError> {
-        let sent = std::sync::Mutex::new(Instant::now());
-        let session = (|| {
-            *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-            lock.create_session(Some(ttl_ms))
-        })
-        .retry(retry_policy(5))
-        .when(|e: &ClientError| e.retry_safe())
-        .await?;
-        let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
-        Ok((session, sent))
-    }
-
-    async fn current(&self) -> LiveSession {
-        *self.current.read().await
-    }
-
-    async fn id(&self) -> Uuid {
-        self.current.read().await.id
-    }
-
-    /// Heartbeats every third of the *granted* TTL; two tries within that third (C3 §3.8).
-    async fn keep_alive(self: Arc<Self>) {
-        loop {
-            let session = self.current().await;
-            let every = Duration::from_millis((session.ttl_ms / 3).max(100) as u64);
-            tokio::time::sleep(every).await;
-            let id = session.id;
-            let mut sent = Instant::now();
-            let mut beat = self.lock.heartbeat(id).await;
-            if matches!(&beat, Err(e) if e.code().is_none()) {
-                tokio::time::sleep(every / 4).await;
-                sent = Instant::now();
-                beat = self.lock.heartbeat(id).await;
-            }
-            match beat {
-                Ok(beat) => {
-                    // The server's own expiry, as a span from its own clock: no clock offset.
-                    let left = (beat.expires_at - beat.server_time)
-                        .num_milliseconds()
-                        .clamp(0, session.ttl_ms);
-                    let mut current = self.current.write().await;
-                    if current.id == id {
-                        current.expires = sent + Duration::from_millis(left as u64);
-                    }
-                }
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        Some(ErrorCode::SessionExpired | ErrorCode::SessionUnknown)
-                    ) =>
-                {
-                    tracing::warn!(event = "session_lost", session_id = %id, error = %e, "the session lapsed; its locks are gone, opening a new one");
-                    {
-                        // Its locks are gone: no cycle may count on it any more.
-                        let mut current = self.current.write().await;
-                        if current.id == id {
-                            current.expires = Instant::now();
-                        }
-                    }
-                    if let Ok((session, sent)) =
-                        Self::create(&self.lock, self.requested_ttl_ms).await
-                    {
-                        *self.current.write().await = LiveSession::opened(&session, sent);
-                    }
-                }
-                Err(_) => {}
-            }
-        }
-    }
-}
-
-/// Jittered exponential backoff, 50 ms to 1 s (FR-28).
-fn retry_policy(times: usize) -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_secs(1))
-        .with_jitter()
-        .with_max_times(times)
-}
-
 /// The clients of one payout's trace.
 struct Hops {
     lock: LockClient,
@@ -327,7 +198,7 @@ struct Hops {
 
 struct Shared {
     options: RunOptions,
-    session: Arc<SessionKeeper>,
+    session: LockSession,
     lock: LockClient,
     payment: PaymentClient,
     rail: RailClient,
@@ -400,8 +271,9 @@ pub async fn execute(
     )?
     .with_credential(credential);
     register(batch, &payment).await?;
-    let session = SessionKeeper::open(lock.clone(), options.session_ttl_ms).await?;
-    let keeper = tokio::spawn(session.clone().keep_alive());
+    let session = LockSession::open(lock.clone(), options.session_ttl_ms)
+        .await
+        .context("opening a lock-server session")?;
 
     // Work is queued per account: a worker takes an account and runs its payouts one lock
     // cycle each, so workers rarely queue on the same lock. Processes start at different
@@ -441,8 +313,9 @@ pub async fn execute(
         w.await.context("a worker task failed")?;
     }
     progress.finish();
-    keeper.abort();
-    let _ = shared.lock.end_session(shared.session.id().await).await;
+    let shared = Arc::into_inner(shared).context("a worker outlived the run")?;
+    // Ending the session releases whatever a cut-short cycle left held.
+    let _ = shared.session.close().await;
 
     // The final table, from the payment resource's own record.
     let mut report = Report {
@@ -591,68 +464,109 @@ async fn traced_cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome 
 async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
     let hops = shared.hops(planned.payout_id);
     let key = format!("payout:{}", planned.item.account_id);
-    let session = shared.session.id().await;
-    let ttl = shared.options.lock_ttl_ms;
-    // When the acquire that succeeded was sent: the deadline counts from there.
-    let sent = std::sync::Mutex::new(Instant::now());
-    let acquired = (|| {
-        *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        hops.lock.acquire(&key, session, Some(ttl), None)
-    })
-    .retry(retry_policy(5))
-    .when(|e: &ClientError| e.retry_safe())
-    .await;
-    let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
-    let grant = match acquired {
-        Ok(grant) => grant,
-        Err(e)
-            if e.code() == Some(ErrorCode::LockContended)
-                || e.code() == Some(ErrorCode::ContentionExceeded) =>
-        {
-            return CycleOutcome::Contended;
-        }
-        Err(e) => {
-            tracing::debug!(event = "acquire_failed", key, error = %e, "acquire failed; retried later");
-            return CycleOutcome::Unavailable;
-        }
+    let held = match shared
+        .session
+        .acquire(
+            &hops.lock,
+            &key,
+            shared.options.lock_ttl_ms,
+            None,
+            shared.options.safety_margin,
+        )
+        .await
+    {
+        Ok(held) => held,
+        Err(e) => return refused(shared, planned, None, Step::Acquire, &e),
     };
-    tracing::Span::current().record("fencing.token", grant.fencing_token);
-    let deadline = local_deadline(
-        sent,
-        &grant,
-        shared.session.current().await,
-        shared.options.safety_margin,
-    );
-    let outcome = critical_section(shared, &hops, planned, &grant, deadline).await;
+    tracing::Span::current().record("fencing.token", held.token());
+    let outcome = critical_section(shared, &hops, planned, &held).await;
     // Release is tried once: if it fails, the lease lapses by itself.
-    if let Err(e) = hops.lock.release(&key, session, grant.fencing_token).await {
-        tracing::debug!(event = "release_failed", key, token = grant.fencing_token, error = %e, "release failed; the lease lapses by itself");
+    if let Err(e) = held.release(&hops.lock).await {
+        tracing::debug!(event = "release_failed", key, token = held.token(), error = %e, "release failed; the lease lapses by itself");
     }
     outcome
 }
 
-/// The local deadline of a grant (FR-11, DESIGN §4): TTL × (1 − safety margin) on this process's
-/// monotonic clock, counted from sending the acquire. The TTL is what the server *granted*
-/// (`expiresAt − acquiredAt`, both on the server's clock, so no clock offset enters), never what
-/// was asked for: `lock.ttl-max` clamps it down. And a grant ends with its session, so the lease
-/// is cut at the session's expiry when that comes first.
-fn local_deadline(sent: Instant, grant: &LockGrant, session: LiveSession, margin: f64) -> Instant {
-    let granted_ms = (grant.expires_at - grant.acquired_at)
-        .num_milliseconds()
-        .max(0);
-    let mut lease_end = sent + Duration::from_millis(granted_ms as u64);
-    if session.id == grant.session_id {
-        lease_end = lease_end.min(session.expires);
-    } else {
-        // The session the grant hangs on was lost while acquiring: its locks are gone.
-        lease_end = sent;
-    }
-    let keep = (1.0 - margin).clamp(0.0, 1.0);
-    sent + lease_end.saturating_duration_since(sent).mul_f64(keep)
+/// The steps of a cycle whose refusals decide how it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Acquire,
+    Claim,
+    Submit,
+    Post,
 }
 
-fn past(deadline: Instant) -> bool {
-    Instant::now() >= deadline
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Acquire => "acquire",
+            Step::Claim => "claim",
+            Step::Submit => "submit",
+            Step::Post => "post",
+        }
+    }
+}
+
+/// How a cycle ends when `step` is answered with `e`: a pure function of the two.
+fn outcome_of(step: Step, e: &ClientError) -> CycleOutcome {
+    use ErrorCode as C;
+    match (step, e.code()) {
+        (Step::Acquire, Some(C::LockContended | C::ContentionExceeded)) => CycleOutcome::Contended,
+        (Step::Acquire, _) => CycleOutcome::Unavailable,
+        (_, Some(C::FencedOut)) => CycleOutcome::FencedOut,
+        (Step::Claim, Some(C::InsufficientFunds)) => CycleOutcome::Settled,
+        (Step::Claim | Step::Post, Some(C::PayoutNotClaimable)) => CycleOutcome::Pending,
+        // The rail's outcome is unknown: the payout is quarantined (RAIL_AMBIGUOUS).
+        (Step::Submit, Some(C::RailAmbiguous)) => CycleOutcome::Ambiguous,
+        // The rail declined (422): the payout is FAILED.
+        (Step::Submit, Some(C::ValidationFailed))
+            if matches!(e, ClientError::Api { status: 422, .. }) =>
+        {
+            CycleOutcome::Settled
+        }
+        (Step::Submit, Some(C::DuplicateSubmission)) => CycleOutcome::Pending,
+        // RAIL_UNAVAILABLE, NOT_LEADER, no answer: a later cycle re-reads and tries again.
+        _ => CycleOutcome::Unavailable,
+    }
+}
+
+/// The outcome of a refused step, logged as an operator needs it.
+fn refused(
+    shared: &Shared,
+    planned: &PlannedPayout,
+    held: Option<&HeldLock>,
+    step: Step,
+    e: &ClientError,
+) -> CycleOutcome {
+    let outcome = outcome_of(step, e);
+    let id = planned.payout_id;
+    let hop = step.name();
+    match outcome {
+        CycleOutcome::FencedOut => tracing::error!(
+            event = "fenced_out",
+            hop,
+            payout_id = %id,
+            idempotency_key = %planned.idempotency_key,
+            token = held.map(HeldLock::token),
+            error = %e,
+            "a newer holder exists; the critical section is aborted"
+        ),
+        CycleOutcome::Ambiguous => tracing::warn!(
+            event = "rail_ambiguous",
+            payout_id = %id,
+            idempotency_key = %planned.idempotency_key,
+            owner_id = %shared.options.owner_id,
+            "the rail's outcome is unknown; the payout is quarantined, releasing and stopping"
+        ),
+        CycleOutcome::Pending if e.code() == Some(ErrorCode::DuplicateSubmission) => {
+            tracing::error!(event = "duplicate_rail_submission_attempted", payout_id = %id, "the proxy already had a submission for this payout")
+        }
+        CycleOutcome::Unavailable => {
+            tracing::debug!(event = "step_failed", hop, payout_id = %id, error = %e, "no verdict; retried in a later cycle")
+        }
+        _ => {}
+    }
+    outcome
 }
 
 /// How a protected write to the payment resource ended.
@@ -664,12 +578,12 @@ enum Write<T> {
 
 /// A write to the payment resource: no retry on a 409, one on a 503 or a connect failure. No
 /// attempt starts past the deadline, the retry included (FR-11): a retry is a protected write.
-async fn payment_write<T, F, Fut>(deadline: Instant, call: F) -> Write<T>
+async fn payment_write<T, F, Fut>(held: &HeldLock, call: F) -> Write<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
-    if past(deadline) {
+    if held.past_deadline() {
         return Write::DeadlinePassed;
     }
     match call().await {
@@ -678,7 +592,7 @@ where
                 || matches!(e, ClientError::Transport { connect: true, .. }) =>
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            if past(deadline) {
+            if held.past_deadline() {
                 tracing::debug!(event = "retry_skipped", error = %e, "the local deadline passed; the write is not retried under this grant");
                 return Write::DeadlinePassed;
             }
@@ -688,30 +602,16 @@ where
     }
 }
 
-fn fenced(planned: &PlannedPayout, grant: &LockGrant, hop: &str, e: &ClientError) -> CycleOutcome {
-    tracing::error!(
-        event = "fenced_out",
-        hop,
-        payout_id = %planned.payout_id,
-        idempotency_key = %planned.idempotency_key,
-        token = grant.fencing_token,
-        error = %e,
-        "a newer holder exists; the critical section is aborted"
-    );
-    CycleOutcome::FencedOut
-}
-
 async fn critical_section(
     shared: &Shared,
     hops: &Hops,
     planned: &PlannedPayout,
-    grant: &LockGrant,
-    deadline: Instant,
+    held: &HeldLock,
 ) -> CycleOutcome {
-    let token = grant.fencing_token;
+    let token = held.token();
     // DESIGN D-8: the lock server's proof of the token travels beside it on every protected
     // write (None when the lock server has no proof keys; the services then need none).
-    let proof = grant.fencing_proof.as_deref();
+    let proof = held.proof();
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
     // FR-14: what the payout is now decides what this cycle does.
@@ -736,7 +636,7 @@ async fn critical_section(
         },
         PayoutState::Pending | PayoutState::Claimed => {
             let expected = payout.state;
-            match payment_write(deadline, || {
+            match payment_write(held, || {
                 hops.payment.claim_proven(id, token, proof, key, expected)
             })
             .await
@@ -744,15 +644,10 @@ async fn critical_section(
                 Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
                 Write::Done(Ok(_)) => {}
                 Write::Done(Err(e)) => {
-                    return match e.code() {
-                        Some(ErrorCode::FencedOut) => fenced(planned, grant, "claim", &e),
-                        Some(ErrorCode::InsufficientFunds) => CycleOutcome::Settled,
-                        Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
-                        _ => CycleOutcome::Unavailable,
-                    };
+                    return refused(shared, planned, Some(held), Step::Claim, &e);
                 }
             }
-            if past(deadline) {
+            if held.past_deadline() {
                 return CycleOutcome::DeadlinePassed;
             }
             let body = SubmissionRequest {
@@ -765,32 +660,11 @@ async fn critical_section(
             // Exactly once. Whatever happens next, this cycle never submits again.
             match hops.rail.submit_proven(token, proof, key, &body).await {
                 Ok(ack) => (ack.rail_reference, ack.submission_id),
-                Err(e) => {
-                    return match e.code() {
-                        Some(ErrorCode::FencedOut) => fenced(planned, grant, "submit", &e),
-                        Some(ErrorCode::RailAmbiguous) => {
-                            tracing::warn!(event = "rail_ambiguous", payout_id = %id, idempotency_key = key, owner_id = %shared.options.owner_id, "the rail's outcome is unknown; the payout is quarantined, releasing and stopping");
-                            CycleOutcome::Ambiguous
-                        }
-                        // The rail declined (422): the payout is FAILED.
-                        Some(ErrorCode::ValidationFailed)
-                            if matches!(&e, ClientError::Api { status: 422, .. }) =>
-                        {
-                            CycleOutcome::Settled
-                        }
-                        Some(ErrorCode::DuplicateSubmission) => {
-                            tracing::error!(event = "duplicate_rail_submission_attempted", payout_id = %id, "the proxy already had a submission for this payout");
-                            CycleOutcome::Pending
-                        }
-                        // RAIL_UNAVAILABLE: nothing was presented; a later cycle tries again.
-                        // No answer at all: the proxy records what happened; re-read later.
-                        _ => CycleOutcome::Unavailable,
-                    };
-                }
+                Err(e) => return refused(shared, planned, Some(held), Step::Submit, &e),
             }
         }
     };
-    match payment_write(deadline, || {
+    match payment_write(held, || {
         hops.payment
             .post_proven(id, token, proof, key, &rail_reference, submission_id)
     })
@@ -798,11 +672,7 @@ async fn critical_section(
     {
         Write::DeadlinePassed => CycleOutcome::DeadlinePassed,
         Write::Done(Ok(_)) => CycleOutcome::Settled,
-        Write::Done(Err(e)) => match e.code() {
-            Some(ErrorCode::FencedOut) => fenced(planned, grant, "post", &e),
-            Some(ErrorCode::PayoutNotClaimable) => CycleOutcome::Pending,
-            _ => CycleOutcome::Unavailable,
-        },
+        Write::Done(Err(e)) => refused(shared, planned, Some(held), Step::Post, &e),
     }
 }
 
@@ -832,5 +702,56 @@ mod tests {
         // Nonsense never panics.
         assert_eq!(lock_ttl_ms_for(Duration::MAX, 0.30), i64::MAX);
         assert!(lock_ttl_ms_for(Duration::ZERO, 1.5) >= 10_000);
+    }
+
+    fn api(status: u16, code: ErrorCode) -> ClientError {
+        ClientError::Api {
+            status,
+            body: dlock_contract::ErrorBody {
+                code,
+                message: "test".into(),
+                retry_safe: false,
+                retry_after_millis: None,
+                details: None,
+                trace_id: String::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn each_refusal_ends_the_cycle_as_the_table_says() {
+        use CycleOutcome as O;
+        use ErrorCode as C;
+        use Step::*;
+        let transport = ClientError::Transport {
+            url: "http://x".into(),
+            message: "reset".into(),
+            connect: false,
+            timeout: true,
+        };
+        let table: Vec<(Step, ClientError, CycleOutcome)> = vec![
+            (Acquire, api(409, C::LockContended), O::Contended),
+            (Acquire, api(429, C::ContentionExceeded), O::Contended),
+            (Acquire, api(503, C::NotLeader), O::Unavailable),
+            (Acquire, transport.clone(), O::Unavailable),
+            (Claim, api(409, C::FencedOut), O::FencedOut),
+            (Claim, api(422, C::InsufficientFunds), O::Settled),
+            (Claim, api(409, C::PayoutNotClaimable), O::Pending),
+            (Claim, api(503, C::NotLeader), O::Unavailable),
+            (Submit, api(409, C::FencedOut), O::FencedOut),
+            (Submit, api(502, C::RailAmbiguous), O::Ambiguous),
+            (Submit, api(422, C::ValidationFailed), O::Settled),
+            (Submit, api(400, C::ValidationFailed), O::Unavailable),
+            (Submit, api(409, C::DuplicateSubmission), O::Pending),
+            (Submit, api(503, C::RailUnavailable), O::Unavailable),
+            (Submit, transport.clone(), O::Unavailable),
+            (Post, api(409, C::FencedOut), O::FencedOut),
+            (Post, api(409, C::PayoutNotClaimable), O::Pending),
+            (Post, api(422, C::InsufficientFunds), O::Unavailable),
+            (Post, transport, O::Unavailable),
+        ];
+        for (step, e, want) in table {
+            assert_eq!(outcome_of(step, &e), want, "{step:?} answered {e}");
+        }
     }
 }
