@@ -23,5 +23,6 @@ mod proof;
 mod rail;
 mod rail_reason;
 mod rail_replay;
+mod rail_statement;
 mod traces;
 mod waiters;
