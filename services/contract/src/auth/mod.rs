@@ -1,0 +1,554 @@
+//! Who is calling: bearer credentials on every write of every service.
+//!
+//! `auth.mode` picks how a credential is checked:
+//!
+//! - `tokens`: a file of `<identity> <token>` lines (`auth.tokens-file`). In Kubernetes it is a
+//!   Secret mounted as a file; the file is re-read when it changes, so a token is rotated by
+//!   adding the new line, rolling the callers, then removing the old line. Tokens are kept only
+//!   as SHA-256 digests and compared in constant time.
+//! - `tokenreview`: the caller presents its projected service-account token and the service asks
+//!   the Kubernetes API (`TokenReview`) who it is, with the audience `auth.tokenreview.audiences`.
+//!   The identity is the service account's user name (`system:serviceaccount:<ns>:<name>`).
+//!   Answers are cached for `auth.tokenreview.cache-ttl-ms`, within `cache-max` successes and
+//!   `refused-cache-max` refusals (the least recently used goes first). Calls for tokens not in
+//!   the cache are limited to `reviews-per-second` (with `review-burst`) and
+//!   `reviews-in-flight-max` at once; a caller beyond that is `503 AUTH_UNAVAILABLE` with
+//!   `retryAfterMillis` and `Retry-After`, and the API server is not asked.
+//! - `none`: nothing is checked (a laptop, the test suite). The service says so at start.
+//!
+//! Then, whatever the mode:
+//!
+//! - a request that needs a credential (every write; every read under `/v1/` but the OpenAPI
+//!   document) and has none, or a wrong one, is `401 UNAUTHENTICATED` and reaches no handler;
+//! - operator-only operations (revoke, fence advance, resolution, high-water floor) need an
+//!   identity listed in `auth.operator-identities`, else `403 FORBIDDEN`;
+//! - `X-Owner-Id` must be the identity itself or `<identity>/<worker>` (`auth.owner-binding`),
+//!   else `403 FORBIDDEN`: a worker cannot write in another worker's name. Operators may name
+//!   any owner, since a revocation acts on someone else's lock.
+
+use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use lru::LruCache;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{ConfigError, RawConfig};
+use crate::error::{ApiError, ErrorCode};
+use crate::headers;
+
+mod credential;
+mod review;
+#[cfg(test)]
+mod tests;
+mod tokens;
+
+pub use credential::*;
+use review::*;
+pub use tokens::*;
+
+/// The operator identity when `auth.operator-identities` is not set.
+pub const DEFAULT_OPERATOR_IDENTITY: &str = "operator";
+/// The shortest token accepted in a tokens file: a guessable token is no credential.
+pub const TOKEN_LEN_MIN: usize = 16;
+/// How often a tokens file is looked at for a change.
+const TOKENS_RECHECK_EVERY: Duration = Duration::from_secs(2);
+/// A refused TokenReview is remembered this long at most, so a wrong token cannot make the
+/// service ask the API server on every request.
+const NEGATIVE_CACHE_MAX: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    None,
+    Tokens,
+    TokenReview,
+}
+
+impl AuthMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::None => "none",
+            AuthMode::Tokens => "tokens",
+            AuthMode::TokenReview => "tokenreview",
+        }
+    }
+}
+
+/// `auth.tokenreview.*`: how to reach the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenReviewSettings {
+    /// `auth.tokenreview.url`: the API server.
+    pub url: String,
+    /// `auth.tokenreview.ca-file`: the API server's CA bundle.
+    pub ca_file: Option<PathBuf>,
+    /// `auth.tokenreview.token-file`: this service's own service-account token, which the API
+    /// server wants on the TokenReview call (re-read on every miss: kubelet rotates it).
+    pub token_file: PathBuf,
+    /// `auth.tokenreview.audiences`: a presented token must be minted for one of these.
+    pub audiences: Vec<String>,
+    /// `auth.tokenreview.cache-ttl-ms`: how long a successful review is trusted.
+    pub cache_ttl: Duration,
+    /// `auth.tokenreview.cache-max`: successful reviews remembered at once; when full, the one
+    /// used least recently is forgotten.
+    pub cache_max: usize,
+    /// `auth.tokenreview.refused-cache-max`: refusals remembered at once, apart from the
+    /// successful reviews, so a flood of bad tokens can push out only other refusals.
+    pub refused_cache_max: usize,
+    /// `auth.tokenreview.timeout-ms`: one TokenReview call.
+    pub timeout: Duration,
+    /// `auth.tokenreview.reviews-per-second`: the steady rate of TokenReview calls.
+    pub reviews_per_second: u32,
+    /// `auth.tokenreview.review-burst`: calls allowed at once above the steady rate.
+    pub review_burst: u32,
+    /// `auth.tokenreview.reviews-in-flight-max`: TokenReview calls outstanding at once.
+    pub reviews_in_flight_max: usize,
+}
+
+/// `auth.*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthSettings {
+    pub mode: AuthMode,
+    /// `auth.tokens-file`, for `tokens`.
+    pub tokens_file: Option<PathBuf>,
+    /// `auth.operator-identities`.
+    pub operator_identities: Vec<String>,
+    /// `auth.owner-binding`.
+    pub owner_binding: bool,
+    pub tokenreview: TokenReviewSettings,
+}
+
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+impl AuthSettings {
+    pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
+        let mode = match raw
+            .choice("auth.mode", "none", &["none", "tokens", "tokenreview"])?
+            .as_str()
+        {
+            "tokens" => AuthMode::Tokens,
+            "tokenreview" => AuthMode::TokenReview,
+            _ => AuthMode::None,
+        };
+        let tokens_file = raw.string_optional("auth.tokens-file")?.map(PathBuf::from);
+        if mode == AuthMode::Tokens && tokens_file.is_none() {
+            return Err(ConfigError {
+                key: "auth.tokens-file".into(),
+                origin: String::new(),
+                message: "auth.mode = \"tokens\" needs the file of `<identity> <token>` lines"
+                    .into(),
+            });
+        }
+        let operator_identities =
+            raw.string_list("auth.operator-identities", &[DEFAULT_OPERATOR_IDENTITY])?;
+        let owner_binding = raw.boolean("auth.owner-binding", true)?;
+        let url = raw.string("auth.tokenreview.url", "https://kubernetes.default.svc")?;
+        let ca_file = raw.string("auth.tokenreview.ca-file", &format!("{SA_DIR}/ca.crt"))?;
+        let token_file = raw.string("auth.tokenreview.token-file", &format!("{SA_DIR}/token"))?;
+        let audiences = raw.string_list("auth.tokenreview.audiences", &["dlock"])?;
+        let cache_ttl_ms = raw.integer("auth.tokenreview.cache-ttl-ms", 60_000, 0..=600_000)?;
+        let cache_max = raw.integer("auth.tokenreview.cache-max", 10_000, 1..=1_000_000)?;
+        let refused_cache_max =
+            raw.integer("auth.tokenreview.refused-cache-max", 1_000, 1..=1_000_000)?;
+        let timeout_ms = raw.integer("auth.tokenreview.timeout-ms", 2_000, 100..=30_000)?;
+        let reviews_per_second =
+            raw.integer("auth.tokenreview.reviews-per-second", 20, 1..=10_000)?;
+        let review_burst = raw.integer("auth.tokenreview.review-burst", 50, 1..=100_000)?;
+        let reviews_in_flight_max =
+            raw.integer("auth.tokenreview.reviews-in-flight-max", 8, 1..=1_024)?;
+        Ok(Self {
+            mode,
+            tokens_file,
+            operator_identities,
+            owner_binding,
+            tokenreview: TokenReviewSettings {
+                url: url.trim_end_matches('/').to_owned(),
+                ca_file: (!ca_file.is_empty()).then(|| PathBuf::from(ca_file)),
+                token_file: token_file.into(),
+                audiences,
+                cache_ttl: Duration::from_millis(cache_ttl_ms as u64),
+                cache_max: cache_max as usize,
+                refused_cache_max: refused_cache_max as usize,
+                timeout: Duration::from_millis(timeout_ms as u64),
+                reviews_per_second: reviews_per_second as u32,
+                review_burst: review_burst as u32,
+                reviews_in_flight_max: reviews_in_flight_max as usize,
+            },
+        })
+    }
+}
+
+/// What an operator-only route does when `auth.mode` is `none` and no operator credential is
+/// configured: the lock server keeps L8 open (a laptop has no credentials), the payment resource
+/// and the rail proxy refuse, as they did before authentication existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorWithoutAuth {
+    Open,
+    Refused,
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub operator: bool,
+}
+
+/// What the auth middleware found out about a request; every handler can read it.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    identity: Option<Identity>,
+    operator: OperatorVerdict,
+    /// Whether an `Authorization` header was sent at all.
+    presented: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OperatorVerdict {
+    Allowed,
+    Anonymous,
+    NotOperator,
+    Disabled,
+}
+
+impl Caller {
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// `Ok` when the caller may run an operator-only operation (`what` names it in the error).
+    pub fn require_operator(&self, what: &str) -> Result<(), ApiError> {
+        let verdict = self.operator_verdict(what);
+        if let Err(error) = &verdict {
+            tracing::warn!(
+                event = "operator_credential_refused",
+                code = error.code.as_str(),
+                operation = what,
+                "an operator-only operation was refused"
+            );
+        }
+        verdict
+    }
+
+    fn operator_verdict(&self, what: &str) -> Result<(), ApiError> {
+        match self.operator {
+            OperatorVerdict::Allowed => Ok(()),
+            OperatorVerdict::Anonymous if self.presented => Err(ApiError::new(
+                ErrorCode::Unauthenticated,
+                format!(
+                    "{what} needs the operator's credential, and the one presented \
+                     authenticates nobody; nothing was changed"
+                ),
+            )),
+            OperatorVerdict::Anonymous => Err(ApiError::new(
+                ErrorCode::Unauthenticated,
+                format!("{what} needs the operator's credential as Authorization: Bearer <token>"),
+            )),
+            OperatorVerdict::NotOperator => Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "{what} is an operator operation and `{}` is not an operator identity \
+                     (auth.operator-identities); nothing was changed",
+                    self.identity.as_ref().map_or("", |i| i.name.as_str())
+                ),
+            )),
+            OperatorVerdict::Disabled => Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "{what} is disabled here: no operator credential is configured (set \
+                     auth.mode and auth.tokens-file, or the service's operator token)"
+                ),
+            )),
+        }
+    }
+}
+
+/// Handlers take the caller as an extractor; the middleware of [`Authenticator::protect`] put
+/// it there, so a missing one is a route wired without it.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+            ApiError::internal(
+                "the auth middleware did not run for this route; this is a bug in the server",
+            )
+        })
+    }
+}
+
+/// Checks credentials for one service. Cheap to clone.
+#[derive(Clone)]
+pub struct Authenticator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    mode: AuthMode,
+    operators: BTreeSet<String>,
+    owner_binding: bool,
+    legacy_operator: Option<[u8; 32]>,
+    without_auth: OperatorWithoutAuth,
+    tokens: Option<TokenTable>,
+    review: Option<TokenReviewer>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("mode", &self.inner.mode.as_str())
+            .field("operators", &self.inner.operators)
+            .field("owner_binding", &self.inner.owner_binding)
+            .finish_non_exhaustive()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Authenticator {
+    /// `legacy_operator_token` is a service's older single operator credential
+    /// (`payment.operator.token`, `rail.proxy.operator-token`): it authenticates as the first
+    /// operator identity, in every mode.
+    pub fn new(
+        settings: &AuthSettings,
+        legacy_operator_token: Option<&str>,
+        without_auth: OperatorWithoutAuth,
+    ) -> Result<Self, ConfigError> {
+        let tokens = match (settings.mode, &settings.tokens_file) {
+            (AuthMode::Tokens, Some(path)) => {
+                Some(TokenTable::load(path).map_err(|message| ConfigError {
+                    key: "auth.tokens-file".into(),
+                    origin: format!(" ({})", path.display()),
+                    message,
+                })?)
+            }
+            _ => None,
+        };
+        let review = (settings.mode == AuthMode::TokenReview)
+            .then(|| TokenReviewer::new(&settings.tokenreview))
+            .transpose()
+            .map_err(|message| ConfigError {
+                key: "auth.tokenreview.ca-file".into(),
+                origin: String::new(),
+                message,
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                mode: settings.mode,
+                operators: settings.operator_identities.iter().cloned().collect(),
+                owner_binding: settings.owner_binding,
+                legacy_operator: legacy_operator_token.map(digest),
+                without_auth,
+                tokens,
+                review,
+            }),
+        })
+    }
+
+    pub fn mode(&self) -> AuthMode {
+        self.inner.mode
+    }
+
+    /// Logs, once at start, what is and is not checked.
+    pub fn announce(&self, service: &str) {
+        match self.inner.mode {
+            AuthMode::None => tracing::warn!(
+                event = "auth_disabled",
+                service,
+                "auth.mode is none: writes are accepted without a credential. Set auth.mode to \
+                 tokens or tokenreview before this service moves real money"
+            ),
+            mode => tracing::info!(
+                event = "auth_enabled",
+                service,
+                mode = mode.as_str(),
+                operators = ?self.inner.operators,
+                owner_binding = self.inner.owner_binding,
+                "every write needs a credential"
+            ),
+        }
+    }
+
+    /// Wraps `router` so that every request passes the credential check first.
+    pub fn protect<S: Clone + Send + Sync + 'static>(&self, router: Router<S>) -> Router<S> {
+        router.layer(axum::middleware::from_fn_with_state(
+            self.clone(),
+            middleware,
+        ))
+    }
+
+    fn legacy_operator_name(&self) -> String {
+        self.inner
+            .operators
+            .iter()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_OPERATOR_IDENTITY.to_owned())
+    }
+
+    /// Who presented `bearer`, if anyone. `Err` is an answer to send as is.
+    async fn identify(&self, bearer: &str) -> Result<Option<String>, ApiError> {
+        if let Some(legacy) = &self.inner.legacy_operator
+            && bool::from(digest(bearer).ct_eq(legacy))
+        {
+            return Ok(Some(self.legacy_operator_name()));
+        }
+        match self.inner.mode {
+            AuthMode::None => Ok(None),
+            AuthMode::Tokens => Ok(self.inner.tokens.as_ref().and_then(|t| t.lookup(bearer))),
+            AuthMode::TokenReview => match &self.inner.review {
+                Some(review) => review.review(bearer).await,
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// The verdict for one request, from its method, path and headers.
+    pub async fn check(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        let needs = self.inner.mode != AuthMode::None && needs_credential(method, path);
+        let bearer = match bearer(headers) {
+            Ok(bearer) => bearer,
+            Err(error) if needs => return Err(error),
+            Err(_) => None,
+        };
+        let name = match bearer {
+            Some(token) => self.identify(token).await?,
+            None => None,
+        };
+        if needs && name.is_none() {
+            return Err(ApiError::new(
+                ErrorCode::Unauthenticated,
+                if bearer.is_some() {
+                    "the credential presented is not valid here (unknown, expired, or minted for \
+                     another audience); nothing was changed"
+                } else {
+                    "this request needs a credential: send Authorization: Bearer <token>"
+                },
+            ));
+        }
+        let identity = name.map(|name| Identity {
+            operator: self.inner.operators.contains(&name),
+            name,
+        });
+        if let Some(identity) = &identity
+            && self.inner.owner_binding
+            && !identity.operator
+            && let Some(owner) = headers.get(headers::OWNER_ID)
+        {
+            let owner = owner.to_str().unwrap_or_default();
+            let bound = owner == identity.name
+                || owner
+                    .strip_prefix(identity.name.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'));
+            if !bound {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "X-Owner-Id `{owner}` does not belong to the authenticated identity `{}`: \
+                         use `{0}` or `{0}/<worker>`; nothing was changed",
+                        identity.name
+                    ),
+                ));
+            }
+        }
+        let operator = match &identity {
+            Some(identity) if identity.operator => OperatorVerdict::Allowed,
+            Some(_) => OperatorVerdict::NotOperator,
+            None if self.inner.mode == AuthMode::None && self.inner.legacy_operator.is_none() => {
+                match self.inner.without_auth {
+                    OperatorWithoutAuth::Open => OperatorVerdict::Allowed,
+                    OperatorWithoutAuth::Refused => OperatorVerdict::Disabled,
+                }
+            }
+            None => OperatorVerdict::Anonymous,
+        };
+        Ok(Caller {
+            identity,
+            operator,
+            presented: headers.contains_key(header::AUTHORIZATION),
+        })
+    }
+}
+
+/// Paths any client may read without a credential: probes, scrapes and the API document.
+fn is_open_path(path: &str) -> bool {
+    matches!(
+        path,
+        "/healthz" | "/readyz" | "/metrics" | "/v1/openapi.json"
+    )
+}
+
+/// Every write, and every read under `/v1/` but the open paths.
+pub fn needs_credential(method: &Method, path: &str) -> bool {
+    if is_open_path(path) {
+        return false;
+    }
+    let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    !read || path.starts_with("/v1/")
+}
+
+/// The bearer token of `Authorization`, if one is sent. A malformed header is an error.
+fn bearer(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let malformed = || {
+        ApiError::new(
+            ErrorCode::Unauthenticated,
+            "Authorization must be exactly one `Bearer <token>` header",
+        )
+    };
+    if values.next().is_some() {
+        return Err(malformed());
+    }
+    let value = value.to_str().map_err(|_| malformed())?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(malformed)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(malformed());
+    }
+    Ok(Some(token))
+}
+
+async fn middleware(
+    State(auth): State<Authenticator>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let path = request.uri().path().to_owned();
+    match auth.check(request.method(), &path, request.headers()).await {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(error) => {
+            tracing::warn!(
+                event = "request_refused_by_auth",
+                method = %request.method(),
+                path,
+                code = error.code.as_str(),
+                "a request was refused before any handler ran"
+            );
+            error.into_response()
+        }
+    }
+}

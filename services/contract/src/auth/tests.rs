@@ -1,0 +1,507 @@
+use super::*;
+use axum::http::HeaderValue;
+
+fn settings(dir: &Path, lines: &str) -> AuthSettings {
+    let file = dir.join("tokens");
+    std::fs::write(&file, lines).unwrap_or_else(|e| panic!("{e}"));
+    let mut raw = RawConfig::from_pairs(&[
+        ("auth.mode", "tokens".to_owned()),
+        ("auth.tokens-file", file.display().to_string()),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    AuthSettings::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(
+            *name,
+            HeaderValue::from_str(value).unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    map
+}
+
+#[tokio::test]
+async fn tokens_mode_names_the_caller_and_binds_the_owner() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let s = settings(
+        dir.path(),
+        "# who may write\nworker-a aaaaaaaaaaaaaaaaaaaa\noperator oooooooooooooooooooo\n",
+    );
+    let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let post = Method::POST;
+    let code = |r: Result<Caller, ApiError>| r.err().map(|e| e.code);
+
+    assert_eq!(
+        code(
+            auth.check(&post, "/v1/locks/k/acquire", &headers(&[]))
+                .await
+        ),
+        Some(ErrorCode::Unauthenticated)
+    );
+    assert_eq!(
+        code(
+            auth.check(
+                &post,
+                "/v1/x",
+                &headers(&[("authorization", "Bearer wrongwrongwrongwrong")])
+            )
+            .await
+        ),
+        Some(ErrorCode::Unauthenticated)
+    );
+    assert_eq!(
+        code(
+            auth.check(
+                &post,
+                "/v1/x",
+                &headers(&[("authorization", "Basic aaaaaaaaaaaaaaaaaaaa")])
+            )
+            .await
+        ),
+        Some(ErrorCode::Unauthenticated)
+    );
+    let worker = [("authorization", "Bearer aaaaaaaaaaaaaaaaaaaa")];
+    let caller = auth
+        .check(&post, "/v1/x", &headers(&worker))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(caller.identity().map(|i| i.name.as_str()), Some("worker-a"));
+    assert_eq!(
+        caller.require_operator("revoke").err().map(|e| e.code),
+        Some(ErrorCode::Forbidden)
+    );
+    for (owner, ok) in [
+        ("worker-a", true),
+        ("worker-a/host-1", true),
+        ("worker-ab", false),
+        ("worker-b", false),
+    ] {
+        let h = headers(&[worker[0], ("x-owner-id", owner)]);
+        assert_eq!(auth.check(&post, "/v1/x", &h).await.is_ok(), ok, "{owner}");
+    }
+    let op = headers(&[
+        ("authorization", "Bearer oooooooooooooooooooo"),
+        ("x-owner-id", "anyone"),
+    ]);
+    let caller = auth
+        .check(&post, "/v1/x", &op)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(caller.require_operator("revoke").is_ok());
+    // Probes and the API document stay open; reads under /v1/ do not.
+    for (method, path, open) in [
+        (Method::GET, "/healthz", true),
+        (Method::GET, "/metrics", true),
+        (Method::GET, "/v1/openapi.json", true),
+        (Method::GET, "/v1/locks", false),
+        (Method::GET, "/statement", true),
+        (Method::POST, "/submit", false),
+    ] {
+        assert_eq!(
+            auth.check(&method, path, &headers(&[])).await.is_ok(),
+            open,
+            "{method} {path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn none_mode_follows_the_operator_policy_and_the_legacy_token() {
+    let s =
+        AuthSettings::from_raw(&mut RawConfig::from_pairs(&[]).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let open =
+        Authenticator::new(&s, None, OperatorWithoutAuth::Open).unwrap_or_else(|e| panic!("{e}"));
+    let caller = open
+        .check(&Method::POST, "/v1/x", &HeaderMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(caller.require_operator("revoke").is_ok());
+    let refused = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let caller = refused
+        .check(&Method::POST, "/v1/x", &HeaderMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        caller.require_operator("x").err().map(|e| e.code),
+        Some(ErrorCode::Forbidden)
+    );
+    let legacy = Authenticator::new(
+        &s,
+        Some("legacy-operator-token"),
+        OperatorWithoutAuth::Refused,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let anonymous = legacy
+        .check(&Method::POST, "/v1/x", &HeaderMap::new())
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        anonymous.require_operator("x").err().map(|e| e.code),
+        Some(ErrorCode::Unauthenticated)
+    );
+    let op = legacy
+        .check(
+            &Method::POST,
+            "/v1/x",
+            &headers(&[("authorization", "Bearer legacy-operator-token")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(op.require_operator("x").is_ok());
+}
+
+#[test]
+fn a_tokens_file_is_checked_line_by_line() {
+    assert!(parse_tokens_file("a short").is_err());
+    assert!(parse_tokens_file("a bbbbbbbbbbbbbbbbbbbb extra").is_err());
+    assert!(
+        parse_tokens_file("a bbbbbbbbbbbbbbbbbbbb\nc bbbbbbbbbbbbbbbbbbbb").is_err(),
+        "one token, two identities"
+    );
+    let rotated = parse_tokens_file("a bbbbbbbbbbbbbbbbbbbb\na cccccccccccccccccccc # next")
+        .unwrap_or_default();
+    assert_eq!(rotated.len(), 2);
+}
+
+#[tokio::test]
+async fn a_changed_tokens_file_takes_effect_and_a_broken_one_does_not() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let s = settings(dir.path(), "w aaaaaaaaaaaaaaaaaaaa\n");
+    let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("tokens");
+    let force_recheck = |auth: &Authenticator| {
+        if let Some(table) = &auth.inner.tokens
+            && let Ok(mut checked) = table.checked.lock()
+        {
+            *checked = Instant::now() - TOKENS_RECHECK_EVERY - Duration::from_secs(1);
+        }
+    };
+    let touch = |text: &str, offset: u64| {
+        std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .and_then(|f| f.set_modified(SystemTime::now() + Duration::from_secs(offset)))
+            .unwrap_or_else(|e| panic!("{e}"));
+    };
+    touch("w bbbbbbbbbbbbbbbbbbbb\n", 5);
+    force_recheck(&auth);
+    assert_eq!(
+        auth.identify("aaaaaaaaaaaaaaaaaaaa").await.ok().flatten(),
+        None
+    );
+    assert_eq!(
+        auth.identify("bbbbbbbbbbbbbbbbbbbb")
+            .await
+            .ok()
+            .flatten()
+            .as_deref(),
+        Some("w")
+    );
+    touch("this is not a tokens file\n", 10);
+    force_recheck(&auth);
+    assert_eq!(
+        auth.identify("bbbbbbbbbbbbbbbbbbbb")
+            .await
+            .ok()
+            .flatten()
+            .as_deref(),
+        Some("w"),
+        "a broken file keeps the previous tokens"
+    );
+}
+
+/// An authenticator in `tokenreview` mode against `url`, with its own token in `dir`.
+fn reviewing(dir: &Path, url: &str, extra: &[(&str, String)]) -> (Authenticator, PathBuf) {
+    let own = dir.join("own-sa-token-0f3c");
+    std::fs::write(&own, "this-service-s-own-token").unwrap_or_else(|e| panic!("{e}"));
+    let mut pairs = vec![
+        ("auth.mode", "tokenreview".to_owned()),
+        ("auth.tokenreview.url", url.to_owned()),
+        ("auth.tokenreview.ca-file", String::new()),
+        ("auth.tokenreview.token-file", own.display().to_string()),
+    ];
+    pairs.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+    let mut raw = RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"));
+    let s = AuthSettings::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
+    let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+        .unwrap_or_else(|e| panic!("{e}"));
+    (auth, own)
+}
+
+fn reviewer(auth: &Authenticator) -> &TokenReviewer {
+    auth.inner
+        .review
+        .as_ref()
+        .unwrap_or_else(|| panic!("not in tokenreview mode"))
+}
+
+/// A TCP listener standing in for an API server that never answers usefully: it counts the
+/// connections (one per TokenReview call) and either drops them at once or holds them open.
+async fn silent_api(hold: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if hold {
+                held.push(stream);
+            }
+        }
+    });
+    (format!("http://{addr}"), calls)
+}
+
+#[test]
+fn a_full_review_cache_forgets_its_least_recently_used_entry_only() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (auth, _) = reviewing(
+        dir.path(),
+        "http://127.0.0.1:9",
+        &[
+            ("auth.tokenreview.cache-max", "2".to_owned()),
+            ("auth.tokenreview.refused-cache-max", "2".to_owned()),
+        ],
+    );
+    let review = reviewer(&auth);
+    let (a, b, c) = (digest("token-a"), digest("token-b"), digest("token-c"));
+    review.remember(a, Some("sa-a".into()));
+    review.remember(b, Some("sa-b".into()));
+    assert_eq!(review.cached(&a), Some(Some("sa-a".into())), "a is used");
+    review.remember(c, Some("sa-c".into()));
+    assert_eq!(review.cached(&a), Some(Some("sa-a".into())), "a stays");
+    assert_eq!(review.cached(&b), None, "b, used least recently, went");
+    assert_eq!(review.cached(&c), Some(Some("sa-c".into())));
+    // A flood of refusals pushes out only refusals.
+    for n in 0..100 {
+        review.remember(digest(&format!("made-up-{n}")), None);
+    }
+    assert_eq!(review.cached(&a), Some(Some("sa-a".into())));
+    assert_eq!(review.cached(&c), Some(Some("sa-c".into())));
+    assert_eq!(review.cached(&digest("made-up-99")), Some(None));
+    assert_eq!(review.cached(&digest("made-up-97")), None);
+    // A token refused earlier and approved now is approved, and only once remembered.
+    review.remember(digest("made-up-99"), Some("sa-late".into()));
+    assert_eq!(
+        review.cached(&digest("made-up-99")),
+        Some(Some("sa-late".into()))
+    );
+    assert_eq!(
+        review.cache.lock().map(|c| c.len()).unwrap_or_default(),
+        (2, 1)
+    );
+}
+
+#[test]
+fn review_answers_expire_and_refusals_sooner() {
+    let settings = TokenReviewSettings {
+        url: String::new(),
+        ca_file: None,
+        token_file: PathBuf::new(),
+        audiences: vec![],
+        cache_ttl: Duration::from_secs(60),
+        cache_max: 10,
+        refused_cache_max: 10,
+        timeout: Duration::from_secs(1),
+        reviews_per_second: 1,
+        review_burst: 1,
+        reviews_in_flight_max: 1,
+    };
+    let mut cache = ReviewCache::new(&settings);
+    let t0 = Instant::now();
+    let (ok, bad) = (digest("ok"), digest("bad"));
+    assert!(!cache.put(ok, Some("sa".into()), t0));
+    assert!(!cache.put(bad, None, t0));
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    assert_eq!(cache.get(&ok, at(9)), Some(Some("sa".into())));
+    assert_eq!(cache.get(&bad, at(9)), Some(None));
+    assert_eq!(
+        cache.get(&bad, at(11)),
+        None,
+        "a refusal lasts 10 s at most"
+    );
+    assert_eq!(cache.get(&ok, at(59)), Some(Some("sa".into())));
+    assert_eq!(cache.get(&ok, at(61)), None);
+    assert_eq!(cache.len(), (0, 0), "expired answers are forgotten");
+    let off = ReviewCache::new(&TokenReviewSettings {
+        cache_ttl: Duration::ZERO,
+        ..settings
+    });
+    let mut off = off;
+    off.put(ok, Some("sa".into()), t0);
+    assert_eq!(off.get(&ok, t0), None, "cache-ttl-ms = 0 caches nothing");
+}
+
+#[test]
+fn the_token_bucket_refills_at_its_rate_up_to_its_burst() {
+    let t0 = Instant::now();
+    let mut bucket = TokenBucket::new(10, 3, t0);
+    for _ in 0..3 {
+        assert_eq!(bucket.take(t0), Ok(()));
+    }
+    let wait = bucket.take(t0).err().unwrap_or_default();
+    assert!(
+        wait > Duration::from_millis(90) && wait <= Duration::from_millis(100),
+        "{wait:?}"
+    );
+    assert_eq!(bucket.take(t0 + Duration::from_millis(100)), Ok(()));
+    assert!(bucket.take(t0 + Duration::from_millis(100)).is_err());
+    // A long quiet spell saves up the burst, no more.
+    let later = t0 + Duration::from_secs(60);
+    for _ in 0..3 {
+        assert_eq!(bucket.take(later), Ok(()));
+    }
+    assert!(bucket.take(later).is_err());
+    // A clock reading from before the last one earns nothing and breaks nothing.
+    assert!(bucket.take(t0).is_err());
+}
+
+fn unknown_bearer(n: usize) -> HeaderMap {
+    headers(&[("authorization", &format!("Bearer made-up-token-{n:04}"))])
+}
+
+#[tokio::test]
+async fn unknown_tokens_beyond_the_rate_are_refused_without_asking_the_api_server() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (url, calls) = silent_api(false).await;
+    let (auth, own) = reviewing(
+        dir.path(),
+        &url,
+        &[
+            ("auth.tokenreview.reviews-per-second", "1".to_owned()),
+            ("auth.tokenreview.review-burst", "3".to_owned()),
+        ],
+    );
+    let mut answers = Vec::new();
+    for n in 0..20 {
+        answers.push(
+            auth.check(&Method::POST, "/v1/x", &unknown_bearer(n))
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("an unchecked token got in")),
+        );
+    }
+    let asked = answers
+        .iter()
+        .filter(|e| e.message.contains("no usable answer"))
+        .count();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), asked);
+    // The burst, and one more only if this loop outlasted a second.
+    assert!((3..=4).contains(&asked), "{asked} reviews were sent");
+    let port = url.rsplit(':').next().unwrap_or_default();
+    for (n, error) in answers.iter().enumerate() {
+        assert_eq!(error.code, ErrorCode::AuthUnavailable, "{n}: {error}");
+        assert_eq!(error.status.as_u16(), 503);
+        let wait = error.retry_after_millis.unwrap_or_default();
+        if n < 3 || error.message.contains("no usable answer") {
+            assert_eq!(wait, REVIEW_FAILED_RETRY_AFTER_MS, "{n}: {error}");
+            assert!(error.message.contains("no usable answer"), "{error}");
+        } else {
+            assert!(wait > 0 && wait <= 1_000, "{n}: {wait}");
+            assert!(error.message.contains("too many credentials"), "{error}");
+        }
+        // What the operator needs is in the log; the caller sees no address and no file.
+        for secret in [
+            url.as_str(),
+            "127.0.0.1",
+            port,
+            &own.display().to_string(),
+            "own-sa-token",
+        ] {
+            assert!(!error.message.contains(secret), "{n}: {error}");
+        }
+        assert!(error.details.is_none());
+    }
+    // The refusals did not crowd out the cache: a remembered caller still gets in at once.
+    reviewer(&auth).remember(digest("a-known-token"), Some("sa-known".into()));
+    let known = auth
+        .check(
+            &Method::POST,
+            "/v1/x",
+            &headers(&[("authorization", "Bearer a-known-token")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(known.identity().map(|i| i.name.as_str()), Some("sa-known"));
+}
+
+#[tokio::test]
+async fn reviews_beyond_the_in_flight_bound_wait_briefly_then_are_told_to_retry() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (url, calls) = silent_api(true).await;
+    let (auth, _) = reviewing(
+        dir.path(),
+        &url,
+        &[
+            ("auth.tokenreview.reviews-in-flight-max", "1".to_owned()),
+            ("auth.tokenreview.timeout-ms", "1000".to_owned()),
+        ],
+    );
+    let first = tokio::spawn({
+        let auth = auth.clone();
+        async move {
+            auth.check(&Method::POST, "/v1/x", &unknown_bearer(1))
+                .await
+                .err()
+        }
+    });
+    while calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let started = Instant::now();
+    let second = auth
+        .check(&Method::POST, "/v1/x", &unknown_bearer(2))
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("an unchecked token got in"));
+    let waited = started.elapsed();
+    assert_eq!(second.code, ErrorCode::AuthUnavailable, "{second}");
+    assert!(second.message.contains("too many credentials"), "{second}");
+    assert_eq!(
+        second.retry_after_millis,
+        Some(REVIEW_SLOT_WAIT.as_millis() as u64)
+    );
+    assert!(
+        waited >= REVIEW_SLOT_WAIT && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the second review was never sent"
+    );
+    let first = first
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("an unchecked token got in"));
+    assert_eq!(first.code, ErrorCode::AuthUnavailable);
+    assert!(first.message.contains("no usable answer"), "{first}");
+}
+
+#[tokio::test]
+async fn an_unreadable_own_token_is_logged_not_shown() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (auth, own) = reviewing(dir.path(), "http://127.0.0.1:9", &[]);
+    std::fs::remove_file(&own).unwrap_or_else(|e| panic!("{e}"));
+    let error = auth
+        .check(&Method::POST, "/v1/x", &unknown_bearer(7))
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("an unchecked token got in"));
+    assert_eq!(error.code, ErrorCode::AuthUnavailable);
+    for secret in ["own-sa-token", "127.0.0.1", "token-file", "/"] {
+        assert!(!error.message.contains(secret), "{secret}: {error}");
+    }
+}
