@@ -1,0 +1,152 @@
+//! The custom resources of `dlock.io/v1alpha1` (DESIGN §8).
+//!
+//! Every kind is namespaced, has a status subresource with `conditions` and
+//! `observedGeneration`, a short name and printer columns. No field has a schema default: an
+//! API-server-defaulted field would show in Argo CD as drift, so defaults are resolved by the
+//! operator's validate step instead.
+//!
+//! One file per kind (the three services share [`workloads`]); the types every kind uses are here.
+
+// `printcolumn(name = …, type_ = …)` repeats argument names across columns, which clippy's
+// duplicated-attributes lint mistakes for repeated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One payout of a batch: the contract's type, so the CRD, the operator's manifest and
+/// `dlock run -f` read the same item.
+pub use dlock_contract::payout_batch::PayoutItem;
+
+mod lock;
+mod payout_batch;
+mod reconciliation;
+mod workloads;
+
+pub use lock::{
+    Lock, LockRevocation, LockRevocationSpec, LockRevocationStatus, LockSpec, LockStatus,
+    RevocationResult,
+};
+pub use payout_batch::{ExecutorSpec, PayoutBatch, PayoutBatchSpec, PayoutBatchStatus};
+pub use reconciliation::{Reconciliation, ReconciliationSpec, ReconciliationStatus};
+pub use workloads::{
+    BackendType, EtcdAuth, EtcdBackend, LockBackend, LockServer, LockServerSpec, PaymentResource,
+    PaymentResourceSpec, PgBackend, RailProxy, RailProxySpec, RailStubSpec,
+};
+
+pub const GROUP: &str = "dlock.io";
+pub const VERSION: &str = "v1alpha1";
+
+/// A reference to one key of a Secret in the object's namespace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// The optional Cloud SQL Auth Proxy sidecar: the database URL in the Secret then points at
+/// `127.0.0.1:5432`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudSql {
+    /// `project:region:instance`.
+    #[schemars(regex(pattern = r"^[^:]+:[^:]+:[^:]+$"))]
+    pub instance_connection_name: String,
+    /// The proxy image; the operator's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// How a service checks its callers (`auth.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AuthMode {
+    /// Projected service-account tokens (audience `dlock`), checked with TokenReview.
+    #[default]
+    #[serde(rename = "tokenreview")]
+    TokenReview,
+    /// No check: any pod that reaches the service may create, fund, claim, post, submit and
+    /// revoke. The operator raises `AuthenticationDisabled=True` and a Warning Event.
+    #[serde(rename = "none")]
+    None,
+}
+
+/// `spec.auth`: authentication is on unless turned off here, explicitly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAuth {
+    /// `tokenreview` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<AuthMode>,
+}
+
+/// One status condition (`Ready`, `Progressing`, `Degraded`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339; changes only when `status` changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Ready replicas of the main Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// `ready/desired`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// The in-cluster URL of the Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// Every CRD with the file name `dlock crdgen` writes it under.
+pub fn all() -> Vec<(
+    &'static str,
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+)> {
+    vec![
+        ("lockservers", LockServer::crd()),
+        ("paymentresources", PaymentResource::crd()),
+        ("railproxies", RailProxy::crd()),
+        ("payoutbatches", PayoutBatch::crd()),
+        ("locks", Lock::crd()),
+        ("lockrevocations", LockRevocation::crd()),
+        ("reconciliations", Reconciliation::crd()),
+    ]
+}
+
+/// Writes `<dir>/<plural>.yaml` for every CRD.
+pub fn write_all(dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use anyhow::Context as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = Vec::new();
+    for (plural, crd) in all() {
+        let path = dir.join(format!("{plural}.yaml"));
+        let text = format!(
+            "# Generated by `dlock crdgen`; do not edit.\n{}",
+            serde_yaml_ng::to_string(&crd)?
+        );
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}

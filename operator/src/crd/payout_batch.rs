@@ -1,0 +1,109 @@
+//! PayoutBatch: a batch of payouts, run by executor Job(s).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Condition, PayoutItem, SecretKeyRef};
+
+/// A batch of payouts, run by executor Job(s). Its payout ids and idempotency keys come from the
+/// batch name and each item's key, so re-applying or re-creating it never pays twice.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "dlock.io",
+    version = "v1alpha1",
+    kind = "PayoutBatch",
+    namespaced,
+    status = "PayoutBatchStatus",
+    shortname = "pb",
+    category = "dlock",
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.accepted) || !oldSelf.status.accepted || self.spec.payouts == oldSelf.spec.payouts").message("spec.payouts cannot change once the batch is accepted; create a new batch"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Payouts", type_ = "string", json_path = ".status.summary"),
+    printcolumn(name = "Ambiguous", type_ = "integer", json_path = ".status.ambiguousCount"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PayoutBatchSpec {
+    /// Concurrent workers of the executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub workers: Option<i32>,
+    /// At most 500, a limit that holds for any valid item: the largest item (three 128-character
+    /// strings and an int64) is about 475 bytes of JSON, so 500 of them stay under the 256 KiB
+    /// that client-side `kubectl apply` may keep in its last-applied annotation, and the
+    /// manifest ConfigMap stays far under its 1 MiB. Larger runs are several batches.
+    #[schemars(length(min = 1, max = 500))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
+    pub payouts: Vec<PayoutItem>,
+    /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
+    /// kind in the namespace's conventional name (`lock-server`, `payment-resource`, `rail-proxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_server: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_resource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_proxy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// How the executor authenticates to the services. Absent: a projected service-account
+    /// token of the `default` service account (audience `dlock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<ExecutorSpec>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+}
+
+/// The executor's credential. `dlock run -f` ignores this section.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.credentialSecret) || has(self.identity)").message("spec.executor.credentialSecret needs spec.executor.identity, the identity its token authenticates as"))]
+pub struct ExecutorSpec {
+    /// The identity the credential authenticates as; the workers' `X-Owner-Id` is
+    /// `<identity>/<batch>`. Without `credentialSecret` it is the service account's
+    /// (`system:serviceaccount:<namespace>:<serviceAccountName>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub identity: Option<String>,
+    /// A Secret key holding the bearer token (services with `auth.mode = "tokens"`). Absent: a
+    /// projected service-account token with audience `dlock` (`auth.mode = "tokenreview"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret: Option<SecretKeyRef>,
+    /// The executor pod's service account (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PayoutBatchStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Set once the executor Job exists; from then on `spec.payouts` is immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<bool>,
+    /// Payouts per state, from paydb.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counts: BTreeMap<String, i64>,
+    /// Payout ids in RAIL_AMBIGUOUS, for an operator to resolve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ambiguous: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ambiguous_count: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_out: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}

@@ -1,0 +1,253 @@
+//! LockServer, PaymentResource and RailProxy: the long-running services.
+
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{CloudSql, SecretKeyRef, ServiceAuth, WorkloadStatus};
+
+/// The lock server: sessions, leases and fencing tokens on PostgreSQL or etcd.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "dlock.io",
+    version = "v1alpha1",
+    kind = "LockServer",
+    namespaced,
+    status = "WorkloadStatus",
+    shortname = "ls",
+    category = "dlock",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
+    printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend.type"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LockServerSpec {
+    /// Immutable: switching stores live would split the lock state in two.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
+    pub backend: LockBackend,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: Option<i32>,
+    /// The `dlock` image; the operator's own image when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendType {
+    Pg,
+    Etcd,
+}
+
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.type == 'pg' ? has(self.pg) && !has(self.etcd) : has(self.etcd) && !has(self.pg)").message("set exactly the section that spec.backend.type names"))]
+pub struct LockBackend {
+    #[serde(rename = "type")]
+    pub type_: BackendType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg: Option<PgBackend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdBackend>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PgBackend {
+    /// The lockdb URL (`postgres://…`).
+    pub url_secret: SecretKeyRef,
+}
+
+/// etcd is referenced, never deployed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBackend {
+    /// Every member; all `https://` with `tlsSecret`, none without it.
+    #[schemars(length(min = 1, max = 16))]
+    pub endpoints: Vec<String>,
+    /// TLS to etcd with a client certificate: a Secret in the `kubernetes.io/tls` layout that
+    /// cert-manager writes, `ca.crt` (the CA of etcd's serving certificate), `tls.crt` and
+    /// `tls.key` (the lock server's client certificate and key). Mounted read-only at
+    /// `/etc/dlock/etcd-tls` and named by `lock.etcd.ca-file`, `cert-file` and `key-file`; a
+    /// renewed certificate is picked up without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret: Option<String>,
+    /// etcd's own authentication (`lock.etcd.username`, `lock.etcd.password-file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<EtcdAuth>,
+}
+
+/// An etcd user whose role grants `readwrite` on the lock server's prefix only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdAuth {
+    #[schemars(length(min = 1, max = 128))]
+    pub username: String,
+    /// The key holding the user's password; mounted read-only at `/etc/dlock/etcd-auth` and
+    /// named by `lock.etcd.password-file` (a changed password is picked up without a restart).
+    pub password_secret: SecretKeyRef,
+}
+
+// ---------------------------------------------------------------------------------------------
+// PaymentResource
+
+/// The payment resource: payouts, accounts and the ledger against paydb.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "dlock.io",
+    version = "v1alpha1",
+    kind = "PaymentResource",
+    namespaced,
+    status = "WorkloadStatus",
+    shortname = "payres",
+    category = "dlock",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentResourceSpec {
+    /// The paydb URL.
+    pub database_url_secret: SecretKeyRef,
+    /// The credential of operator-only calls (fence advance, resolution).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_token_secret: Option<SecretKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// RailProxy
+
+/// The rail proxy, the only caller of the rail, and optionally the rail stub behind it.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "dlock.io",
+    version = "v1alpha1",
+    kind = "RailProxy",
+    namespaced,
+    status = "WorkloadStatus",
+    shortname = "rp",
+    category = "dlock",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("has(self.railUrl) != has(self.stub)").message("set exactly one of spec.railUrl (a real rail) and spec.stub (the rail stub)"))]
+#[serde(rename_all = "camelCase")]
+pub struct RailProxySpec {
+    /// paydb, where the high-water marks and the intents live.
+    pub database_url_secret: SecretKeyRef,
+    /// The rail's URL; absent when `stub` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_url: Option<String>,
+    /// `rail.proxy.read-timeout-ms`; the pods' termination grace is set above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 120000))]
+    pub read_timeout_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_token_secret: Option<SecretKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+    /// Deploys the rail stub and points the proxy at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stub: Option<RailStubSpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RailStubSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 600000))]
+    pub latency_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub failure_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub duplicate_ack_rate: Option<f64>,
+    /// Requests and limits of the stub's container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}

@@ -1,0 +1,107 @@
+//! Validate: each raw custom resource becomes a validated value with resolved defaults, the only
+//! input of the builders. An error here is permanent: the controller records it in a condition and
+//! waits for the spec to change.
+//!
+//! By concern: [`workloads`] (LockServer, PaymentResource, RailProxy), [`jobs`] (PayoutBatch,
+//! Reconciliation) and [`revocation`] (Lock, LockRevocation).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+
+use crate::build::job::TOKEN_AUDIENCE;
+use crate::crd::AuthMode;
+use crate::workload::toml_string;
+
+mod jobs;
+mod revocation;
+mod workloads;
+
+pub use jobs::{
+    EXECUTOR_SERVICE_ACCOUNT_DEFAULT, ValidatedReconciliation, executor_credential, payout_batch,
+    reconciliation,
+};
+pub use revocation::{
+    NamespaceTargets, REVOKE_REASON_LEN_MIN, RevocationAsk, RevocationTarget, check_ask,
+    fence_target, lock_revocation, lock_revocation_ask, revocation_target,
+};
+pub use workloads::{ValidatedRail, lock_server, payment_resource, rail_proxy};
+
+/// The rail proxy's read timeout when the spec names none (the service's own default).
+pub const READ_TIMEOUT_MS_DEFAULT: i64 = 8_000;
+pub const REPLICAS_DEFAULT: i32 = 2;
+
+/// What the operator knows that the spec does not say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The `dlock` image every pod runs when the spec names none.
+    pub image: String,
+    /// The operator's own identity at the services (`system:serviceaccount:<ns>:<sa>`), written
+    /// into their `auth.operator-identities` so its revocations are allowed.
+    pub operator_identity: String,
+    /// The operator's own namespace: the services' NetworkPolicies let its pods in.
+    pub operator_namespace: String,
+}
+
+/// The identity a service account's projected token authenticates as under TokenReview.
+pub fn service_account_identity(namespace: &str, service_account: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{service_account}")
+}
+
+/// The `auth.*` lines of a service's configuration: TokenReview with the audience `dlock` (the
+/// executor's and the operator's projected tokens), and the operator as the only operator
+/// identity.
+///
+/// `spec.auth.mode: none` writes `auth.mode = "none"` and nothing else.
+pub fn auth_lines(settings: &Settings, auth: AuthMode) -> Vec<(&'static str, String)> {
+    if auth == AuthMode::None {
+        return vec![("auth.mode", toml_string("none"))];
+    }
+    let list = |items: &[&str]| {
+        toml::Value::Array(
+            items
+                .iter()
+                .map(|i| toml::Value::String((*i).to_owned()))
+                .collect(),
+        )
+        .to_string()
+    };
+    vec![
+        ("auth.mode", toml_string("tokenreview")),
+        ("auth.tokenreview.audiences", list(&[TOKEN_AUDIENCE])),
+        (
+            "auth.operator-identities",
+            list(&[settings.operator_identity.as_str()]),
+        ),
+    ]
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn namespace_of<K: Resource>(object: &K) -> Result<String, Invalid> {
+    object
+        .meta()
+        .namespace
+        .clone()
+        .ok_or_else(|| invalid("metadata.namespace", "the object has no namespace"))
+}
+
+fn owner_of<K: Resource<DynamicType = ()>>(object: &K) -> Result<OwnerReference, Invalid> {
+    object
+        .controller_owner_ref(&())
+        .ok_or_else(|| invalid("metadata", "the object has no name or uid yet"))
+}
+
+#[cfg(test)]
+mod tests;

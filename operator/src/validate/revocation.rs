@@ -1,0 +1,185 @@
+//! Revocations, from a Lock's annotations or a LockRevocation: what they ask and where they go.
+
+use super::{Invalid, invalid, namespace_of};
+use crate::crd::LockRevocation;
+use crate::workload::service_url;
+
+/// Where a revocation goes and what it says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RevocationTarget {
+    pub key: String,
+    pub account_id: String,
+    pub operator: String,
+    pub reason: String,
+    /// L8's CAS guard: revoke only the grant with this token.
+    pub expected_token: Option<i64>,
+    pub lock_server_url: String,
+    pub payment_resource_url: String,
+    pub rail_proxy_url: String,
+}
+
+/// The shortest revocation reason the lock server accepts (L8).
+pub const REVOKE_REASON_LEN_MIN: usize = 8;
+
+/// The LockServer, PaymentResource and RailProxy objects present in a namespace, by name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceTargets {
+    pub lock_servers: Vec<String>,
+    pub payment_resources: Vec<String>,
+    pub rail_proxies: Vec<String>,
+}
+
+/// Which enforcement point (or lock server) of a namespace a revocation goes to.
+///
+/// The rule: a name given explicitly (a LockRevocation's `spec.paymentResource`, `spec.railProxy`,
+/// `spec.lockServer`; a Lock's `spec.lockServer`) is used as given. Otherwise the namespace must
+/// hold exactly one object of the kind, and that one is used: with none there is nothing to
+/// fence, and with several the operator cannot know which holds the account, so the revocation is
+/// refused before anything is sent (name the target in a LockRevocation). Fixed service names are
+/// never assumed: a fence pushed to a service that does not exist leaves the real one open.
+pub fn fence_target(
+    kind: &str,
+    field: &str,
+    named: Option<&str>,
+    present: &[String],
+) -> Result<String, Invalid> {
+    if let Some(name) = named.map(str::trim).filter(|n| !n.is_empty()) {
+        return Ok(name.to_owned());
+    }
+    match present {
+        [one] => Ok(one.clone()),
+        [] => Err(invalid(
+            field,
+            format!("no {kind} in the namespace; there is nothing to send the revocation to"),
+        )),
+        several => Err(invalid(
+            field,
+            format!(
+                "{} {kind}s in the namespace ({}); name one in a LockRevocation",
+                several.len(),
+                several.join(", ")
+            ),
+        )),
+    }
+}
+
+/// What a revocation asks for, before its targets are resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RevocationAsk<'a> {
+    pub key: &'a str,
+    pub account_id: &'a str,
+    pub operator: &'a str,
+    pub reason: &'a str,
+    pub expected_token: Option<i64>,
+    /// Explicit names: lock server, payment resource, rail proxy.
+    pub named: [Option<&'a str>; 3],
+}
+
+/// What a revocation must say, checked before any target is looked up.
+pub fn check_ask(ask: &RevocationAsk<'_>) -> Result<(), Invalid> {
+    let RevocationAsk {
+        key,
+        account_id,
+        operator,
+        reason,
+        expected_token,
+        named: _,
+    } = *ask;
+    let operator = operator.trim();
+    if operator.is_empty() || operator.chars().count() > 128 {
+        return Err(invalid("revokedBy", "must be 1 to 128 characters"));
+    }
+    let reason_len = reason.trim().chars().count();
+    if !(REVOKE_REASON_LEN_MIN..=1024).contains(&reason_len) {
+        return Err(invalid(
+            "reason",
+            format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
+        ));
+    }
+    if account_id.is_empty() {
+        return Err(invalid(
+            "accountId",
+            format!("{key:?} is not a payout lock key (payout:{{accountId}}); nothing to fence"),
+        ));
+    }
+    if !dlock_contract::lock::key_is_valid(key) {
+        return Err(invalid("key", "must be 1 to 128 of [a-zA-Z0-9:._-]"));
+    }
+    if !dlock_contract::payment::account_id_is_valid(account_id) {
+        return Err(invalid(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
+    }
+    if expected_token.is_some_and(|t| t <= 0) {
+        return Err(invalid("expectedToken", "must be greater than 0"));
+    }
+    Ok(())
+}
+
+pub fn revocation_target(
+    namespace: &str,
+    ask: &RevocationAsk<'_>,
+    present: &NamespaceTargets,
+) -> Result<RevocationTarget, Invalid> {
+    check_ask(ask)?;
+    let RevocationAsk {
+        key,
+        account_id,
+        operator,
+        reason,
+        expected_token,
+        named: [lock_server, payment_resource, rail_proxy],
+    } = *ask;
+    let lock_server = fence_target(
+        "LockServer",
+        "lockServer",
+        lock_server,
+        &present.lock_servers,
+    )?;
+    let payment_resource = fence_target(
+        "PaymentResource",
+        "paymentResource",
+        payment_resource,
+        &present.payment_resources,
+    )?;
+    let rail_proxy = fence_target("RailProxy", "railProxy", rail_proxy, &present.rail_proxies)?;
+    Ok(RevocationTarget {
+        key: key.to_owned(),
+        account_id: account_id.to_owned(),
+        operator: operator.trim().to_owned(),
+        reason: reason.trim().to_owned(),
+        expected_token,
+        lock_server_url: service_url(&lock_server, namespace),
+        payment_resource_url: service_url(&payment_resource, namespace),
+        rail_proxy_url: service_url(&rail_proxy, namespace),
+    })
+}
+
+/// The ask of a LockRevocation.
+pub fn lock_revocation_ask(object: &LockRevocation) -> RevocationAsk<'_> {
+    let spec = &object.spec;
+    RevocationAsk {
+        key: &spec.key,
+        account_id: &spec.account_id,
+        operator: &spec.revoked_by,
+        reason: &spec.reason,
+        expected_token: spec.expected_token,
+        named: [
+            spec.lock_server.as_deref(),
+            spec.payment_resource.as_deref(),
+            spec.rail_proxy.as_deref(),
+        ],
+    }
+}
+
+pub fn lock_revocation(
+    object: &LockRevocation,
+    present: &NamespaceTargets,
+) -> Result<RevocationTarget, Invalid> {
+    revocation_target(
+        &namespace_of(object)?,
+        &lock_revocation_ask(object),
+        present,
+    )
+}

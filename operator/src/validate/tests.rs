@@ -1,0 +1,60 @@
+use super::*;
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|n| (*n).to_owned()).collect()
+}
+
+#[test]
+fn a_fence_target_is_the_named_one_or_the_namespaces_only_one() {
+    let kind = "PaymentResource";
+    assert_eq!(
+        fence_target(kind, "f", Some("pay"), &names(&["a", "b"])),
+        Ok("pay".to_owned())
+    );
+    assert_eq!(
+        fence_target(kind, "f", None, &names(&["payments-eu"])),
+        Ok("payments-eu".to_owned())
+    );
+    let Err(none) = fence_target(kind, "f", None, &[]) else {
+        panic!("chosen from none");
+    };
+    assert!(none.message.contains("no PaymentResource"), "{none}");
+    let Err(several) = fence_target(kind, "f", Some(" "), &names(&["a", "b"])) else {
+        panic!("chosen from several");
+    };
+    assert!(
+        several
+            .message
+            .contains("2 PaymentResources in the namespace (a, b)"),
+        "{several}"
+    );
+}
+
+#[test]
+fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
+    let ask = RevocationAsk {
+        key: "payout:acct-17",
+        account_id: "acct-17",
+        operator: " oncall ",
+        reason: "worker wedged",
+        expected_token: Some(41),
+        named: [Some("locks"), None, None],
+    };
+    let present = NamespaceTargets {
+        lock_servers: Vec::new(),
+        payment_resources: names(&["payments"]),
+        rail_proxies: names(&["rail"]),
+    };
+    let target = revocation_target("ns1", &ask, &present).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(target.lock_server_url, "http://locks.ns1.svc:8080");
+    assert_eq!(target.payment_resource_url, "http://payments.ns1.svc:8080");
+    assert_eq!(target.rail_proxy_url, "http://rail.ns1.svc:8080");
+    assert_eq!(target.operator, "oncall");
+    assert_eq!(target.expected_token, Some(41));
+    let bad_key = RevocationAsk {
+        key: "payout:a/b",
+        account_id: "a/b",
+        ..ask.clone()
+    };
+    assert!(check_ask(&bad_key).is_err());
+}
