@@ -11,6 +11,13 @@ use dlock_devstack::{
 };
 use serde::Serialize;
 
+mod env;
+
+#[cfg(test)]
+use env::shell_quote;
+pub use env::{ENV_FILE, PID_FILE};
+pub(crate) use env::{env_file_text, write_private};
+
 /// The one line `dev up` prints on stdout, in the documented field order.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -215,95 +222,6 @@ fn start_service(
         );
     }
     Ok(child)
-}
-
-/// The env file in the data directory, and the file holding the pid of the running `dev up`.
-pub const ENV_FILE: &str = "env";
-pub const PID_FILE: &str = "dev-up.pid";
-
-/// `text` in single quotes for a POSIX shell.
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "'\\''"))
-}
-
-/// What a shell needs to use the stack as the README shows: the variables the dlock commands
-/// read, short names for the curl examples, and the `dlock` binary that runs this stack first on
-/// PATH. It holds the stack's credentials: [`write_env_file`] makes it readable by its owner
-/// only, and it is never logged.
-pub(crate) fn env_file_text(
-    line: &UpLine,
-    rail_read_timeout_ms: u64,
-    bin_dir: Option<&Path>,
-) -> String {
-    let payment = line.payment_resource.as_deref().unwrap_or_default();
-    let proxy = line.rail_proxy.as_deref().unwrap_or_default();
-    let stub = line.rail_stub.as_deref().unwrap_or_default();
-    let q = shell_quote;
-    let mut out = format!(
-        "# The local stack of `dlock dev up` (data in {dir}). Load it into a shell with\n\
-         #   source {env}\n\
-         # It holds this stack's credentials: keep it to yourself (mode 0600).\n\
-         export DLOCK_DEV_DIR={dir_q}\n\
-         export DLOCK_LOCK_SERVER={ls}\n\
-         export DLOCK_PAYMENT_RESOURCE={pr}\n\
-         export DLOCK_RAIL_PROXY={rp}\n\
-         export DLOCK_RAIL_READ_TIMEOUT_MS={rail_read_timeout_ms}\n\
-         # dlock run, dlock accounts: who writes (owner ids `executor/<worker>`)\n\
-         export DLOCK_IDENTITY={identity}\n\
-         export DLOCK_CREDENTIAL={executor}\n\
-         # dlock revoke, dlock resolve: the operator credential\n\
-         export DLOCK_OPERATOR_TOKEN={operator}\n\
-         # dlock reconcile: paydb and the rail whose statement it compares\n\
-         export DLOCK_PAYDB={paydb}\n\
-         export DLOCK_RAIL={stub}\n\
-         # short names for the curl examples\n\
-         LS={ls}\n\
-         PR={pr}\n\
-         RP={rp}\n\
-         RAIL={stub}\n\
-         TOKEN={executor}\n\
-         OPTOKEN={operator}\n",
-        dir = line.data_dir,
-        env = line.env_file,
-        dir_q = q(&line.data_dir),
-        ls = q(&line.lock_server),
-        pr = q(payment),
-        rp = q(proxy),
-        stub = q(stub),
-        identity = q(DEV_EXECUTOR_IDENTITY),
-        executor = q(&line.credentials.executor),
-        operator = q(&line.credentials.operator),
-        paydb = q(&line.paydb),
-    );
-    if let Some(bin) = bin_dir {
-        let bin = bin.display().to_string();
-        out.push_str(&format!(
-            "# the dlock that runs this stack\n\
-             case \":$PATH:\" in *:{bin_q}:*) ;; *) export PATH={bin_q}:\"$PATH\" ;; esac\n",
-            bin_q = q(&bin),
-        ));
-    }
-    out
-}
-
-/// Writes `text` to `path`, created readable and writable by its owner only (an existing file
-/// is narrowed to 0600 before it is rewritten).
-pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    if path.exists() {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("restricting {}", path.display()))?;
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 pub async fn up(args: UpArgs) -> Result<()> {
@@ -654,146 +572,4 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn line(dir: &Path, executor: &str) -> UpLine {
-        UpLine {
-            lock_server: "http://127.0.0.1:40123".into(),
-            payment_resource: Some("http://127.0.0.1:40124".into()),
-            rail_proxy: Some("http://127.0.0.1:40125".into()),
-            rail_stub: Some("http://127.0.0.1:40126".into()),
-            backend: "pg",
-            pids: Pids {
-                lock_server: Some(1),
-                payment_resource: None,
-                rail_proxy: None,
-                rail_stub: None,
-            },
-            paydb: "postgres://postgres@127.0.0.1:40001/paydb".into(),
-            lockdb: "postgres://postgres@127.0.0.1:40001/lockdb".into(),
-            etcd: None,
-            tokens_file: dir.join("tokens").display().to_string(),
-            proof_keys_file: dir.join("fencing-proof-keys").display().to_string(),
-            data_dir: dir.display().to_string(),
-            env_file: dir.join(ENV_FILE).display().to_string(),
-            credentials: Credentials {
-                executor: executor.into(),
-                operator: DEV_OPERATOR_TOKEN.into(),
-            },
-        }
-    }
-
-    /// Sources `file` in bash and prints each of `names` on a line of its own.
-    fn sourced(file: &Path, names: &[&str]) -> Vec<String> {
-        let script = format!(
-            "set -eu; PATH=/usr/bin:/bin; source {}; for n in {}; do printf '%s\\n' \"${{!n}}\"; done; \
-             printf '%s\\n' \"$PATH\"",
-            shell_quote(&file.display().to_string()),
-            names.join(" ")
-        );
-        let out = std::process::Command::new("bash")
-            .args(["-c", &script])
-            .output()
-            .unwrap_or_else(|e| panic!("bash: {e}"));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    #[test]
-    fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
-        let temp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        // A directory with a quote and a space still round-trips through the shell.
-        let dir = temp.path().join("it's a dir");
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let up = line(&dir, "exec-token-0123456789abcdef");
-        let bin = Path::new("/opt/dlock bin");
-        let env = Path::new(&up.env_file);
-        // A file that was readable by others is narrowed before the secrets go in.
-        std::fs::write(env, "old").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::set_permissions(env, std::fs::Permissions::from_mode(0o644))
-            .unwrap_or_else(|e| panic!("{e}"));
-        write_private(env, &env_file_text(&up, 1_500, Some(bin))).unwrap_or_else(|e| panic!("{e}"));
-        let mode = std::fs::metadata(env)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
-        let names = [
-            "DLOCK_DEV_DIR",
-            "DLOCK_LOCK_SERVER",
-            "DLOCK_PAYMENT_RESOURCE",
-            "DLOCK_RAIL_PROXY",
-            "DLOCK_RAIL_READ_TIMEOUT_MS",
-            "DLOCK_IDENTITY",
-            "DLOCK_CREDENTIAL",
-            "DLOCK_OPERATOR_TOKEN",
-            "DLOCK_PAYDB",
-            "DLOCK_RAIL",
-            "LS",
-            "PR",
-            "RP",
-            "RAIL",
-            "TOKEN",
-            "OPTOKEN",
-        ];
-        let values = sourced(env, &names);
-        let expected = [
-            dir.display().to_string().as_str(),
-            "http://127.0.0.1:40123",
-            "http://127.0.0.1:40124",
-            "http://127.0.0.1:40125",
-            "1500",
-            "executor",
-            "exec-token-0123456789abcdef",
-            DEV_OPERATOR_TOKEN,
-            "postgres://postgres@127.0.0.1:40001/paydb",
-            "http://127.0.0.1:40126",
-            "http://127.0.0.1:40123",
-            "http://127.0.0.1:40124",
-            "http://127.0.0.1:40125",
-            "http://127.0.0.1:40126",
-            "exec-token-0123456789abcdef",
-            DEV_OPERATOR_TOKEN,
-        ]
-        .map(str::to_owned);
-        assert_eq!(values[..names.len()], expected[..]);
-        // The binary that runs the stack comes first on PATH, once.
-        assert_eq!(values[names.len()], "/opt/dlock bin:/usr/bin:/bin");
-        // Without a binary directory PATH is left alone.
-        write_private(env, &env_file_text(&up, 8_000, None)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(sourced(env, &[]), vec!["/usr/bin:/bin".to_owned()]);
-    }
-
-    #[test]
-    fn what_dev_up_writes_for_people_names_no_secret() {
-        let temp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let (tokens, proxy, credentials) =
-            write_tokens(temp.path()).unwrap_or_else(|e| panic!("{e}"));
-        for file in [&tokens, &proxy] {
-            let mode = std::fs::metadata(file)
-                .unwrap_or_else(|e| panic!("{e}"))
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600, "{}: {mode:o}", file.display());
-        }
-        // Positive control: the tokens file does hold the executor's token.
-        let text = std::fs::read_to_string(&tokens).unwrap_or_else(|e| panic!("{e}"));
-        assert!(text.contains(&credentials.executor));
-        let up = line(temp.path(), &credentials.executor);
-        let env_text = env_file_text(&up, 8_000, None);
-        assert!(env_text.contains(&credentials.executor));
-        // The env file's own comment lines (what `head` or a reviewer sees) hold no secret.
-        for comment in env_text.lines().filter(|l| l.starts_with('#')) {
-            assert!(!comment.contains(&credentials.executor), "{comment}");
-        }
-    }
-}
+mod tests;

@@ -28,6 +28,13 @@ use uuid::Uuid;
 
 use crate::manifest::{PayoutBatch, PlannedPayout};
 
+mod outcome;
+mod report;
+
+pub use outcome::CycleOutcome;
+use outcome::{Step, outcome_of};
+pub use report::Report;
+
 #[derive(Debug, Clone)]
 pub struct Endpoints {
     pub lock_server: String,
@@ -90,41 +97,6 @@ pub fn owner_id_for(identity: Option<&str>) -> String {
     id.chars().take(64).collect()
 }
 
-/// How one payout cycle ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CycleOutcome {
-    /// The payout is terminal or quarantined; nothing more to do.
-    Settled,
-    /// Its lock is held by another worker; come back later.
-    Contended,
-    /// Another holder's submission is in flight, or the answer was lost; re-read later.
-    Pending,
-    /// A newer holder exists: the critical section was aborted.
-    FencedOut,
-    /// The local deadline passed before a protected write.
-    DeadlinePassed,
-    /// A hop failed without a verdict; the cycle was abandoned and is retried later.
-    Unavailable,
-    /// The rail's outcome is unknown: the payout is quarantined (RAIL_AMBIGUOUS) and settled
-    /// as far as automation goes.
-    Ambiguous,
-}
-
-impl CycleOutcome {
-    /// The `outcome` label of `payout_execute_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            CycleOutcome::Settled => "settled",
-            CycleOutcome::Contended => "contended",
-            CycleOutcome::Pending => "pending",
-            CycleOutcome::FencedOut => "fenced_out",
-            CycleOutcome::DeadlinePassed => "deadline_passed",
-            CycleOutcome::Unavailable => "unavailable",
-            CycleOutcome::Ambiguous => "ambiguous",
-        }
-    }
-}
-
 /// The lock TTL a cycle needs when the rail may take its whole read timeout: the acquire and
 /// claim before the submit (a second is plenty), the submit's wait (the read timeout plus
 /// [`SUBMIT_READ_MARGIN`]), and the post must still start before the local deadline, which is
@@ -148,45 +120,6 @@ pub fn session_ttl_ms_for(lock_ttl_ms: i64) -> i64 {
         .saturating_add(lock_ttl_ms)
         .saturating_add(1)
         .max(15_000)
-}
-
-#[derive(Debug, Default, Clone)]
-pub struct Report {
-    pub payouts: usize,
-    pub states: BTreeMap<String, usize>,
-    pub ambiguous: Vec<Uuid>,
-    pub fenced_out: usize,
-    pub cycles: usize,
-    pub outcomes: BTreeMap<String, usize>,
-    pub elapsed: Duration,
-    /// Every payout is terminal or RAIL_AMBIGUOUS.
-    pub complete: bool,
-}
-
-impl Report {
-    pub fn table(&self) -> String {
-        let mut out = String::from("state            payouts\n");
-        for (state, n) in &self.states {
-            out.push_str(&format!("{state:<16} {n:>7}\n"));
-        }
-        out.push_str(&format!(
-            "total            {:>7}   ({} cycles, {} fenced out, {:.1} s)\n",
-            self.payouts,
-            self.cycles,
-            self.fenced_out,
-            self.elapsed.as_secs_f64()
-        ));
-        // Why cycles ended, so a cycle spent waiting for an answer is visible after the run.
-        let outcomes: Vec<String> = self
-            .outcomes
-            .iter()
-            .map(|(outcome, n)| format!("{n} {outcome}"))
-            .collect();
-        if !outcomes.is_empty() {
-            out.push_str(&format!("cycles           {}\n", outcomes.join(", ")));
-        }
-        out
-    }
 }
 
 /// The clients of one payout's trace.
@@ -487,49 +420,6 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
     outcome
 }
 
-/// The steps of a cycle whose refusals decide how it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Acquire,
-    Claim,
-    Submit,
-    Post,
-}
-
-impl Step {
-    fn name(self) -> &'static str {
-        match self {
-            Step::Acquire => "acquire",
-            Step::Claim => "claim",
-            Step::Submit => "submit",
-            Step::Post => "post",
-        }
-    }
-}
-
-/// How a cycle ends when `step` is answered with `e`: a pure function of the two.
-fn outcome_of(step: Step, e: &ClientError) -> CycleOutcome {
-    use ErrorCode as C;
-    match (step, e.code()) {
-        (Step::Acquire, Some(C::LockContended | C::ContentionExceeded)) => CycleOutcome::Contended,
-        (Step::Acquire, _) => CycleOutcome::Unavailable,
-        (_, Some(C::FencedOut)) => CycleOutcome::FencedOut,
-        (Step::Claim, Some(C::InsufficientFunds)) => CycleOutcome::Settled,
-        (Step::Claim | Step::Post, Some(C::PayoutNotClaimable)) => CycleOutcome::Pending,
-        // The rail's outcome is unknown: the payout is quarantined (RAIL_AMBIGUOUS).
-        (Step::Submit, Some(C::RailAmbiguous)) => CycleOutcome::Ambiguous,
-        // The rail declined (422): the payout is FAILED.
-        (Step::Submit, Some(C::ValidationFailed))
-            if matches!(e, ClientError::Api { status: 422, .. }) =>
-        {
-            CycleOutcome::Settled
-        }
-        (Step::Submit, Some(C::DuplicateSubmission)) => CycleOutcome::Pending,
-        // RAIL_UNAVAILABLE, NOT_LEADER, no answer: a later cycle re-reads and tries again.
-        _ => CycleOutcome::Unavailable,
-    }
-}
-
 /// The outcome of a refused step, logged as an operator needs it.
 fn refused(
     shared: &Shared,
@@ -677,81 +567,4 @@ async fn critical_section(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_lock_ttl_covers_a_submit_that_waits_the_whole_read_timeout() {
-        for read_ms in [100_u64, 8_000, 14_000, 120_000] {
-            let ttl = lock_ttl_ms_for(Duration::from_millis(read_ms), 0.30);
-            let deadline_ms = ttl as f64 * 0.70;
-            let submit_ends_ms = (read_ms + 2_000) as f64;
-            assert!(
-                deadline_ms >= submit_ends_ms + 1_000.0,
-                "read {read_ms} ms: ttl {ttl} ms leaves the post no time"
-            );
-            assert!(ttl >= 10_000);
-        }
-        assert_eq!(lock_ttl_ms_for(Duration::from_millis(8_000), 0.30), 15_715);
-        // Two thirds of the session (what a heartbeat every third leaves) cover the lock.
-        for lock in [10_000_i64, 15_715, 24_286] {
-            assert!(session_ttl_ms_for(lock) * 2 / 3 >= lock, "{lock}");
-        }
-        assert_eq!(session_ttl_ms_for(1_000), 15_000);
-        assert_eq!(session_ttl_ms_for(i64::MAX), i64::MAX);
-        // Nonsense never panics.
-        assert_eq!(lock_ttl_ms_for(Duration::MAX, 0.30), i64::MAX);
-        assert!(lock_ttl_ms_for(Duration::ZERO, 1.5) >= 10_000);
-    }
-
-    fn api(status: u16, code: ErrorCode) -> ClientError {
-        ClientError::Api {
-            status,
-            body: dlock_contract::ErrorBody {
-                code,
-                message: "test".into(),
-                retry_safe: false,
-                retry_after_millis: None,
-                details: None,
-                trace_id: String::new(),
-            },
-        }
-    }
-
-    #[test]
-    fn each_refusal_ends_the_cycle_as_the_table_says() {
-        use CycleOutcome as O;
-        use ErrorCode as C;
-        use Step::*;
-        let transport = ClientError::Transport {
-            url: "http://x".into(),
-            message: "reset".into(),
-            connect: false,
-            timeout: true,
-        };
-        let table: Vec<(Step, ClientError, CycleOutcome)> = vec![
-            (Acquire, api(409, C::LockContended), O::Contended),
-            (Acquire, api(429, C::ContentionExceeded), O::Contended),
-            (Acquire, api(503, C::NotLeader), O::Unavailable),
-            (Acquire, transport.clone(), O::Unavailable),
-            (Claim, api(409, C::FencedOut), O::FencedOut),
-            (Claim, api(422, C::InsufficientFunds), O::Settled),
-            (Claim, api(409, C::PayoutNotClaimable), O::Pending),
-            (Claim, api(503, C::NotLeader), O::Unavailable),
-            (Submit, api(409, C::FencedOut), O::FencedOut),
-            (Submit, api(502, C::RailAmbiguous), O::Ambiguous),
-            (Submit, api(422, C::ValidationFailed), O::Settled),
-            (Submit, api(400, C::ValidationFailed), O::Unavailable),
-            (Submit, api(409, C::DuplicateSubmission), O::Pending),
-            (Submit, api(503, C::RailUnavailable), O::Unavailable),
-            (Submit, transport.clone(), O::Unavailable),
-            (Post, api(409, C::FencedOut), O::FencedOut),
-            (Post, api(409, C::PayoutNotClaimable), O::Pending),
-            (Post, api(422, C::InsufficientFunds), O::Unavailable),
-            (Post, transport, O::Unavailable),
-        ];
-        for (step, e, want) in table {
-            assert_eq!(outcome_of(step, &e), want, "{step:?} answered {e}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,76 @@
+use super::*;
+
+#[test]
+fn the_lock_ttl_covers_a_submit_that_waits_the_whole_read_timeout() {
+    for read_ms in [100_u64, 8_000, 14_000, 120_000] {
+        let ttl = lock_ttl_ms_for(Duration::from_millis(read_ms), 0.30);
+        let deadline_ms = ttl as f64 * 0.70;
+        let submit_ends_ms = (read_ms + 2_000) as f64;
+        assert!(
+            deadline_ms >= submit_ends_ms + 1_000.0,
+            "read {read_ms} ms: ttl {ttl} ms leaves the post no time"
+        );
+        assert!(ttl >= 10_000);
+    }
+    assert_eq!(lock_ttl_ms_for(Duration::from_millis(8_000), 0.30), 15_715);
+    // Two thirds of the session (what a heartbeat every third leaves) cover the lock.
+    for lock in [10_000_i64, 15_715, 24_286] {
+        assert!(session_ttl_ms_for(lock) * 2 / 3 >= lock, "{lock}");
+    }
+    assert_eq!(session_ttl_ms_for(1_000), 15_000);
+    assert_eq!(session_ttl_ms_for(i64::MAX), i64::MAX);
+    // Nonsense never panics.
+    assert_eq!(lock_ttl_ms_for(Duration::MAX, 0.30), i64::MAX);
+    assert!(lock_ttl_ms_for(Duration::ZERO, 1.5) >= 10_000);
+}
+
+fn api(status: u16, code: ErrorCode) -> ClientError {
+    ClientError::Api {
+        status,
+        body: dlock_contract::ErrorBody {
+            code,
+            message: "test".into(),
+            retry_safe: false,
+            retry_after_millis: None,
+            details: None,
+            trace_id: String::new(),
+        },
+    }
+}
+
+#[test]
+fn each_refusal_ends_the_cycle_as_the_table_says() {
+    use CycleOutcome as O;
+    use ErrorCode as C;
+    use Step::*;
+    let transport = ClientError::Transport {
+        url: "http://x".into(),
+        message: "reset".into(),
+        connect: false,
+        timeout: true,
+    };
+    let table: Vec<(Step, ClientError, CycleOutcome)> = vec![
+        (Acquire, api(409, C::LockContended), O::Contended),
+        (Acquire, api(429, C::ContentionExceeded), O::Contended),
+        (Acquire, api(503, C::NotLeader), O::Unavailable),
+        (Acquire, transport.clone(), O::Unavailable),
+        (Claim, api(409, C::FencedOut), O::FencedOut),
+        (Claim, api(422, C::InsufficientFunds), O::Settled),
+        (Claim, api(409, C::PayoutNotClaimable), O::Pending),
+        (Claim, api(503, C::NotLeader), O::Unavailable),
+        (Submit, api(409, C::FencedOut), O::FencedOut),
+        (Submit, api(502, C::RailAmbiguous), O::Ambiguous),
+        (Submit, api(422, C::ValidationFailed), O::Settled),
+        (Submit, api(400, C::ValidationFailed), O::Unavailable),
+        (Submit, api(409, C::DuplicateSubmission), O::Pending),
+        (Submit, api(503, C::RailUnavailable), O::Unavailable),
+        (Submit, transport.clone(), O::Unavailable),
+        (Post, api(409, C::FencedOut), O::FencedOut),
+        (Post, api(409, C::PayoutNotClaimable), O::Pending),
+        (Post, api(422, C::InsufficientFunds), O::Unavailable),
+        (Post, transport, O::Unavailable),
+    ];
+    for (step, e, want) in table {
+        assert_eq!(outcome_of(step, &e), want, "{step:?} answered {e}");
+    }
+}
