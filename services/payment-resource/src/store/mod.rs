@@ -18,7 +18,7 @@ use crate::config::PgSettings;
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
     AbandonOutcome, AdvanceOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    FenceMove, FundOutcome, LowerOutcome, PostOutcome, ResolveOutcome,
+    FenceMove, FundOutcome, LowerOutcome, PostOutcome, Refusal, ResolveOutcome,
 };
 pub use writes::Audit;
 

@@ -29,6 +29,44 @@ pub(super) fn entry(
     }
 }
 
+/// Why a write on a payout changed nothing: the same three answers for a claim, a post, a
+/// cancel and a resolution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The account's fence is above the token (at or above it, for a claim or a cancel): a
+    /// newer holder exists. `account_id` is the payout's account.
+    FencedOut {
+        account_id: String,
+        fence: i64,
+    },
+    /// The payout is in another state than the write needs (`state`, as paydb has it).
+    NotClaimable {
+        state: Option<String>,
+    },
+    NotFound,
+}
+
+impl Refusal {
+    /// The refusal `outcome` names, with the columns it carries; any other text is unknown.
+    fn parse(
+        function: &str,
+        outcome: &str,
+        state: Option<String>,
+        account_id: String,
+        fence: Option<i64>,
+    ) -> StoreResult<Self> {
+        Ok(match outcome {
+            "fenced_out" => Self::FencedOut {
+                account_id,
+                fence: fence.unwrap_or_default(),
+            },
+            "not_claimable" => Self::NotClaimable { state },
+            "not_found" => Self::NotFound,
+            other => return Err(unknown(function, other)),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateAccountOutcome {
     Created,
@@ -113,14 +151,6 @@ pub enum ClaimOutcome {
         fence: i64,
         attempt_count: i32,
     },
-    /// The account's fence is at or above the token: a newer holder exists.
-    FencedOut {
-        account_id: String,
-        fence: i64,
-    },
-    NotClaimable {
-        state: Option<String>,
-    },
     /// Out of attempts: abandoned instead of claimed again.
     Abandoned {
         account_id: String,
@@ -132,7 +162,7 @@ pub enum ClaimOutcome {
         available_minor: Option<i64>,
         amount_minor: Option<i64>,
     },
-    NotFound,
+    Refused(Refusal),
 }
 
 /// The columns `pay_claim_bounded` (and `pay_claim_once` after its record's) returns.
@@ -159,11 +189,6 @@ impl ClaimRow {
                 attempt_count: self.attempt_count.ok_or_else(|| missing("attempt count"))?,
                 account_id,
             },
-            "fenced_out" => ClaimOutcome::FencedOut {
-                account_id,
-                fence: self.fence.unwrap_or_default(),
-            },
-            "not_claimable" => ClaimOutcome::NotClaimable { state: self.state },
             "abandoned" => ClaimOutcome::Abandoned {
                 account_id,
                 attempt_count: self.attempt_count.unwrap_or_default(),
@@ -173,8 +198,9 @@ impl ClaimRow {
                 available_minor: self.available_minor,
                 amount_minor: self.amount_minor,
             },
-            "not_found" => ClaimOutcome::NotFound,
-            other => return Err(unknown(function, other)),
+            other => ClaimOutcome::Refused(Refusal::parse(
+                function, other, self.state, account_id, self.fence,
+            )?),
         })
     }
 }
@@ -185,16 +211,9 @@ pub enum PostOutcome {
     Posted {
         balance_minor: i64,
     },
-    /// The account's fence is above the token: a newer holder exists.
-    FencedOut {
-        fence: i64,
-    },
-    NotClaimable {
-        state: Option<String>,
-    },
     /// The rail reference or the submission is not the one the rail acknowledged.
     ReferenceMismatch,
-    NotFound,
+    Refused(Refusal),
 }
 
 /// The columns `pay_post` (and `pay_post_once` after its record's) returns.
@@ -203,6 +222,7 @@ pub(super) struct PostRow {
     outcome: Option<String>,
     state: Option<String>,
     fence: Option<i64>,
+    account_id: Option<String>,
     balance_minor: Option<i64>,
 }
 
@@ -213,13 +233,14 @@ impl PostRow {
             "posted" => PostOutcome::Posted {
                 balance_minor: self.balance_minor.ok_or_else(|| missing("balance"))?,
             },
-            "fenced_out" => PostOutcome::FencedOut {
-                fence: self.fence.unwrap_or_default(),
-            },
-            "not_claimable" => PostOutcome::NotClaimable { state: self.state },
             "reference_mismatch" => PostOutcome::ReferenceMismatch,
-            "not_found" => PostOutcome::NotFound,
-            other => return Err(unknown(function, other)),
+            other => PostOutcome::Refused(Refusal::parse(
+                function,
+                other,
+                self.state,
+                self.account_id.unwrap_or_default(),
+                self.fence,
+            )?),
         })
     }
 }
@@ -232,14 +253,7 @@ pub enum AbandonOutcome {
         fence: i64,
         attempt_count: i32,
     },
-    FencedOut {
-        account_id: String,
-        fence: i64,
-    },
-    NotClaimable {
-        state: Option<String>,
-    },
-    NotFound,
+    Refused(Refusal),
 }
 
 #[derive(Debug, Clone, FromRow)]
@@ -260,13 +274,13 @@ impl AbandonRow {
                 fence: self.fence.ok_or_else(|| missing("fence"))?,
                 attempt_count: self.attempt_count.ok_or_else(|| missing("attempt count"))?,
             },
-            "fenced_out" => AbandonOutcome::FencedOut {
+            other => AbandonOutcome::Refused(Refusal::parse(
+                "pay_abandon",
+                other,
+                self.state,
                 account_id,
-                fence: self.fence.unwrap_or_default(),
-            },
-            "not_claimable" => AbandonOutcome::NotClaimable { state: self.state },
-            "not_found" => AbandonOutcome::NotFound,
-            other => return Err(unknown("pay_abandon", other)),
+                self.fence,
+            )?),
         })
     }
 }

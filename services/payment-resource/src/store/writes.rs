@@ -138,7 +138,7 @@ impl PayStore {
         submission_id: Uuid,
     ) -> StoreResult<PostOutcome> {
         let row: PostRow = sqlx::query_as(
-            "SELECT outcome, state, fence, balance_minor FROM pay_post($1, $2, $3, $4)",
+            "SELECT outcome, state, fence, account_id, balance_minor FROM pay_post($1, $2, $3, $4)",
         )
         .bind(payout_id)
         .bind(token)

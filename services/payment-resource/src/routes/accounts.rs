@@ -1,0 +1,274 @@
+//! Accounts: creation, P5 (an account with its ledger sum), and the operator's fence writes
+//! (a revocation floor, DESIGN D-8's recovery of a poisoned fence).
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::headers;
+use dlock_contract::http::json_response;
+use dlock_contract::json::Json;
+use dlock_contract::payment::{
+    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, OPERATOR_LEN_MAX, REASON_LEN_MAX,
+    REASON_LEN_MIN, SETTLEMENT_PREFIX,
+};
+use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::AppState;
+use super::checks::{
+    Checks, WriteHeaders, check_account_id, check_currency, check_text, checked_write, identity_of,
+};
+use super::errors::{account_not_found, missing, store_error};
+use super::idempotency::{Reply, idempotent};
+use crate::store::{
+    AdvanceOutcome, Audit, CreateAccountOutcome, FenceMove, LowerOutcome, PayStore,
+};
+
+pub(super) async fn create_account(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<CreateAccountRequest>,
+) -> Result<Response, ApiError> {
+    let write = checked_write(&headers, |checks| {
+        check_account_id(checks, "accountId", &body.account_id);
+        checks.check(
+            !body.account_id.starts_with(FUNDING_PREFIX)
+                && !body.account_id.starts_with(SETTLEMENT_PREFIX),
+            "accountId",
+            format!("{FUNDING_PREFIX}* and {SETTLEMENT_PREFIX}* are the system accounts' names"),
+        );
+        check_currency(checks, &body.currency);
+    })?;
+    let scope = state.scope("POST /v1/accounts".to_owned(), &write, 0, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        create_account_effect(conn, &body).await
+    }))
+}
+
+async fn create_account_effect(
+    conn: &mut PgConnection,
+    body: &CreateAccountRequest,
+) -> Result<Reply, ApiError> {
+    match PayStore::create_account(conn, &body.account_id, &body.currency)
+        .await
+        .map_err(store_error)?
+    {
+        CreateAccountOutcome::Created | CreateAccountOutcome::Exists => {}
+        CreateAccountOutcome::Conflict { currency } => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "account {} already exists with another currency or kind",
+                    body.account_id
+                ),
+            )
+            .with_details(json!({ "accountId": body.account_id, "currency": currency })));
+        }
+    }
+    let account = PayStore::account(conn, &body.account_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| missing("account"))?;
+    Reply::json(StatusCode::CREATED, &account)
+}
+
+pub(super) async fn get_account(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    check_account_id(&mut checks, "accountId", &account_id);
+    checks.done()?;
+    match state
+        .store
+        .read_account(&account_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(account) => Ok(json_response(StatusCode::OK, &account)),
+        None => Err(account_not_found(&account_id)),
+    }
+}
+
+pub(super) async fn advance_fence(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FenceRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("the fence advance")?;
+    let identity = identity_of(&caller);
+    let write = checked_write(&headers, |checks| {
+        check_account_id(checks, "accountId", &account_id);
+        checks.check(body.floor > 0, "floor", "must be a token greater than 0");
+        check_text(checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+        check_text(
+            checks,
+            "reason",
+            &body.reason,
+            REASON_LEN_MIN,
+            REASON_LEN_MAX,
+        );
+    })?;
+    let route = format!("POST /v1/accounts/{account_id}/fence");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        fence_effect(conn, &account_id, &body, &write, &identity).await
+    }))
+}
+
+async fn fence_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    body: &FenceRequest,
+    write: &WriteHeaders,
+    identity: &str,
+) -> Result<Reply, ApiError> {
+    let outcome = PayStore::advance_fence(
+        conn,
+        account_id,
+        body.floor,
+        body.operator.trim(),
+        body.reason.trim(),
+        body.revocation_id,
+        &write.owner_id,
+        identity,
+    )
+    .await
+    .map_err(store_error)?;
+    let AdvanceOutcome::Advanced(FenceMove {
+        previous_fence,
+        fence,
+    }) = outcome
+    else {
+        return Err(account_not_found(account_id));
+    };
+    tracing::warn!(
+        event = "fence_advanced",
+        account_id,
+        previous_fence,
+        fence,
+        revocation_id = %body.revocation_id,
+        operator = %body.operator.trim(),
+        identity,
+        owner = %write.owner_id,
+        "account fence advanced to a revocation floor"
+    );
+    Reply::json(
+        StatusCode::OK,
+        &FenceAdvanced {
+            account_id: account_id.to_owned(),
+            previous_fence,
+            fence,
+            revocation_id: body.revocation_id,
+            operator: body.operator.trim().to_owned(),
+            identity: identity.to_owned(),
+        },
+    )
+}
+
+/// DESIGN D-8 recovery: lowers a fence poisoned by a forged token to the token of the
+/// operator's own grant on `payout:{accountId}`. Operator only; needs proof keys, because only
+/// a proven grant shows that the lock server let the operator hold the key, i.e. that the
+/// previous holder's lock was revoked or had lapsed, and that the token is above every token
+/// issued before it. Recorded in `fence_recoveries` with the operator, the reason and the
+/// authenticated identity.
+pub(super) async fn lower_fence(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FenceLowerRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("lowering a fence")?;
+    let Some(keys) = &state.config.proof_keys else {
+        return Err(dlock_contract::proof::recovery_disabled());
+    };
+    let token = headers::fencing_token(&headers)?;
+    let write = checked_write(&headers, |checks| {
+        check_account_id(checks, "accountId", &account_id);
+        checks
+            .0
+            .extend(dlock_contract::proof::check_lower_request(&body));
+    })?;
+    keys.require(
+        &headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )?;
+    let identity = identity_of(&caller);
+    let route = format!("POST /v1/accounts/{account_id}/fence/lower");
+    let scope = state.scope(route, &write, token, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        lower_fence_effect(conn, &account_id, token, &body, &identity, &write).await
+    }))
+}
+
+async fn lower_fence_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    token: i64,
+    body: &FenceLowerRequest,
+    identity: &str,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    let audit = Audit {
+        operator: body.operator.trim(),
+        identity,
+        owner_id: &write.owner_id,
+        reason: body.reason.trim(),
+    };
+    let (moved, recovery_id, lowered) = match PayStore::lower_fence(conn, account_id, token, &audit)
+        .await
+        .map_err(store_error)?
+    {
+        LowerOutcome::Lowered { fence, recovery_id } => (fence, recovery_id, true),
+        LowerOutcome::Unchanged(fence) => (fence, None, false),
+        LowerOutcome::NotFound => return Err(account_not_found(account_id)),
+    };
+    if lowered {
+        tracing::warn!(
+            event = "fence_lowered",
+            account_id,
+            previous_fence = moved.previous_fence,
+            fence = moved.fence,
+            recovery_id,
+            operator = %audit.operator,
+            identity,
+            owner = %write.owner_id,
+            "an account fence poisoned by a forged token was lowered to the operator's grant"
+        );
+    }
+    Reply::json(
+        StatusCode::OK,
+        &FenceLowered {
+            account_id: account_id.to_owned(),
+            resource: "account".into(),
+            previous_token: moved.previous_fence,
+            token: moved.fence,
+            lowered,
+            recovery_id,
+        },
+    )
+}
+
+/// The answer of a fence advance: [`FenceResponse`] and who made it, as the audit row records
+/// it (the typed-in operator and the authenticated identity).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceAdvanced {
+    pub account_id: String,
+    pub previous_fence: i64,
+    /// `max(previousFence, floor)`.
+    pub fence: i64,
+    pub revocation_id: Uuid,
+    /// The body's operator, as typed.
+    pub operator: String,
+    /// What the caller's credential authenticated as; recorded beside the operator.
+    pub identity: String,
+}

@@ -1,0 +1,151 @@
+//! What every handler checks before anything is written: the field rules (one answer names
+//! every field at fault), the headers of a write, and who the caller is.
+
+use axum::http::HeaderMap;
+use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::headers;
+use dlock_contract::payment::{
+    ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, PayoutState, REFERENCE_LEN_MAX, account_id_is_valid,
+    currency_is_valid, reference_is_valid,
+};
+use uuid::Uuid;
+
+/// Collects field errors so one answer names every field at fault.
+#[derive(Default)]
+pub(super) struct Checks(pub(super) Vec<FieldError>);
+
+impl Checks {
+    pub(super) fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.0.push(e);
+                None
+            }
+        }
+    }
+
+    pub(super) fn check(&mut self, ok: bool, field: &str, reason: impl Into<String>) {
+        if !ok {
+            self.0.push(FieldError::new(field, reason));
+        }
+    }
+
+    pub(super) fn done(self) -> Result<(), ApiError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::validation(self.0))
+        }
+    }
+}
+
+/// Unwraps values that [`Checks::done`] has proved present.
+pub(super) fn present<T>(value: Option<T>) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::internal("a checked value was missing"))
+}
+
+pub(super) fn check_account_id(checks: &mut Checks, field: &str, id: &str) {
+    checks.check(
+        account_id_is_valid(id),
+        field,
+        format!("must be 1 to {ACCOUNT_ID_LEN_MAX} characters of [a-zA-Z0-9:._-]"),
+    );
+}
+
+pub(super) fn check_amount(checks: &mut Checks, amount: i64) {
+    checks.check(
+        (1..=AMOUNT_MINOR_MAX).contains(&amount),
+        "amountMinor",
+        format!(
+            "must be an integer number of minor units from 1 to {AMOUNT_MINOR_MAX}, got {amount}"
+        ),
+    );
+}
+
+pub(super) fn check_currency(checks: &mut Checks, currency: &str) {
+    checks.check(
+        currency_is_valid(currency),
+        "currency",
+        format!("must be an active ISO 4217 code in upper case (EUR, USD, ...), got {currency:?}"),
+    );
+}
+
+pub(super) fn check_reference(checks: &mut Checks, field: &str, text: &str) {
+    checks.check(
+        reference_is_valid(text),
+        field,
+        format!("must be 1 to {REFERENCE_LEN_MAX} visible ASCII characters without spaces"),
+    );
+}
+
+pub(super) fn check_text(checks: &mut Checks, field: &str, text: &str, min: usize, max: usize) {
+    let chars = text.trim().chars().count();
+    checks.check(
+        (min..=max).contains(&chars) && !text.chars().any(char::is_control),
+        field,
+        format!("must be {min} to {max} characters without control characters, got {chars}"),
+    );
+}
+
+/// A claim or a cancel expects its payout PENDING or CLAIMED; `reason` says why to the caller.
+pub(super) fn check_expected_state(checks: &mut Checks, expected: PayoutState, reason: &str) {
+    checks.check(
+        matches!(expected, PayoutState::Pending | PayoutState::Claimed),
+        "expectedState",
+        reason,
+    );
+}
+
+pub(super) fn path_payout(checks: &mut Checks, text: &str) -> Option<Uuid> {
+    checks.take(Uuid::parse_str(text).map_err(|_| FieldError::new("payoutId", "must be a UUID")))
+}
+
+/// The headers every write carries.
+pub(super) struct WriteHeaders {
+    pub(super) owner_id: String,
+    pub(super) key: String,
+}
+
+pub(super) fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<WriteHeaders> {
+    let owner_id = checks.take(headers::owner_id(headers));
+    let key = checks.take(headers::idempotency_key(headers));
+    Some(WriteHeaders {
+        owner_id: owner_id?,
+        key: key?,
+    })
+}
+
+/// What the caller's credential authenticated as, for the audit rows (issue 13, item 13).
+pub(super) fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+    caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
+}
+
+/// The checks of a write: its headers, then what `body` checks. Nothing is written unless all
+/// pass; the answer names every field at fault.
+pub(super) fn checked_write(
+    headers: &HeaderMap,
+    body: impl FnOnce(&mut Checks),
+) -> Result<WriteHeaders, ApiError> {
+    let mut checks = Checks::default();
+    let write = write_headers(&mut checks, headers);
+    body(&mut checks);
+    checks.done()?;
+    present(write)
+}
+
+/// [`checked_write`] for a write on the payout of the path.
+pub(super) fn checked_payout_write(
+    headers: &HeaderMap,
+    path: &str,
+    body: impl FnOnce(&mut Checks),
+) -> Result<(WriteHeaders, Uuid), ApiError> {
+    let mut payout_id = None;
+    let write = checked_write(headers, |checks| {
+        payout_id = path_payout(checks, path);
+        body(checks);
+    })?;
+    Ok((write, present(payout_id)?))
+}

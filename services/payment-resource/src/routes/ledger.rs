@@ -1,0 +1,154 @@
+//! The writes that post to the double-entry ledger: funding a customer account, and P3, a
+//! payout the rail acknowledged posted with its two entries.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::headers;
+use dlock_contract::json::Json;
+use dlock_contract::payment::{
+    FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
+};
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::AppState;
+use super::checks::{
+    WriteHeaders, check_account_id, check_amount, check_reference, checked_payout_write,
+    checked_write,
+};
+use super::errors::{PayoutWrite, account_not_found, refused, store_error};
+use super::idempotency::{Reply, idempotent};
+use super::payouts::prove;
+use crate::metrics::Resource;
+use crate::store::{FundOutcome, PayStore, PostOutcome};
+
+pub(super) async fn fund(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FundRequest>,
+) -> Result<Response, ApiError> {
+    let write = checked_write(&headers, |checks| {
+        check_account_id(checks, "accountId", &account_id);
+        check_amount(checks, body.amount_minor);
+        check_reference(checks, "reference", &body.reference);
+    })?;
+    let route = format!("POST /v1/accounts/{account_id}/fund");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        fund_effect(conn, &account_id, &body).await
+    }))
+}
+
+async fn fund_effect(
+    conn: &mut PgConnection,
+    account_id: &str,
+    body: &FundRequest,
+) -> Result<Reply, ApiError> {
+    let outcome = PayStore::fund(conn, account_id, body.amount_minor, &body.reference)
+        .await
+        .map_err(store_error)?;
+    let balance_minor = match outcome {
+        FundOutcome::Funded { balance_minor } | FundOutcome::Exists { balance_minor } => {
+            balance_minor
+        }
+        FundOutcome::Conflict => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                "this funding reference was already used for another account or amount",
+            )
+            .with_details(json!({ "reference": body.reference })));
+        }
+        FundOutcome::NotFound => return Err(account_not_found(account_id)),
+        FundOutcome::NotCustomer => {
+            return Err(ApiError::field(
+                "accountId",
+                "is a system account; only customer accounts are funded",
+            ));
+        }
+    };
+    let entries = PayStore::entries(conn, &format!("fund:{}", body.reference), false)
+        .await
+        .map_err(store_error)?;
+    Reply::json(
+        StatusCode::OK,
+        &FundResponse {
+            account_id: account_id.to_owned(),
+            reference: body.reference.clone(),
+            entries,
+            balance_minor,
+        },
+    )
+}
+
+pub(super) async fn post_payout(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<PostRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+        check_reference(checks, "railReference", &body.rail_reference);
+    })?;
+    prove(&state, &headers, payout_id, token).await?;
+    let route = format!("POST /v1/payouts/{payout_id}/post");
+    let scope = state.scope(route, &write, token, &body, true)?;
+    // One round trip: the idempotency record, the post and its entries in one call (paydb 0007).
+    let post = |tx, wait| {
+        let (reference, submission) = (&body.rail_reference, body.submission_id);
+        PayStore::post_once(tx, &scope, wait, payout_id, reference, submission)
+    };
+    let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
+        post_effect(&state, outcome, entries, payout_id, token, &write)
+    };
+    Ok(state.once(&scope, post, answer).await)
+}
+
+fn post_effect(
+    state: &AppState,
+    outcome: PostOutcome,
+    entries: Vec<LedgerEntry>,
+    payout_id: Uuid,
+    token: i64,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    match outcome {
+        PostOutcome::Posted { balance_minor } => {
+            tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
+            Reply::json(
+                StatusCode::OK,
+                &PostResponse {
+                    payout_id,
+                    state: PayoutState::Posted,
+                    entries,
+                    balance_minor,
+                },
+            )
+        }
+        PostOutcome::ReferenceMismatch => Err(ApiError::validation(vec![
+            FieldError::new(
+                "railReference",
+                "must match what the rail acknowledged for this payout",
+            ),
+            FieldError::new(
+                "submissionId",
+                "must match the submission the rail acknowledged",
+            ),
+        ])),
+        PostOutcome::Refused(refusal) => Err(refused(
+            state,
+            refusal,
+            &PayoutWrite {
+                resource: Resource::ledger,
+                payout_id,
+                token,
+                wanted: "RAIL_ACKED",
+                write,
+            },
+        )),
+    }
+}

@@ -1,0 +1,108 @@
+//! The HTTP surface: P1–P5, the writes around them (DESIGN §9) and the health endpoints.
+//!
+//! Every write follows one shape: validate everything (nothing is written for bad input), open
+//! the transaction and claim the idempotency record in it, run the effect (one paydb function),
+//! store the answer in the same transaction, commit, and send exactly the stored bytes.
+
+mod accounts;
+mod checks;
+mod cursor;
+mod errors;
+mod idempotency;
+mod ledger;
+mod payouts;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
+use dlock_contract::json::Json;
+use serde_json::json;
+
+use crate::config::PaymentConfig;
+use crate::metrics::Metrics;
+use crate::store::PayStore;
+pub use accounts::FenceAdvanced;
+use accounts::{advance_fence, create_account, get_account, lower_fence};
+pub use idempotency::{REPLAY_HEADER, Reply};
+use ledger::{fund, post_payout};
+pub use payouts::Resolved;
+use payouts::{cancel, claim, create_payout, get_payout, list_payouts, resolve};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: PayStore,
+    pub config: Arc<PaymentConfig>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn new(store: PayStore, config: Arc<PaymentConfig>) -> Self {
+        Self {
+            store,
+            config,
+            metrics: Metrics::new(),
+        }
+    }
+}
+
+pub fn app(state: AppState) -> Router {
+    let limits = state.config.http;
+    let routes = Router::new()
+        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts/{account_id}", get(get_account))
+        .route("/v1/accounts/{account_id}/fund", post(fund))
+        .route("/v1/accounts/{account_id}/fence", post(advance_fence))
+        .route("/v1/accounts/{account_id}/fence/lower", post(lower_fence))
+        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route("/v1/payouts/{payout_id}", get(get_payout))
+        .route("/v1/payouts/{payout_id}/claim", post(claim))
+        .route("/v1/payouts/{payout_id}/post", post(post_payout))
+        .route("/v1/payouts/{payout_id}/resolve", post(resolve))
+        .route("/v1/payouts/{payout_id}/cancel", post(cancel))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route(
+            dlock_contract::openapi::PATH,
+            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
+        )
+        .with_state(state.clone());
+    let routes = state.config.auth.protect(routes);
+    dlock_contract::http::finish(routes, limits)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health and metrics
+// ---------------------------------------------------------------------------------------------
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.ready().await {
+        Ok(()) => json_response(StatusCode::OK, &json!({ "status": "ready" })),
+        Err(error) => {
+            tracing::warn!(event = "not_ready", %error, "paydb check failed");
+            ApiError::new(
+                ErrorCode::NotLeader,
+                "paydb is not ready for writes; this replica should not receive traffic",
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}

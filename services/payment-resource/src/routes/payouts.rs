@@ -1,0 +1,454 @@
+//! Payouts: registration, P1 and P4, P2's claim, and the operator's writes on a payout (the
+//! resolution of an ambiguous one, the cancel of one that never reached the rail).
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::headers;
+use dlock_contract::http::json_response;
+use dlock_contract::json::Json;
+use dlock_contract::payment::{
+    CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
+    OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, REASON_LEN_MIN, Resolution, ResolveRequest,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::AppState;
+use super::checks::{
+    Checks, WriteHeaders, check_account_id, check_amount, check_currency, check_expected_state,
+    check_reference, check_text, checked_payout_write, checked_write, identity_of, path_payout,
+    present,
+};
+use super::cursor::{ListQuery, query_error};
+use super::errors::{
+    PayoutWrite, account_not_found, missing, not_claimable, payout_not_found, refused, store_error,
+};
+use super::idempotency::{Reply, idempotent};
+use crate::metrics::Resource;
+use crate::store::{
+    AbandonOutcome, Audit, ClaimOutcome, CreatePayoutOutcome, PayStore, ResolveOutcome,
+};
+
+pub(super) async fn create_payout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<CreatePayoutRequest>,
+) -> Result<Response, ApiError> {
+    let write = checked_write(&headers, |checks| {
+        check_account_id(checks, "accountId", &body.account_id);
+        check_amount(checks, body.amount_minor);
+        check_currency(checks, &body.currency);
+        check_reference(checks, "beneficiaryRef", &body.beneficiary_ref);
+    })?;
+    let scope = state.scope("POST /v1/payouts".to_owned(), &write, 0, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        create_payout_effect(conn, &body).await
+    }))
+}
+
+async fn create_payout_effect(
+    conn: &mut PgConnection,
+    body: &CreatePayoutRequest,
+) -> Result<Reply, ApiError> {
+    let outcome = PayStore::create_payout(
+        conn,
+        body.payout_id,
+        &body.account_id,
+        body.amount_minor,
+        &body.currency,
+        &body.beneficiary_ref,
+    )
+    .await
+    .map_err(store_error)?;
+    match outcome {
+        CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
+        CreatePayoutOutcome::Conflict => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "payout {} already exists with a different body",
+                    body.payout_id
+                ),
+            )
+            .with_details(json!({ "payoutId": body.payout_id })));
+        }
+        CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&body.account_id)),
+        CreatePayoutOutcome::CurrencyMismatch => {
+            return Err(ApiError::field(
+                "currency",
+                "differs from the account's currency",
+            ));
+        }
+    }
+    let payout = PayStore::payout(conn, body.payout_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| missing("payout"))?;
+    Reply::json(StatusCode::CREATED, &payout)
+}
+
+pub(super) async fn list_payouts(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(query_error)?;
+    let page = query.check()?;
+    let items = state
+        .store
+        .list_payouts(
+            page.state,
+            page.account_id.as_deref(),
+            page.limit,
+            page.after,
+        )
+        .await
+        .map_err(store_error)?;
+    Ok(json_response(StatusCode::OK, &page.answer(items)))
+}
+
+pub(super) async fn get_payout(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let mut checks = Checks::default();
+    let payout_id = path_payout(&mut checks, &payout_id);
+    checks.done()?;
+    let payout_id = present(payout_id)?;
+    match state
+        .store
+        .read_payout(payout_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(payout) => Ok(json_response(StatusCode::OK, &payout)),
+        None => Err(payout_not_found(payout_id)),
+    }
+}
+
+/// DESIGN D-8: with proof keys configured, a claim or post must carry the lock server's proof of
+/// its token on `payout:{accountId}` of the payout's account. Checked before the idempotency
+/// record and before any fence, so a refused write leaves nothing behind. A payout that does
+/// not exist is 404, as the write itself would answer.
+pub(super) async fn prove(
+    state: &AppState,
+    headers: &HeaderMap,
+    payout_id: Uuid,
+    token: i64,
+) -> Result<(), ApiError> {
+    let Some(keys) = &state.config.proof_keys else {
+        return Ok(());
+    };
+    let account_id = state
+        .store
+        .payout_account(payout_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| payout_not_found(payout_id))?;
+    keys.require(
+        headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )
+}
+
+pub(super) async fn claim(
+    State(state): State<AppState>,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<ClaimRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+        check_expected_state(
+            checks,
+            body.expected_state,
+            "must be PENDING, or CLAIMED for a recovery re-claim",
+        );
+    })?;
+    prove(&state, &headers, payout_id, token).await?;
+    let route = format!("POST /v1/payouts/{payout_id}/claim");
+    let scope = state.scope(route, &write, token, &body, false)?;
+    let max_attempts = state.config.max_attempts;
+    let expected = body.expected_state;
+    // One round trip: the idempotency record and the claim in one call (paydb 0007).
+    let claim =
+        |tx, wait| PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts);
+    let answer = |outcome| claim_effect(&state, outcome, payout_id, token, expected, &write);
+    Ok(state.once(&scope, claim, answer).await)
+}
+
+fn claim_effect(
+    state: &AppState,
+    outcome: ClaimOutcome,
+    payout_id: Uuid,
+    token: i64,
+    expected_state: PayoutState,
+    write: &WriteHeaders,
+) -> Result<Reply, ApiError> {
+    match outcome {
+        ClaimOutcome::Claimed {
+            account_id,
+            claim_token,
+            fence,
+            attempt_count,
+        } => {
+            let response = ClaimResponse {
+                payout_id,
+                state: PayoutState::Claimed,
+                claim_token,
+                account_fence: fence,
+                attempt_count,
+                idempotency_key: write.key.clone(),
+            };
+            tracing::info!(event = "payout_claimed", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count = response.attempt_count, "payout claimed");
+            Reply::json(StatusCode::OK, &response)
+        }
+        ClaimOutcome::Abandoned {
+            account_id,
+            attempt_count,
+        } => {
+            tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, attempt_count, cause = "attempts_exhausted", "a payout out of attempts was abandoned instead of claimed again");
+            Err(attempts_exhausted(payout_id, attempt_count, expected_state))
+        }
+        ClaimOutcome::InsufficientFunds {
+            account_id,
+            available_minor,
+            amount_minor,
+        } => {
+            tracing::info!(event = "payout_insufficient_funds", %payout_id, account_id = %account_id, owner = %write.owner_id, "claim refused for insufficient funds; payout FAILED");
+            Err(insufficient_funds(json!({
+                "payoutId": payout_id,
+                "accountId": account_id,
+                "state": PayoutState::Failed,
+                "availableMinor": available_minor,
+                "amountMinor": amount_minor,
+            })))
+        }
+        ClaimOutcome::Refused(refusal) => Err(refused(
+            state,
+            refusal,
+            &PayoutWrite {
+                resource: Resource::account,
+                payout_id,
+                token,
+                wanted: expected_state.as_str(),
+                write,
+            },
+        )),
+    }
+}
+
+/// A claim that found the account's available balance short: the payout is FAILED.
+fn insufficient_funds(details: serde_json::Value) -> ApiError {
+    ApiError::new(
+        ErrorCode::InsufficientFunds,
+        "the account's available balance (balance minus holds) does not cover the payout; it is now FAILED",
+    )
+    .with_details(details)
+}
+
+/// A claim that found its payout out of attempts: it abandoned it instead.
+fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutState) -> ApiError {
+    ApiError::new(
+                ErrorCode::PayoutNotClaimable,
+                format!(
+                    "payout {payout_id} was claimed {attempts} times, the most this service allows (payment.payout.max-attempts); it is now ABANDONED and nothing will pay it, retrying changes nothing"
+                ),
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "state": PayoutState::Abandoned,
+                "requiredState": expected_state.as_str(),
+                "attemptCount": attempts,
+                "cause": "attempts_exhausted",
+            }))
+}
+
+pub(super) async fn resolve(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<ResolveRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("resolution")?;
+    let identity = identity_of(&caller);
+    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+        match (&body.outcome, &body.rail_reference) {
+            (_, Some(reference)) => check_reference(checks, "railReference", reference),
+            (Resolution::Posted, None) => checks.check(
+                false,
+                "railReference",
+                "is required to resolve POSTED: the rail's statement names the transfer",
+            ),
+            (Resolution::Failed, None) => {}
+        }
+        check_text(checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+        check_text(checks, "evidence", &body.evidence, 1, REASON_LEN_MAX);
+    })?;
+    let route = format!("POST /v1/payouts/{payout_id}/resolve");
+    let scope = state.scope(route, &write, 0, &body, true)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        resolve_effect(conn, payout_id, &body, &write, &identity).await
+    }))
+}
+
+async fn resolve_effect(
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    body: &ResolveRequest,
+    write: &WriteHeaders,
+    identity: &str,
+) -> Result<Reply, ApiError> {
+    let outcome = match body.outcome {
+        Resolution::Posted => PayoutState::Posted,
+        Resolution::Failed => PayoutState::Failed,
+    };
+    let resolved = PayStore::resolve(
+        conn,
+        payout_id,
+        outcome,
+        body.rail_reference.as_deref(),
+        body.operator.trim(),
+        body.evidence.trim(),
+        &write.owner_id,
+        identity,
+    )
+    .await
+    .map_err(store_error)?;
+    match resolved {
+        ResolveOutcome::Resolved {
+            state,
+            balance_minor,
+        } => {
+            let entries = if outcome == PayoutState::Posted {
+                PayStore::entries(conn, &format!("payout:{payout_id}"), true)
+                    .await
+                    .map_err(store_error)?
+            } else {
+                Vec::new()
+            };
+            tracing::warn!(event = "rail_ambiguous_resolved", %payout_id, outcome = outcome.as_str(), operator = %body.operator.trim(), identity, owner = %write.owner_id, "an ambiguous payout was resolved out of band");
+            Reply::json(
+                StatusCode::OK,
+                &Resolved {
+                    payout_id,
+                    state,
+                    entries,
+                    balance_minor,
+                    operator: body.operator.trim().to_owned(),
+                    identity: identity.to_owned(),
+                },
+            )
+        }
+        ResolveOutcome::NotClaimable { state } => {
+            Err(not_claimable(payout_id, state.as_deref(), "RAIL_AMBIGUOUS"))
+        }
+        ResolveOutcome::NotFound => Err(payout_not_found(payout_id)),
+    }
+}
+
+/// The answer of a resolution: [`ResolveResponse`] and who made it.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resolved {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    /// Two rows when resolved POSTED, none when FAILED.
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+    pub operator: String,
+    pub identity: String,
+}
+
+/// Not in C3 (its tables stop at P5): DESIGN §2's `cancel` transition, PENDING | CLAIMED →
+/// ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a grant on
+/// `payout:{accountId}`, with its proof when proof keys are configured): strict `fence < token`,
+/// the fence advances, so no older holder can act on the payout afterwards. paydb refuses it
+/// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(payout_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<CancelRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_operator("cancelling a payout")?;
+    let token = headers::fencing_token(&headers)?;
+    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+        check_expected_state(
+            checks,
+            body.expected_state,
+            "must be PENDING or CLAIMED: only a payout that never reached the rail can be cancelled",
+        );
+        check_text(checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
+        check_text(
+            checks,
+            "reason",
+            &body.reason,
+            REASON_LEN_MIN,
+            REASON_LEN_MAX,
+        );
+    })?;
+    prove(&state, &headers, payout_id, token).await?;
+    let identity = identity_of(&caller);
+    let route = format!("POST /v1/payouts/{payout_id}/cancel");
+    let scope = state.scope(route, &write, token, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| {
+        cancel_effect(&state, conn, payout_id, token, &body, &write, &identity).await
+    }))
+}
+
+async fn cancel_effect(
+    state: &AppState,
+    conn: &mut PgConnection,
+    payout_id: Uuid,
+    token: i64,
+    body: &CancelRequest,
+    write: &WriteHeaders,
+    identity: &str,
+) -> Result<Reply, ApiError> {
+    let audit = Audit {
+        operator: body.operator.trim(),
+        identity,
+        owner_id: &write.owner_id,
+        reason: body.reason.trim(),
+    };
+    let outcome = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
+        .await
+        .map_err(store_error)?;
+    match outcome {
+        AbandonOutcome::Abandoned {
+            account_id,
+            fence,
+            attempt_count,
+        } => {
+            let response = Cancelled {
+                payout_id,
+                state: PayoutState::Abandoned,
+                account_fence: fence,
+                attempt_count,
+                operator: audit.operator.to_owned(),
+                identity: identity.to_owned(),
+            };
+            tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, operator = %audit.operator, identity, cause = "cancelled", "a payout was cancelled; it is ABANDONED and nothing will pay it");
+            Reply::json(StatusCode::OK, &response)
+        }
+        AbandonOutcome::Refused(refusal) => Err(refused(
+            state,
+            refusal,
+            &PayoutWrite {
+                resource: Resource::account,
+                payout_id,
+                token,
+                wanted: body.expected_state.as_str(),
+                write,
+            },
+        )),
+    }
+}
