@@ -284,11 +284,13 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
     );
 }
 
-/// A PayoutBatch of `items` payouts, each as large as the schema allows.
+/// A PayoutBatch of `items` payouts, each as large as the schema allows (and the contract's
+/// validator, which the operator applies before it writes the manifest).
 fn largest_batch(name: &str, items: usize) -> String {
-    let long = |prefix: &str, i: usize| {
+    use dlock_contract::payment::{ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, REFERENCE_LEN_MAX};
+    let long = |prefix: &str, i: usize, len: usize| {
         let mut s = format!("{prefix}-{i:05}-");
-        while s.len() < 128 {
+        while s.len() < len {
             s.push('x');
         }
         s
@@ -298,10 +300,10 @@ fn largest_batch(name: &str, items: usize) -> String {
     );
     for i in 0..items {
         yaml.push_str(&format!(
-            "    - key: {}\n      accountId: {}\n      amountMinor: 9223372036854775807\n      currency: EUR\n      beneficiaryRef: {}\n",
-            long("k", i),
-            long("a", i),
-            long("b", i)
+            "    - key: {}\n      accountId: {}\n      amountMinor: {AMOUNT_MINOR_MAX}\n      currency: EUR\n      beneficiaryRef: {}\n",
+            long("k", i, dlock_contract::payout_batch::KEY_LEN_MAX),
+            long("a", i, ACCOUNT_ID_LEN_MAX),
+            long("b", i, REFERENCE_LEN_MAX)
         ));
     }
     yaml

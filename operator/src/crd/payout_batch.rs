@@ -32,10 +32,11 @@ pub struct PayoutBatchSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub workers: Option<i32>,
-    /// At most 500, a limit that holds for any valid item: the largest item (three 128-character
-    /// strings and an int64) is about 475 bytes of JSON, so 500 of them stay under the 256 KiB
-    /// that client-side `kubectl apply` may keep in its last-applied annotation, and the
-    /// manifest ConfigMap stays far under its 1 MiB. Larger runs are several batches.
+    /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
+    /// strings, a 64-character account id and a 16-digit amount) is about 415 bytes of JSON, so
+    /// 500 of them stay under the 256 KiB that client-side `kubectl apply` may keep in its
+    /// last-applied annotation, and the manifest ConfigMap stays far under its 1 MiB. Larger runs
+    /// are several batches.
     #[schemars(length(min = 1, max = 500))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
     pub payouts: Vec<PayoutItem>,

@@ -45,7 +45,8 @@ pub fn idempotency_key(payout_id: Uuid) -> String {
 }
 
 // One payout of a batch. (No doc comment: the CRD schema would carry it as the items'
-// description.) The schema bounds are coarse; [`validate`] applies the contract's rules.
+// description.) The schema's bounds are the contract's lengths and amount range, so the API server
+// admits no item longer than `validate` allows; the character rules are `validate`'s alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -53,9 +54,9 @@ pub struct PayoutItem {
     /// Unique within the batch.
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = KEY_LEN_MAX)))]
     pub key: String,
-    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 128)))]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = crate::payment::ACCOUNT_ID_LEN_MAX)))]
     pub account_id: String,
-    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = AMOUNT_MINOR_MAX)))]
     pub amount_minor: i64,
     #[cfg_attr(feature = "schemars", schemars(regex(pattern = r"^[A-Z]{3}$")))]
     pub currency: String,
