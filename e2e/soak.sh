@@ -4,7 +4,7 @@
 # speed (rail latency 0, as the payouts benchmark) for DLOCK_SOAK_SECONDS (default 600).
 #
 # Every DLOCK_SOAK_SAMPLE_SECONDS (default 30) it samples each service's RSS (/proc/<pid>/status
-# VmRSS) and, from paydb, the payouts POSTED in that window: throughput, and the latency p50/p99
+# VmRSS), the machine's 1-minute load average (the cores may be shared) and, from paydb, the payouts POSTED in that window: throughput, and the latency p50/p99
 # of each payout from its claim (the first claim's idempotency record) to its post (the POSTED
 # transition). At the end it prints the table, the drift (last window vs first: RSS ratio per
 # service, p99 ratio, throughput ratio) and the invariant figures (double payments on the rail
@@ -125,7 +125,7 @@ for l in $(seq 1 "$EXECUTORS"); do
   LANES+=($!)
 done
 
-rss() { awk '/^VmRSS:/ {print int($2 / 1024)}' "/proc/$1/status" 2>/dev/null || echo 0; }
+rss() { awk '/^VmRSS:/ {printf "%.1f\n", $2 / 1024}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 window() { # from to (epoch seconds): posted p50_ms p99_ms
   sql "WITH w AS (
@@ -141,8 +141,8 @@ window() { # from to (epoch seconds): posted p50_ms p99_ms
 }
 
 TABLE=(); RATES=(); P99S=(); MEMS=()
-header=$(printf '| %7s | %9s | %7s | %7s | %7s | %11s | %11s | %11s | %11s |' \
-  "t (s)" "payouts/s" "posted" "p50 ms" "p99 ms" "lock MiB" "payment MiB" "proxy MiB" "stub MiB")
+header=$(printf '| %7s | %9s | %7s | %7s | %7s | %11s | %11s | %11s | %11s | %7s |' \
+  "t (s)" "payouts/s" "posted" "p50 ms" "p99 ms" "lock MiB" "payment MiB" "proxy MiB" "stub MiB" "load 1m")
 START=$(date +%s)
 from=$START
 echo "$header" >&2
@@ -154,8 +154,9 @@ while [ "$from" -lt "$END" ]; do
   rate=$(awk -v n="$posted" -v s="$span" 'BEGIN { printf "%.1f", n / s }')
   mem=()
   for s in "${SERVICES[@]}"; do mem+=("$(rss "${PIDS[$s]}")"); done
-  row=$(printf '| %7d | %9s | %7d | %7s | %7s | %11s | %11s | %11s | %11s |' \
-    $((to - START)) "$rate" "$posted" "$p50" "$p99" "${mem[0]}" "${mem[1]}" "${mem[2]}" "${mem[3]}")
+  load=$(cut -d ' ' -f 1 /proc/loadavg)
+  row=$(printf '| %7d | %9s | %7d | %7s | %7s | %11s | %11s | %11s | %11s | %7s |' \
+    $((to - START)) "$rate" "$posted" "$p50" "$p99" "${mem[0]}" "${mem[1]}" "${mem[2]}" "${mem[3]}" "$load")
   TABLE+=("$row"); RATES+=("$rate"); P99S+=("$p99"); MEMS+=("${mem[*]}")
   echo "$row" >&2
   from=$to
