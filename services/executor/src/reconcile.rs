@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use dlock_contract::rail::read_statement;
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -94,9 +93,7 @@ impl Findings {
 }
 
 pub async fn connect(paydb_url: &str) -> Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(1))
+    dlock_server::pg::pool_options(2, Duration::from_secs(1))
         .connect(paydb_url)
         .await
         .context("connecting to paydb")

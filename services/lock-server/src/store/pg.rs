@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
@@ -14,9 +14,6 @@ use super::{
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb");
-
-/// A pooled connection idle this long is pinged before it is used.
-const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct PgSettings {
@@ -126,24 +123,7 @@ impl PgStore {
             .url
             .parse()
             .map_err(|e| anyhow::anyhow!("lock.pg.url is not a PostgreSQL URL: {e}"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.pool_max)
-            .acquire_timeout(settings.acquire_timeout)
-            // sqlx pings a connection before handing it out: one more round trip in front of
-            // every call (0.2 ms of a 0.25 ms `SELECT 1` here). It pings again when the
-            // connection comes back, which catches one broken in use. What is left to catch is a
-            // connection cut while idle (a restarted or failed-over primary): only one idle for
-            // longer than IDLE_PING_AFTER is pinged. A cut one that slips through fails its call
-            // with an I/O error, NOT_LEADER (nothing happened, retry), and is dropped.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING_AFTER {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
+        let pool = dlock_server::pg::pool_options(settings.pool_max, settings.acquire_timeout)
             .connect_lazy_with(options.application_name("dlock-lock-server"));
         if settings.migrate {
             MIGRATOR.run(&pool).await.map_err(|e| {

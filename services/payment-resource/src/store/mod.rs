@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use dlock_contract::payment::{
     Account, AccountKind, LedgerEntry, Payout, PayoutState, PayoutSummary, SubmissionSummary,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -163,9 +163,7 @@ impl PayStore {
             .url
             .parse()
             .map_err(|e| anyhow::anyhow!("payment.pg.url is not a PostgreSQL URL: {e}"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.pool_max)
-            .acquire_timeout(settings.acquire_timeout)
+        let pool = dlock_server::pg::pool_options(settings.pool_max, settings.acquire_timeout)
             .connect_lazy_with(options.application_name("dlock-payment-resource"));
         if settings.migrate {
             MIGRATOR.run(&pool).await.map_err(|e| {

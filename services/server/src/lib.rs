@@ -1,0 +1,3 @@
+//! What only the dlock services need (the clients' side lives in `dlock-contract`).
+
+pub mod pg;
