@@ -488,17 +488,26 @@ pub async fn reconcile(args: ReconcileArgs) -> Result<std::process::ExitCode> {
     })
 }
 
-#[derive(Debug, Args)]
-pub struct ResolveArgs {
+/// What a resolution decides, as `dlock resolve` and `kubectl dlock resolve` both take it.
+#[derive(Debug, Clone, Args)]
+pub struct Decision {
+    /// The RAIL_AMBIGUOUS payout (`kubectl dlock status` lists them).
     pub payout_id: Uuid,
     /// The rail did pay it: post it with the rail's reference.
     #[arg(long, conflicts_with = "failed", requires = "rail_reference")]
     pub posted: bool,
-    /// The rail did not pay it: fail it and release its hold.
-    #[arg(long)]
+    /// The rail did not pay it: fail it and release its hold (needs --evidence).
+    #[arg(long, requires = "evidence")]
     pub failed: bool,
+    /// The rail's reference of the transfer (from its statement).
     #[arg(long)]
     pub rail_reference: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub decision: Decision,
     #[arg(long)]
     pub operator: String,
     /// What the decision rests on (a statement line, a rail ticket).
@@ -511,7 +520,7 @@ pub struct ResolveArgs {
 }
 
 pub async fn resolve(args: ResolveArgs) -> Result<()> {
-    let outcome = match (args.posted, args.failed) {
+    let outcome = match (args.decision.posted, args.decision.failed) {
         (true, false) => Resolution::Posted,
         (false, true) => Resolution::Failed,
         _ => bail!("say --posted --rail-reference R or --failed"),
@@ -520,18 +529,18 @@ pub async fn resolve(args: ResolveArgs) -> Result<()> {
         .as_operator(&args.operator_token);
     let body = ResolveRequest {
         outcome,
-        rail_reference: args.rail_reference.clone(),
+        rail_reference: args.decision.rail_reference.clone(),
         operator: args.operator.clone(),
         evidence: args.evidence.clone(),
     };
     let resolved = payment
         .resolve(
-            args.payout_id,
-            &format!("resolve-{}", args.payout_id),
+            args.decision.payout_id,
+            &format!("resolve-{}", args.decision.payout_id),
             &body,
         )
         .await
-        .with_context(|| format!("resolving {}", args.payout_id))?;
+        .with_context(|| format!("resolving {}", args.decision.payout_id))?;
     println!(
         "payout {} is {} ({} ledger entries; balance {})",
         resolved.payout_id,

@@ -23,7 +23,6 @@ use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::Serialize;
-use uuid::Uuid;
 
 mod batch;
 mod resolve;
@@ -126,17 +125,8 @@ pub struct RevokeArgs {
 
 #[derive(Debug, Args)]
 pub struct ResolveArgs {
-    /// The RAIL_AMBIGUOUS payout (`kubectl dlock status` lists them).
-    pub payout_id: Uuid,
-    /// The rail did pay it: post it with the rail's reference.
-    #[arg(long, conflicts_with = "failed", requires = "rail_reference")]
-    pub posted: bool,
-    /// The rail did not pay it: fail it and release its hold (needs --evidence).
-    #[arg(long, requires = "evidence")]
-    pub failed: bool,
-    /// The rail's reference of the transfer (from its statement).
-    #[arg(long)]
-    pub rail_reference: Option<String>,
+    #[command(flatten)]
+    pub decision: crate::jobs::Decision,
     /// What the decision rests on (a statement line, a rail ticket). Default with --posted: the
     /// rail reference.
     #[arg(long)]

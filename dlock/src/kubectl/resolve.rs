@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) async fn resolve(kube: &Kube, args: ResolveArgs) -> Result<()> {
     let ns = &kube.namespace;
-    let outcome_given = args.posted || args.failed;
+    let outcome_given = args.decision.posted || args.decision.failed;
     if !outcome_given {
         bail!(
             "say --posted --rail-reference R (the rail paid it) or --failed --evidence TEXT (it did not)"
@@ -46,21 +46,18 @@ pub(super) async fn resolve(kube: &Kube, args: ResolveArgs) -> Result<()> {
         Some(o) => o.clone(),
         None => kube.whoami().await,
     };
-    let evidence = match (&args.evidence, &args.rail_reference) {
+    let evidence = match (&args.evidence, &args.decision.rail_reference) {
         (Some(e), _) => e.clone(),
         (None, Some(r)) => format!("the rail's reference {r}"),
         (None, None) => bail!("--failed needs --evidence TEXT (what the decision rests on)"),
     };
-    let payout = args.payout_id.to_string();
+    let payout = args.decision.payout_id.to_string();
     let authority = url
         .trim_start_matches("http://")
         .trim_start_matches("https://")
         .to_owned();
     let resolved = crate::jobs::resolve(crate::jobs::ResolveArgs {
-        payout_id: args.payout_id,
-        posted: args.posted,
-        failed: args.failed,
-        rail_reference: args.rail_reference.clone(),
+        decision: args.decision.clone(),
         operator,
         evidence,
         payment_resource: url.clone(),
