@@ -119,7 +119,7 @@ pub fn address_map_error(error: crate::address_map::AddressMapError) -> ClientEr
     }
 }
 
-fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
+pub(crate) fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
     body.ok_or_else(|| ClientError::Protocol {
         url: url.to_owned(),
         message: "204 where a body was expected".into(),
@@ -150,8 +150,12 @@ pub fn http_client() -> Result<reqwest::Client, ClientError> {
         })
 }
 
+/// What every dlock hop sends, whatever the service: the base URL (through
+/// `DLOCK_SERVICE_ADDRESSES`, [`crate::address_map`]), `X-Owner-Id`, the trace's `traceparent`
+/// and the bearer credential. [`LockClient`], [`crate::payment_client::PaymentClient`] and
+/// [`crate::rail::RailClient`] are typed facades over one `Hop`.
 #[derive(Debug, Clone)]
-pub struct LockClient {
+pub struct Hop {
     base: String,
     owner_id: String,
     http: reqwest::Client,
@@ -159,10 +163,8 @@ pub struct LockClient {
     credential: Option<crate::auth::Credential>,
 }
 
-impl LockClient {
-    /// `base` is the lock server's URL (`http://127.0.0.1:7070`); `owner_id` goes on every write.
-    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a malformed map
-    /// is an error here.
+impl Hop {
+    /// A hop on the shared HTTP client; a malformed `DLOCK_SERVICE_ADDRESSES` is an error here.
     pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
         crate::address_map::from_env().map_err(address_map_error)?;
         Ok(Self::with_http(base, owner_id, http_client()?))
@@ -178,7 +180,7 @@ impl LockClient {
         }
     }
 
-    /// A client that presents `credential` on every call (`None`: none).
+    /// The same hop presenting `credential` on every call (`None`: none).
     pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
         Self {
             credential,
@@ -186,7 +188,7 @@ impl LockClient {
         }
     }
 
-    /// A client whose calls all belong to one trace (one payout is one trace).
+    /// The same hop with every call in one trace (one payout is one trace).
     pub fn in_trace(&self, trace_id: &str) -> Self {
         Self {
             trace_id: Some(trace_id.to_owned()),
@@ -202,7 +204,13 @@ impl LockClient {
         &self.base
     }
 
-    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
+    /// A request to `path` with the hop's headers and `timeout` as its read timeout.
+    pub fn request(
+        &self,
+        method: Method,
+        path: &str,
+        timeout: Duration,
+    ) -> (String, RequestBuilder) {
         let url = format!("{}{path}", self.base);
         let mut builder = self
             .http
@@ -219,13 +227,67 @@ impl LockClient {
         (url, builder)
     }
 
-    fn json<B: Serialize>(builder: RequestBuilder, body: &B) -> RequestBuilder {
+    /// `body` as the request's JSON.
+    pub fn json<B: Serialize>(builder: RequestBuilder, body: &B) -> RequestBuilder {
         match serde_json::to_vec(body) {
             Ok(bytes) => builder
                 .header("content-type", crate::http::JSON_CONTENT_TYPE)
                 .body(bytes),
             Err(_) => builder,
         }
+    }
+}
+
+/// The lock server's client (C3 §3.3).
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    hop: Hop,
+}
+
+impl LockClient {
+    /// `base` is the lock server's URL (`http://127.0.0.1:7070`); `owner_id` goes on every write.
+    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a malformed map
+    /// is an error here.
+    pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
+        Ok(Self {
+            hop: Hop::new(base, owner_id)?,
+        })
+    }
+
+    pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
+        Self {
+            hop: Hop::with_http(base, owner_id, http),
+        }
+    }
+
+    /// A client that presents `credential` on every call (`None`: none).
+    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
+        Self {
+            hop: self.hop.with_credential(credential),
+        }
+    }
+
+    /// A client whose calls all belong to one trace (one payout is one trace).
+    pub fn in_trace(&self, trace_id: &str) -> Self {
+        Self {
+            hop: self.hop.in_trace(trace_id),
+        }
+    }
+
+    pub fn owner_id(&self) -> &str {
+        self.hop.owner_id()
+    }
+
+    pub fn base(&self) -> &str {
+        self.hop.base()
+    }
+
+    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
+        self.hop.request(method, path, timeout)
+    }
+
+    fn json<B: Serialize>(builder: RequestBuilder, body: &B) -> RequestBuilder {
+        Hop::json(builder, body)
     }
 
     /// L1.

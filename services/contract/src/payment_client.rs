@@ -10,7 +10,7 @@ use reqwest::{Method, RequestBuilder};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::client::{ClientError, http_client, send};
+use crate::client::{ClientError, Hop, expect_body, send};
 use crate::headers;
 use crate::payment::*;
 
@@ -28,11 +28,7 @@ pub struct WriteHeaders<'a> {
 
 #[derive(Debug, Clone)]
 pub struct PaymentClient {
-    base: String,
-    owner_id: String,
-    http: reqwest::Client,
-    trace_id: Option<String>,
-    credential: Option<crate::auth::Credential>,
+    hop: Hop,
 }
 
 /// Adds `X-Fencing-Proof` when there is one.
@@ -43,74 +39,46 @@ pub(crate) fn with_proof(req: RequestBuilder, proof: Option<&str>) -> RequestBui
     }
 }
 
-fn expect_body<T>(url: &str, body: Option<T>) -> Result<T, ClientError> {
-    body.ok_or_else(|| ClientError::Protocol {
-        url: url.to_owned(),
-        message: "204 where a body was expected".into(),
-    })
-}
-
 impl PaymentClient {
     /// `base` is the payment resource's URL; `owner_id` goes on every write.
     /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]).
     pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
-        crate::address_map::from_env().map_err(crate::client::address_map_error)?;
-        Ok(Self::with_http(base, owner_id, http_client()?))
+        Ok(Self {
+            hop: Hop::new(base, owner_id)?,
+        })
     }
 
     pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
         Self {
-            base: crate::address_map::rewrite_or_keep(base.trim_end_matches('/')),
-            owner_id: owner_id.to_owned(),
-            http,
-            trace_id: None,
-            credential: None,
+            hop: Hop::with_http(base, owner_id, http),
         }
     }
 
     /// A client whose calls all belong to one trace (one payout is one trace).
     pub fn in_trace(&self, trace_id: &str) -> Self {
         Self {
-            trace_id: Some(trace_id.to_owned()),
-            ..self.clone()
+            hop: self.hop.in_trace(trace_id),
+        }
+    }
+
+    /// A client that presents `credential` on every call (`None`: none).
+    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
+        Self {
+            hop: self.hop.with_credential(credential),
         }
     }
 
     /// A client that sends the operator credential, for fence advances and resolutions.
-    /// A client that presents `credential` on every call (`None`: none).
-    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
-        Self {
-            credential,
-            ..self.clone()
-        }
-    }
-
     pub fn as_operator(&self, token: &str) -> Self {
-        Self {
-            credential: Some(crate::auth::Credential::fixed(token)),
-            ..self.clone()
-        }
+        self.with_credential(Some(crate::auth::Credential::fixed(token)))
     }
 
     pub fn base(&self) -> &str {
-        &self.base
+        self.hop.base()
     }
 
     fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
-        let url = format!("{}{path}", self.base);
-        let mut builder = self
-            .http
-            .request(method, &url)
-            .timeout(timeout)
-            .header(headers::OWNER_ID, &self.owner_id)
-            .header(
-                headers::TRACEPARENT,
-                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
-            );
-        if let Some(credential) = &self.credential {
-            builder = builder.header("authorization", credential.header_value());
-        }
-        (url, builder)
+        self.hop.request(method, path, timeout)
     }
 
     fn write<B: Serialize>(
@@ -124,13 +92,7 @@ impl PaymentClient {
         if let Some(token) = write.fencing_token {
             builder = builder.header(headers::FENCING_TOKEN, token.to_string());
         }
-        let builder = match serde_json::to_vec(body) {
-            Ok(bytes) => builder
-                .header("content-type", crate::http::JSON_CONTENT_TYPE)
-                .body(bytes),
-            Err(_) => builder,
-        };
-        (url, builder)
+        (url, Hop::json(builder, body))
     }
 
     pub async fn create_account(

@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::client::{ClientError, http_client, send};
+use crate::client::{ClientError, Hop, http_client, send};
 use crate::headers;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -78,12 +78,8 @@ pub const SUBMIT_READ_MARGIN: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct RailClient {
-    base: String,
-    owner_id: String,
-    http: reqwest::Client,
+    hop: Hop,
     submit_timeout: Duration,
-    credential: Option<crate::auth::Credential>,
-    trace_id: Option<String>,
 }
 
 impl RailClient {
@@ -105,36 +101,30 @@ impl RailClient {
         rail_read_timeout: Duration,
         http: reqwest::Client,
     ) -> Result<Self, ClientError> {
-        let base = crate::address_map::rewrite(base.trim_end_matches('/'))
+        // The rail hop refuses a malformed address map rather than keep the address.
+        crate::address_map::rewrite(base.trim_end_matches('/'))
             .map_err(crate::client::address_map_error)?;
         Ok(Self {
-            base,
-            owner_id: owner_id.to_owned(),
-            http,
+            hop: Hop::with_http(base, owner_id, http),
             submit_timeout: rail_read_timeout + SUBMIT_READ_MARGIN,
-            credential: None,
-            trace_id: None,
         })
     }
 
     /// A client that presents `credential` on every call (`None`: none).
     pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
         Self {
-            credential,
+            hop: self.hop.with_credential(credential),
             ..self.clone()
         }
     }
 
     pub fn as_operator(&self, token: &str) -> Self {
-        Self {
-            credential: Some(crate::auth::Credential::fixed(token)),
-            ..self.clone()
-        }
+        self.with_credential(Some(crate::auth::Credential::fixed(token)))
     }
 
     pub fn in_trace(&self, trace_id: &str) -> Self {
         Self {
-            trace_id: Some(trace_id.to_owned()),
+            hop: self.hop.in_trace(trace_id),
             ..self.clone()
         }
     }
@@ -145,20 +135,7 @@ impl RailClient {
         path: &str,
         timeout: Duration,
     ) -> (String, reqwest::RequestBuilder) {
-        let url = format!("{}{path}", self.base);
-        let mut builder = self
-            .http
-            .request(method, &url)
-            .timeout(timeout)
-            .header(headers::OWNER_ID, &self.owner_id)
-            .header(
-                headers::TRACEPARENT,
-                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
-            );
-        if let Some(credential) = &self.credential {
-            builder = builder.header("authorization", credential.header_value());
-        }
-        (url, builder)
+        self.hop.request(method, path, timeout)
     }
 
     /// Submits once, without a proof (a proxy without `fencing.proof-keys-file`). Never call it
