@@ -1,0 +1,81 @@
+//! Field checks shared by the handlers: path parameters, TTLs, strict query strings.
+
+use axum::extract::Query;
+use axum::extract::rejection::QueryRejection;
+use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::lock::*;
+use uuid::Uuid;
+
+pub(super) fn path_key(key: &str) -> Result<(), FieldError> {
+    if key_is_valid(key) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            "key",
+            format!("must be 1 to {KEY_LEN_MAX} characters of [a-zA-Z0-9:._-]"),
+        ))
+    }
+}
+
+pub(super) fn path_session(text: &str) -> Result<Uuid, FieldError> {
+    Uuid::parse_str(text).map_err(|_| FieldError::new("sessionId", "must be a UUID"))
+}
+
+/// A TTL from a request: outside the contract's range is an error; inside it, clamped down to
+/// the server's maximum.
+pub(super) fn ttl(
+    field: &str,
+    requested: Option<i64>,
+    default: i64,
+    max: i64,
+) -> Result<i64, FieldError> {
+    match requested {
+        None => Ok(default),
+        Some(t) if (TTL_MS_MIN..=TTL_MS_MAX).contains(&t) => Ok(t.min(max)),
+        Some(t) => Err(FieldError::new(
+            field,
+            format!("must be between {TTL_MS_MIN} and {TTL_MS_MAX} milliseconds, got {t}"),
+        )),
+    }
+}
+
+/// Collects field errors so one answer names every field at fault.
+#[derive(Default)]
+pub(super) struct Checks(pub(super) Vec<FieldError>);
+
+impl Checks {
+    pub(super) fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.0.push(e);
+                None
+            }
+        }
+    }
+
+    pub(super) fn done(self) -> Result<(), ApiError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::validation(self.0))
+        }
+    }
+}
+
+/// Unwraps values that [`Checks::done`] has proved present.
+pub(super) fn present<T>(value: Option<T>) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::internal("a checked value was missing"))
+}
+
+/// A strict query string: an unknown parameter is refused like an unknown body field, and every
+/// refusal is the contract's envelope naming the parameter.
+pub(super) fn strict_query<T: serde::de::DeserializeOwned>(
+    query: Result<Query<T>, QueryRejection>,
+) -> Result<T, ApiError> {
+    query.map(|Query(q)| q).map_err(|rejection| {
+        let message = rejection.body_text();
+        let field = message.split('`').nth(1).unwrap_or("query").to_owned();
+        ApiError::field(field, message)
+    })
+}

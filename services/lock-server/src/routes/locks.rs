@@ -1,0 +1,151 @@
+//! L5 renew, L6 release, L7 lock info and the held-locks list.
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::headers;
+use dlock_contract::json::{Json, parse_body};
+use dlock_contract::lock::*;
+use serde::Deserialize;
+
+use super::AppState;
+use super::checks::{Checks, path_key, path_session, present, strict_query, ttl};
+use super::errors::store_error;
+use crate::store::StoreError;
+
+pub(super) async fn renew(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<RenewRequest>,
+) -> Result<Json<LockGrant>, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    checks.take(path_key(&key));
+    let owner = checks.take(headers::owner_id(&headers));
+    let ttl_ms = match body.ttl_millis {
+        None => None,
+        requested => checks.take(ttl(
+            "ttlMillis",
+            requested,
+            state.config.lock_ttl_default_ms,
+            state.config.lock_ttl_max_ms,
+        )),
+    };
+    checks.done()?;
+    // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its
+    // credential): a non-owner is LOCK_LOST, C3's code for a caller that is not the holder.
+    let grant = state
+        .store
+        .renew(&key, body.session_id, &present(owner)?, token, ttl_ms)
+        .await
+        .map_err(|e| store_error(e, Some(&key)))?;
+    Ok(Json(state.proven(grant)))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct ReleaseQuery {
+    session_id: Option<String>,
+}
+
+pub(super) async fn release(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    query: Result<Query<ReleaseQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut checks = Checks::default();
+    checks.take(path_key(&key));
+    let owner = checks.take(headers::owner_id(&headers));
+    // sessionId comes in the body or, for clients that send no body with DELETE, the query.
+    // It is attribution only: the delete compares (key, token) and nothing else.
+    let session_id = if body.iter().any(|b| !b.is_ascii_whitespace()) {
+        Some(parse_body::<ReleaseRequest>(&body)?.session_id)
+    } else {
+        let query = strict_query(query)?;
+        match query.session_id {
+            Some(text) => checks.take(path_session(&text)),
+            None => {
+                checks
+                    .0
+                    .push(FieldError::new("sessionId", "is required (body or query)"));
+                None
+            }
+        }
+    };
+    checks.done()?;
+    let owner = present(owner)?;
+    let session_id = present(session_id)?;
+    // The delete compares (key, token) as the contract says; the caller's owner id, bound to its
+    // credential, must also be the grant's: a token is public (L7), so without this any
+    // identity could end another's grant. A non-owner hears LOCK_LOST, as any non-holder does.
+    match state.store.release(&key, &owner, token).await {
+        Ok(()) => {
+            state.wake(&key);
+            tracing::debug!(event = "lock_released", key = %key, token, owner_id = %owner, %session_id, "lock released");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(error) => {
+            if matches!(error, StoreError::LockLost { .. }) {
+                tracing::info!(event = "release_lock_lost", key = %key, token, owner_id = %owner, %session_id, "release of a grant that had already lapsed or been taken over");
+            }
+            Err(store_error(error, Some(&key)))
+        }
+    }
+}
+pub(super) async fn lock_info(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Json<LockInfo>, ApiError> {
+    path_key(&key).map_err(|e| ApiError::validation(vec![e]))?;
+    match state
+        .store
+        .lock_info(&key)
+        .await
+        .map_err(|e| store_error(e, Some(&key)))?
+    {
+        Some(info) => Ok(Json(info)),
+        None => Err(ApiError::not_found(format!(
+            "{key} has never been locked here"
+        ))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct HeldQuery {
+    limit: Option<String>,
+}
+
+/// The most held locks one list returns.
+pub const HELD_LIMIT_MAX: i64 = 1_000;
+
+pub(super) async fn held_locks(
+    State(state): State<AppState>,
+    query: Result<Query<HeldQuery>, QueryRejection>,
+) -> Result<Json<HeldLocks>, ApiError> {
+    let query = strict_query(query)?;
+    let limit = match query.limit {
+        None => 500,
+        Some(text) => match text.parse::<i64>() {
+            Ok(n) if (1..=HELD_LIMIT_MAX).contains(&n) => n,
+            _ => {
+                return Err(ApiError::field(
+                    "limit",
+                    format!("must be an integer between 1 and {HELD_LIMIT_MAX}"),
+                ));
+            }
+        },
+    };
+    let held = state
+        .store
+        .held(limit)
+        .await
+        .map_err(|e| store_error(e, None))?;
+    Ok(Json(held))
+}

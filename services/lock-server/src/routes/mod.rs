@@ -1,0 +1,137 @@
+//! The HTTP surface L1–L8, the held-locks list and the health endpoints: sessions, locks (acquire
+//! with its waiting, renew, release, reads), revoke, each handler extract → store → map.
+
+mod acquire;
+mod checks;
+mod errors;
+mod locks;
+mod revoke;
+mod sessions;
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
+use dlock_contract::json::Json;
+use dlock_contract::lock::LockGrant;
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::config::LockServerConfig;
+use crate::metrics::{Backend, Metrics};
+use crate::store::Store;
+use acquire::acquire;
+use locks::{held_locks, lock_info, release, renew};
+use revoke::revoke;
+use sessions::{create_session, end_session, heartbeat};
+
+pub use locks::HELD_LIMIT_MAX;
+
+/// Wake-ups for waiters on this replica; waiters on other replicas find out by polling.
+/// Keys share buckets, so a wake-up may be spurious; the waiter just tries again.
+const WAKE_BUCKETS: usize = 64;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub config: Arc<LockServerConfig>,
+    pub metrics: Arc<Metrics>,
+    wake: Arc<Vec<Notify>>,
+}
+
+impl AppState {
+    pub fn new(store: Store, config: Arc<LockServerConfig>) -> Self {
+        let backend = match store {
+            Store::Pg(_) => Backend::pg,
+            Store::Etcd(_) => Backend::etcd,
+        };
+        Self {
+            store,
+            config,
+            metrics: Metrics::new(backend),
+            wake: Arc::new((0..WAKE_BUCKETS).map(|_| Notify::new()).collect()),
+        }
+    }
+
+    fn bucket(&self, key: &str) -> &Notify {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        &self.wake[(hasher.finish() as usize) % WAKE_BUCKETS]
+    }
+
+    fn wake(&self, key: &str) {
+        self.bucket(key).notify_waiters();
+    }
+
+    /// The grant as it is answered (L4, L5): with the proof of (key, token) when this server
+    /// has proof keys. This is the only place a proof is made; lists and L7 never carry one.
+    fn proven(&self, mut grant: LockGrant) -> LockGrant {
+        grant.fencing_proof = self
+            .config
+            .proof_keys
+            .as_ref()
+            .and_then(|keys| keys.sign(&grant.key, grant.fencing_token));
+        grant
+    }
+}
+
+pub fn app(state: AppState) -> Router {
+    let limits = state.config.http;
+    let routes = Router::new()
+        .route("/v1/sessions", post(create_session))
+        .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
+        .route(
+            "/v1/sessions/{session_id}",
+            axum::routing::delete(end_session),
+        )
+        .route("/v1/locks", get(held_locks))
+        .route("/v1/locks/{key}/acquire", post(acquire))
+        .route("/v1/locks/{key}/renew", post(renew))
+        .route("/v1/locks/{key}/revoke", post(revoke))
+        .route("/v1/locks/{key}", get(lock_info).delete(release))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route(
+            dlock_contract::openapi::PATH,
+            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
+        )
+        .with_state(state.clone());
+    let routes = state.config.auth.protect(routes);
+    dlock_contract::http::finish(routes, limits)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.ready().await {
+        Ok(()) => json_response(
+            StatusCode::OK,
+            &json!({ "status": "ready", "backend": state.store.backend_name() }),
+        ),
+        Err(error) => {
+            tracing::warn!(event = "not_ready", %error, "backend check failed");
+            ApiError::new(
+                ErrorCode::NotLeader,
+                "the backend is not ready for writes; this replica should not receive traffic",
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,82 @@
+//! L8 revoke: an operator ends a grant and raises the token floor.
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use dlock_contract::auth::Caller;
+use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::headers;
+use dlock_contract::json::Json;
+use dlock_contract::lock::*;
+
+use super::AppState;
+use super::checks::{Checks, path_key};
+use super::errors::store_error;
+
+pub(super) async fn revoke(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<RevokeRequest>,
+) -> Result<Json<Revocation>, ApiError> {
+    caller.require_operator("L8 revoke")?;
+    let mut checks = Checks::default();
+    checks.take(path_key(&key));
+    checks.take(headers::owner_id(&headers));
+    check_body(&mut checks, &body);
+    checks.done()?;
+    let operator = body.operator.trim();
+    // `operator` is what the caller wrote; the identity its credential proved is stored beside
+    // it (none when auth.mode is none).
+    let revoked_by = caller.identity().map(|identity| identity.name.as_str());
+    let revocation = state
+        .store
+        .revoke(
+            &key,
+            body.expected_token,
+            operator,
+            body.reason.trim(),
+            revoked_by,
+        )
+        .await
+        .map_err(|e| store_error(e, Some(&key)))?;
+    state.metrics.revoked();
+    state.wake(&key);
+    tracing::warn!(
+        event = "lock_revoked",
+        key = %key,
+        revoked_token = revocation.revoked_token,
+        revoked_owner_id = %revocation.revoked_owner_id,
+        new_token_floor = revocation.new_token_floor,
+        revocation_id = %revocation.revocation_id,
+        operator = %revocation.operator,
+        revoked_by = revoked_by.unwrap_or("-"),
+        reason = %revocation.reason,
+        "lock force-revoked; push newTokenFloor to the enforcement points"
+    );
+    Ok(Json(revocation))
+}
+
+/// L8's body: operator 1–128 characters, reason within its bounds, expectedToken positive.
+fn check_body(checks: &mut Checks, body: &RevokeRequest) {
+    let operator = body.operator.trim();
+    if operator.is_empty() || operator.chars().count() > 128 {
+        checks
+            .0
+            .push(FieldError::new("operator", "must be 1 to 128 characters"));
+    }
+    let reason_len = body.reason.trim().chars().count();
+    if !(REVOKE_REASON_LEN_MIN..=1024).contains(&reason_len) {
+        checks.0.push(FieldError::new(
+            "reason",
+            format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
+        ));
+    }
+    if let Some(t) = body.expected_token
+        && t <= 0
+    {
+        checks
+            .0
+            .push(FieldError::new("expectedToken", "must be greater than 0"));
+    }
+}
