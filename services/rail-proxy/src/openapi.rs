@@ -1,6 +1,7 @@
 //! The rail proxy's OpenAPI document (C3 §3.5), served at `GET /v1/openapi.json`. Each
-//! operation documents the handler of the same name in `lib.rs`; the integration test `openapi`
-//! sends a request to every documented operation and checks the status is documented.
+//! operation documents the handler of the same name (in `admission.rs`, `high_water.rs` and
+//! `lib.rs`); the integration test `openapi` sends a request to every documented operation and
+//! checks the status is documented.
 
 #![allow(dead_code)]
 

@@ -1,0 +1,274 @@
+//! `POST /v1/rail/submissions`: the request checked, then admission (`rail_admit`: the durable
+//! high-water mark, strict, then one presented attempt per payout, then the intent row, all
+//! committed before the forward), the single forward, and its record.
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::headers;
+use dlock_contract::json::Json;
+use dlock_contract::rail::SubmissionRequest;
+use serde_json::json;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::metrics::SubmissionOutcome;
+use crate::record::{Caller, record_answer, replay, unavailable};
+use crate::store::{self, Admission, StoreError};
+
+pub(crate) async fn submit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<SubmissionRequest>,
+) -> Result<Response, ApiError> {
+    let token = headers::fencing_token(&headers)?;
+    let mut fields = Vec::new();
+    let owner = headers::owner_id(&headers).map_err(|e| fields.push(e)).ok();
+    let key = headers::idempotency_key(&headers)
+        .map_err(|e| fields.push(e))
+        .ok();
+    if !fields.is_empty() {
+        return Err(ApiError::validation(fields));
+    }
+    check_body(&body)?;
+    // The request's span names the payout, as the payment resource's spans do from their path.
+    tracing::Span::current().record("payout.id", tracing::field::display(body.payout_id));
+    // DESIGN D-8: the token must be one the lock server granted on this account's key. Checked
+    // before rail_admit, so a refused submission records nothing and moves no mark.
+    if let Some(keys) = &state.config.proof_keys {
+        keys.require(
+            &headers,
+            &dlock_contract::proof::payout_lock_key(&body.account_id),
+            token,
+        )?;
+    }
+    let (owner, key) = (owner.unwrap_or_default(), key.unwrap_or_default());
+    // Admission, the forward and its record run as their own task: a caller that hangs up or a
+    // request deadline drops this handler, never the forward between the rail's answer and its
+    // record (an acknowledged transfer left unresolved would be quarantined as ambiguous).
+    let submission = Submission {
+        token,
+        owner,
+        key,
+        body,
+    };
+    tokio::spawn(admit_and_forward(state, submission).instrument(tracing::Span::current()))
+        .await
+        .unwrap_or_else(|error| {
+            Err(ApiError::internal(format!(
+                "the submission task failed: {error}"
+            )))
+        })
+}
+
+/// A checked submission and who presents it.
+struct Submission {
+    token: i64,
+    owner: String,
+    key: String,
+    body: SubmissionRequest,
+}
+
+fn check_body(body: &SubmissionRequest) -> Result<(), ApiError> {
+    let mut fields = Vec::new();
+    if !dlock_contract::payment::account_id_is_valid(&body.account_id) {
+        fields.push(FieldError::new(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
+    }
+    if body.amount_minor <= 0 {
+        fields.push(FieldError::new(
+            "amountMinor",
+            "must be a positive integer of minor units",
+        ));
+    }
+    if body.currency.len() != 3 || !body.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        fields.push(FieldError::new(
+            "currency",
+            "must be an ISO-4217 code such as EUR",
+        ));
+    }
+    if body.beneficiary_ref.is_empty() || body.beneficiary_ref.len() > 128 {
+        fields.push(FieldError::new(
+            "beneficiaryRef",
+            "must be 1 to 128 characters",
+        ));
+    }
+    if fields.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::validation(fields))
+    }
+}
+
+/// RAIL_UNAVAILABLE: the intent did not commit, so nothing was presented to the rail.
+fn not_admitted(error: impl std::fmt::Display) -> ApiError {
+    unavailable(
+        "rail_intent_not_committed",
+        error,
+        "the intent row did not commit; nothing was forwarded",
+        "the submission could not be recorded, so nothing was sent to the rail; retry after retryAfterMillis",
+    )
+}
+
+async fn admit_and_forward(state: AppState, submission: Submission) -> Result<Response, ApiError> {
+    let Submission {
+        token,
+        owner,
+        key,
+        body,
+    } = submission;
+    // The canonical request: the parsed body re-serialized, so field order and whitespace do not
+    // make another request. paydb keeps only its hash.
+    let canonical = serde_json::to_string(&body).map_err(ApiError::internal)?;
+    let submission_id = Uuid::new_v4();
+    let admission =
+        match store::admit(&state.pool, &body, token, &key, submission_id, &canonical).await {
+            Ok(admission) => admission,
+            Err(error @ StoreError::Unknown { .. }) => return Err(ApiError::internal(error)),
+            Err(error) => return Err(not_admitted(error)),
+        };
+    let caller = Caller {
+        token,
+        key: &key,
+        owner: &owner,
+    };
+    let payout_id = body.payout_id;
+    match admission {
+        Admission::Admitted => {}
+        Admission::Replay {
+            submission_id,
+            attempt,
+            answer,
+        } => return replay(&state, submission_id, attempt, answer, &caller, payout_id).await,
+        refused => return Err(refusal(&state, refused, &caller, &body)),
+    }
+    // The intent is durable. Exactly one forward, never retried.
+    let answer = crate::forward::forward(&state, &body).await;
+    record_answer(&state, submission_id, payout_id, &caller, answer).await
+}
+
+/// The answer to a submission `rail_admit` refused; nothing was forwarded.
+fn refusal(
+    state: &AppState,
+    admission: Admission,
+    caller: &Caller<'_>,
+    body: &SubmissionRequest,
+) -> ApiError {
+    let payout_id = body.payout_id;
+    match admission {
+        Admission::Conflict { submission_id } => conflict(submission_id, caller, payout_id),
+        Admission::PayoutUnknown => {
+            ApiError::not_found(format!("payout {payout_id} does not exist"))
+        }
+        Admission::Mismatch => ApiError::validation(vec![FieldError::new(
+            "payoutId",
+            "accountId, amountMinor and currency must be the payout's own",
+        )]),
+        Admission::Fenced { resource, highest } => fenced(state, resource, highest, caller, body),
+        Admission::Duplicate {
+            submission_id,
+            attempt,
+            state: payout_state,
+        } => {
+            state.metrics.duplicate_attempted();
+            duplicate(submission_id, attempt, payout_state, caller, payout_id)
+        }
+        Admission::NotClaimable { state } => ApiError::new(
+            ErrorCode::PayoutNotClaimable,
+            "only a payout CLAIMED with this very token may be submitted",
+        )
+        .with_details(json!({ "payoutId": payout_id, "state": state })),
+        Admission::Admitted | Admission::Replay { .. } => {
+            ApiError::internal("an admitted submission was answered as refused")
+        }
+    }
+}
+
+/// FENCED_OUT at the rail: a stale token, so two workers believed they held one lock.
+fn fenced(
+    state: &AppState,
+    resource: String,
+    highest: i64,
+    caller: &Caller<'_>,
+    body: &SubmissionRequest,
+) -> ApiError {
+    state.metrics.fenced_out(&resource);
+    state.metrics.submission(SubmissionOutcome::fenced);
+    tracing::error!(
+        event = "fenced_out",
+        resource = %resource,
+        presented_token = caller.token,
+        highest_token = highest,
+        payout_id = %body.payout_id,
+        account_id = %body.account_id,
+        idempotency_key = %caller.key,
+        owner_id = %caller.owner,
+        "a stale token was refused at the rail; two workers believed they held one lock"
+    );
+    ApiError::fenced_out(
+        "a newer holder exists; abort the whole critical section, do not retry",
+        &dlock_contract::error::FencedOutDetails {
+            presented_token: caller.token,
+            highest_token: highest,
+            resource_type: Some(resource),
+            resource_id: body.account_id.clone(),
+            owner_id: caller.owner.to_owned(),
+        },
+    )
+}
+
+/// IDEMPOTENCY_CONFLICT: the key and token came before with another body.
+fn conflict(submission_id: Option<Uuid>, caller: &Caller<'_>, payout_id: Uuid) -> ApiError {
+    tracing::warn!(
+        event = "rail_idempotency_conflict",
+        payout_id = %payout_id,
+        presented_token = caller.token,
+        existing_submission_id = ?submission_id,
+        idempotency_key = %caller.key,
+        owner_id = %caller.owner,
+        "the same idempotency key and token came with another body; nothing was forwarded"
+    );
+    ApiError::new(
+        ErrorCode::IdempotencyConflict,
+        "this idempotency key and fencing token were already used with another body; nothing was forwarded",
+    )
+    .with_details(json!({
+        "payoutId": payout_id,
+        "submissionId": submission_id,
+        "idempotencyKey": caller.key,
+    }))
+}
+
+/// DUPLICATE_SUBMISSION: the payout has an attempt already; a second one is never presented.
+fn duplicate(
+    submission_id: Option<Uuid>,
+    attempt: Option<String>,
+    payout_state: Option<String>,
+    caller: &Caller<'_>,
+    payout_id: Uuid,
+) -> ApiError {
+    tracing::error!(
+        event = "duplicate_rail_submission_attempted",
+        payout_id = %payout_id,
+        presented_token = caller.token,
+        existing_submission_id = ?submission_id,
+        existing_outcome = ?attempt,
+        idempotency_key = %caller.key,
+        owner_id = %caller.owner,
+        "a second submission of one payout was refused; resolve from the existing record"
+    );
+    ApiError::new(
+        ErrorCode::DuplicateSubmission,
+        "this payout already has a submission record; resolve from it, never submit again",
+    )
+    .with_details(json!({
+        "payoutId": payout_id,
+        "submissionId": submission_id,
+        "outcome": attempt,
+        "state": payout_state,
+    }))
+}

@@ -1,0 +1,198 @@
+//! The durable high-water mark per account: read it, raise it to a revocation floor, and the
+//! DESIGN D-8 recovery that lowers one poisoned by a forged token. The two writes are operator
+//! only and recorded with the operator, the reason and the authenticated identity.
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::headers;
+use dlock_contract::json::Json;
+use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
+use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
+use serde_json::json;
+
+use crate::AppState;
+use crate::store::{self, Audit, LowerOutcome};
+
+/// The longest reason paydb keeps for a high-water advance.
+const REASON_LEN_MAX: usize = 4096;
+
+pub(crate) async fn advance_high_water(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<AdvanceRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require_operator("the high-water advance")?;
+    let identity = identity_of(&caller);
+    let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
+    check_advance(&account_id, &body)?;
+    if !store::account_exists(&state.pool, &account_id)
+        .await
+        .map_err(ApiError::internal)?
+    {
+        return Err(account_not_found(&account_id));
+    }
+    let audit = Audit {
+        operator: body.operator.trim(),
+        identity: &identity,
+        owner_id: &owner,
+        reason: body.reason.trim(),
+    };
+    let (previous, new) = store::advance_high_water(
+        &state.pool,
+        &account_id,
+        body.floor,
+        body.revocation_id,
+        &audit,
+    )
+    .await
+    .map_err(ApiError::internal)?;
+    tracing::warn!(event = "rail_high_water_advanced", account_id = %account_id, previous, new, operator = %audit.operator, identity = %identity, owner_id = %owner, revocation_id = ?body.revocation_id, "the rail high-water mark was raised to a revocation floor");
+    Ok(Json(json!({
+        "accountId": account_id,
+        "previousToken": previous,
+        "highestToken": new,
+        "floor": body.floor,
+        "operator": audit.operator,
+        "identity": identity,
+    })))
+}
+
+fn check_advance(account_id: &str, body: &AdvanceRequest) -> Result<(), ApiError> {
+    let mut fields = Vec::new();
+    check_account_id(&mut fields, account_id);
+    if body.floor <= 0 {
+        fields.push(FieldError::new("floor", "must be a token greater than 0"));
+    }
+    if body.operator.trim().is_empty() || body.operator.len() > 128 {
+        fields.push(FieldError::new("operator", "must be 1 to 128 characters"));
+    }
+    // paydb keeps 1 to 4096 characters (the advance record's reason); a longer reason is the
+    // caller's error, refused here with the envelope, never a failed INSERT answered 500.
+    let reason_len = body.reason.trim().chars().count();
+    if !(8..=REASON_LEN_MAX).contains(&reason_len) {
+        fields.push(FieldError::new(
+            "reason",
+            format!("must be 8 to {REASON_LEN_MAX} characters, got {reason_len}"),
+        ));
+    }
+    if fields.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::validation(fields))
+    }
+}
+
+/// The checks of a lowering; the owner it names.
+fn check_lower(
+    account_id: &str,
+    headers: &HeaderMap,
+    body: &FenceLowerRequest,
+) -> Result<String, ApiError> {
+    let mut fields = dlock_contract::proof::check_lower_request(body);
+    let owner = headers::owner_id(headers).map_err(|e| fields.push(e)).ok();
+    check_account_id(&mut fields, account_id);
+    if !fields.is_empty() {
+        return Err(ApiError::validation(fields));
+    }
+    Ok(owner.unwrap_or_default())
+}
+
+fn check_account_id(fields: &mut Vec<FieldError>, account_id: &str) {
+    if !dlock_contract::payment::account_id_is_valid(account_id) {
+        fields.push(FieldError::new(
+            "accountId",
+            dlock_contract::payment::ACCOUNT_ID_RULE,
+        ));
+    }
+}
+
+fn account_not_found(account_id: &str) -> ApiError {
+    ApiError::not_found(format!("account {account_id} does not exist"))
+}
+
+/// What the caller's credential authenticated as, recorded beside the typed-in operator.
+fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+    caller
+        .identity()
+        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
+}
+
+/// DESIGN D-8 recovery: lowers a high-water mark poisoned by a forged token to the token of the
+/// operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
+/// nobody else holds the key, above every token issued before). Operator only, needs proof
+/// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
+pub(crate) async fn lower_high_water(
+    State(state): State<AppState>,
+    caller: dlock_contract::auth::Caller,
+    Path(account_id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<FenceLowerRequest>,
+) -> Result<Json<FenceLowered>, ApiError> {
+    caller.require_operator("lowering the high-water mark")?;
+    let Some(keys) = &state.config.proof_keys else {
+        return Err(dlock_contract::proof::recovery_disabled());
+    };
+    let token = headers::fencing_token(&headers)?;
+    let owner = check_lower(&account_id, &headers, &body)?;
+    keys.require(
+        &headers,
+        &dlock_contract::proof::payout_lock_key(&account_id),
+        token,
+    )?;
+    let identity = identity_of(&caller);
+    let audit = Audit {
+        operator: body.operator.trim(),
+        identity: &identity,
+        owner_id: &owner,
+        reason: body.reason.trim(),
+    };
+    let outcome = store::lower_high_water(&state.pool, &account_id, token, &audit)
+        .await
+        .map_err(ApiError::internal)?;
+    let (previous, highest, recovery_id, lowered) = match outcome {
+        LowerOutcome::Lowered {
+            previous,
+            highest,
+            recovery_id,
+        } => (previous, highest, recovery_id, true),
+        LowerOutcome::Unchanged { previous, highest } => (previous, highest, None, false),
+        LowerOutcome::NotFound => return Err(account_not_found(&account_id)),
+    };
+    if lowered {
+        tracing::warn!(
+            event = "rail_high_water_lowered",
+            account_id = %account_id,
+            previous,
+            highest,
+            recovery_id,
+            operator = %audit.operator,
+            identity = %identity,
+            owner_id = %owner,
+            "a rail high-water mark poisoned by a forged token was lowered to the operator's grant"
+        );
+    }
+    Ok(Json(FenceLowered {
+        account_id,
+        resource: "rail".into(),
+        previous_token: previous,
+        token: highest,
+        lowered,
+        recovery_id,
+    }))
+}
+
+pub(crate) async fn high_water(
+    State(state): State<AppState>,
+    Path(account_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let highest = store::high_water(&state.pool, &account_id)
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(json!({
+        "accountId": account_id,
+        "highestToken": highest,
+    })))
+}

@@ -1,0 +1,322 @@
+//! After the forward: what the rail answered, or failed to, is recorded once and answered; an
+//! attempt whose outcome is unknown quarantines its payout as RAIL_AMBIGUOUS. The identical
+//! retry (C3 §3.1) is answered from that record, never forwarded again.
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::http::json_response;
+use dlock_contract::rail::SubmissionResponse;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::forward::RailAnswer;
+use crate::metrics::SubmissionOutcome;
+use crate::store::{self, Attempt, Recorded, StoredAnswer};
+
+/// Who made an attempt, for the answer and the log.
+pub(crate) struct Caller<'a> {
+    pub(crate) token: i64,
+    pub(crate) key: &'a str,
+    pub(crate) owner: &'a str,
+}
+
+/// Records the rail's answer to the forwarded attempt and answers it; keeps the answer for the
+/// identical retry unless it is rebuilt from the row (ACKED).
+pub(crate) async fn record_answer(
+    state: &AppState,
+    submission_id: Uuid,
+    payout_id: Uuid,
+    caller: &Caller<'_>,
+    answer: RailAnswer,
+) -> Result<Response, ApiError> {
+    let (attempt, reference, reason) = attempt_of(state, submission_id, payout_id, answer);
+    let recorded = match store::record(&state.pool, submission_id, attempt, reference.as_deref())
+        .await
+    {
+        Ok(r) => r,
+        Err(error) => {
+            // The outcome is known here but not stored; the sweeper will time the intent out.
+            tracing::error!(event = "rail_outcome_not_recorded", %submission_id, %payout_id, %error, rail_outcome = attempt.as_str(), "the rail's answer could not be recorded; the intent will be timed out as ambiguous");
+            return Err(ambiguous(
+                state,
+                submission_id,
+                payout_id,
+                "the outcome could not be recorded",
+            ));
+        }
+    };
+    let (status, bytes) = answer_of(state, submission_id, caller, &recorded, reason.as_deref());
+    let bytes = bytes.map_err(ApiError::internal)?;
+    // An ACKED answer is built from the recorded row alone (the submission, the caller's token,
+    // the rail reference and the two DB timestamps), so the identical retry rebuilds the same
+    // bytes from the row (see `replay`): storing it would be one more commit per payout.
+    if recorded.attempt == Attempt::Acked {
+        return stored_answer(status.as_u16(), bytes);
+    }
+    // Kept for the identical retry. If this fails the retry is answered from the row instead.
+    let stored = store::store_answer(
+        &state.pool,
+        submission_id,
+        recorded.attempt,
+        status.as_u16(),
+        &bytes,
+    )
+    .await;
+    if let Err(error) = stored {
+        tracing::warn!(event = "rail_answer_not_stored", %submission_id, %payout_id, %error, "the answer could not be kept for a replay; a retry is answered from the recorded outcome");
+    }
+    stored_answer(status.as_u16(), bytes)
+}
+
+/// The attempt's outcome, the rail reference and the reason the caller is told, from what the
+/// rail answered.
+fn attempt_of(
+    state: &AppState,
+    submission_id: Uuid,
+    payout_id: Uuid,
+    answer: RailAnswer,
+) -> (Attempt, Option<String>, Option<String>) {
+    match answer {
+        RailAnswer::Acked(r) => (Attempt::Acked, Some(r), None),
+        RailAnswer::Rejected(why) => (Attempt::Rejected, None, Some(why)),
+        RailAnswer::Unknown(unknown) => {
+            // The operator's copy, with the rail's address; the caller gets `reason` only.
+            tracing::warn!(
+                event = "rail_forward_unreadable",
+                %submission_id,
+                %payout_id,
+                reason = unknown.reason,
+                detail = %unknown.detail,
+                rail = %state.config.rail_url,
+                "the forwarded attempt's outcome could not be read"
+            );
+            (Attempt::Timeout, None, Some(unknown.reason.to_owned()))
+        }
+    }
+}
+
+/// The answer to a recorded attempt, with its counter and log event.
+fn answer_of(
+    state: &AppState,
+    submission_id: Uuid,
+    caller: &Caller<'_>,
+    recorded: &Recorded,
+    reason: Option<&str>,
+) -> (StatusCode, serde_json::Result<Vec<u8>>) {
+    let payout_id = recorded.payout_id;
+    match recorded.attempt {
+        Attempt::Acked => {
+            state.metrics.submission(SubmissionOutcome::acked);
+            let response = acked(submission_id, caller.token, recorded);
+            tracing::info!(event = "rail_acked", %submission_id, %payout_id, rail_reference = %response.rail_reference, owner_id = %caller.owner, "the rail acknowledged the transfer");
+            (StatusCode::OK, serde_json::to_vec(&response))
+        }
+        Attempt::Rejected => {
+            state.metrics.submission(SubmissionOutcome::rejected);
+            tracing::info!(event = "rail_rejected", %submission_id, %payout_id, owner_id = %caller.owner, "the rail declined; the payout failed and its hold is released");
+            let error = rejected(submission_id, payout_id, reason);
+            (error.status, serde_json::to_vec(&error.body()))
+        }
+        Attempt::Timeout | Attempt::Fenced | Attempt::Unresolved => {
+            let error = ambiguous(state, submission_id, payout_id, reason.unwrap_or("unknown"));
+            (error.status, serde_json::to_vec(&error.body()))
+        }
+    }
+}
+
+/// A JSON answer from stored bytes, exactly as first given.
+pub(crate) fn stored_answer(status: u16, body: Vec<u8>) -> Result<Response, ApiError> {
+    let status = StatusCode::from_u16(status).map_err(ApiError::internal)?;
+    Ok((
+        status,
+        [(
+            header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static(dlock_contract::http::JSON_CONTENT_TYPE),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+fn acked(submission_id: Uuid, token: i64, recorded: &Recorded) -> SubmissionResponse {
+    SubmissionResponse {
+        submission_id,
+        payout_id: recorded.payout_id,
+        presented_token: token,
+        outcome: "ACKED".into(),
+        rail_reference: recorded.rail_reference.clone().unwrap_or_default(),
+        submitted_at: recorded.submitted_at,
+        resolved_at: recorded.resolved_at.unwrap_or_else(Utc::now),
+    }
+}
+
+fn rejected(submission_id: Uuid, payout_id: Uuid, reason: Option<&str>) -> ApiError {
+    ApiError::new(
+        ErrorCode::ValidationFailed,
+        "the rail declined the transfer; the payout is FAILED",
+    )
+    .with_status(StatusCode::UNPROCESSABLE_ENTITY)
+    .with_details(json!({
+        "submissionId": submission_id,
+        "payoutId": payout_id,
+        "outcome": "REJECTED",
+        "reason": reason,
+    }))
+}
+
+/// RAIL_UNAVAILABLE: paydb failed before anything was forwarded. `event` and `logged` are the
+/// operator's log line, `told` what the caller reads.
+pub(crate) fn unavailable(
+    event: &'static str,
+    error: impl std::fmt::Display,
+    logged: &str,
+    told: &str,
+) -> ApiError {
+    tracing::warn!(event, error = %error, "{logged}");
+    ApiError::new(ErrorCode::RailUnavailable, told).with_retry_after_ms(500)
+}
+
+/// A retry whose first attempt could not be read: nothing was forwarded by this request.
+fn replay_unavailable(error: impl std::fmt::Display) -> ApiError {
+    unavailable(
+        "rail_replay_unavailable",
+        error,
+        "the first attempt of an identical request could not be read; nothing was forwarded",
+        "this request's first attempt could not be read; nothing was forwarded again, retry after retryAfterMillis",
+    )
+}
+
+/// An identical request that finds its first attempt still in flight waits for that attempt's
+/// answer, as long as the attempt can be in flight at all (the rail read timeout plus the margin
+/// after which D-5 declares it ambiguous). It never forwards anything itself.
+async fn await_first_answer(
+    state: &AppState,
+    submission_id: Uuid,
+) -> Result<(Attempt, StoredAnswer), ApiError> {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(25);
+    // After the outcome is recorded, how long the answer may take to be stored.
+    const STORE_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+    let deadline = tokio::time::Instant::now()
+        + state.config.rail_read_timeout
+        + state.config.unresolved_margin;
+    let mut resolved_at: Option<tokio::time::Instant> = None;
+    loop {
+        let (attempt, answer) = store::attempt_answer(&state.pool, submission_id)
+            .await
+            .map_err(replay_unavailable)?;
+        let now = tokio::time::Instant::now();
+        if answer.is_some() {
+            return Ok((attempt, answer));
+        }
+        // An ACKED answer is never stored: it is rebuilt from the row, byte for byte.
+        if attempt == Attempt::Acked {
+            return Ok((attempt, None));
+        }
+        if attempt != Attempt::Unresolved {
+            let since = *resolved_at.get_or_insert(now);
+            if now >= since + STORE_GRACE {
+                return Ok((attempt, None));
+            }
+        } else if now >= deadline {
+            return Ok((attempt, None));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// C3 §3.1: the identical request by the same holder gets the first answer. Never forwarded
+/// again, never counted as a duplicate attempt.
+pub(crate) async fn replay(
+    state: &AppState,
+    submission_id: Option<Uuid>,
+    attempt: Option<String>,
+    mut answer: StoredAnswer,
+    caller: &Caller<'_>,
+    payout_id: Uuid,
+) -> Result<Response, ApiError> {
+    let Some(submission_id) = submission_id else {
+        return Err(ApiError::internal("rail_admit replayed no submission"));
+    };
+    let Some(attempt) = attempt else {
+        return Err(ApiError::internal(
+            "rail_admit replayed no submission outcome",
+        ));
+    };
+    let mut attempt = Attempt::parse(&attempt).map_err(ApiError::internal)?;
+    if answer.is_none() && attempt == Attempt::Unresolved {
+        (attempt, answer) = await_first_answer(state, submission_id).await?;
+    }
+    tracing::info!(event = "rail_submission_replayed", %submission_id, %payout_id, presented_token = caller.token, idempotency_key = %caller.key, owner_id = %caller.owner, outcome = %attempt.as_str(), "the identical request was answered from its first attempt; nothing was forwarded");
+    if let Some((status, body)) = answer {
+        return stored_answer(status as u16, body);
+    }
+    match attempt {
+        // Not NOT_LEADER: paydb is fine, the caller's own identical request is at the rail. As
+        // on the payment resource, C3's answer to a retry that came too soon.
+        Attempt::Unresolved => Err(ApiError::new(
+            ErrorCode::ContentionExceeded,
+            "this identical request is still in flight to the rail; nothing was forwarded again, retry after retryAfterMillis to get its answer",
+        )
+        .with_retry_after_ms(500)
+        .with_details(json!({
+            "submissionId": submission_id,
+            "payoutId": payout_id,
+            "outcome": "unresolved",
+        }))),
+        // Resolved, but no answer kept (ACKED answers never are; the sweeper timed it out, or
+        // storing failed): answer from the row.
+        Attempt::Acked => {
+            let recorded = store::recorded(&state.pool, submission_id)
+                .await
+                .map_err(replay_unavailable)?;
+            Ok(json_response(
+                StatusCode::OK,
+                &acked(submission_id, caller.token, &recorded),
+            ))
+        }
+        Attempt::Rejected => Err(rejected(
+            submission_id,
+            payout_id,
+            Some("the rail declined the transfer"),
+        )),
+        Attempt::Timeout | Attempt::Fenced => Err(ambiguous_error(
+            submission_id,
+            payout_id,
+            "the attempt's outcome is unknown",
+        )),
+    }
+}
+
+/// RAIL_AMBIGUOUS, with its counter and log event.
+pub(crate) fn ambiguous(
+    state: &AppState,
+    submission_id: Uuid,
+    payout_id: Uuid,
+    reason: &str,
+) -> ApiError {
+    state.metrics.submission(SubmissionOutcome::timeout);
+    tracing::warn!(
+        event = "rail_ambiguous",
+        %submission_id,
+        %payout_id,
+        reason,
+        "an attempt was forwarded and its outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS"
+    );
+    ambiguous_error(submission_id, payout_id, reason)
+}
+
+fn ambiguous_error(submission_id: Uuid, payout_id: Uuid, reason: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::RailAmbiguous,
+        "the attempt was forwarded and its outcome is unknown; the payout is quarantined as RAIL_AMBIGUOUS: release the lock and stop, never submit it again; an operator reconciles it against the rail's statement (dlock reconcile) and resolves it (dlock resolve)",
+    )
+    .with_details(json!({
+        "submissionId": submission_id,
+        "payoutId": payout_id,
+        "outcome": "TIMEOUT",
+        "reason": reason,
+    }))
+}
