@@ -294,15 +294,30 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
 
     // The payout's trace id is its id; every process's spans arrive in it.
     let trace_id = payout.payout_id.simple().to_string();
+    // Each process exports on its own schedule: wait for every span asserted below.
+    let expected = [
+        ("dlock-executor", "payout cycle"),
+        ("dlock-lock-server", "POST /v1/locks/{key}/acquire"),
+        (
+            "dlock-payment-resource",
+            "POST /v1/payouts/{payout_id}/claim",
+        ),
+        (
+            "dlock-payment-resource",
+            "POST /v1/payouts/{payout_id}/post",
+        ),
+        ("dlock-rail-proxy", "POST /v1/rail/submissions"),
+        ("dlock-rail-proxy", "rail submit"),
+        ("dlock-rail-stub", "POST /submit"),
+        ("dlock-lock-server", "DELETE /v1/locks/{key}"),
+    ];
     let spans = jaeger
         .trace(&trace_id, |spans| {
-            spans
-                .iter()
-                .any(|s| s.service == "dlock-rail-stub" && s.name == "POST /submit")
-                && spans
+            expected.iter().all(|(service, name)| {
+                spans
                     .iter()
-                    .any(|s| s.service == "dlock-lock-server" && s.name == "DELETE /v1/locks/{key}")
-                && spans.iter().any(|s| s.service == "dlock-executor")
+                    .any(|s| s.service == *service && s.name == *name)
+            })
         })
         .await;
     assert!(spans.values().all(|s| s.trace_id == trace_id), "{spans:?}");
