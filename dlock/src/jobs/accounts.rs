@@ -1,0 +1,139 @@
+//! `dlock accounts`: create and fund the accounts a batch pays from.
+
+use super::*;
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Opens each account a PayoutBatch pays from (if it is not open yet) and funds it with what
+    /// the batch pays from it, or with --amount-minor. The same command again funds nobody twice:
+    /// the funding's idempotency key and reference derive from the batch, account and amount.
+    Fund(FundArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FundArgs {
+    /// The PayoutBatch manifest whose accounts to open and fund.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Fund each account with this many minor units instead of what the batch pays from it.
+    #[arg(long)]
+    pub amount_minor: Option<i64>,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    /// The identity the credential authenticates as (owner id `<identity>/accounts`).
+    #[arg(long, env = "DLOCK_IDENTITY")]
+    pub identity: Option<String>,
+    /// A file holding the bearer token; `DLOCK_CREDENTIAL` passes the token itself.
+    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
+    pub credential_file: Option<PathBuf>,
+}
+
+/// One account of a batch: what it pays in total, in which currency.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Funding {
+    pub account_id: String,
+    pub currency: String,
+    pub amount_minor: i64,
+    /// The idempotency key and the funding reference, from the batch, account and amount.
+    pub key: String,
+}
+
+/// The accounts `batch` pays from, each with what the batch pays from it (or `amount_minor`).
+pub fn fundings(batch: &PayoutBatch, amount_minor: Option<i64>) -> Result<Vec<Funding>> {
+    let mut totals: std::collections::BTreeMap<&str, (&str, i64)> = Default::default();
+    for item in &batch.spec.payouts {
+        let entry = totals
+            .entry(item.account_id.as_str())
+            .or_insert((item.currency.as_str(), 0));
+        if entry.0 != item.currency {
+            bail!(
+                "account {} is paid in {} and {} in this batch; an account has one currency",
+                item.account_id,
+                entry.0,
+                item.currency
+            );
+        }
+        entry.1 = entry.1.saturating_add(item.amount_minor);
+    }
+    Ok(totals
+        .into_iter()
+        .map(|(account, (currency, total))| {
+            let amount = amount_minor.unwrap_or(total);
+            let name = format!(
+                "dlock accounts fund/{}/{account}/{currency}/{amount}",
+                batch.metadata.name
+            );
+            Funding {
+                account_id: account.to_owned(),
+                currency: currency.to_owned(),
+                amount_minor: amount,
+                key: format!(
+                    "fund-{}",
+                    Uuid::new_v5(&Uuid::NAMESPACE_URL, name.as_bytes())
+                ),
+            }
+        })
+        .collect())
+}
+
+pub async fn accounts(command: AccountsCommand) -> Result<()> {
+    let AccountsCommand::Fund(args) = command;
+    if args.amount_minor.is_some_and(|a| a <= 0) {
+        bail!("--amount-minor must be positive");
+    }
+    let batch = read_batch(&args.file)?;
+    let fundings = fundings(&batch, args.amount_minor)?;
+    let owner = match &args.identity {
+        Some(identity) => format!("{identity}/accounts"),
+        None => "dlock-accounts".to_owned(),
+    };
+    let payment = PaymentClient::new(&args.payment_resource, &owner)?
+        .with_credential(credential(args.credential_file.as_deref())?);
+    println!(
+        "{:<24} {:<8} {:>14} {:>14} {:>14}",
+        "account", "currency", "funded", "balance", "available"
+    );
+    for funding in &fundings {
+        let account = &funding.account_id;
+        payment
+            .create_account(
+                &format!("open-{account}"),
+                &CreateAccountRequest {
+                    account_id: account.clone(),
+                    currency: funding.currency.clone(),
+                },
+            )
+            .await
+            .with_context(|| format!("opening account {account}"))?;
+        payment
+            .fund(
+                account,
+                &funding.key,
+                &FundRequest {
+                    amount_minor: funding.amount_minor,
+                    reference: funding.key.clone(),
+                },
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "funding account {account} with {} {}",
+                    funding.amount_minor, funding.currency
+                )
+            })?;
+        let now = payment
+            .get_account(account)
+            .await
+            .with_context(|| format!("reading account {account}"))?;
+        println!(
+            "{:<24} {:<8} {:>14} {:>14} {:>14}",
+            account, now.currency, funding.amount_minor, now.balance_minor, now.available_minor
+        );
+    }
+    eprintln!(
+        "funded {} account(s) for batch {} (the same command again funds nobody twice)",
+        fundings.len(),
+        batch.metadata.name
+    );
+    Ok(())
+}
