@@ -1,0 +1,349 @@
+//! A throwaway PostgreSQL from the binaries on the machine, started from a copied template.
+
+use crate::*;
+
+pub(crate) fn running_as_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+pub(crate) fn postgres_ids() -> Result<(u32, u32)> {
+    let user = nix::unistd::User::from_name("postgres")
+        .context("looking up the postgres user")?
+        .ok_or_else(|| anyhow!("running as root needs a `postgres` user to run PostgreSQL as"))?;
+    Ok((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+/// A command that runs as `postgres` when we are root.
+pub(crate) fn pg_command(bin: &Path) -> Command {
+    if running_as_root() {
+        let mut command = Command::new("setpriv");
+        command
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(bin);
+        command
+    } else {
+        Command::new(bin)
+    }
+}
+
+pub(crate) fn chown_for_postgres(path: &Path) -> Result<()> {
+    if running_as_root() {
+        let (uid, gid) = postgres_ids()?;
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .with_context(|| format!("chown {} to postgres", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The directory of the PostgreSQL server binaries.
+pub fn pg_bin_dir() -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("DLOCK_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL binaries not found under /usr/lib/postgresql; set DLOCK_PG_BIN")?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        anyhow!("no PostgreSQL server binaries under /usr/lib/postgresql; set DLOCK_PG_BIN")
+    })
+}
+
+/// The initialized, never-started data directory that new servers copy instead of running
+/// initdb each time (initdb is most of a start's cost).
+pub(crate) fn pg_template(bin: &Path) -> Result<PathBuf> {
+    let root = std::env::temp_dir().join(format!(
+        "dlock-pg-template-{}-{}",
+        bin.to_string_lossy().replace('/', "_"),
+        if running_as_root() { "root" } else { "user" }
+    ));
+    let data = root.join("data");
+    if data.join("PG_VERSION").exists() && root.join("ready").exists() {
+        return Ok(data);
+    }
+    let staging = std::env::temp_dir().join(format!("dlock-pg-staging-{}", uuid_like()));
+    std::fs::create_dir_all(&staging)?;
+    chown_for_postgres(&staging)?;
+    let staged = staging.join("data");
+    let output = pg_command(&bin.join("initdb"))
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(&staged)
+        .output()
+        .context("running initdb")?;
+    if !output.status.success() {
+        bail!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    std::fs::write(staging.join("ready"), b"")?;
+    // Whoever renames first wins; a loser's copy is simply removed.
+    match std::fs::rename(&staging, &root) {
+        Ok(()) => {}
+        Err(_) => {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+    }
+    if data.join("PG_VERSION").exists() {
+        Ok(data)
+    } else {
+        bail!("the PostgreSQL template at {} is unusable", root.display())
+    }
+}
+
+pub(crate) fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{}-{nanos}", std::process::id())
+}
+
+/// A throwaway PostgreSQL server on a free loopback port.
+pub struct PgServer {
+    pub port: u16,
+    bin: PathBuf,
+    dir: PathBuf,
+    /// Addresses it listens on besides 127.0.0.1 (a netfault veth, say).
+    extra_listen: Vec<IpAddr>,
+    /// More `-c name=value` server settings (`ssl=on`, say; see [`PgServer::start_tls`]).
+    settings: Vec<String>,
+    _temp: Option<tempfile::TempDir>,
+    child: Option<ManagedChild>,
+}
+
+impl PgServer {
+    /// Starts a server in `dir` (initialized from the template if empty) or in a temp dir.
+    pub fn start(dir: Option<&Path>) -> Result<Self> {
+        Self::start_listening(dir, &[])
+    }
+
+    /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with
+    /// trust authentication for clients on their subnets (`samenet`).
+    pub fn start_listening(dir: Option<&Path>, extra: &[IpAddr]) -> Result<Self> {
+        Self::start_with(dir, extra, |_| Ok(Vec::new()))
+    }
+
+    /// Starts a server with the `-c name=value` settings that `prepare` returns once it has
+    /// seen the server's directory (the data directory is `dir/data`).
+    pub(crate) fn start_with(
+        dir: Option<&Path>,
+        extra: &[IpAddr],
+        prepare: impl FnOnce(&Path) -> Result<Vec<String>>,
+    ) -> Result<Self> {
+        let bin = pg_bin_dir()?;
+        let (temp, dir) = match dir {
+            Some(dir) => (None, dir.to_path_buf()),
+            None => {
+                let temp = tempfile::Builder::new().prefix("dlock-pg-").tempdir()?;
+                let path = temp.path().to_path_buf();
+                (Some(temp), path)
+            }
+        };
+        std::fs::create_dir_all(&dir)?;
+        chown_for_postgres(&dir)?;
+        let data = dir.join("data");
+        if !data.join("PG_VERSION").exists() {
+            let template = pg_template(&bin)?;
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(&template)
+                .arg(&data)
+                .status()
+                .context("copying the PostgreSQL template")?;
+            if !status.success() {
+                bail!(
+                    "copying the PostgreSQL template into {} failed",
+                    data.display()
+                );
+            }
+        }
+        if !extra.is_empty() {
+            let hba = data.join("pg_hba.conf");
+            let text = std::fs::read_to_string(&hba).context("reading pg_hba.conf")?;
+            let line = "host all all samenet trust";
+            if !text.lines().any(|l| l.trim() == line) {
+                std::fs::write(&hba, format!("{text}\n{line}\n")).context("writing pg_hba.conf")?;
+            }
+        }
+        let settings = prepare(&dir)?;
+        let mut server = Self {
+            port: free_port()?,
+            bin,
+            dir,
+            extra_listen: extra.to_vec(),
+            settings,
+            _temp: temp,
+            child: None,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let data = self.dir.join("data");
+        let socket_dir = self.dir.join("socket");
+        std::fs::create_dir_all(&socket_dir)?;
+        chown_for_postgres(&socket_dir)?;
+        let (stdout, stderr) = log_stdio(Some(&self.dir.join("postgres.log")))?;
+        let listen = std::iter::once("127.0.0.1".to_owned())
+            .chain(self.extra_listen.iter().map(IpAddr::to_string))
+            .collect::<Vec<_>>()
+            .join(",");
+        let listen = format!("listen_addresses={listen}");
+        let child = pg_command(&self.bin.join("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(&socket_dir)
+            .args([
+                "-c",
+                listen.as_str(),
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=128MB",
+                // A throwaway server: an fsync protects against a machine crash, which would
+                // take the test with it. A killed process loses nothing without it.
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
+            ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .context("starting postgres")?;
+        self.child = Some(ManagedChild::new("postgres", child));
+        let port = self.port;
+        let bin = self.bin.clone();
+        wait_until("PostgreSQL", Duration::from_secs(30), || {
+            Command::new(bin.join("pg_isready"))
+                .args([
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        })
+        .with_context(|| format!("see {}", self.dir.join("postgres.log").display()))
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(ManagedChild::pid)
+    }
+
+    /// Runs one SQL statement with psql as the superuser.
+    pub fn psql(&self, database: &str, sql: &str) -> Result<String> {
+        let output = Command::new(self.bin.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+            ])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-c",
+                sql,
+            ])
+            .output()
+            .context("running psql")?;
+        if !output.status.success() {
+            bail!(
+                "psql failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    pub fn create_database(&self, name: &str) -> Result<()> {
+        let exists = self.psql(
+            "postgres",
+            &format!("SELECT 1 FROM pg_database WHERE datname = '{name}'"),
+        )?;
+        if exists.is_empty() {
+            self.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the server (fast shutdown).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.stop_with(Signal::SIGINT, Duration::from_secs(15));
+        }
+    }
+
+    /// Kills the server outright, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.launch()
+    }
+
+    /// Starts it after a stop or kill.
+    pub fn start_again(&mut self) -> Result<()> {
+        if self.child.is_none() {
+            self.launch()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
