@@ -257,6 +257,25 @@ impl ApiError {
         )
     }
 
+    /// Checks an invariant of a money-moving write on the side that sees its answer (TIGER_STYLE:
+    /// both sides assert what the other promised). A violation is a server fault: it is logged
+    /// as `invariant_violated` naming the rule, the request answers 500, and nothing further is
+    /// done under it. It never panics: a serving process keeps its other requests.
+    pub fn invariant(holds: bool, rule: &str) -> Result<(), Self> {
+        if holds {
+            return Ok(());
+        }
+        tracing::error!(
+            event = "invariant_violated",
+            rule,
+            "an invariant of a money-moving write does not hold; nothing further is done under it"
+        );
+        Err(Self::new(
+            ErrorCode::Internal,
+            "the server found an invariant broken and stopped; quote the traceId when reporting it",
+        ))
+    }
+
     pub fn body(&self) -> ErrorBody {
         ErrorBody {
             code: self.code,
@@ -395,5 +414,20 @@ mod tests {
                 "{code}"
             );
         }
+    }
+
+    #[test]
+    fn a_broken_invariant_is_a_500_that_names_nothing_internal() {
+        assert!(ApiError::invariant(true, "holds").is_ok());
+        let broken = ApiError::invariant(false, "claim token equals the caller's token")
+            .err()
+            .unwrap_or_else(|| panic!("a false invariant passed"));
+        assert_eq!(broken.code, ErrorCode::Internal);
+        assert_eq!(broken.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            !broken.message.contains("claim token"),
+            "{}",
+            broken.message
+        );
     }
 }

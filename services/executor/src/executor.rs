@@ -532,7 +532,12 @@ async fn critical_section(
             .await
             {
                 Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
-                Write::Done(Ok(_)) => {}
+                // Only a claim granted to this very token may lead to a submit under it.
+                Write::Done(Ok(claim)) if claim.claim_token == token => {}
+                Write::Done(Ok(claim)) => {
+                    tracing::error!(event = "invariant_violated", rule = "the claim answers with the caller's token", payout_id = %id, token, claim_token = claim.claim_token, "the payment resource granted the claim to another token; not submitting");
+                    return CycleOutcome::Unavailable;
+                }
                 Write::Done(Err(e)) => {
                     return refused(shared, planned, Some(held), Step::Claim, &e);
                 }

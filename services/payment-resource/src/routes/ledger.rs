@@ -118,6 +118,11 @@ fn post_effect(
 ) -> Result<Reply, ApiError> {
     match outcome {
         PostOutcome::Posted { balance_minor } => {
+            // The database wrote one balanced pair under this token; check what it answered.
+            ApiError::invariant(
+                entries_are_one_balanced_pair(&entries, token),
+                "a post writes one debit and one credit of the same amount under the caller's token",
+            )?;
             tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
             Reply::json(
                 StatusCode::OK,
@@ -150,5 +155,64 @@ fn post_effect(
                 write,
             },
         )),
+    }
+}
+
+/// Whether `entries` are one debit and one credit of the same positive amount, both written
+/// under `token`: what `pay_post` promises for a payout (double entry, fenced).
+fn entries_are_one_balanced_pair(entries: &[LedgerEntry], token: i64) -> bool {
+    match entries {
+        [a, b] => {
+            a.direction != b.direction
+                && a.amount_minor == b.amount_minor
+                && a.amount_minor > 0
+                && a.fence == token
+                && b.fence == token
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_contract::payment::Direction;
+
+    fn entry(direction: Direction, amount_minor: i64, fence: i64) -> LedgerEntry {
+        LedgerEntry {
+            entry_id: Uuid::new_v4(),
+            account_id: "a".into(),
+            direction,
+            amount_minor,
+            fence,
+        }
+    }
+
+    #[test]
+    fn a_post_is_one_balanced_pair_under_the_callers_token() {
+        use Direction::{Credit, Debit};
+        assert!(entries_are_one_balanced_pair(
+            &[entry(Debit, 500, 7), entry(Credit, 500, 7)],
+            7
+        ));
+        for (entries, why) in [
+            (vec![entry(Debit, 500, 7)], "one entry"),
+            (
+                vec![entry(Debit, 500, 7), entry(Debit, 500, 7)],
+                "two debits",
+            ),
+            (
+                vec![entry(Debit, 500, 7), entry(Credit, 499, 7)],
+                "unbalanced",
+            ),
+            (vec![entry(Debit, 0, 7), entry(Credit, 0, 7)], "no amount"),
+            (
+                vec![entry(Debit, 500, 6), entry(Credit, 500, 7)],
+                "an older token",
+            ),
+            (vec![], "nothing"),
+        ] {
+            assert!(!entries_are_one_balanced_pair(&entries, 7), "{why}");
+        }
     }
 }

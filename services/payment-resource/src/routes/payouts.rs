@@ -197,6 +197,11 @@ fn claim_effect(
             fence,
             attempt_count,
         } => {
+            // The claim was granted to this token and the account's fence now stands at it.
+            ApiError::invariant(
+                claim_token == token && fence == token,
+                "a claim answers with the caller's token as the claim token and the account's fence",
+            )?;
             let response = ClaimResponse {
                 payout_id,
                 state: PayoutState::Claimed,
