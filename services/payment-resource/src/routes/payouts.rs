@@ -197,11 +197,7 @@ fn claim_effect(
             fence,
             attempt_count,
         } => {
-            // The claim was granted to this token and the account's fence now stands at it.
-            ApiError::invariant(
-                claim_token == token && fence == token,
-                "a claim answers with the caller's token as the claim token and the account's fence",
-            )?;
+            claimed_by(token, claim_token, fence)?;
             let response = ClaimResponse {
                 payout_id,
                 state: PayoutState::Claimed,
@@ -227,11 +223,8 @@ fn claim_effect(
         } => {
             tracing::info!(event = "payout_insufficient_funds", %payout_id, account_id = %account_id, owner = %write.owner_id, "claim refused for insufficient funds; payout FAILED");
             Err(insufficient_funds(json!({
-                "payoutId": payout_id,
-                "accountId": account_id,
-                "state": PayoutState::Failed,
-                "availableMinor": available_minor,
-                "amountMinor": amount_minor,
+                "payoutId": payout_id, "accountId": account_id, "state": PayoutState::Failed,
+                "availableMinor": available_minor, "amountMinor": amount_minor,
             })))
         }
         ClaimOutcome::Refused(refusal) => Err(refused(
@@ -246,6 +239,14 @@ fn claim_effect(
             },
         )),
     }
+}
+
+/// The claim was granted to the caller's token, and the account's fence now stands at it.
+fn claimed_by(token: i64, claim_token: i64, fence: i64) -> Result<(), ApiError> {
+    ApiError::invariant(
+        claim_token == token && fence == token,
+        "a claim answers with the caller's token as the claim token and the account's fence",
+    )
 }
 
 /// A claim that found the account's available balance short: the payout is FAILED.
