@@ -9,7 +9,6 @@
 pub mod address_map;
 pub mod auth;
 pub mod client;
-pub mod config;
 pub mod error;
 pub mod headers;
 pub mod http;
@@ -23,6 +22,7 @@ pub mod proof;
 pub mod rail;
 pub mod reconcile;
 pub mod revoke;
+pub mod service_config;
 pub mod session;
 pub mod time;
 pub mod tls;
