@@ -262,7 +262,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
          stop it with Ctrl-C (SIGINT), SIGTERM or `dlock dev down`",
         env_file.display()
     );
-    dlock_contract::http::shutdown_signal().await;
+    dlock_server::http::shutdown_signal().await;
     eprintln!("dlock dev up: stopping");
     tokio::task::spawn_blocking(move || drop(stack)).await?;
     // The env file's addresses and credentials die with the stack.

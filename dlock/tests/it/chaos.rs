@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
-use dlock_contract::config::env_name;
 use dlock_contract::payment::{
     CreateAccountRequest, CreatePayoutRequest, FundRequest, PayoutState,
 };
@@ -20,6 +19,7 @@ use dlock_devstack::{
     EtcdServer, ManagedChild, PgServer, Signal, free_port, http_status, spawn_logged, wait_until,
 };
 use dlock_executor::manifest::{idempotency_key, payout_id};
+use dlock_server::config::env_name;
 
 use uuid::Uuid;
 

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::config::env_name;
 use dlock_devstack::certs::{CertFiles, TestCa, Validity};
 use dlock_devstack::etcd_cluster::{EtcdCluster, EtcdTls};
 use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use dlock_server::config::env_name;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
 
 use crate::harness::client;

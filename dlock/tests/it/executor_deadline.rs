@@ -24,11 +24,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::config::env_name;
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
 use dlock_executor::executor::{Endpoints, Report, RunOptions, execute};
+use dlock_server::config::env_name;
 
 /// A write lands in paydb a few milliseconds after the executor's check; this much is allowed.
 const SLACK_MS: f64 = 60.0;

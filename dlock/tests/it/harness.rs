@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use dlock_contract::client::LockClient;
-use dlock_contract::config::RawConfig;
 use dlock_devstack::{
     EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
 };
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
+use dlock_server::config::RawConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -92,7 +92,7 @@ impl LockStack {
         pairs.extend(self.extra.iter().cloned());
         pairs
             .into_iter()
-            .map(|(k, v)| (dlock_contract::config::env_name(&k), v))
+            .map(|(k, v)| (dlock_server::config::env_name(&k), v))
             .collect()
     }
 
@@ -114,7 +114,7 @@ impl LockStack {
             .unwrap_or_else(|e| panic!("open store: {e:#}"));
         let state = AppState::new(store, std::sync::Arc::new(config));
         self.servers.push(tokio::spawn(async move {
-            let _ = dlock_contract::http::serve(listener, app(state), std::future::pending()).await;
+            let _ = dlock_server::http::serve(listener, app(state), std::future::pending()).await;
         }));
         format!("http://{addr}")
     }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
-use dlock_contract::config::env_name;
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
@@ -24,6 +23,7 @@ use dlock_devstack::netfault::NetNs;
 use dlock_devstack::{
     EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
 };
+use dlock_server::config::env_name;
 use uuid::Uuid;
 
 use crate::chaos::{CheckedStack, Figures, check_invariants, fenced_out_in, header};

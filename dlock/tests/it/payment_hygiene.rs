@@ -16,7 +16,7 @@ use crate::payment::{OPERATOR_TOKEN, PayStack};
 use crate::rail::{RailWorld, submit};
 
 /// The identity the payment resource's operator token authenticates as.
-const OPERATOR_IDENTITY: &str = dlock_contract::auth::DEFAULT_OPERATOR_IDENTITY;
+const OPERATOR_IDENTITY: &str = dlock_server::auth::DEFAULT_OPERATOR_IDENTITY;
 
 // ---------------------------------------------------------------------------------------------
 // Item 15: the idempotency sweeper racing a duplicate; an in-progress record is not NOT_LEADER

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_contract::config::{RawConfig, env_name};
 use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::spawn_logged;
+use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -556,7 +556,7 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
         .unwrap_or_else(|e| panic!("{e:#}"));
     let state = dlock_lock_server::AppState::new(store, Arc::new(config));
     let server = tokio::spawn(async move {
-        let _ = dlock_contract::http::serve(
+        let _ = dlock_server::http::serve(
             listener,
             dlock_lock_server::app(state),
             std::future::pending(),

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_contract::config::{RawConfig, env_name};
 use dlock_devstack::{ManagedChild, PgServer, http_status, spawn_logged, wait_until};
+use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -82,7 +82,7 @@ impl RailWorld {
             .unwrap_or_else(|e| panic!("{e}"));
         let state = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
         self.servers.push(tokio::spawn(async move {
-            let _ = dlock_contract::http::serve(
+            let _ = dlock_server::http::serve(
                 listener,
                 dlock_rail_stub::app(state),
                 std::future::pending(),
@@ -127,7 +127,7 @@ impl RailWorld {
         let state = dlock_rail_proxy::AppState::new(pool, Arc::new(config))
             .unwrap_or_else(|e| panic!("{e:#}"));
         self.servers.push(tokio::spawn(async move {
-            let _ = dlock_contract::http::serve(
+            let _ = dlock_server::http::serve(
                 listener,
                 dlock_rail_proxy::app(state),
                 std::future::pending(),

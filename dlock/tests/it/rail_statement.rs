@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::config::env_name;
 use dlock_contract::rail::{Statement, Transfer};
 use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use dlock_server::config::env_name;
 use futures::StreamExt;
 use serde_json::{Value, json};
 

@@ -236,7 +236,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         .unwrap_or_else(|e| panic!("{e}"));
     // The evicted worker still holds its grant: the revoked token and the lock server's proof of
     // it (signed here with the local stack's proof keys, as the grant carried it).
-    let keys = dlock_contract::proof::ProofKeys::load(Path::new(&proof_keys))
+    let keys = dlock_server::proof::ProofKeys::load(Path::new(&proof_keys))
         .unwrap_or_else(|e| panic!("{e}"));
     let proof = keys
         .sign(&key, revoked)

@@ -9,7 +9,6 @@
 pub mod address_map;
 pub mod auth;
 pub mod client;
-pub mod config;
 pub mod error;
 pub mod headers;
 pub mod http;

@@ -6,14 +6,11 @@
 //! spans' ids: a request's span is the child of the caller's span named in `traceparent`, an
 //! outgoing call names the current span as its parent, and a root span started inside [`scope`]
 //! takes the scope's trace id ([`scoped_trace_id`], read by the binary's id generator), so the
-//! `traceId` of an error envelope finds its trace in the tracing backend.
+//! `traceId` of an error envelope finds its trace in the tracing backend. A service's request
+//! middleware is `dlock_server::trace`.
 
-use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::Response;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use rand::RngCore;
-use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 #[derive(Debug, Clone)]
@@ -96,7 +93,7 @@ pub fn outgoing_traceparent(trace_id: Option<&str>) -> String {
 }
 
 /// The caller's span as the remote parent of a request's span.
-fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
+pub fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
     let ctx = parse_traceparent(header)?;
     let flags = header.trim().rsplit('-').next()?;
     let sampled = u8::from_str_radix(flags, 16).ok()? & 1 == 1;
@@ -117,94 +114,6 @@ fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
 /// Runs `fut` inside the given trace, so errors built in it carry its id.
 pub async fn scope<F: std::future::Future>(ctx: TraceContext, fut: F) -> F::Output {
     TRACE.scope(ctx, fut).await
-}
-
-/// Axum middleware: sets up the request's trace and its span. The span carries what an
-/// on-call engineer searches by: the route, the owner, the fencing token, the payout and the
-/// answer's status.
-pub async fn middleware(request: Request, next: Next) -> Response {
-    let traceparent = request
-        .headers()
-        .get(crate::headers::TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let ctx = traceparent
-        .as_deref()
-        .and_then(parse_traceparent)
-        .unwrap_or_else(|| TraceContext {
-            trace_id: new_trace_id(),
-            parent_span_id: None,
-        });
-    let path = request.uri().path().to_owned();
-    let route = request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|m| m.as_str().to_owned())
-        .unwrap_or_else(|| path.clone());
-    let segment = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .and_then(|rest| rest.split('/').next())
-            .filter(|s| !s.is_empty())
-            .map(|s| s.chars().take(160).collect::<String>())
-    };
-    let payout = segment("/v1/payouts/");
-    let lock_key = segment("/v1/locks/");
-    let method = request.method().clone();
-    let (owner, token) = {
-        let header = |name: &str| {
-            request
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.chars().take(128).collect::<String>())
-        };
-        (
-            header(crate::headers::OWNER_ID),
-            header(crate::headers::FENCING_TOKEN),
-        )
-    };
-    let trace_id = ctx.trace_id.clone();
-    TRACE
-        .scope(ctx, async move {
-            // Made inside the scope: a root span takes the scope's trace id.
-            let span = tracing::info_span!(
-                "request",
-                otel.name = %format_args!("{method} {route}"),
-                otel.kind = "server",
-                otel.status_code = tracing::field::Empty,
-                method = %method,
-                path = %path,
-                trace_id = %trace_id,
-                owner = tracing::field::Empty,
-                fencing.token = tracing::field::Empty,
-                payout.id = tracing::field::Empty,
-                lock.key = tracing::field::Empty,
-                http.response.status_code = tracing::field::Empty,
-            );
-            // Attributes only where the request has them.
-            for (field, value) in [
-                ("owner", owner),
-                ("fencing.token", token),
-                ("payout.id", payout),
-                ("lock.key", lock_key),
-            ] {
-                if let Some(value) = value {
-                    span.record(field, value);
-                }
-            }
-            if let Some(parent) = traceparent.as_deref().and_then(remote_parent) {
-                // Ignored when no exporter is installed.
-                let _ = span.set_parent(parent);
-            }
-            let response = next.run(request).instrument(span.clone()).await;
-            let status = response.status();
-            span.record("http.response.status_code", status.as_u16());
-            if status.is_server_error() {
-                span.record("otel.status_code", "ERROR");
-            }
-            response
-        })
-        .await
 }
 
 #[cfg(test)]

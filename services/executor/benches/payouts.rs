@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_contract::config::RawConfig;
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{EtcdServer, PgServer};
 use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
 use dlock_executor::{Endpoints, RunOptions};
+use dlock_server::config::RawConfig;
 
 fn raw(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
@@ -34,7 +34,7 @@ async fn bind() -> (tokio::net::TcpListener, String) {
 
 fn serve(l: tokio::net::TcpListener, app: axum::Router) {
     tokio::spawn(async move {
-        let _ = dlock_contract::http::serve(l, app, std::future::pending()).await;
+        let _ = dlock_server::http::serve(l, app, std::future::pending()).await;
     });
 }
 

@@ -86,7 +86,7 @@ impl Metrics {
                 }),
             )
             .route("/healthz", get(|| async { "{\"status\":\"ok\"}" }));
-        dlock_contract::http::serve(listener, app, std::future::pending()).await?;
+        dlock_server::http::serve(listener, app, std::future::pending()).await?;
         Ok(())
     }
 }

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_contract::config::RawConfig;
 use dlock_devstack::{EtcdServer, PgServer};
 use dlock_lock_server::store::{Acquire, Store};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
+use dlock_server::config::RawConfig;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Path {
@@ -332,7 +332,7 @@ fn main() {
             let state = AppState::new(store.clone(), Arc::new(config));
             let server = tokio::spawn(async move {
                 let _ =
-                    dlock_contract::http::serve(listener, app(state), std::future::pending()).await;
+                    dlock_server::http::serve(listener, app(state), std::future::pending()).await;
             });
             let url = format!("http://{addr}");
             // Warm up connections and caches.

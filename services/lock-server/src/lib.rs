@@ -53,12 +53,12 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         "lock server is serving"
     );
     config.auth.announce("lock-server");
-    dlock_contract::proof::announce(config.proof_keys.as_ref(), "lock-server");
-    dlock_contract::http::serve_maybe_tls(
+    dlock_server::proof::announce(config.proof_keys.as_ref(), "lock-server");
+    dlock_server::http::serve_maybe_tls(
         listener,
         config.tls.as_ref(),
         app(state),
-        dlock_contract::http::shutdown_signal(),
+        dlock_server::http::shutdown_signal(),
     )
     .await
     .context("the HTTP server failed")?;

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock_contract::config::RawConfig;
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
+use dlock_server::config::RawConfig;
 use uuid::Uuid;
 
 /// Payouts per client per round.
@@ -296,7 +296,7 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let state = AppState::new(store.clone(), Arc::new(config));
         let server = tokio::spawn(async move {
-            let _ = dlock_contract::http::serve(listener, app(state), std::future::pending()).await;
+            let _ = dlock_server::http::serve(listener, app(state), std::future::pending()).await;
         });
         let url = format!("http://{addr}");
         let tokens = Arc::new(AtomicI64::new(1));

@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use dlock_contract::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_contract::config::{ConfigError, RawConfig};
-use dlock_contract::http::HttpLimits;
-use dlock_contract::proof::ProofKeys;
-use dlock_contract::tls::TlsSettings;
+use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::HttpLimits;
+use dlock_server::proof::ProofKeys;
+use dlock_server::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
@@ -184,7 +184,7 @@ mod tests {
     fn load(env: &[(&str, &str)]) -> Result<PaymentConfig, ConfigError> {
         let env: BTreeMap<String, String> = env
             .iter()
-            .map(|(k, v)| (dlock_contract::config::env_name(k), (*v).to_owned()))
+            .map(|(k, v)| (dlock_server::config::env_name(k), (*v).to_owned()))
             .collect();
         let mut raw = RawConfig::from_parts(None, env)?;
         PaymentConfig::from_raw(&mut raw)

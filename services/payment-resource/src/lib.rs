@@ -37,8 +37,7 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         store.clone(),
         Duration::from_millis(config.idempotency.sweep_interval_ms),
     ));
-    if config.operator_token.is_none() && config.auth.mode() == dlock_contract::auth::AuthMode::None
-    {
+    if config.operator_token.is_none() && config.auth.mode() == dlock_server::auth::AuthMode::None {
         tracing::warn!(
             event = "operator_credential_missing",
             "neither auth.mode nor payment.operator.token is set; fence advances and resolutions are refused"
@@ -51,13 +50,13 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         "payment resource is serving"
     );
     state.config.auth.announce("payment-resource");
-    dlock_contract::proof::announce(state.config.proof_keys.as_ref(), "payment-resource");
+    dlock_server::proof::announce(state.config.proof_keys.as_ref(), "payment-resource");
     let tls = state.config.tls.clone();
-    dlock_contract::http::serve_maybe_tls(
+    dlock_server::http::serve_maybe_tls(
         listener,
         tls.as_ref(),
         app(state),
-        dlock_contract::http::shutdown_signal(),
+        dlock_server::http::shutdown_signal(),
     )
     .await
     .context("the HTTP server failed")?;

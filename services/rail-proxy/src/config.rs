@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::auth::{AuthSettings, Authenticator, Credential, OperatorWithoutAuth};
-use dlock_contract::config::{ConfigError, RawConfig};
-use dlock_contract::http::HttpLimits;
-use dlock_contract::proof::ProofKeys;
-use dlock_contract::tls::TlsSettings;
+use dlock_contract::auth::Credential;
+use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::HttpLimits;
+use dlock_server::proof::ProofKeys;
+use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {

@@ -19,7 +19,7 @@ const REASON_LEN_MAX: usize = 4096;
 
 pub(crate) async fn advance_high_water(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<AdvanceRequest>,
@@ -114,7 +114,7 @@ fn account_not_found(account_id: &str) -> ApiError {
 }
 
 /// What the caller's credential authenticated as, recorded beside the typed-in operator.
-fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+fn identity_of(caller: &dlock_server::auth::Caller) -> String {
     caller
         .identity()
         .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
@@ -126,14 +126,14 @@ fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
 /// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<FenceLowerRequest>,
 ) -> Result<Json<FenceLowered>, ApiError> {
     caller.require_operator("lowering the high-water mark")?;
     let Some(keys) = &state.config.proof_keys else {
-        return Err(dlock_contract::proof::recovery_disabled());
+        return Err(dlock_server::proof::recovery_disabled());
     };
     let token = headers::fencing_token(&headers)?;
     let owner = check_lower(&account_id, &headers, &body)?;

@@ -108,7 +108,7 @@ pub fn app(state: AppState) -> Router {
         )
         .with_state(state.clone());
     let routes = state.config.auth.protect(routes);
-    dlock_contract::http::finish(routes, limits)
+    dlock_server::http::finish(routes, limits)
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a
@@ -125,12 +125,12 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
     config.auth.announce("rail-proxy");
-    dlock_contract::proof::announce(config.proof_keys.as_ref(), "rail-proxy");
-    dlock_contract::http::serve_maybe_tls(
+    dlock_server::proof::announce(config.proof_keys.as_ref(), "rail-proxy");
+    dlock_server::http::serve_maybe_tls(
         listener,
         config.tls.as_ref(),
         app(state),
-        dlock_contract::http::shutdown_signal(),
+        dlock_server::http::shutdown_signal(),
     )
     .await
     .context("the HTTP server failed")?;

@@ -18,9 +18,9 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use dlock_contract::config::{ConfigError, RawConfig};
-use dlock_contract::http::HttpLimits;
 use dlock_contract::json::Json;
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::HttpLimits;
 use handlers::{statement, submit};
 use ledger::Ledger;
 use serde::Deserialize;
@@ -55,9 +55,9 @@ pub struct RailStubConfig {
     /// `rail.stub.statement-path`: the durable statement (JSON lines).
     pub statement_path: PathBuf,
     /// `server.tls.*`: TLS on the listener when set.
-    pub tls: Option<dlock_contract::tls::TlsSettings>,
+    pub tls: Option<dlock_server::tls::TlsSettings>,
     /// `auth.*`: who may submit (the rail proxy's identity).
-    pub auth: dlock_contract::auth::Authenticator,
+    pub auth: dlock_server::auth::Authenticator,
 }
 
 impl RailStubConfig {
@@ -87,11 +87,11 @@ impl RailStubConfig {
             statement_path: PathBuf::from(
                 raw.string("rail.stub.statement-path", "rail-statement.jsonl")?,
             ),
-            tls: dlock_contract::tls::TlsSettings::from_raw(raw)?,
-            auth: dlock_contract::auth::Authenticator::new(
-                &dlock_contract::auth::AuthSettings::from_raw(raw)?,
+            tls: dlock_server::tls::TlsSettings::from_raw(raw)?,
+            auth: dlock_server::auth::Authenticator::new(
+                &dlock_server::auth::AuthSettings::from_raw(raw)?,
                 None,
-                dlock_contract::auth::OperatorWithoutAuth::Refused,
+                dlock_server::auth::OperatorWithoutAuth::Refused,
             )?,
         })
     }
@@ -139,7 +139,7 @@ pub fn app(state: StubState) -> Router {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
     };
-    dlock_contract::http::finish(routes, limits)
+    dlock_server::http::finish(routes, limits)
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
@@ -151,11 +151,11 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (server.listen)"))?;
     tracing::info!(event = "rail_stub_started", listen = %listener.local_addr()?, "rail stub is serving");
-    dlock_contract::http::serve_maybe_tls(
+    dlock_server::http::serve_maybe_tls(
         listener,
         tls.as_ref(),
         app(state),
-        dlock_contract::http::shutdown_signal(),
+        dlock_server::http::shutdown_signal(),
     )
     .await
     .context("the HTTP server failed")?;

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use dlock_contract::config::{RawConfig, env_name};
 use dlock_devstack::PgServer;
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
+use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -127,8 +127,7 @@ impl PayStack {
         let state = AppState::new(store, Arc::new(config));
         let served = state.clone();
         let server = tokio::spawn(async move {
-            let _ =
-                dlock_contract::http::serve(listener, app(served), std::future::pending()).await;
+            let _ = dlock_server::http::serve(listener, app(served), std::future::pending()).await;
         });
         Self {
             pg,

@@ -186,7 +186,7 @@ fn the_service_refuses_to_start_with_fencing_disabled() {
     .into_iter()
     .collect();
     let mut raw =
-        dlock_contract::config::RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
+        dlock_server::config::RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
     let error = dlock_payment_resource::PaymentConfig::from_raw(&mut raw)
         .err()
         .map(|e| e.to_string())

@@ -2,11 +2,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use dlock_contract::auth::Caller;
 use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
+use dlock_server::auth::Caller;
 
 use super::AppState;
 use super::checks::{Checks, path_key};

@@ -3,12 +3,12 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use dlock_contract::auth::Caller;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
+use dlock_server::auth::Caller;
 
 use super::AppState;
 use super::checks::{Checks, path_session, present, ttl};

@@ -96,7 +96,7 @@ pub(super) async fn get_account(
 
 pub(super) async fn advance_fence(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<FenceRequest>,
@@ -180,14 +180,14 @@ async fn fence_effect(
 /// authenticated identity.
 pub(super) async fn lower_fence(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(account_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<FenceLowerRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_operator("lowering a fence")?;
     let Some(keys) = &state.config.proof_keys else {
-        return Err(dlock_contract::proof::recovery_disabled());
+        return Err(dlock_server::proof::recovery_disabled());
     };
     let token = headers::fencing_token(&headers)?;
     let write = checked_write(&headers, |checks| {

@@ -117,7 +117,7 @@ pub(super) fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<
 }
 
 /// What the caller's credential authenticated as, for the audit rows (issue 13, item 13).
-pub(super) fn identity_of(caller: &dlock_contract::auth::Caller) -> String {
+pub(super) fn identity_of(caller: &dlock_server::auth::Caller) -> String {
     caller
         .identity()
         .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())

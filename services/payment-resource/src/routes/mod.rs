@@ -74,7 +74,7 @@ pub fn app(state: AppState) -> Router {
         )
         .with_state(state.clone());
     let routes = state.config.auth.protect(routes);
-    dlock_contract::http::finish(routes, limits)
+    dlock_server::http::finish(routes, limits)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -277,7 +277,7 @@ fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutStat
 
 pub(super) async fn resolve(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(payout_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<ResolveRequest>,
@@ -379,7 +379,7 @@ pub struct Resolved {
 /// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
-    caller: dlock_contract::auth::Caller,
+    caller: dlock_server::auth::Caller,
     Path(payout_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<CancelRequest>,

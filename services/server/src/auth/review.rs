@@ -162,7 +162,8 @@ pub(super) struct ReviewUser {
 
 impl TokenReviewer {
     pub(super) fn new(settings: &TokenReviewSettings) -> Result<Self, String> {
-        let tls = crate::tls::client_config(settings.ca_file.as_deref().filter(|p| p.exists()))?;
+        let tls =
+            dlock_contract::tls::client_config(settings.ca_file.as_deref().filter(|p| p.exists()))?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .timeout(settings.timeout)

@@ -1,4 +1,5 @@
-//! Who is calling: bearer credentials on every write of every service.
+//! Who is calling: bearer credentials on every write of every service. (What a client sends is
+//! `dlock_contract::auth::Credential`.)
 //!
 //! `auth.mode` picks how a credential is checked:
 //!
@@ -42,17 +43,16 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{ConfigError, RawConfig};
-use crate::error::{ApiError, ErrorCode};
-use crate::headers;
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::headers;
 
-mod credential;
+use crate::config::{ConfigError, RawConfig};
+
 mod review;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
-pub use credential::*;
 use review::*;
 pub use tokens::*;
 

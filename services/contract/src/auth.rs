@@ -1,15 +1,18 @@
-//! What a client presents: a bearer credential, fixed or read from a file as it rotates.
+//! What a client presents: a bearer credential, fixed or read from a file as it rotates. How a
+//! service checks one is `dlock_server::auth`.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A credential a client presents: fixed, or a file re-read as it changes (a projected
 /// service-account token is rotated by kubelet; a Secret mount is updated in place).
 #[derive(Clone)]
 pub struct Credential {
-    pub(super) source: Arc<CredentialSource>,
+    source: Arc<CredentialSource>,
 }
 
-pub(super) enum CredentialSource {
+enum CredentialSource {
     Fixed(String),
     File {
         path: PathBuf,
@@ -18,7 +21,7 @@ pub(super) enum CredentialSource {
 }
 
 /// A credential file is read again when its copy is older than this.
-pub(super) const CREDENTIAL_REREAD_EVERY: Duration = Duration::from_secs(30);
+const CREDENTIAL_REREAD_EVERY: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -31,7 +34,7 @@ impl std::fmt::Debug for Credential {
     }
 }
 
-pub(super) fn read_credential(path: &Path) -> Result<String, String> {
+fn read_credential(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the credential file {}: {e}", path.display()))?;
     let token = text.trim().to_owned();

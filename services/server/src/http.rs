@@ -1,0 +1,355 @@
+//! What every dlock HTTP service shares: the envelope for unknown routes and wrong methods, every
+//! response in the contract's content type, the trace middleware, the body limit and a request
+//! deadline. A service builds its routes and hands them to [`finish`].
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::http::{JSON_CONTENT_TYPE, envelope_for};
+
+/// Limits every service applies to every request.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Largest accepted request body; a larger one is `400 VALIDATION_FAILED` (field `body`),
+    /// whichever extractor read it.
+    pub body_bytes_max: usize,
+    /// A request still running after this long is answered with `500 INTERNAL`, outcome unknown.
+    pub request_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            body_bytes_max: 64 * 1024,
+            request_timeout: Duration::from_secs(40),
+        }
+    }
+}
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "no route for {method} {}; see the API reference for the paths this service serves",
+            uri.path()
+        ),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{} does not accept {method}", uri.path()),
+    )
+}
+
+/// The most of a non-JSON error body read to classify it (axum's rejections are one line).
+const FOREIGN_ERROR_BODY_MAX: usize = 4 * 1024;
+/// Gives every response the JSON content type unless it set its own non-JSON one (`/metrics`).
+/// Bodiless responses (204) get it too, so no client ever has to special-case a response.
+/// An error answered in anything but JSON (axum's own rejections are plain text) becomes the
+/// contract's envelope: every non-2xx carries it (C3 §3.1).
+async fn json_content_type(body_bytes_max: usize, request: Request, next: Next) -> Response {
+    // MatchedPath is reference-counted: cloning it costs no allocation per request.
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .cloned();
+    let mut response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if (status.is_client_error() || status.is_server_error()) && !is_json {
+        let body = std::mem::take(response.body_mut());
+        let text = axum::body::to_bytes(body, FOREIGN_ERROR_BODY_MAX)
+            .await
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default();
+        let error = envelope_for(
+            status,
+            &text,
+            route.as_ref().map(axum::extract::MatchedPath::as_str),
+            body_bytes_max,
+        );
+        tracing::debug!(
+            event = "plain_error_enveloped",
+            status = status.as_u16(),
+            code = error.code.as_str(),
+            original = text.as_str(),
+            "an error answered in plain text was given the contract's envelope"
+        );
+        return error.into_response();
+    }
+    let headers = response.headers_mut();
+    let keep = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.starts_with("application/json") && !v.starts_with("text/plain"));
+    if !keep {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(JSON_CONTENT_TYPE),
+        );
+    }
+    response
+}
+
+async fn deadline(timeout: Duration, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            ErrorCode::Internal,
+            format!(
+                "the request did not finish within {} ms; its outcome is unknown, read the state before acting",
+                timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    }
+}
+
+/// Wraps a service's routes with the shared conventions.
+pub fn finish(routes: Router, limits: HttpLimits) -> Router {
+    let timeout = limits.request_timeout;
+    let body_bytes_max = limits.body_bytes_max;
+    routes
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limits.body_bytes_max))
+        .layer(middleware::from_fn(move |req, next| {
+            deadline(timeout, req, next)
+        }))
+        .layer(middleware::from_fn(move |req, next| {
+            json_content_type(body_bytes_max, req, next)
+        }))
+        .layer(middleware::from_fn(crate::trace::middleware))
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Serves `app` over TLS when `tls` is set, plain HTTP otherwise, until `shutdown` resolves.
+pub async fn serve_maybe_tls(
+    listener: tokio::net::TcpListener,
+    tls: Option<&crate::tls::TlsSettings>,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        None => serve(listener, app, shutdown).await,
+        Some(settings) => {
+            let listener = crate::tls::TlsListener::new(listener, settings)?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::{Path, Query};
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    use serde_json::Value;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Page {
+        limit: u32,
+    }
+
+    /// A service built the way every dlock service is, on a real port.
+    async fn service() -> String {
+        let routes = Router::new()
+            .route(
+                "/v1/payouts/{payout_id}",
+                get(|Path(id): Path<String>| async move { dlock_contract::Json(id) }),
+            )
+            .route(
+                "/v1/counts/{n}",
+                get(|Path(n): Path<u32>| async move { dlock_contract::Json(n) }),
+            )
+            .route(
+                "/v1/pages",
+                get(|Query(page): Query<Page>| async move { dlock_contract::Json(page.limit) }),
+            )
+            .route(
+                "/v1/raw",
+                post(|body: bytes::Bytes| async move { dlock_contract::Json(body.len()) }),
+            )
+            .route(
+                "/v1/json",
+                post(
+                    |dlock_contract::Json(v): dlock_contract::Json<Value>| async move {
+                        dlock_contract::Json(v)
+                    },
+                ),
+            )
+            .route(
+                "/v1/plain-fault",
+                get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "db at 10.0.0.7 is down") }),
+            );
+        let app = finish(
+            routes,
+            HttpLimits {
+                body_bytes_max: 1_000,
+                request_timeout: Duration::from_secs(5),
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        format!("http://{addr}")
+    }
+
+    /// Status, content type and the envelope's code and `details.fields[0].field`.
+    async fn answer(request: reqwest::RequestBuilder) -> (u16, String, Value) {
+        let response = request.send().await.unwrap_or_else(|e| panic!("{e}"));
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let text = response.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        (status, content_type, body)
+    }
+
+    fn assert_field(what: &str, got: &(u16, String, Value), field: &str) {
+        let (status, content_type, body) = got;
+        assert_eq!(*status, 400, "{what}: {body}");
+        assert_eq!(content_type, JSON_CONTENT_TYPE, "{what}");
+        assert_eq!(body["code"], "VALIDATION_FAILED", "{what}: {body}");
+        assert_eq!(
+            body["details"]["fields"][0]["field"], field,
+            "{what}: {body}"
+        );
+        assert_eq!(body["retrySafe"], false, "{what}");
+        assert!(
+            body["traceId"].as_str().is_some_and(|t| t.len() == 32),
+            "{what}: {body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn rejections_of_axum_s_own_extractors_are_the_envelope() {
+        let url = service().await;
+        let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
+        assert_field(
+            "a path segment that is not UTF-8",
+            &answer(http.get(format!("{url}/v1/payouts/%FF%FE"))).await,
+            "payoutId",
+        );
+        assert_field(
+            "a path segment of the wrong type",
+            &answer(http.get(format!("{url}/v1/counts/many"))).await,
+            "n",
+        );
+        assert_field(
+            "a query string that does not parse",
+            &answer(http.get(format!("{url}/v1/pages?limit=lots"))).await,
+            "query",
+        );
+        let big = "x".repeat(5_000);
+        let raw_big = answer(http.post(format!("{url}/v1/raw")).body(big.clone())).await;
+        assert_field("an oversize body read as bytes", &raw_big, "body");
+        assert!(
+            raw_big.2["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("1000 bytes")),
+            "{}",
+            raw_big.2
+        );
+        assert_field(
+            "an oversize body read as JSON",
+            &answer(
+                http.post(format!("{url}/v1/json"))
+                    .header("content-type", "application/json")
+                    .body(format!("{{\"a\":\"{big}\"}}")),
+            )
+            .await,
+            "body",
+        );
+        // A plain-text fault says nothing of what it said.
+        let (status, content_type, body) = answer(http.get(format!("{url}/v1/plain-fault"))).await;
+        assert_eq!(status, 500);
+        assert_eq!(content_type, JSON_CONTENT_TYPE);
+        assert_eq!(body["code"], "INTERNAL");
+        assert!(!body.to_string().contains("10.0.0.7"), "{body}");
+        // Positive control: what is fine stays fine.
+        let (status, _, body) = answer(http.get(format!("{url}/v1/payouts/p%C3%A9-1"))).await;
+        assert_eq!((status, body), (200, Value::String("pé-1".into())));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_breaks_off_is_the_envelope() {
+        let url = service().await;
+        let addr = url.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A chunk size that is not hexadecimal: the body cannot be read to its end.
+        stream
+            .write_all(
+                b"POST /v1/raw HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut reply = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut reply)).await;
+        let reply = String::from_utf8_lossy(&reply);
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_default();
+        assert!(head.starts_with("HTTP/1.1 400"), "{reply}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json; charset=utf-8"),
+            "{reply}"
+        );
+        let body: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"));
+        assert_eq!(body["code"], "VALIDATION_FAILED");
+        assert_eq!(body["details"]["fields"][0]["field"], "body");
+    }
+}

@@ -1,0 +1,459 @@
+//! Fencing-token proofs, the services' side (DESIGN D-8; the header and the lock key are
+//! `dlock_contract::proof`): the lock server signs every grant with the first key of
+//! `fencing.proof-keys-file`, and the enforcement points (payment resource, rail proxy) refuse a
+//! token it did not sign. The MAC and the rotation of keys are described there.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::proof::{KEYS_FILE_KEY, presented};
+use http::HeaderMap;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{ConfigError, RawConfig};
+
+/// The shortest secret accepted: an HMAC key that can be guessed proves nothing.
+pub const SECRET_LEN_MIN: usize = 32;
+/// The longest key id.
+pub const KEY_ID_LEN_MAX: usize = 32;
+/// How often the keys file is looked at for a change.
+const RECHECK_EVERY: Duration = Duration::from_secs(2);
+/// Domain separation: this MAC means "the lock server granted this token on this key" and
+/// nothing else the same secret might one day be used for.
+const DOMAIN: &[u8] = b"dlock fencing proof v1\n";
+
+/// HMAC-SHA256 (RFC 2104) of `message` under `secret`.
+pub fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if secret.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(secret));
+    } else {
+        block[..secret.len()].copy_from_slice(secret);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|b| b ^ 0x36));
+    inner.update(message);
+    let inner = inner.finalize();
+    let mut outer = Sha256::new();
+    outer.update(block.map(|b| b ^ 0x5c));
+    outer.update(inner);
+    outer.finalize().into()
+}
+
+/// The MAC of one grant: over the domain label, the key (length-prefixed, so no two (key, token)
+/// pairs share a message) and the token.
+pub fn grant_mac(secret: &[u8], lock_key: &str, token: i64) -> [u8; 32] {
+    let mut message = Vec::with_capacity(DOMAIN.len() + 4 + lock_key.len() + 8);
+    message.extend_from_slice(DOMAIN);
+    message.extend_from_slice(&(lock_key.len() as u32).to_be_bytes());
+    message.extend_from_slice(lock_key.as_bytes());
+    message.extend_from_slice(&token.to_be_bytes());
+    hmac_sha256(secret, &message)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn key_id_is_valid(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= KEY_ID_LEN_MAX
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Parses `<key-id> <secret>` lines; `#` starts a comment. The first line signs.
+pub fn parse_keys_file(text: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut keys: Vec<(String, Vec<u8>)> = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(id), Some(secret), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!(
+                "line {}: expected `<key-id> <secret>`, two words",
+                number + 1
+            ));
+        };
+        if !key_id_is_valid(id) {
+            return Err(format!(
+                "line {}: the key id must be 1 to {KEY_ID_LEN_MAX} characters of [a-zA-Z0-9_-]",
+                number + 1
+            ));
+        }
+        if secret.len() < SECRET_LEN_MIN || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "line {}: the secret of `{id}` must be at least {SECRET_LEN_MIN} printable \
+                 characters (e.g. `openssl rand -hex 32`)",
+                number + 1
+            ));
+        }
+        if keys.iter().any(|(known, _)| known == id) {
+            return Err(format!(
+                "line {}: key id `{id}` is listed twice",
+                number + 1
+            ));
+        }
+        keys.push((id.to_owned(), secret.as_bytes().to_vec()));
+    }
+    if keys.is_empty() {
+        return Err("the proof keys file lists no `<key-id> <secret>` line".into());
+    }
+    Ok(keys)
+}
+
+struct KeyState {
+    modified: Option<SystemTime>,
+    keys: Vec<(String, Vec<u8>)>,
+}
+
+/// The proof keys of one service: signs (lock server) and verifies (payment resource, rail
+/// proxy). Cheap to clone.
+#[derive(Clone)]
+pub struct ProofKeys {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: Option<PathBuf>,
+    state: RwLock<KeyState>,
+    checked: Mutex<Instant>,
+}
+
+impl std::fmt::Debug for ProofKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .inner
+            .state
+            .read()
+            .map(|s| s.keys.iter().map(|(id, _)| id.clone()).collect())
+            .unwrap_or_default();
+        f.debug_struct("ProofKeys")
+            .field("file", &self.inner.path)
+            .field("key_ids", &ids)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_file(path: &Path) -> Result<KeyState, String> {
+    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the proof keys file: {e}"))?;
+    Ok(KeyState {
+        modified,
+        keys: parse_keys_file(&text)?,
+    })
+}
+
+impl ProofKeys {
+    /// `fencing.proof-keys-file`, read now (a wrong file stops the start); `None` when unset.
+    pub fn from_raw(raw: &mut RawConfig) -> Result<Option<Self>, ConfigError> {
+        let Some(path) = raw.string_optional(KEYS_FILE_KEY)? else {
+            return Ok(None);
+        };
+        let path = PathBuf::from(path);
+        Self::load(&path).map(Some).map_err(|message| ConfigError {
+            key: KEYS_FILE_KEY.into(),
+            origin: format!(" ({})", path.display()),
+            message,
+        })
+    }
+
+    /// Reads a keys file; it is re-read when it changes.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path: Some(path.to_owned()),
+                state: RwLock::new(read_file(path)?),
+                checked: Mutex::new(Instant::now()),
+            }),
+        })
+    }
+
+    /// Fixed keys, for tests and tools (the text of a keys file).
+    pub fn from_text(text: &str) -> Result<Self, String> {
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path: None,
+                state: RwLock::new(KeyState {
+                    modified: None,
+                    keys: parse_keys_file(text)?,
+                }),
+                checked: Mutex::new(Instant::now()),
+            }),
+        })
+    }
+
+    fn maybe_reload(&self) {
+        let Some(path) = &self.inner.path else {
+            return;
+        };
+        {
+            let Ok(mut checked) = self.inner.checked.lock() else {
+                return;
+            };
+            if checked.elapsed() < RECHECK_EVERY {
+                return;
+            }
+            *checked = Instant::now();
+        }
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let unchanged = self
+            .inner
+            .state
+            .read()
+            .map(|s| s.modified == modified)
+            .unwrap_or(true);
+        if unchanged {
+            return;
+        }
+        match read_file(path) {
+            Ok(state) => {
+                let ids: Vec<String> = state.keys.iter().map(|(id, _)| id.clone()).collect();
+                if let Ok(mut current) = self.inner.state.write() {
+                    *current = state;
+                }
+                tracing::info!(event = "proof_keys_reloaded", file = %path.display(), key_ids = ?ids, "the proof keys file changed and is now in force (the first key signs)");
+            }
+            Err(error) => {
+                tracing::error!(event = "proof_keys_reload_failed", file = %path.display(), %error, "the proof keys file changed but cannot be used; the previous keys stay in force")
+            }
+        }
+    }
+
+    /// The key ids, the signing one first.
+    pub fn key_ids(&self) -> Vec<String> {
+        self.maybe_reload();
+        self.inner
+            .state
+            .read()
+            .map(|s| s.keys.iter().map(|(id, _)| id.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The proof of a grant of `token` on `lock_key`, with the first key: `<key-id>.<hex>`.
+    pub fn sign(&self, lock_key: &str, token: i64) -> Option<String> {
+        self.maybe_reload();
+        let state = self.inner.state.read().ok()?;
+        let (id, secret) = state.keys.first()?;
+        Some(format!("{id}.{}", hex(&grant_mac(secret, lock_key, token))))
+    }
+
+    /// Whether `proof` proves a grant of `token` on `lock_key` under any listed key.
+    pub fn verify(&self, lock_key: &str, token: i64, proof: &str) -> Result<(), &'static str> {
+        self.maybe_reload();
+        let (id, mac) = proof
+            .split_once('.')
+            .ok_or("is not `<key-id>.<64 hex digits>`")?;
+        let presented = unhex(mac).ok_or("is not `<key-id>.<64 hex digits>`")?;
+        let state = self.inner.state.read().map_err(|_| "cannot be checked")?;
+        // Key ids are not secret; the MAC is compared in constant time.
+        let (_, secret) = state
+            .keys
+            .iter()
+            .find(|(known, _)| known == id)
+            .ok_or("names a key this service does not have (rotated out, or never issued)")?;
+        if bool::from(grant_mac(secret, lock_key, token).ct_eq(&presented)) {
+            Ok(())
+        } else {
+            Err("does not prove this token on this lock key")
+        }
+    }
+
+    /// The check of a protected write: the request's `X-Fencing-Proof` must prove `token` on
+    /// `lock_key`, else `400 INVALID_TOKEN` (not retry-safe: the same request is refused again).
+    pub fn require(&self, request: &HeaderMap, lock_key: &str, token: i64) -> Result<(), ApiError> {
+        let proof = presented(request)?.ok_or_else(|| {
+            refused(
+                lock_key,
+                token,
+                "is missing: this service accepts only tokens the lock server signed",
+            )
+        })?;
+        self.verify(lock_key, token, &proof).map_err(|why| {
+            tracing::warn!(
+                event = "fencing_proof_refused",
+                lock_key,
+                presented_token = token,
+                reason = why,
+                trace = %dlock_contract::trace::current_trace_id(),
+                "a fencing token without a valid proof was refused before any fence moved"
+            );
+            refused(lock_key, token, why)
+        })
+    }
+}
+/// A recovery needs proofs: only a proven grant shows that nobody else holds the key.
+pub fn recovery_disabled() -> ApiError {
+    ApiError::new(
+        ErrorCode::Forbidden,
+        "lowering a fence needs fencing.proof-keys-file: only a proven grant of the operator on          the account's key shows that nobody else holds it; nothing was changed",
+    )
+}
+
+fn refused(lock_key: &str, token: i64, why: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidToken,
+        format!("X-Fencing-Proof {why}; nothing was changed"),
+    )
+    .with_details(json!({ "lockKey": lock_key, "presentedToken": token }))
+}
+/// Logs, once at start, whether this service proves fencing tokens.
+pub fn announce(keys: Option<&ProofKeys>, service: &str) {
+    match keys {
+        None => tracing::warn!(
+            event = "fencing_tokens_unproven",
+            service,
+            "fencing.proof-keys-file is not set: fencing tokens are not proven, and any \
+             authenticated caller can present a forged token that raises a fence for good. Set \
+             it (the same keys on the lock server, payment resource and rail proxy) before this \
+             service moves real money"
+        ),
+        Some(keys) => tracing::info!(
+            event = "fencing_tokens_proven",
+            service,
+            key_ids = ?keys.key_ids(),
+            "fencing tokens must carry the lock server's proof (the first key signs)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    fn keys(text: &str) -> ProofKeys {
+        ProofKeys::from_text(text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        // Test case 1 and test case 6 (a key longer than the block).
+        let mac = hmac_sha256(&[0x0b; 20], b"Hi There");
+        assert_eq!(
+            hex(&mac),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
+        );
+        let mac = hmac_sha256(
+            &[0xaa; 131],
+            b"Test Using Larger Than Block-Size Key - Hash Key First",
+        );
+        assert_eq!(
+            hex(&mac),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    #[test]
+    fn a_proof_is_bound_to_its_key_and_token() {
+        let k = keys(&format!("k1 {A}\n"));
+        let proof = k.sign("payout:a", 41).unwrap_or_default();
+        assert!(proof.starts_with("k1."), "{proof}");
+        assert_eq!(k.verify("payout:a", 41, &proof), Ok(()));
+        assert!(k.verify("payout:b", 41, &proof).is_err());
+        assert!(k.verify("payout:a", 42, &proof).is_err());
+        assert!(k.verify("payout:a", i64::MAX, &proof).is_err());
+        for bad in ["", "k1", "k1.", "k1.zz", "k2.00", &proof.to_uppercase()] {
+            assert!(k.verify("payout:a", 41, bad).is_err(), "{bad}");
+        }
+        // Another secret under the same id proves nothing.
+        let other = keys(&format!("k1 {B}\n"));
+        assert!(other.verify("payout:a", 41, &proof).is_err());
+    }
+
+    #[test]
+    fn the_first_key_signs_and_every_key_verifies() {
+        let old_first = keys(&format!("old {A}\nnew {B}\n"));
+        let new_first = keys(&format!("new {B}\nold {A}\n"));
+        let by_new = new_first.sign("payout:x", 7).unwrap_or_default();
+        let by_old = old_first.sign("payout:x", 7).unwrap_or_default();
+        assert!(by_new.starts_with("new.") && by_old.starts_with("old."));
+        for verifier in [&old_first, &new_first] {
+            assert_eq!(verifier.verify("payout:x", 7, &by_new), Ok(()));
+            assert_eq!(verifier.verify("payout:x", 7, &by_old), Ok(()));
+        }
+        let retired = keys(&format!("new {B}\n"));
+        assert!(retired.verify("payout:x", 7, &by_old).is_err());
+    }
+
+    #[test]
+    fn a_keys_file_is_checked_line_by_line() {
+        assert!(parse_keys_file("").is_err());
+        assert!(parse_keys_file("k short").is_err());
+        assert!(parse_keys_file(&format!("k {A} extra")).is_err());
+        assert!(
+            parse_keys_file(&format!("k.1 {A}")).is_err(),
+            "a dot splits the proof"
+        );
+        assert!(parse_keys_file(&format!("k {A}\nk {B}")).is_err());
+        let parsed =
+            parse_keys_file(&format!("# rotation\nk1 {A}\nk2 {B} # next\n")).unwrap_or_default();
+        assert_eq!(parsed.len(), 2);
+    }
+
+    #[test]
+    fn require_refuses_a_missing_repeated_or_wrong_proof_as_invalid_token() {
+        let k = keys(&format!("k1 {A}\n"));
+        let code = |h: &HeaderMap| k.require(h, "payout:a", 5).err().map(|e| e.code);
+        let mut h = HeaderMap::new();
+        assert_eq!(code(&h), Some(ErrorCode::InvalidToken));
+        let good = k.sign("payout:a", 5).unwrap_or_default();
+        h.insert(
+            dlock_contract::headers::FENCING_PROOF,
+            HeaderValue::from_str(&good).unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert_eq!(code(&h), None);
+        h.append(
+            dlock_contract::headers::FENCING_PROOF,
+            HeaderValue::from_str(&good).unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert_eq!(code(&h), Some(ErrorCode::InvalidToken));
+        let refused = k.require(&HeaderMap::new(), "payout:a", 5).err();
+        assert_eq!(refused.map(|e| e.code.retry_safe()), Some(false));
+    }
+
+    #[test]
+    fn a_changed_keys_file_takes_effect() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("keys");
+        std::fs::write(&file, format!("old {A}\n")).unwrap_or_else(|e| panic!("{e}"));
+        let k = ProofKeys::load(&file).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, format!("new {B}\nold {A}\n")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .and_then(|f| f.set_modified(SystemTime::now() + Duration::from_secs(5)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Ok(mut checked) = k.inner.checked.lock() {
+            *checked = Instant::now() - RECHECK_EVERY - Duration::from_secs(1);
+        }
+        assert!(
+            k.sign("payout:a", 1)
+                .unwrap_or_default()
+                .starts_with("new.")
+        );
+    }
+}
