@@ -4,8 +4,8 @@
 //! its figures.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::ops::{Deref, DerefMut};
+use std::path::Path;
 use std::time::Duration;
 
 use dlock_contract::ErrorCode;
@@ -15,11 +15,9 @@ use dlock_contract::payment::{
 };
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
-use dlock_devstack::{
-    EtcdServer, ManagedChild, PgServer, Signal, free_port, http_status, spawn_logged, wait_until,
-};
+use dlock_devstack::stack::{LockBackend, Role, Stack, StackBuilder};
+use dlock_devstack::{ManagedChild, Signal};
 use dlock_executor::manifest::{idempotency_key, payout_id};
-use dlock_server::config::env_name;
 
 use uuid::Uuid;
 
@@ -27,57 +25,6 @@ use crate::harness::{Backend, eventually};
 
 pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_dlock");
-
-pub(crate) struct Service {
-    name: &'static str,
-    pub(crate) port: u16,
-    env: Vec<(String, String)>,
-    log: PathBuf,
-    child: Option<ManagedChild>,
-}
-
-impl Service {
-    fn new(name: &'static str, dir: &Path, pairs: Vec<(&str, String)>) -> Self {
-        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-        let mut env: Vec<(String, String)> =
-            vec![(env_name("server.listen"), format!("127.0.0.1:{port}"))];
-        env.extend(pairs.into_iter().map(|(k, v)| (env_name(k), v)));
-        Self {
-            name,
-            port,
-            env,
-            log: dir.join(format!("{name}.log")),
-            child: None,
-        }
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) {
-        let args = vec!["serve".to_owned(), self.name.to_owned()];
-        let mut child = spawn_logged(self.name, Path::new(EXE), &args, &self.env, Some(&self.log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
-        wait_until(self.name, Duration::from_secs(60), || {
-            !child.exited() && http_status(addr, "/readyz") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            )
-        });
-        self.child = Some(child);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill();
-        }
-    }
-}
 
 /// One scenario's figures row (shared with the netfault suite).
 #[derive(Debug, Default)]
@@ -106,15 +53,40 @@ impl Figures {
     }
 }
 
-pub(crate) struct Chaos {
-    dir: tempfile::TempDir,
-    pub(crate) pg: PgServer,
-    etcd: Option<EtcdServer>,
-    pub(crate) lock: Service,
-    pub(crate) payment: Service,
-    stub: Service,
-    pub(crate) proxy: Service,
+/// The stack of the fault suites (chaos, netfault, etcd leader, monitoring): all four services
+/// as processes, the rail as given, and a rail proxy that sweeps its unresolved submissions
+/// quickly (every 200 ms, 500 ms past the read timeout).
+pub(crate) fn fault_stack(
+    backend: Backend,
+    rail: &[(&str, &str)],
     read_timeout_ms: u64,
+) -> StackBuilder {
+    Stack::builder(EXE)
+        .lock_backend(match backend {
+            Backend::Pg => LockBackend::Pg,
+            Backend::Etcd => LockBackend::Etcd,
+        })
+        .rail_stub(rail)
+        .rail_read_timeout_ms(read_timeout_ms)
+        .operator_token(OPERATOR_TOKEN)
+        .set(Role::RailProxy, "rail.proxy.unresolved-margin-ms", "500")
+        .set(Role::RailProxy, "rail.proxy.sweep-interval-ms", "200")
+}
+
+/// A started fault stack and what the scenarios do with it.
+pub(crate) struct Chaos(pub(crate) Stack);
+
+impl Deref for Chaos {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.0
+    }
+}
+
+impl DerefMut for Chaos {
+    fn deref_mut(&mut self) -> &mut Stack {
+        &mut self.0
+    }
 }
 
 impl Chaos {
@@ -130,72 +102,19 @@ impl Chaos {
         rail: &[(&str, &str)],
         read_timeout_ms: u64,
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-        pg.create_database("lockdb")
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        pg.create_database("paydb")
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let etcd = (backend == Backend::Etcd && lock_pairs.is_none())
-            .then(|| EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}")));
-        let lock_pairs = match (lock_pairs, &etcd) {
-            (Some(pairs), _) => pairs,
-            (None, Some(etcd)) => vec![
-                ("lock.backend", "etcd".to_owned()),
-                ("lock.etcd.endpoints", etcd.endpoint()),
-            ],
-            (None, None) => vec![
-                ("lock.backend", "pg".to_owned()),
-                ("lock.pg.url", pg.url("lockdb")),
-            ],
-        };
-        let mut lock = Service::new("lock-server", dir.path(), lock_pairs);
-        let mut payment = Service::new(
-            "payment-resource",
-            dir.path(),
-            vec![
-                ("payment.pg.url", pg.url("paydb")),
-                ("payment.operator.token", OPERATOR_TOKEN.to_owned()),
-            ],
-        );
-        let mut stub_pairs = vec![(
-            "rail.stub.statement-path",
-            dir.path().join("statement.jsonl").display().to_string(),
-        )];
-        stub_pairs.extend(rail.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let mut stub = Service::new("rail-stub", dir.path(), stub_pairs);
-        lock.start();
-        payment.start();
-        stub.start();
-        let mut proxy = Service::new(
-            "rail-proxy",
-            dir.path(),
-            vec![
-                ("rail.proxy.pg.url", pg.url("paydb")),
-                ("rail.proxy.rail-url", stub.url()),
-                ("rail.proxy.read-timeout-ms", read_timeout_ms.to_string()),
-                ("rail.proxy.unresolved-margin-ms", "500".to_owned()),
-                ("rail.proxy.sweep-interval-ms", "200".to_owned()),
-                ("rail.proxy.operator-token", OPERATOR_TOKEN.to_owned()),
-            ],
-        );
-        proxy.start();
-        Self {
-            dir,
-            pg,
-            etcd,
-            lock,
-            payment,
-            stub,
-            proxy,
-            read_timeout_ms,
+        let mut builder = fault_stack(backend, rail, read_timeout_ms)
+            .executor_args(&["--settle-timeout-s", "120"]);
+        if let Some(pairs) = lock_pairs {
+            builder = builder.lock_backend(LockBackend::Config(pairs));
         }
+        Self(builder.start())
     }
 
-    fn payment_client(&self) -> PaymentClient {
-        PaymentClient::new(&self.payment.url(), "chaos").unwrap_or_else(|e| panic!("{e}"))
+    pub(crate) fn payment_client(&self) -> PaymentClient {
+        PaymentClient::new(&self.payment().url(), "chaos").unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Opens accounts `{prefix}-00`… and funds each with `funds`.
     pub(crate) async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
         let payment = self.payment_client();
         for i in 0..n {
@@ -219,75 +138,40 @@ impl Chaos {
         }
     }
 
-    /// Writes a batch of `n` payouts spread over `accounts` accounts.
-    pub(crate) fn batch(&self, name: &str, prefix: &str, accounts: usize, n: usize) -> PathBuf {
-        let mut text = format!(
-            "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 4\n  payouts:\n"
-        );
-        for i in 0..n {
-            text.push_str(&format!(
-                "    - key: item-{i:04}\n      accountId: {prefix}-{:02}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
-                i % accounts,
-                1_000 + i
-            ));
-        }
-        let path = self.dir.path().join(format!("{name}.yaml"));
-        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
-        path
-    }
-
-    pub(crate) fn executor(
+    /// Waits up to `within` for an executor; its success and the fenced-out events it reported.
+    pub(crate) fn wait(
         &self,
-        batch: &Path,
-        owner: &str,
-        extra: &[&str],
-    ) -> (ManagedChild, PathBuf) {
-        let log = self.dir.path().join(format!("{owner}.log"));
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "-f".into(),
-            batch.display().to_string(),
-            "--lock-server".into(),
-            self.lock.url(),
-            "--payment-resource".into(),
-            self.payment.url(),
-            "--rail-proxy".into(),
-            self.proxy.url(),
-            "--workers".into(),
-            "4".into(),
-            "--owner-id".into(),
-            owner.into(),
-            "--rail-read-timeout-ms".into(),
-            self.read_timeout_ms.to_string(),
-            "--settle-timeout-s".into(),
-            "120".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let child = spawn_logged(owner, Path::new(EXE), &args, &[], Some(&log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        (child, log)
+        executor: ManagedChild,
+        log: &Path,
+        within: Duration,
+    ) -> (bool, usize) {
+        let (ok, text) = self.wait_executor(executor, log, within);
+        (ok, fenced_out_in(&text))
     }
 
-    /// Waits for an executor to finish and returns how many fenced-out events it reported.
-    pub(crate) fn finish(&self, mut executor: ManagedChild, log: &Path) -> usize {
-        let status = executor.wait_exit(Duration::from_secs(180));
-        let text = std::fs::read_to_string(log).unwrap_or_default();
+    /// Waits for an executor that must succeed; how many fenced-out events it reported.
+    pub(crate) fn finish(&self, executor: ManagedChild, log: &Path) -> usize {
+        let (ok, fenced) = self.wait(executor, log, Duration::from_secs(180));
         assert!(
-            status.is_some_and(|s| s.success()),
-            "executor failed: {status:?}\n{text}"
+            ok,
+            "executor failed:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
         );
-        fenced_out_in(&text)
+        fenced
     }
 
     pub(crate) async fn posted_count(&self) -> usize {
-        self.pg
-            .psql(
-                "paydb",
-                "SELECT count(*) FROM payouts WHERE state = 'POSTED'",
-            )
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
+        self.posted()
+    }
+
+    /// What the invariant checker reads.
+    pub(crate) fn checked(&self) -> CheckedStack {
+        CheckedStack {
+            payment_url: self.payment().url(),
+            stub_url: self.stub().url(),
+            paydb_url: self.pg().url("paydb"),
+            read_timeout_ms: self.read_timeout_ms(),
+        }
     }
 
     /// The shared invariant checker.
@@ -298,13 +182,7 @@ impl Chaos {
         faults: usize,
         fenced_out: usize,
     ) -> Figures {
-        let stack = CheckedStack {
-            payment_url: self.payment.url(),
-            stub_url: self.stub.url(),
-            paydb_url: self.pg.url("paydb"),
-            read_timeout_ms: self.read_timeout_ms,
-        };
-        check_invariants(&stack, scenario, batches, faults, fenced_out).await
+        check_invariants(&self.checked(), scenario, batches, faults, fenced_out).await
     }
 }
 
@@ -432,13 +310,13 @@ pub(crate) struct ScriptedHolder {
 impl ScriptedHolder {
     pub(crate) async fn claim(chaos: &Chaos, account: &str, payout: Uuid, ttl_ms: i64) -> Self {
         let lock =
-            LockClient::new(&chaos.lock.url(), "paused-holder").unwrap_or_else(|e| panic!("{e}"));
-        let payment = PaymentClient::new(&chaos.payment.url(), "paused-holder")
+            LockClient::new(&chaos.lock().url(), "paused-holder").unwrap_or_else(|e| panic!("{e}"));
+        let payment = PaymentClient::new(&chaos.payment().url(), "paused-holder")
             .unwrap_or_else(|e| panic!("{e}"));
         let rail = RailClient::new(
-            &chaos.proxy.url(),
+            &chaos.proxy().url(),
             "paused-holder",
-            Duration::from_millis(chaos.read_timeout_ms),
+            Duration::from_millis(chaos.read_timeout_ms()),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let session = lock
@@ -528,7 +406,7 @@ async fn a_paused_holder_is_fenced_after_another_takes_the_account_over() {
     let batch = chaos.batch("paused-batch", "paused", 4, 80);
     let payout = register_one(&chaos, "paused-batch", "paused-00", 1_000).await;
     let holder = ScriptedHolder::claim(&chaos, "paused-00", payout, 1_000).await;
-    let lock = LockClient::new(&chaos.lock.url(), "watcher").unwrap_or_else(|e| panic!("{e}"));
+    let lock = LockClient::new(&chaos.lock().url(), "watcher").unwrap_or_else(|e| panic!("{e}"));
     eventually(
         "the paused holder's lease lapses",
         Duration::from_secs(15),
@@ -587,13 +465,13 @@ async fn after_a_revocation_the_holder_is_fenced_at_the_account_and_at_the_rail(
         ])
         .args([
             "--lock-server",
-            &chaos.lock.url(),
+            &chaos.lock().url(),
             "--payment-resource",
-            &chaos.payment.url(),
+            &chaos.payment().url(),
         ])
         .args([
             "--rail-proxy",
-            &chaos.proxy.url(),
+            &chaos.proxy().url(),
             "--operator-token",
             OPERATOR_TOKEN,
         ])
@@ -640,7 +518,7 @@ async fn killing_each_service_mid_batch_pays_nobody_twice() {
     let (a, a_log) = chaos.executor(&batch, "executor-kill-a", &[]);
     let (b, b_log) = chaos.executor(&batch, "executor-kill-b", &[]);
     let mut faults = 0;
-    for (n, target) in ["lock-server", "payment-resource", "rail-proxy"]
+    for (n, target) in [Role::LockServer, Role::PaymentResource, Role::RailProxy]
         .into_iter()
         .enumerate()
     {
@@ -651,14 +529,8 @@ async fn killing_each_service_mid_batch_pays_nobody_twice() {
             || async { (chaos.posted_count().await >= floor).then_some(()) },
         )
         .await;
-        let service = match target {
-            "lock-server" => &mut chaos.lock,
-            "payment-resource" => &mut chaos.payment,
-            _ => &mut chaos.proxy,
-        };
         // The proxy dies with forwards in flight (the rail takes 150 ms each).
-        service.kill();
-        service.start();
+        chaos.restart(target);
         faults += 1;
     }
     let fenced = chaos.finish(a, &a_log) + chaos.finish(b, &b_log);
@@ -685,7 +557,12 @@ async fn a_postgres_restart_mid_batch_pays_nobody_twice() {
         || async { (chaos.posted_count().await >= 30).then_some(()) },
     )
     .await;
-    chaos.pg.restart().unwrap_or_else(|e| panic!("{e:#}"));
+    chaos
+        .pg
+        .as_mut()
+        .map(|pg| pg.restart())
+        .unwrap_or_else(|| panic!("the stack runs PostgreSQL"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let fenced = chaos.finish(a, &a_log);
     header();
     chaos
@@ -766,7 +643,7 @@ async fn running_the_same_batch_again_pays_nobody_twice() {
     let batch = chaos.batch("again-batch", "again", 5, 60);
     let (first, first_log) = chaos.executor(&batch, "executor-first", &[]);
     let mut fenced = chaos.finish(first, &first_log);
-    let transfers = read_statement(&chaos.stub.url(), None)
+    let transfers = read_statement(&chaos.stub().url(), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .transfers
@@ -776,7 +653,7 @@ async fn running_the_same_batch_again_pays_nobody_twice() {
     // batch name and item keys, so it finds every payout already settled and moves no money.
     let (second, second_log) = chaos.executor(&batch, "executor-second", &[]);
     fenced += chaos.finish(second, &second_log);
-    let again = read_statement(&chaos.stub.url(), None)
+    let again = read_statement(&chaos.stub().url(), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .transfers

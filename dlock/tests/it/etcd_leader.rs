@@ -120,7 +120,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
     let (executor, log) = chaos.executor(&batch, "executor-lead", &[]);
 
     // A holder whose grant spans the election, and a probe doing whole cycles every 50 ms.
-    let lock_url = chaos.lock.url();
+    let lock_url = chaos.lock().url();
     let holder = client(&lock_url, "holder");
     let held_session = holder
         .create_session(Some(30_000))

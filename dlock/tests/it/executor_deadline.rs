@@ -21,54 +21,18 @@
 //! answers 503 NOT_LEADER, which is what the executor retries once. The sequences counting those
 //! attempts are not transactional, so refused attempts are counted too.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::{ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::PgServer;
+use dlock_devstack::stack::{Role, Stack};
 use dlock_executor::executor::{Endpoints, Report, RunOptions, execute};
-use dlock_server::config::env_name;
 
 /// A write lands in paydb a few milliseconds after the executor's check; this much is allowed.
 const SLACK_MS: f64 = 60.0;
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const OPERATOR_TOKEN: &str = "deadline-operator-token";
-
-struct Service {
-    port: u16,
-    _child: ManagedChild,
-}
-
-impl Service {
-    fn start(name: &str, dir: &Path, pairs: &[(&str, String)]) -> Self {
-        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-        let mut env = vec![(env_name("server.listen"), format!("127.0.0.1:{port}"))];
-        env.extend(pairs.iter().map(|(k, v)| (env_name(k), v.clone())));
-        let log = dir.join(format!("{name}.log"));
-        let args = vec!["serve".to_owned(), name.to_owned()];
-        let mut child = spawn_logged(name, Path::new(EXE), &args, &env, Some(&log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let addr = ([127, 0, 0, 1], port).into();
-        wait_until(name, Duration::from_secs(60), || {
-            !child.exited() && http_status(addr, "/readyz") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        });
-        Self {
-            port,
-            _child: child,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
 
 /// What the lock server is configured with and how paydb and the rail behave.
 #[derive(Clone, Copy, Default)]
@@ -179,48 +143,21 @@ spec:
 
 /// Runs one payout through the executor against the real services; returns what they saw.
 async fn run(setup: Setup, options: RunOptions) -> Seen {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-    for db in ["lockdb", "paydb"] {
-        pg.create_database(db)
-            .unwrap_or_else(|e| panic!("create {db}: {e:#}"));
-    }
-    let lock = Service::start(
-        "lock-server",
-        dir.path(),
-        &[
-            ("lock.backend", "pg".to_owned()),
-            ("lock.pg.url", pg.url("lockdb")),
-            ("lock.ttl-max", setup.lock_ttl_max_ms.to_string()),
-            ("lock.session.ttl-max", setup.session_ttl_max_ms.to_string()),
-        ],
-    );
-    let payment = Service::start(
-        "payment-resource",
-        dir.path(),
-        &[
-            ("payment.pg.url", pg.url("paydb")),
-            ("payment.operator.token", OPERATOR_TOKEN.to_owned()),
-        ],
-    );
-    let statement: PathBuf = dir.path().join("statement.jsonl");
-    let stub = Service::start(
-        "rail-stub",
-        dir.path(),
-        &[
-            ("rail.stub.statement-path", statement.display().to_string()),
-            ("rail.stub.latency-ms", setup.rail_latency_ms.to_string()),
-        ],
-    );
-    let proxy = Service::start(
-        "rail-proxy",
-        dir.path(),
-        &[
-            ("rail.proxy.pg.url", pg.url("paydb")),
-            ("rail.proxy.rail-url", stub.url()),
-            ("rail.proxy.operator-token", OPERATOR_TOKEN.to_owned()),
-        ],
-    );
+    let stack = Stack::builder(EXE)
+        .operator_token(OPERATOR_TOKEN)
+        .set(
+            Role::LockServer,
+            "lock.ttl-max",
+            setup.lock_ttl_max_ms.to_string(),
+        )
+        .set(
+            Role::LockServer,
+            "lock.session.ttl-max",
+            setup.session_ttl_max_ms.to_string(),
+        )
+        .rail_stub(&[("rail.stub.latency-ms", &setup.rail_latency_ms.to_string())])
+        .start();
+    let pg = stack.pg();
     pg.psql("lockdb", LOCKDB_OBSERVER)
         .unwrap_or_else(|e| panic!("lockdb observer: {e:#}"));
     pg.psql("paydb", PAYDB_OBSERVER)
@@ -233,7 +170,8 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
         .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
-    let client = PaymentClient::new(&payment.url(), "deadline").unwrap_or_else(|e| panic!("{e}"));
+    let client =
+        PaymentClient::new(&stack.payment().url(), "deadline").unwrap_or_else(|e| panic!("{e}"));
     client
         .create_account(
             "open-acct-1",
@@ -258,9 +196,9 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
 
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {
-        lock_server: lock.url(),
-        payment_resource: payment.url(),
-        rail_proxy: proxy.url(),
+        lock_server: stack.lock().url(),
+        payment_resource: stack.payment().url(),
+        rail_proxy: stack.proxy().url(),
     };
     let margin = options.safety_margin;
     let report = execute(
@@ -277,7 +215,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
     assert!(report.complete, "the batch did not settle: {report:?}");
 
     let grants: Vec<(String, f64, f64, f64)> = rows(
-        &pg,
+        pg,
         "lockdb",
         "SELECT token, extract(epoch FROM acquired_at), extract(epoch FROM expires_at),
                 extract(epoch FROM session_expires_at)
@@ -287,7 +225,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
     .map(|r| (r[0].clone(), num(&r[1]), num(&r[2]), num(&r[3])))
     .collect();
     let sessions = rows(
-        &pg,
+        pg,
         "lockdb",
         "SELECT op, ttl_ms, extract(epoch FROM old_expires_at - at) * 1000
          FROM test_sessions ORDER BY at",
@@ -299,7 +237,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
     })
     .collect();
     let writes: Vec<(String, String, f64)> = rows(
-        &pg,
+        pg,
         "paydb",
         "SELECT what, token, extract(epoch FROM at) FROM test_writes
          UNION ALL
@@ -331,7 +269,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
         }
     }
     let counters = rows(
-        &pg,
+        pg,
         "paydb",
         "SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_claim_attempts),
                 (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_post_attempts),

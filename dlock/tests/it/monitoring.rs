@@ -200,7 +200,7 @@ async fn every_metric_an_alert_or_the_dashboard_names_is_exported() {
         Duration::from_secs(60),
         || async {
             let n: usize = chaos
-                .pg
+                .pg()
                 .psql(
                     "paydb",
                     "SELECT count(*) FROM payouts WHERE state = 'RAIL_AMBIGUOUS'",
@@ -214,9 +214,9 @@ async fn every_metric_an_alert_or_the_dashboard_names_is_exported() {
     .await;
     let mut proxy_text = String::new();
     for (service, url) in [
-        ("lock server", chaos.lock.url()),
-        ("payment resource", chaos.payment.url()),
-        ("rail proxy", chaos.proxy.url()),
+        ("lock server", chaos.lock().url()),
+        ("payment resource", chaos.payment().url()),
+        ("rail proxy", chaos.proxy().url()),
     ] {
         let text = scrape(&url).await;
         let names = exported_names(&text);
@@ -379,11 +379,11 @@ async fn revoke(chaos: &Chaos, key: &str) {
         "--operator",
         "oncall",
         "--lock-server",
-        &chaos.lock.url(),
+        &chaos.lock().url(),
         "--payment-resource",
-        &chaos.payment.url(),
+        &chaos.payment().url(),
         "--rail-proxy",
-        &chaos.proxy.url(),
+        &chaos.proxy().url(),
         "--operator-token",
         OPERATOR_TOKEN,
     ]
@@ -413,9 +413,9 @@ async fn prometheus_fires_fenced_out_when_a_paused_holder_is_fenced() {
     chaos.accounts("alert", 1, 1_000_000).await;
     let payout = register_one(&chaos, "alert-batch", "alert-00", 1_000).await;
     let prometheus = Prometheus::start(&[
-        ("lock-server", chaos.lock.url()),
-        ("payment-resource", chaos.payment.url()),
-        ("rail-proxy", chaos.proxy.url()),
+        ("lock-server", chaos.lock().url()),
+        ("payment-resource", chaos.payment().url()),
+        ("rail-proxy", chaos.proxy().url()),
     ]);
     let booted = started.elapsed();
     // Both fenced-out counters are scraped at zero (3 resources each).

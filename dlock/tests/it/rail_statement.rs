@@ -4,81 +4,42 @@
 //! for a statement written by an older version, which had no index.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use dlock_contract::rail::{Statement, Transfer};
-use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
-use dlock_server::config::env_name;
+use dlock_devstack::stack::{Role, STATEMENT_FILE, Stack};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
-struct Stub {
-    port: u16,
-    statement: PathBuf,
-    log: PathBuf,
-    child: Option<ManagedChild>,
-}
+/// A real `dlock serve rail-stub` process, alone, with its statement in the stack's directory.
+struct Stub(Stack);
 
 impl Stub {
-    fn start(dir: &Path) -> Self {
-        let mut stub = Self {
-            port: free_port().unwrap_or_else(|e| panic!("{e}")),
-            statement: dir.join("rail-statement.jsonl"),
-            log: dir.join("rail-stub.log"),
-            child: None,
-        };
-        stub.restart();
-        stub
+    fn start(dir: tempfile::TempDir) -> Self {
+        Self(
+            Stack::builder(EXE)
+                .only(&[Role::RailStub])
+                .in_dir(dir)
+                .start(),
+        )
     }
 
-    fn restart(&mut self) {
-        let env = vec![
-            (
-                env_name("server.listen"),
-                format!("127.0.0.1:{}", self.port),
-            ),
-            (
-                env_name("rail.stub.statement-path"),
-                self.statement.display().to_string(),
-            ),
-        ];
-        let args = vec!["serve".to_owned(), "rail-stub".to_owned()];
-        let mut child = spawn_logged("rail-stub", Path::new(EXE), &args, &env, Some(&self.log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
-        wait_until("rail-stub", Duration::from_secs(60), || {
-            !child.exited() && http_status(addr, "/readyz") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            )
-        });
-        self.child = Some(child);
-    }
-
-    /// SIGKILL: no shutdown path runs, as in a crash.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill();
-        }
+    /// SIGKILL (no shutdown path runs, as in a crash), then a start on the same file.
+    fn crash_and_restart(&mut self) {
+        self.0.restart(Role::RailStub);
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.0.stub().url()
     }
 
     /// The process's anonymous resident memory (heap and stacks; not the mapped binary), KiB.
     fn rss_anon_kib(&self) -> u64 {
         let pid = self
-            .child
-            .as_ref()
-            .and_then(ManagedChild::pid)
+            .0
+            .stub()
+            .pid()
             .unwrap_or_else(|| panic!("the stub is not running"));
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -90,7 +51,7 @@ impl Stub {
     }
 
     fn file_bytes(&self) -> u64 {
-        std::fs::metadata(&self.statement)
+        std::fs::metadata(self.0.statement_path())
             .map(|m| m.len())
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -177,7 +138,7 @@ async fn the_rail_stub_memory_stays_flat_over_thousands_of_transfers_and_dedup_s
     const MORE: usize = 12_000;
     const IN_FLIGHT: usize = 16;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut stub = Stub::start(dir.path());
+    let mut stub = Stub::start(dir);
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let url = stub.url();
     let refs: Vec<(String, i64)> = (0..WARM + MORE)
@@ -232,8 +193,7 @@ async fn the_rail_stub_memory_stays_flat_over_thousands_of_transfers_and_dedup_s
 
     // A SIGKILL loses nothing the stub answered and dedup holds across it: the index's
     // unsynced tail is caught up from the statement file on start.
-    stub.kill();
-    stub.restart();
+    stub.crash_and_restart();
     let again = submit_all(&http, &url, &sample, IN_FLIGHT).await;
     for (client_ref, reference) in &again {
         assert_eq!(
@@ -273,10 +233,9 @@ async fn a_statement_written_by_an_older_stub_is_honoured_after_the_upgrade() {
         text.push('\n');
     }
     text += "{\"clientRef\":\"older-torn\",\"railRef";
-    std::fs::write(dir.path().join("rail-statement.jsonl"), &text)
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join(STATEMENT_FILE), &text).unwrap_or_else(|e| panic!("{e}"));
 
-    let stub = Stub::start(dir.path());
+    let stub = Stub::start(dir);
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let url = stub.url();
     assert_eq!(statement(&http, &url, "").await, older);

@@ -12,6 +12,7 @@ pub mod etcd_cluster;
 pub mod faultproxy;
 pub mod kube;
 pub mod netfault;
+pub mod stack;
 mod pg;
 
 pub use etcd::*;

@@ -1,0 +1,594 @@
+//! One way to start a stack of real services for a test or a benchmark: which `dlock serve`
+//! processes, on which lock backend, with which faults (a network namespace some of them run
+//! in, a fault proxy in front of the rail), and the handles to all of it.
+//!
+//! ```no_run
+//! # use dlock_devstack::stack::{LockBackend, Role, Stack};
+//! let stack = Stack::builder(env!("CARGO_MANIFEST_DIR"))
+//!     .lock_backend(LockBackend::Etcd)
+//!     .rail_stub(&[("rail.stub.latency-ms", "20")])
+//!     .rail_read_timeout_ms(1_000)
+//!     .in_netns(&[Role::LockServer])
+//!     .start();
+//! let url = stack.lock().url();
+//! ```
+//!
+//! Everything is started or the call panics with the log of what would not start: a stack is
+//! test equipment, and a test that cannot build its stack has failed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::faultproxy::FaultProxy;
+use crate::netfault::NetNs;
+use crate::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// The rail stub's statement file in the stack's directory (a test may write one first).
+pub const STATEMENT_FILE: &str = "statement.jsonl";
+
+/// The environment variable that sets config key `key` (dlock's rule: `DLOCK_`, then the key in
+/// upper case with `.` and `-` as `_`).
+pub fn env_name(key: &str) -> String {
+    let mut name = String::from("DLOCK_");
+    name.extend(key.chars().map(|c| match c {
+        '.' | '-' => '_',
+        c => c.to_ascii_uppercase(),
+    }));
+    name
+}
+
+/// A service of the payout path, as `dlock serve <name>` starts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    LockServer,
+    PaymentResource,
+    RailStub,
+    RailProxy,
+}
+
+impl Role {
+    /// Every role, in start order (the proxy last: it needs the rail's address).
+    pub const ALL: [Role; 4] = [
+        Role::LockServer,
+        Role::PaymentResource,
+        Role::RailStub,
+        Role::RailProxy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::LockServer => "lock-server",
+            Role::PaymentResource => "payment-resource",
+            Role::RailStub => "rail-stub",
+            Role::RailProxy => "rail-proxy",
+        }
+    }
+}
+
+/// Where the lock server keeps its locks.
+#[derive(Debug, Clone)]
+pub enum LockBackend {
+    /// `lockdb` on the stack's PostgreSQL.
+    Pg,
+    /// An etcd started for the stack.
+    Etcd,
+    /// Whatever these `lock.*` keys say (an etcd cluster the test runs itself, say).
+    Config(Vec<(&'static str, String)>),
+}
+
+/// One `dlock serve` process, on the host or inside the stack's namespace; restartable.
+pub struct Service {
+    pub role: Role,
+    pub addr: SocketAddr,
+    in_ns: bool,
+    exe: PathBuf,
+    env: Vec<(String, String)>,
+    pub log: PathBuf,
+    child: Option<ManagedChild>,
+}
+
+impl Service {
+    fn new(
+        exe: &Path,
+        role: Role,
+        ip: IpAddr,
+        in_ns: bool,
+        dir: &Path,
+        pairs: Vec<(String, String)>,
+    ) -> Self {
+        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
+        let addr = SocketAddr::new(ip, port);
+        let mut env = vec![(env_name("server.listen"), addr.to_string())];
+        env.extend(pairs.into_iter().map(|(k, v)| (env_name(&k), v)));
+        Self {
+            role,
+            addr,
+            in_ns,
+            exe: exe.to_path_buf(),
+            env,
+            log: dir.join(format!("{}.log", role.name())),
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(ManagedChild::pid)
+    }
+
+    pub fn child(&self) -> Option<&ManagedChild> {
+        self.child.as_ref()
+    }
+
+    /// Starts the process (inside `ns` if it is placed there) and waits until it is ready.
+    pub fn start(&mut self, ns: Option<&NetNs>) {
+        let name = self.role.name();
+        let args = vec!["serve".to_owned(), name.to_owned()];
+        let spawned = match ns {
+            Some(ns) if self.in_ns => {
+                ns.spawn_logged(name, &self.exe, &args, &self.env, Some(&self.log))
+            }
+            _ => spawn_logged(name, &self.exe, &args, &self.env, Some(&self.log)),
+        };
+        let mut child = spawned.unwrap_or_else(|e| panic!("{e:#}"));
+        let addr = self.addr;
+        wait_until(name, Duration::from_secs(60), || {
+            !child.exited() && http_status(addr, "/readyz") == Some(200)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+        });
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown path runs, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
+
+/// What to start; [`Stack::builder`] makes one, [`StackBuilder::start`] starts it.
+pub struct StackBuilder {
+    exe: PathBuf,
+    roles: Vec<Role>,
+    backend: LockBackend,
+    read_timeout_ms: Option<u64>,
+    operator_token: String,
+    extra: Vec<(Role, String, String)>,
+    in_ns: Vec<Role>,
+    netns: bool,
+    rail_fault_proxy: bool,
+    executor_args: Vec<String>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl StackBuilder {
+    /// Only these services (by default all four).
+    pub fn only(mut self, roles: &[Role]) -> Self {
+        self.roles = roles.to_vec();
+        self
+    }
+
+    /// The lock server's backend (by default PostgreSQL).
+    pub fn lock_backend(mut self, backend: LockBackend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The rail stub's `rail.stub.*` settings (latency, failure rates, …).
+    pub fn rail_stub(mut self, pairs: &[(&str, &str)]) -> Self {
+        for (key, value) in pairs {
+            self = self.set(Role::RailStub, key, *value);
+        }
+        self
+    }
+
+    /// The rail proxy's read timeout, also given to the executors this stack starts.
+    pub fn rail_read_timeout_ms(mut self, ms: u64) -> Self {
+        self.read_timeout_ms = Some(ms);
+        self
+    }
+
+    /// The operator token of the payment resource and the rail proxy.
+    pub fn operator_token(mut self, token: &str) -> Self {
+        self.operator_token = token.to_owned();
+        self
+    }
+
+    /// One more config key for one service (after its defaults, so it overrides them).
+    pub fn set(mut self, role: Role, key: &str, value: impl Into<String>) -> Self {
+        self.extra.push((role, key.to_owned(), value.into()));
+        self
+    }
+
+    /// A network namespace, with these services running inside it (the others on the host).
+    pub fn in_netns(mut self, roles: &[Role]) -> Self {
+        self.netns = true;
+        self.in_ns = roles.to_vec();
+        self
+    }
+
+    /// A [`FaultProxy`] between the rail proxy and the rail stub.
+    pub fn rail_fault_proxy(mut self) -> Self {
+        self.rail_fault_proxy = true;
+        self
+    }
+
+    /// Arguments every executor of [`Stack::executor`] gets, after the endpoints.
+    pub fn executor_args(mut self, args: &[&str]) -> Self {
+        self.executor_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+
+    /// Starts in `dir` (which may already hold, say, a statement file) instead of a new one.
+    pub fn in_dir(mut self, dir: tempfile::TempDir) -> Self {
+        self.dir = Some(dir);
+        self
+    }
+
+    fn pairs(&self, role: Role, pairs: Vec<(&str, String)>) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> =
+            pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        pairs.extend(
+            self.extra
+                .iter()
+                .filter(|(r, _, _)| *r == role)
+                .map(|(_, k, v)| (k.clone(), v.clone())),
+        );
+        pairs
+    }
+
+    /// Starts the backing servers, then the services in [`Role::ALL`] order.
+    pub fn start(self) -> Stack {
+        let wants = |role: Role| self.roles.contains(&role);
+        let ns = self.netns.then(|| {
+            NetNs::create().unwrap_or_else(|e| panic!("cannot build a network partition: {e:#}"))
+        });
+        let dir = match self.dir {
+            Some(_) => None,
+            None => Some(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))),
+        };
+        let dir_path = self
+            .dir
+            .as_ref()
+            .or(dir.as_ref())
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        // Services on the host listen on the host end of the veth pair, so that services inside
+        // the namespace reach them too; so do PostgreSQL and etcd.
+        let host_ip = ns.as_ref().map_or(LOOPBACK, NetNs::host_addr);
+        let ns_ip = ns.as_ref().map_or(LOOPBACK, NetNs::ns_addr);
+        let extra: Vec<IpAddr> = ns.iter().map(NetNs::host_addr).collect();
+        let pg_lock = wants(Role::LockServer) && matches!(self.backend, LockBackend::Pg);
+        let pg_pay = wants(Role::PaymentResource) || wants(Role::RailProxy);
+        let pg = (pg_lock || pg_pay).then(|| {
+            let pg = PgServer::start_listening(None, &extra).unwrap_or_else(|e| panic!("{e:#}"));
+            for db in ["lockdb", "paydb"] {
+                pg.create_database(db)
+                    .unwrap_or_else(|e| panic!("create {db}: {e:#}"));
+            }
+            pg
+        });
+        let pg_url = |db: &str, role: Role| {
+            let ip = if self.in_ns.contains(&role) {
+                host_ip
+            } else {
+                LOOPBACK
+            };
+            let port = pg.as_ref().map(|p| p.port).unwrap_or_default();
+            format!("postgres://postgres@{}/{db}", SocketAddr::new(ip, port))
+        };
+        let etcd = (wants(Role::LockServer) && matches!(self.backend, LockBackend::Etcd))
+            .then(|| EtcdServer::start_listening(None, &extra).unwrap_or_else(|e| panic!("{e:#}")));
+        let at = |role: Role| {
+            if self.in_ns.contains(&role) {
+                ns_ip
+            } else {
+                host_ip
+            }
+        };
+        let service = |role: Role, pairs: Vec<(&str, String)>| {
+            Service::new(
+                &self.exe,
+                role,
+                at(role),
+                self.in_ns.contains(&role),
+                &dir_path,
+                self.pairs(role, pairs),
+            )
+        };
+        let mut services = Vec::new();
+        if wants(Role::LockServer) {
+            let pairs = match (&self.backend, &etcd) {
+                (LockBackend::Config(pairs), _) => pairs.clone(),
+                (_, Some(etcd)) => vec![
+                    ("lock.backend", "etcd".to_owned()),
+                    (
+                        "lock.etcd.endpoints",
+                        format!("http://{}", SocketAddr::new(host_ip, etcd.client_port)),
+                    ),
+                ],
+                _ => vec![
+                    ("lock.backend", "pg".to_owned()),
+                    ("lock.pg.url", pg_url("lockdb", Role::LockServer)),
+                ],
+            };
+            services.push(service(Role::LockServer, pairs));
+        }
+        if wants(Role::PaymentResource) {
+            services.push(service(
+                Role::PaymentResource,
+                vec![
+                    ("payment.pg.url", pg_url("paydb", Role::PaymentResource)),
+                    ("payment.operator.token", self.operator_token.clone()),
+                ],
+            ));
+        }
+        if wants(Role::RailStub) {
+            let statement = dir_path.join(STATEMENT_FILE).display().to_string();
+            services.push(service(
+                Role::RailStub,
+                vec![("rail.stub.statement-path", statement)],
+            ));
+        }
+        for s in &mut services {
+            s.start(ns.as_ref());
+        }
+        let stub_addr = services
+            .iter()
+            .find(|s| s.role == Role::RailStub)
+            .map(|s| s.addr);
+        let rail_fault = self.rail_fault_proxy.then(|| {
+            let upstream = stub_addr.unwrap_or_else(|| panic!("a fault proxy needs the rail"));
+            FaultProxy::start(SocketAddr::new(host_ip, 0), upstream)
+                .unwrap_or_else(|e| panic!("{e:#}"))
+        });
+        if wants(Role::RailProxy) {
+            let rail_url = match (&rail_fault, stub_addr) {
+                (Some(fault), _) => fault.url(),
+                (None, Some(addr)) => format!("http://{addr}"),
+                (None, None) => panic!("the rail proxy needs the rail stub"),
+            };
+            let mut pairs = vec![
+                ("rail.proxy.pg.url", pg_url("paydb", Role::RailProxy)),
+                ("rail.proxy.rail-url", rail_url),
+                ("rail.proxy.operator-token", self.operator_token.clone()),
+            ];
+            if let Some(ms) = self.read_timeout_ms {
+                pairs.push(("rail.proxy.read-timeout-ms", ms.to_string()));
+            }
+            let mut proxy = service(Role::RailProxy, pairs);
+            proxy.start(ns.as_ref());
+            services.push(proxy);
+        }
+        Stack {
+            services,
+            rail_fault,
+            etcd,
+            pg,
+            ns,
+            dir: self.dir.or(dir).unwrap_or_else(|| panic!("no directory")),
+            exe: self.exe,
+            read_timeout_ms: self.read_timeout_ms,
+            executor_args: self.executor_args,
+            operator_token: self.operator_token,
+        }
+    }
+}
+
+/// A started stack. Field order is drop order: the processes first, then the fault proxy, the
+/// stores, the namespace and the directory with the logs.
+pub struct Stack {
+    services: Vec<Service>,
+    pub rail_fault: Option<FaultProxy>,
+    pub etcd: Option<EtcdServer>,
+    pub pg: Option<PgServer>,
+    pub ns: Option<NetNs>,
+    pub dir: tempfile::TempDir,
+    exe: PathBuf,
+    read_timeout_ms: Option<u64>,
+    executor_args: Vec<String>,
+    pub operator_token: String,
+}
+
+impl Stack {
+    /// A builder for a stack whose services are run from the `dlock` binary `exe`.
+    pub fn builder(exe: impl Into<PathBuf>) -> StackBuilder {
+        StackBuilder {
+            exe: exe.into(),
+            roles: Role::ALL.to_vec(),
+            backend: LockBackend::Pg,
+            read_timeout_ms: None,
+            operator_token: "stack-operator-token".to_owned(),
+            extra: Vec::new(),
+            in_ns: Vec::new(),
+            netns: false,
+            rail_fault_proxy: false,
+            executor_args: Vec::new(),
+            dir: None,
+        }
+    }
+
+    pub fn service(&self, role: Role) -> &Service {
+        self.services
+            .iter()
+            .find(|s| s.role == role)
+            .unwrap_or_else(|| panic!("this stack runs no {}", role.name()))
+    }
+
+    pub fn service_mut(&mut self, role: Role) -> &mut Service {
+        self.services
+            .iter_mut()
+            .find(|s| s.role == role)
+            .unwrap_or_else(|| panic!("this stack runs no {}", role.name()))
+    }
+
+    /// Restarts a service in place (same port, same config), e.g. after a kill.
+    pub fn restart(&mut self, role: Role) {
+        let service = self
+            .services
+            .iter_mut()
+            .find(|s| s.role == role)
+            .unwrap_or_else(|| panic!("this stack runs no {}", role.name()));
+        service.kill();
+        service.start(self.ns.as_ref());
+    }
+
+    pub fn lock(&self) -> &Service {
+        self.service(Role::LockServer)
+    }
+
+    pub fn payment(&self) -> &Service {
+        self.service(Role::PaymentResource)
+    }
+
+    pub fn stub(&self) -> &Service {
+        self.service(Role::RailStub)
+    }
+
+    pub fn proxy(&self) -> &Service {
+        self.service(Role::RailProxy)
+    }
+
+    pub fn pg(&self) -> &PgServer {
+        self.pg
+            .as_ref()
+            .unwrap_or_else(|| panic!("this stack runs no PostgreSQL"))
+    }
+
+    pub fn ns(&self) -> &NetNs {
+        self.ns
+            .as_ref()
+            .unwrap_or_else(|| panic!("this stack has no network namespace"))
+    }
+
+    pub fn rail_fault(&self) -> &FaultProxy {
+        self.rail_fault
+            .as_ref()
+            .unwrap_or_else(|| panic!("this stack has no rail fault proxy"))
+    }
+
+    /// PostgreSQL as the namespace reaches it (the address its partition rules name).
+    pub fn pg_peer(&self) -> SocketAddr {
+        SocketAddr::new(self.ns().host_addr(), self.pg().port)
+    }
+
+    /// etcd as the namespace reaches it.
+    pub fn etcd_peer(&self) -> Option<SocketAddr> {
+        let etcd = self.etcd.as_ref()?;
+        Some(SocketAddr::new(self.ns().host_addr(), etcd.client_port))
+    }
+
+    pub fn statement_path(&self) -> PathBuf {
+        self.dir.path().join(STATEMENT_FILE)
+    }
+
+    pub fn read_timeout_ms(&self) -> u64 {
+        self.read_timeout_ms
+            .unwrap_or_else(|| panic!("this stack has no rail read timeout"))
+    }
+
+    /// A count out of paydb (`SELECT count(*) …`); 0 when it cannot be read.
+    pub fn paydb_count(&self, sql: &str) -> usize {
+        self.pg()
+            .psql("paydb", sql)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// How many payouts are POSTED.
+    pub fn posted(&self) -> usize {
+        self.paydb_count("SELECT count(*) FROM payouts WHERE state = 'POSTED'")
+    }
+
+    /// Writes a PayoutBatch of `n` payouts (keys `item-0000`…) spread over accounts
+    /// `{prefix}-00`…, amounts 1000, 1001, …
+    pub fn batch(&self, name: &str, prefix: &str, accounts: usize, n: usize) -> PathBuf {
+        let mut text = format!(
+            "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 4\n  payouts:\n"
+        );
+        for i in 0..n {
+            text.push_str(&format!(
+                "    - key: item-{i:04}\n      accountId: {prefix}-{:02}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
+                i % accounts,
+                1_000 + i
+            ));
+        }
+        let path = self.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    /// Starts `dlock run -f batch` against this stack (4 workers), logging to `{owner}.log`.
+    pub fn executor(&self, batch: &Path, owner: &str, extra: &[&str]) -> (ManagedChild, PathBuf) {
+        let log = self.dir.path().join(format!("{owner}.log"));
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-f".into(),
+            batch.display().to_string(),
+            "--lock-server".into(),
+            self.lock().url(),
+            "--payment-resource".into(),
+            self.payment().url(),
+            "--rail-proxy".into(),
+            self.proxy().url(),
+            "--workers".into(),
+            "4".into(),
+            "--owner-id".into(),
+            owner.into(),
+            "--rail-read-timeout-ms".into(),
+            self.read_timeout_ms().to_string(),
+        ];
+        args.extend(self.executor_args.iter().cloned());
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let child = spawn_logged(owner, &self.exe, &args, &[], Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        (child, log)
+    }
+
+    /// Waits up to `within` for an executor (stopping it if it is still running); whether it
+    /// succeeded, and its log.
+    pub fn wait_executor(
+        &self,
+        mut executor: ManagedChild,
+        log: &Path,
+        within: Duration,
+    ) -> (bool, String) {
+        let status = executor.wait_exit(within);
+        if status.is_none() {
+            executor.stop();
+        }
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        (status.is_some_and(|s| s.success()), text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_name;
+
+    #[test]
+    fn config_keys_map_to_dlock_environment_variables() {
+        assert_eq!(env_name("server.listen"), "DLOCK_SERVER_LISTEN");
+        assert_eq!(
+            env_name("rail.proxy.read-timeout-ms"),
+            "DLOCK_RAIL_PROXY_READ_TIMEOUT_MS"
+        );
+    }
+}
