@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use dlock_contract::service_config;
 use dlock_devstack::{
     EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
 };
@@ -180,24 +181,13 @@ pub(crate) struct Stack {
     _temp: Option<tempfile::TempDir>,
 }
 
-fn write_config(path: &Path, lines: &[(&str, String)]) -> Result<()> {
-    let mut text = String::from("# written by `dlock dev up`\n");
-    for (key, value) in lines {
-        text.push_str(&format!("\"{key}\" = {value}\n"));
-    }
+/// Writes `<dir>/<name>.toml`: the service's configuration.
+fn write_config(path: &Path, config: &str) -> Result<()> {
+    let text = format!("# written by `dlock dev up`\n{config}");
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn quoted(s: &str) -> String {
-    format!("{s:?}")
-}
-
-fn start_service(
-    name: &str,
-    dir: &Path,
-    config: &[(&str, String)],
-    listen: SocketAddr,
-) -> Result<ManagedChild> {
+fn start_service(name: &str, dir: &Path, config: &str, listen: SocketAddr) -> Result<ManagedChild> {
     let exe = std::env::current_exe().context("locating the dlock binary")?;
     let config_path = dir.join(format!("{name}.toml"));
     write_config(&config_path, config)?;
@@ -454,94 +444,95 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         _temp: temp,
     };
     let (tokens_file, proxy_credential, credentials) = write_tokens(&dir)?;
-    let auth = [
-        ("auth.mode", quoted("tokens")),
-        (
-            "auth.tokens-file",
-            quoted(&tokens_file.display().to_string()),
-        ),
-    ];
+    let auth = service_config::Auth {
+        mode: service_config::AuthMode::Tokens,
+        tokens_file: Some(tokens_file.display().to_string()),
+        tokenreview_audiences: Vec::new(),
+        operator_identities: Vec::new(),
+    };
     let proof_keys_file = write_proof_keys(&dir)?;
-    let proofs = (
-        dlock_contract::proof::KEYS_FILE_KEY,
-        quoted(&proof_keys_file.display().to_string()),
-    );
+    let fencing = service_config::Fencing {
+        proof_keys_file: Some(proof_keys_file.display().to_string()),
+    };
+    let server = |listen: SocketAddr| service_config::Server {
+        listen: listen.to_string(),
+    };
     let lock_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let mut lock_config = vec![("server.listen", quoted(&lock_listen.to_string()))];
-    lock_config.extend(auth.iter().cloned());
-    lock_config.push(proofs.clone());
-    match &stack.etcd {
-        Some(etcd) => {
-            lock_config.push(("lock.backend", quoted("etcd")));
-            lock_config.push((
-                "lock.etcd.endpoints",
-                format!("[{}]", quoted(&etcd.endpoint())),
-            ));
-        }
-        None => {
-            lock_config.push(("lock.backend", quoted("pg")));
-            lock_config.push(("lock.pg.url", quoted(&stack.pg.url("lockdb"))));
-        }
-    }
-    let lock_server = start_service("lock-server", &dir, &lock_config, lock_listen)?;
+    let lock_config = service_config::LockServer {
+        server: server(lock_listen),
+        backend: match &stack.etcd {
+            Some(_) => service_config::LockBackend::Etcd,
+            None => service_config::LockBackend::Pg,
+        },
+        pg_url: stack.etcd.is_none().then(|| stack.pg.url("lockdb")),
+        etcd_endpoints: stack.etcd.iter().map(EtcdServer::endpoint).collect(),
+        etcd_tls: None,
+        etcd_auth: None,
+        auth: auth.clone(),
+        fencing: fencing.clone(),
+    };
+    let lock_server = start_service(
+        "lock-server",
+        &dir,
+        &service_config::to_toml(&lock_config),
+        lock_listen,
+    )?;
     let lock_pid = lock_server.pid();
     stack.services.push(lock_server);
 
     let payment_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let mut payment_config = vec![
-        ("server.listen", quoted(&payment_listen.to_string())),
-        ("payment.pg.url", quoted(&stack.pg.url("paydb"))),
-    ];
-    payment_config.extend(auth.iter().cloned());
-    payment_config.push(proofs.clone());
-    let payment_resource =
-        start_service("payment-resource", &dir, &payment_config, payment_listen)?;
+    let payment_config = service_config::PaymentResource {
+        server: server(payment_listen),
+        pg_url: Some(stack.pg.url("paydb")),
+        auth: auth.clone(),
+        fencing: fencing.clone(),
+    };
+    let payment_resource = start_service(
+        "payment-resource",
+        &dir,
+        &service_config::to_toml(&payment_config),
+        payment_listen,
+    )?;
     let payment_pid = payment_resource.pid();
     stack.services.push(payment_resource);
 
     let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let mut stub_config = vec![
-        ("server.listen", quoted(&stub_listen.to_string())),
-        ("rail.stub.latency-ms", args.rail_latency_ms.to_string()),
-        ("rail.stub.failure-rate", args.rail_failure_rate.to_string()),
-        (
-            "rail.stub.duplicate-ack-rate",
-            args.rail_duplicate_ack_rate.to_string(),
-        ),
-        (
-            "rail.stub.redirect-rate",
-            args.rail_redirect_rate.to_string(),
-        ),
-        (
-            "rail.stub.statement-path",
-            quoted(&dir.join("rail-statement.jsonl").display().to_string()),
-        ),
-    ];
-    stub_config.extend(auth.iter().cloned());
-    let rail_stub = start_service("rail-stub", &dir, &stub_config, stub_listen)?;
+    let stub_config = service_config::RailStub {
+        server: server(stub_listen),
+        latency_ms: i64::try_from(args.rail_latency_ms)
+            .context("--rail-latency-ms is too large")?,
+        failure_rate: args.rail_failure_rate,
+        duplicate_ack_rate: args.rail_duplicate_ack_rate,
+        redirect_rate: Some(args.rail_redirect_rate),
+        statement_path: dir.join("rail-statement.jsonl").display().to_string(),
+        auth: Some(auth.clone()),
+    };
+    let rail_stub = start_service(
+        "rail-stub",
+        &dir,
+        &service_config::to_toml(&stub_config),
+        stub_listen,
+    )?;
     let stub_pid = rail_stub.pid();
     stack.services.push(rail_stub);
 
     let proxy_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let mut proxy_config = vec![
-        ("server.listen", quoted(&proxy_listen.to_string())),
-        ("rail.proxy.pg.url", quoted(&stack.pg.url("paydb"))),
-        (
-            "rail.proxy.rail-url",
-            quoted(&format!("http://{stub_listen}")),
-        ),
-        (
-            "rail.proxy.read-timeout-ms",
-            args.rail_read_timeout_ms.to_string(),
-        ),
-        (
-            "rail.proxy.rail-credential-file",
-            quoted(&proxy_credential.display().to_string()),
-        ),
-    ];
-    proxy_config.extend(auth.iter().cloned());
-    proxy_config.push(proofs);
-    let rail_proxy = start_service("rail-proxy", &dir, &proxy_config, proxy_listen)?;
+    let proxy_config = service_config::RailProxy {
+        server: server(proxy_listen),
+        pg_url: Some(stack.pg.url("paydb")),
+        rail_url: format!("http://{stub_listen}"),
+        read_timeout_ms: i64::try_from(args.rail_read_timeout_ms)
+            .context("--rail-read-timeout-ms is too large")?,
+        rail_credential_file: Some(proxy_credential.display().to_string()),
+        auth,
+        fencing,
+    };
+    let rail_proxy = start_service(
+        "rail-proxy",
+        &dir,
+        &service_config::to_toml(&proxy_config),
+        proxy_listen,
+    )?;
     let proxy_pid = rail_proxy.pid();
     stack.services.push(rail_proxy);
     let line = UpLine {

@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::{ClientError, LockClient};
-use dlock_contract::lock::{Revocation, RevokeRequest};
-use dlock_contract::payment::{FenceRequest, FenceResponse};
 use dlock_contract::payment_client::PaymentClient;
-use dlock_contract::rail::{HighWater, HighWaterRequest, RailClient};
-use dlock_contract::revoke::{RevokeSteps, StepFuture};
+use dlock_contract::rail::RailClient;
+use dlock_contract::revoke::{RevokeClients, RevokeSteps};
 use futures::future::BoxFuture;
 
 use crate::build::lock::HeldLock;
@@ -83,28 +81,12 @@ pub trait Services: Send + Sync {
         &'a self,
         lock_server_url: &'a str,
     ) -> BoxFuture<'a, Result<HeldList, ServiceError>>;
-    /// L8.
-    fn revoke_lock<'a>(
+    /// The revocation flow's three calls (L8, the account fence, the high-water mark) against
+    /// one target's services: the contract's own clients ([`RevokeClients`]) for real.
+    fn revoke_steps<'a>(
         &'a self,
-        lock_server_url: &'a str,
-        key: &'a str,
-        request: &'a RevokeRequest,
-    ) -> StepFuture<'a, Revocation>;
-    /// The payment resource's account fence (D-3).
-    fn fence_account<'a>(
-        &'a self,
-        payment_resource_url: &'a str,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse>;
-    /// The rail proxy's high-water mark (D-3).
-    fn raise_high_water<'a>(
-        &'a self,
-        rail_proxy_url: &'a str,
-        account_id: &'a str,
-        request: &'a HighWaterRequest,
-    ) -> StepFuture<'a, HighWater>;
+        target: &'a RevocationTarget,
+    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError>;
     /// Cancels the payouts (id, account) still PENDING or CLAIMED, under the operator's own
     /// grant per account: they become ABANDONED (a deleted PayoutBatch).
     fn cancel_unfinished<'a>(
@@ -114,46 +96,6 @@ pub trait Services: Send + Sync {
         payouts: &'a [(uuid::Uuid, String)],
         reason: &'a str,
     ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>>;
-}
-
-/// The revocation flow's steps against one target's services.
-pub struct TargetSteps<'a> {
-    pub services: &'a dyn Services,
-    pub target: &'a RevocationTarget,
-}
-
-impl RevokeSteps for TargetSteps<'_> {
-    fn revoke_lock<'a>(
-        &'a self,
-        key: &'a str,
-        request: &'a RevokeRequest,
-    ) -> StepFuture<'a, Revocation> {
-        self.services
-            .revoke_lock(&self.target.lock_server_url, key, request)
-    }
-
-    fn advance_fence<'a>(
-        &'a self,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
-        self.services.fence_account(
-            &self.target.payment_resource_url,
-            account_id,
-            idempotency_key,
-            request,
-        )
-    }
-
-    fn advance_high_water<'a>(
-        &'a self,
-        account_id: &'a str,
-        request: &'a HighWaterRequest,
-    ) -> StepFuture<'a, HighWater> {
-        self.services
-            .raise_high_water(&self.target.rail_proxy_url, account_id, request)
-    }
 }
 
 /// The real calls: the contract's clients with the operator's owner id and credential.
@@ -262,49 +204,18 @@ impl Services for ContractServices {
         })
     }
 
-    fn revoke_lock<'a>(
+    fn revoke_steps<'a>(
         &'a self,
-        lock_server_url: &'a str,
-        key: &'a str,
-        request: &'a RevokeRequest,
-    ) -> StepFuture<'a, Revocation> {
-        Box::pin(async move {
-            self.lock(lock_server_url)
-                .revoke(
-                    key,
-                    &request.operator,
-                    &request.reason,
-                    request.expected_token,
-                )
-                .await
-        })
-    }
-
-    fn fence_account<'a>(
-        &'a self,
-        payment_resource_url: &'a str,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
-        Box::pin(async move {
-            self.payment(payment_resource_url)
-                .advance_fence(account_id, idempotency_key, request)
-                .await
-        })
-    }
-
-    fn raise_high_water<'a>(
-        &'a self,
-        rail_proxy_url: &'a str,
-        account_id: &'a str,
-        request: &'a HighWaterRequest,
-    ) -> StepFuture<'a, HighWater> {
-        Box::pin(async move {
-            self.rail(rail_proxy_url)?
-                .advance_high_water(account_id, request)
-                .await
-        })
+        target: &'a RevocationTarget,
+    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError> {
+        Ok(Box::new(RevokeClients {
+            lock: self.lock(&target.lock_server_url),
+            payment: self.payment(&target.payment_resource_url),
+            // Fails only on a malformed address map, which `new` has refused already.
+            rail: self
+                .rail(&target.rail_proxy_url)
+                .map_err(|e| ServiceError::from_client("rail-proxy", &e))?,
+        }))
     }
 
     fn cancel_unfinished<'a>(

@@ -91,30 +91,14 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         expected_token: object.status.as_ref().and_then(|s| s.token),
         named: [Some(object.spec.lock_server.as_str()), None, None],
     };
-    let target = match validate::check_ask(&ask) {
-        Ok(()) => {
-            let present = namespace_targets(&ctx, &namespace, &ask).await?;
-            validate::revocation_target(&namespace, &ask, &present)
-        }
-        Err(invalid) => Err(invalid),
-    };
-    let result = match target {
-        Ok(target) => {
-            revoke::run(
-                ctx.services.as_ref(),
-                &target,
-                &request,
-                previous.revocation.as_ref(),
-            )
-            .await?
-        }
-        Err(invalid) => RevocationResult {
-            request: request.clone(),
-            outcome: REFUSED.to_owned(),
-            summary: Some(format!("not sent: {invalid}")),
-            ..RevocationResult::default()
-        },
-    };
+    let result = revoke_or_refuse(
+        &ctx,
+        &namespace,
+        &ask,
+        &request,
+        previous.revocation.as_ref(),
+    )
+    .await?;
     let status = revoke_fields(
         object.metadata.generation,
         conditions_of(&result).render(&previous.conditions, object.metadata.generation, &ctx.now()),
@@ -157,6 +141,28 @@ pub fn revoke_fields(
 
 /// The names of the LockServers, PaymentResources and RailProxies in `namespace`, read only for
 /// the kinds `ask` does not name (see [`validate::fence_target`] for the rule).
+/// Runs (or resumes) the revocation `ask` asks for against the namespace's services, or records
+/// why it was not sent: a malformed ask, or no single target of a kind.
+async fn revoke_or_refuse(
+    ctx: &Context,
+    namespace: &str,
+    ask: &validate::RevocationAsk<'_>,
+    request: &str,
+    previous: Option<&RevocationResult>,
+) -> Result<RevocationResult> {
+    let target = match validate::check_ask(ask) {
+        Ok(()) => {
+            let present = namespace_targets(ctx, namespace, ask).await?;
+            validate::revocation_target(namespace, ask, &present)
+        }
+        Err(invalid) => Err(invalid),
+    };
+    Ok(match target {
+        Ok(target) => revoke::run(ctx.services.as_ref(), &target, request, previous).await?,
+        Err(invalid) => revoke::refused(request, format!("not sent: {invalid}")),
+    })
+}
+
 async fn namespace_targets(
     ctx: &Context,
     namespace: &str,
@@ -240,31 +246,14 @@ pub async fn reconcile_lock_revocation(
         return Ok(Action::await_change());
     }
     let ask = validate::lock_revocation_ask(&object);
-    let target = match validate::check_ask(&ask) {
-        Ok(()) => {
-            let present =
-                namespace_targets(&ctx, &object.namespace().unwrap_or_default(), &ask).await?;
-            validate::lock_revocation(&object, &present)
-        }
-        Err(invalid) => Err(invalid),
-    };
-    let result = match target {
-        Ok(target) => {
-            revoke::run(
-                ctx.services.as_ref(),
-                &target,
-                &request,
-                previous.result.as_ref(),
-            )
-            .await?
-        }
-        Err(invalid) => RevocationResult {
-            request: request.clone(),
-            outcome: REFUSED.to_owned(),
-            summary: Some(format!("not sent: {invalid}")),
-            ..RevocationResult::default()
-        },
-    };
+    let result = revoke_or_refuse(
+        &ctx,
+        &object.namespace().unwrap_or_default(),
+        &ask,
+        &request,
+        previous.result.as_ref(),
+    )
+    .await?;
     let status = LockRevocationStatus {
         observed_generation: object.metadata.generation,
         conditions: conditions_of(&result).render(

@@ -12,7 +12,7 @@
 use dlock_contract::revoke::{LockStep, Outcome, Progress, RevokeOrder};
 
 use crate::crd::RevocationResult;
-use crate::services::{ServiceError, Services, TargetSteps};
+use crate::services::{ServiceError, Services};
 use crate::validate::RevocationTarget;
 
 pub const COMPLETE: &str = "Complete";
@@ -50,7 +50,7 @@ pub fn recorded_progress(
     }))
 }
 
-fn refused(request: &str, summary: String) -> RevocationResult {
+pub fn refused(request: &str, summary: String) -> RevocationResult {
     RevocationResult {
         request: request.to_owned(),
         outcome: REFUSED.to_owned(),
@@ -78,8 +78,8 @@ pub async fn run(
         reason: target.reason.clone(),
         expected_token: target.expected_token,
     };
-    let steps = TargetSteps { services, target };
-    let report = dlock_contract::revoke::run(&steps, &order, resume.as_ref()).await;
+    let steps = services.revoke_steps(target)?;
+    let report = dlock_contract::revoke::run(steps.as_ref(), &order, resume.as_ref()).await;
     if let LockStep::Unavailable(error) = &report.lock {
         return Err(ServiceError::Unavailable {
             service: "lock-server",

@@ -32,7 +32,7 @@ pub use payout_batch::{ExecutorSpec, PayoutBatch, PayoutBatchSpec, PayoutBatchSt
 pub use reconciliation::{Reconciliation, ReconciliationSpec, ReconciliationStatus};
 pub use workloads::{
     BackendType, EtcdAuth, EtcdBackend, LockBackend, LockServer, LockServerSpec, PaymentResource,
-    PaymentResourceSpec, PgBackend, RailProxy, RailProxySpec, RailStubSpec,
+    PaymentResourceSpec, PgBackend, RailProxy, RailProxySpec, RailStubSpec, ServiceSettings,
 };
 
 pub const GROUP: &str = "dlock.io";

@@ -35,28 +35,12 @@ pub struct LockServerSpec {
     /// Immutable: switching stores live would split the lock state in two.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
     pub backend: LockBackend,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16))]
-    pub replicas: Option<i32>,
     /// The `dlock` image; the operator's own image when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_sql: Option<CloudSql>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
-    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<ServiceAuth>,
-    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
-    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
-    /// PaymentResource and RailProxy of a namespace must name the same Secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+    // Replicas, pods, authentication and proof keys: what every service has.
+    #[serde(flatten)]
+    pub service: ServiceSettings,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -115,6 +99,32 @@ pub struct EtcdAuth {
     pub password_secret: SecretKeyRef,
 }
 
+/// What every service's spec has (flattened into it): replicas, the pod's settings, callers'
+/// authentication and the fencing-token proof keys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_sql: Option<CloudSql>,
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServiceAuth>,
+    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
+    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// PaymentResource and RailProxy of a namespace must name the same Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+}
+
 // ---------------------------------------------------------------------------------------------
 // PaymentResource
 
@@ -148,26 +158,10 @@ pub struct PaymentResourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator_token_secret: Option<SecretKeyRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16))]
-    pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_sql: Option<CloudSql>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
-    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<ServiceAuth>,
-    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
-    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
-    /// PaymentResource and RailProxy of a namespace must name the same Secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+    // Replicas, pods, authentication and proof keys: what every service has.
+    #[serde(flatten)]
+    pub service: ServiceSettings,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -210,26 +204,10 @@ pub struct RailProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator_token_secret: Option<SecretKeyRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 16))]
-    pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_sql: Option<CloudSql>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
-    /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<ServiceAuth>,
-    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
-    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
-    /// PaymentResource and RailProxy of a namespace must name the same Secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fencing_proof_keys_secret: Option<SecretKeyRef>,
+    // Replicas, pods, authentication and proof keys: what every service has.
+    #[serde(flatten)]
+    pub service: ServiceSettings,
     /// Deploys the rail stub and points the proxy at it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stub: Option<RailStubSpec>,

@@ -10,7 +10,7 @@ use kube::Resource;
 
 use crate::build::job::TOKEN_AUDIENCE;
 use crate::crd::AuthMode;
-use crate::workload::toml_string;
+use dlock_contract::service_config;
 
 mod jobs;
 mod revocation;
@@ -47,32 +47,21 @@ pub fn service_account_identity(namespace: &str, service_account: &str) -> Strin
     format!("system:serviceaccount:{namespace}:{service_account}")
 }
 
-/// The `auth.*` lines of a service's configuration: TokenReview with the audience `dlock` (the
+/// The `auth.*` part of a service's configuration: TokenReview with the audience `dlock` (the
 /// executor's and the operator's projected tokens), and the operator as the only operator
 /// identity.
 ///
 /// `spec.auth.mode: none` writes `auth.mode = "none"` and nothing else.
-pub fn auth_lines(settings: &Settings, auth: AuthMode) -> Vec<(&'static str, String)> {
-    if auth == AuthMode::None {
-        return vec![("auth.mode", toml_string("none"))];
+pub fn auth_config(settings: &Settings, auth: AuthMode) -> service_config::Auth {
+    match auth {
+        AuthMode::None => service_config::Auth::none(),
+        AuthMode::TokenReview => service_config::Auth {
+            mode: service_config::AuthMode::TokenReview,
+            tokens_file: None,
+            tokenreview_audiences: vec![TOKEN_AUDIENCE.to_owned()],
+            operator_identities: vec![settings.operator_identity.clone()],
+        },
     }
-    let list = |items: &[&str]| {
-        toml::Value::Array(
-            items
-                .iter()
-                .map(|i| toml::Value::String((*i).to_owned()))
-                .collect(),
-        )
-        .to_string()
-    };
-    vec![
-        ("auth.mode", toml_string("tokenreview")),
-        ("auth.tokenreview.audiences", list(&[TOKEN_AUDIENCE])),
-        (
-            "auth.operator-identities",
-            list(&[settings.operator_identity.as_str()]),
-        ),
-    ]
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -123,14 +123,7 @@ pub fn revocation_target(
     present: &NamespaceTargets,
 ) -> Result<RevocationTarget, Invalid> {
     check_ask(ask)?;
-    let RevocationAsk {
-        key,
-        account_id,
-        operator,
-        reason,
-        expected_token,
-        named: [lock_server, payment_resource, rail_proxy],
-    } = *ask;
+    let [lock_server, payment_resource, rail_proxy] = ask.named;
     let lock_server = fence_target(
         "LockServer",
         "lockServer",
@@ -145,11 +138,11 @@ pub fn revocation_target(
     )?;
     let rail_proxy = fence_target("RailProxy", "railProxy", rail_proxy, &present.rail_proxies)?;
     Ok(RevocationTarget {
-        key: key.to_owned(),
-        account_id: account_id.to_owned(),
-        operator: operator.trim().to_owned(),
-        reason: reason.trim().to_owned(),
-        expected_token,
+        key: ask.key.to_owned(),
+        account_id: ask.account_id.to_owned(),
+        operator: ask.operator.trim().to_owned(),
+        reason: ask.reason.trim().to_owned(),
+        expected_token: ask.expected_token,
         lock_server_url: service_url(&lock_server, namespace),
         payment_resource_url: service_url(&payment_resource, namespace),
         rail_proxy_url: service_url(&rail_proxy, namespace),

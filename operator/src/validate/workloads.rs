@@ -1,9 +1,10 @@
 //! The long-running services: LockServer, PaymentResource and RailProxy (with its stub).
 
-use kube::ResourceExt;
+use dlock_contract::service_config as config;
+use kube::{Resource, ResourceExt};
 
 use super::{
-    Invalid, READ_TIMEOUT_MS_DEFAULT, REPLICAS_DEFAULT, Settings, auth_lines, invalid,
+    Invalid, READ_TIMEOUT_MS_DEFAULT, REPLICAS_DEFAULT, Settings, auth_config, invalid,
     namespace_of, owner_of,
 };
 use crate::build::deployment::{
@@ -11,11 +12,12 @@ use crate::build::deployment::{
 };
 use crate::crd::{
     AuthMode, BackendType, CloudSql, LockServer, PaymentResource, RailProxy, ServiceAuth,
+    ServiceSettings,
 };
 use crate::workload::{
     CLOUD_SQL_PROXY_IMAGE, Component, FENCING_PROOF_KEYS_DIR, PORT, PodSettings, SERVICE_ACCOUNT,
     SecretEnv, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT,
-    ValidCloudSql, Workload, service_resources, service_url, small_resources, toml_string,
+    ValidCloudSql, Workload, service_resources, service_url, small_resources,
 };
 
 fn cloud_sql(spec: Option<&CloudSql>) -> Option<ValidCloudSql> {
@@ -36,9 +38,6 @@ fn auth_mode(spec: Option<&ServiceAuth>) -> AuthMode {
 fn service_account(auth: AuthMode) -> Option<String> {
     (auth == AuthMode::TokenReview).then(|| SERVICE_ACCOUNT.to_owned())
 }
-
-/// Lines of a service's TOML configuration: key, TOML value.
-type ConfigLines = Vec<(&'static str, String)>;
 
 /// A Secret name, or a Secret key that is a plain file name (1 to 253 of `[-._a-zA-Z0-9]`).
 fn valid_name(v: &str) -> bool {
@@ -65,14 +64,11 @@ fn check_mounted_secret(secret: &crate::crd::SecretKeyRef, field: &str) -> Resul
     Ok(())
 }
 
-/// The `lock.etcd.*` TLS and authentication lines for `spec.backend.etcd`, with the Secrets to
-/// mount: the TLS Secret's `ca.crt`, `tls.crt` and `tls.key` (the `kubernetes.io/tls` layout)
+/// The `lock.etcd.*` TLS and authentication settings for `spec.backend.etcd`, with the Secrets
+/// to mount: the TLS Secret's `ca.crt`, `tls.crt` and `tls.key` (the `kubernetes.io/tls` layout)
 /// and the user's password key. TLS and `https://` go together, as the lock server requires
 /// (it would stop at start otherwise): refused here, before a pod crash-loops on it.
-fn etcd_credentials(
-    etcd: &crate::crd::EtcdBackend,
-) -> Result<(ConfigLines, Option<String>, Option<String>), Invalid> {
-    let mut lines = Vec::new();
+fn etcd_credentials(etcd: &crate::crd::EtcdBackend) -> Result<EtcdCredentials, Invalid> {
     for (i, endpoint) in etcd.endpoints.iter().enumerate() {
         let field = format!("spec.backend.etcd.endpoints[{i}]");
         let https = endpoint.starts_with("https://");
@@ -95,6 +91,7 @@ fn etcd_credentials(
             ));
         }
     }
+    let mut tls = None;
     if let Some(secret) = &etcd.tls_secret {
         if !valid_name(secret) {
             return Err(invalid(
@@ -102,17 +99,15 @@ fn etcd_credentials(
                 "must be a Secret name",
             ));
         }
-        for (key, file) in [
-            ("lock.etcd.ca-file", ETCD_TLS_CA_KEY),
-            ("lock.etcd.cert-file", ETCD_TLS_CERT_KEY),
-            ("lock.etcd.key-file", ETCD_TLS_KEY_KEY),
-        ] {
-            lines.push((key, toml_string(&format!("{ETCD_TLS_DIR}/{file}"))));
-        }
+        tls = Some(config::EtcdTls {
+            ca_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_CA_KEY}"),
+            cert_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_CERT_KEY}"),
+            key_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_KEY_KEY}"),
+        });
     }
-    let mut password_secret = None;
-    if let Some(auth) = &etcd.auth {
-        let username = auth.username.as_str();
+    let mut auth = None;
+    if let Some(etcd_auth) = &etcd.auth {
+        let username = etcd_auth.username.as_str();
         if username.is_empty()
             || username.len() > 128
             || username
@@ -125,32 +120,46 @@ fn etcd_credentials(
             ));
         }
         check_mounted_secret(
-            &auth.password_secret,
+            &etcd_auth.password_secret,
             "spec.backend.etcd.auth.passwordSecret",
         )?;
-        lines.push(("lock.etcd.username", toml_string(username)));
-        lines.push((
-            "lock.etcd.password-file",
-            toml_string(&format!("{ETCD_AUTH_DIR}/{}", auth.password_secret.key)),
-        ));
-        password_secret = Some(auth.password_secret.name.clone());
+        auth = Some(config::EtcdAuth {
+            username: username.to_owned(),
+            password_file: format!("{ETCD_AUTH_DIR}/{}", etcd_auth.password_secret.key),
+        });
     }
-    Ok((lines, etcd.tls_secret.clone(), password_secret))
+    Ok(EtcdCredentials {
+        password_secret: etcd
+            .auth
+            .as_ref()
+            .map(|auth| auth.password_secret.name.clone()),
+        tls_secret: etcd.tls_secret.clone(),
+        tls,
+        auth,
+    })
+}
+
+/// What `spec.backend.etcd` adds to the lock server's configuration and pod.
+struct EtcdCredentials {
+    tls: Option<config::EtcdTls>,
+    auth: Option<config::EtcdAuth>,
+    /// The Secrets to mount.
+    tls_secret: Option<String>,
+    password_secret: Option<String>,
 }
 
 /// `fencing.proof-keys-file` and the Secret to mount for `spec.fencingProofKeysSecret`.
 fn fencing_proof_keys(
     spec: Option<&crate::crd::SecretKeyRef>,
-) -> Result<(ConfigLines, Option<String>), Invalid> {
+) -> Result<(config::Fencing, Option<String>), Invalid> {
     let Some(secret) = spec else {
-        return Ok((Vec::new(), None));
+        return Ok((config::Fencing::default(), None));
     };
     check_mounted_secret(secret, "spec.fencingProofKeysSecret")?;
     Ok((
-        vec![(
-            "fencing.proof-keys-file",
-            toml_string(&format!("{FENCING_PROOF_KEYS_DIR}/{}", secret.key)),
-        )],
+        config::Fencing {
+            proof_keys_file: Some(format!("{FENCING_PROOF_KEYS_DIR}/{}", secret.key)),
+        },
         Some(secret.name.clone()),
     ))
 }
@@ -163,26 +172,76 @@ fn replicas(spec: Option<i32>) -> Result<i32, Invalid> {
     Ok(replicas)
 }
 
-fn config(lines: &[(&str, String)]) -> String {
-    let mut text = String::new();
-    for (key, value) in lines {
-        text.push_str(&format!("{} = {value}\n", toml_string(key)));
+fn server() -> config::Server {
+    config::Server {
+        listen: format!("0.0.0.0:{PORT}"),
     }
-    text
 }
 
-fn listen() -> String {
-    toml_string(&format!("0.0.0.0:{PORT}"))
+/// A service's workload as [`ServiceSettings`] and the object make it, with its `auth.*` and
+/// `fencing.*` configuration; the caller adds its own configuration, Secrets and volumes.
+fn service<K: Resource<DynamicType = ()>>(
+    object: &K,
+    component: Component,
+    image: Option<&String>,
+    spec: &ServiceSettings,
+    settings: &Settings,
+) -> Result<(Workload, config::Auth, config::Fencing), Invalid> {
+    let name = object.name_any();
+    let auth = auth_mode(spec.auth.as_ref());
+    let (fencing, fencing_proof_keys_secret) =
+        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
+    let workload = Workload {
+        namespace: namespace_of(object)?,
+        component,
+        instance: name.clone(),
+        image: image.cloned().unwrap_or_else(|| settings.image.clone()),
+        replicas: replicas(spec.replicas)?,
+        config_toml: String::new(),
+        secret_env: Vec::new(),
+        termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
+        cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
+        data_volume: false,
+        etcd_tls_secret: None,
+        etcd_password_secret: None,
+        service_account: service_account(auth),
+        auth_disabled: auth == AuthMode::None,
+        fencing_proof_keys_secret,
+        pod: PodSettings::from_spec(
+            spec.resources.as_ref(),
+            spec.image_pull_secrets.as_ref(),
+            service_resources(),
+        ),
+        owner: owner_of(object)?,
+        name,
+    };
+    Ok((workload, auth_config(settings, auth), fencing))
+}
+
+/// The Secret env of a service: its database URL and, when given, the operator's token.
+fn secret_env(
+    database_url: (&str, &crate::crd::SecretKeyRef),
+    operator_token: (&str, Option<&crate::crd::SecretKeyRef>),
+) -> Vec<SecretEnv> {
+    let mut env = vec![SecretEnv {
+        name: database_url.0.to_owned(),
+        secret: database_url.1.clone(),
+    }];
+    if let (name, Some(token)) = operator_token {
+        env.push(SecretEnv {
+            name: name.to_owned(),
+            secret: token.clone(),
+        });
+    }
+    env
 }
 
 pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload, Invalid> {
     let spec = &object.spec;
-    let name = object.name_any();
-    let mut lines = vec![("server.listen", listen())];
     let mut secret_env = Vec::new();
-    let mut etcd_tls_secret = None;
-    let mut etcd_password_secret = None;
-    match spec.backend.type_ {
+    let mut etcd_endpoints = Vec::new();
+    let mut etcd = None;
+    let backend = match spec.backend.type_ {
         BackendType::Pg => {
             let pg = spec.backend.pg.as_ref().ok_or_else(|| {
                 invalid(
@@ -196,14 +255,14 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
                     "must be absent when type is pg",
                 ));
             }
-            lines.push(("lock.backend", toml_string("pg")));
             secret_env.push(SecretEnv {
                 name: "DLOCK_LOCK_PG_URL".to_owned(),
                 secret: pg.url_secret.clone(),
             });
+            config::LockBackend::Pg
         }
         BackendType::Etcd => {
-            let etcd = spec.backend.etcd.as_ref().ok_or_else(|| {
+            let backend = spec.backend.etcd.as_ref().ok_or_else(|| {
                 invalid(
                     "spec.backend.etcd",
                     "is required when spec.backend.type is etcd",
@@ -215,54 +274,44 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
                     "must be absent when type is etcd",
                 ));
             }
-            if etcd.endpoints.is_empty() {
+            if backend.endpoints.is_empty() {
                 return Err(invalid(
                     "spec.backend.etcd.endpoints",
                     "must name an endpoint",
                 ));
             }
-            lines.push(("lock.backend", toml_string("etcd")));
-            let endpoints = toml::Value::Array(
-                etcd.endpoints
-                    .iter()
-                    .map(|e| toml::Value::String(e.clone()))
-                    .collect(),
-            );
-            lines.push(("lock.etcd.endpoints", endpoints.to_string()));
-            let (credential_lines, tls_secret, password_secret) = etcd_credentials(etcd)?;
-            lines.extend(credential_lines);
-            etcd_tls_secret = tls_secret;
-            etcd_password_secret = password_secret;
+            etcd_endpoints = backend.endpoints.clone();
+            etcd = Some(etcd_credentials(backend)?);
+            config::LockBackend::Etcd
         }
-    }
-    let auth = auth_mode(spec.auth.as_ref());
-    lines.extend(auth_lines(settings, auth));
-    let (proof_lines, fencing_proof_keys_secret) =
-        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
-    lines.extend(proof_lines);
+    };
+    let (workload, auth, fencing) = service(
+        object,
+        Component::LockServer,
+        spec.image.as_ref(),
+        &spec.service,
+        settings,
+    )?;
+    let (etcd_tls, etcd_auth, etcd_tls_secret, etcd_password_secret) = match etcd {
+        Some(e) => (e.tls, e.auth, e.tls_secret, e.password_secret),
+        None => (None, None, None, None),
+    };
+    let config_toml = config::to_toml(&config::LockServer {
+        server: server(),
+        backend,
+        pg_url: None,
+        etcd_endpoints,
+        etcd_tls,
+        etcd_auth,
+        auth,
+        fencing,
+    });
     Ok(Workload {
-        namespace: namespace_of(object)?,
-        component: Component::LockServer,
-        instance: name.clone(),
-        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
-        replicas: replicas(spec.replicas)?,
-        config_toml: config(&lines),
+        config_toml,
         secret_env,
-        termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
-        cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
-        data_volume: false,
         etcd_tls_secret,
         etcd_password_secret,
-        service_account: service_account(auth),
-        auth_disabled: auth == AuthMode::None,
-        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
-        owner: owner_of(object)?,
-        name,
+        ..workload
     })
 }
 
@@ -271,50 +320,28 @@ pub fn payment_resource(
     settings: &Settings,
 ) -> Result<Workload, Invalid> {
     let spec = &object.spec;
-    let name = object.name_any();
-    let auth = auth_mode(spec.auth.as_ref());
-    let (proof_lines, fencing_proof_keys_secret) =
-        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
-    let mut secret_env = vec![SecretEnv {
-        name: "DLOCK_PAYMENT_PG_URL".to_owned(),
-        secret: spec.database_url_secret.clone(),
-    }];
-    if let Some(token) = &spec.operator_token_secret {
-        secret_env.push(SecretEnv {
-            name: "DLOCK_PAYMENT_OPERATOR_TOKEN".to_owned(),
-            secret: token.clone(),
-        });
-    }
+    let (workload, auth, fencing) = service(
+        object,
+        Component::PaymentResource,
+        spec.image.as_ref(),
+        &spec.service,
+        settings,
+    )?;
     Ok(Workload {
-        namespace: namespace_of(object)?,
-        component: Component::PaymentResource,
-        instance: name.clone(),
-        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
-        replicas: replicas(spec.replicas)?,
-        config_toml: config(
-            &[
-                vec![("server.listen", listen())],
-                auth_lines(settings, auth),
-                proof_lines,
-            ]
-            .concat(),
+        config_toml: config::to_toml(&config::PaymentResource {
+            server: server(),
+            pg_url: None,
+            auth,
+            fencing,
+        }),
+        secret_env: secret_env(
+            ("DLOCK_PAYMENT_PG_URL", &spec.database_url_secret),
+            (
+                "DLOCK_PAYMENT_OPERATOR_TOKEN",
+                spec.operator_token_secret.as_ref(),
+            ),
         ),
-        secret_env,
-        termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
-        cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
-        data_volume: false,
-        etcd_tls_secret: None,
-        etcd_password_secret: None,
-        service_account: service_account(auth),
-        auth_disabled: auth == AuthMode::None,
-        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
-        owner: owner_of(object)?,
-        name,
+        ..workload
     })
 }
 
@@ -328,13 +355,10 @@ pub struct ValidatedRail {
 pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRail, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();
-    let namespace = namespace_of(object)?;
-    let owner = owner_of(object)?;
-    let image = spec.image.clone().unwrap_or_else(|| settings.image.clone());
     let stub_name = format!("{name}-stub");
     let rail_url = match (&spec.rail_url, &spec.stub) {
         (Some(url), None) => url.clone(),
-        (None, Some(_)) => service_url(&stub_name, &namespace),
+        (None, Some(_)) => service_url(&stub_name, &namespace_of(object)?),
         _ => {
             return Err(invalid(
                 "spec",
@@ -346,99 +370,63 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
     if !(100..=120_000).contains(&read_timeout_ms) {
         return Err(invalid("spec.readTimeoutMs", "must be 100 to 120000"));
     }
-    let auth = auth_mode(spec.auth.as_ref());
-    let (proof_lines, fencing_proof_keys_secret) =
-        fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
-    let mut secret_env = vec![SecretEnv {
-        name: "DLOCK_RAIL_PROXY_PG_URL".to_owned(),
-        secret: spec.database_url_secret.clone(),
-    }];
-    if let Some(token) = &spec.operator_token_secret {
-        secret_env.push(SecretEnv {
-            name: "DLOCK_RAIL_PROXY_OPERATOR_TOKEN".to_owned(),
-            secret: token.clone(),
-        });
-    }
-    // A rollout must never cut a forward in flight: the pod gets the whole read timeout, rounded
-    // up, plus room to answer and drain.
-    let grace = (read_timeout_ms + 999) / 1000 + TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS;
+    let (workload, auth, fencing) = service(
+        object,
+        Component::RailProxy,
+        spec.image.as_ref(),
+        &spec.service,
+        settings,
+    )?;
     let proxy = Workload {
-        name: name.clone(),
-        namespace: namespace.clone(),
-        component: Component::RailProxy,
-        instance: name.clone(),
-        image: image.clone(),
-        replicas: replicas(spec.replicas)?,
-        config_toml: config(
-            &[
-                vec![
-                    ("server.listen", listen()),
-                    ("rail.proxy.rail-url", toml_string(&rail_url)),
-                    ("rail.proxy.read-timeout-ms", read_timeout_ms.to_string()),
-                ],
-                auth_lines(settings, auth),
-                proof_lines,
-            ]
-            .concat(),
+        config_toml: config::to_toml(&config::RailProxy {
+            server: server(),
+            pg_url: None,
+            rail_url,
+            read_timeout_ms,
+            rail_credential_file: None,
+            auth,
+            fencing,
+        }),
+        secret_env: secret_env(
+            ("DLOCK_RAIL_PROXY_PG_URL", &spec.database_url_secret),
+            (
+                "DLOCK_RAIL_PROXY_OPERATOR_TOKEN",
+                spec.operator_token_secret.as_ref(),
+            ),
         ),
-        secret_env,
-        termination_grace_period_seconds: grace,
-        cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
-        data_volume: false,
-        etcd_tls_secret: None,
-        etcd_password_secret: None,
-        service_account: service_account(auth),
-        auth_disabled: auth == AuthMode::None,
-        fencing_proof_keys_secret: fencing_proof_keys_secret.clone(),
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
-        owner: owner.clone(),
+        // A rollout must never cut a forward in flight: the pod gets the whole read timeout,
+        // rounded up, plus room to answer and drain.
+        termination_grace_period_seconds: (read_timeout_ms + 999) / 1000
+            + TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS,
+        ..workload
     };
     let stub = spec.stub.as_ref().map(|stub| Workload {
         name: stub_name,
-        namespace,
         component: Component::RailStub,
-        instance: name.clone(),
-        image,
         // One stub: its statement is one file, like one rail's books.
         replicas: 1,
-        config_toml: config(&[
-            ("server.listen", listen()),
-            (
-                "rail.stub.latency-ms",
-                stub.latency_ms.unwrap_or(0).to_string(),
-            ),
-            (
-                "rail.stub.failure-rate",
-                toml::Value::Float(stub.failure_rate.unwrap_or(0.0)).to_string(),
-            ),
-            (
-                "rail.stub.duplicate-ack-rate",
-                toml::Value::Float(stub.duplicate_ack_rate.unwrap_or(0.0)).to_string(),
-            ),
-            (
-                "rail.stub.statement-path",
-                toml_string("/data/rail-statement.jsonl"),
-            ),
-        ]),
+        config_toml: config::to_toml(&config::RailStub {
+            server: server(),
+            latency_ms: stub.latency_ms.unwrap_or(0),
+            failure_rate: stub.failure_rate.unwrap_or(0.0),
+            duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
+            redirect_rate: None,
+            statement_path: "/data/rail-statement.jsonl".to_owned(),
+            auth: None,
+        }),
         secret_env: Vec::new(),
         termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
         cloud_sql: None,
         data_volume: true,
-        etcd_tls_secret: None,
-        etcd_password_secret: None,
         service_account: None,
         auth_disabled: false,
         fencing_proof_keys_secret: None,
         pod: PodSettings::from_spec(
             stub.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
+            spec.service.image_pull_secrets.as_ref(),
             small_resources(),
         ),
-        owner,
+        ..proxy.clone()
     });
     Ok(ValidatedRail { proxy, stub })
 }

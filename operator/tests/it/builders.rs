@@ -678,11 +678,11 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
 fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_config() {
     let keys = fixtures::secret("fencing-proof-keys", "keys");
     let mut lock_server = fixtures::lock_server();
-    lock_server.spec.fencing_proof_keys_secret = Some(keys.clone());
+    lock_server.spec.service.fencing_proof_keys_secret = Some(keys.clone());
     let mut payment = fixtures::payment_resource();
-    payment.spec.fencing_proof_keys_secret = Some(keys.clone());
+    payment.spec.service.fencing_proof_keys_secret = Some(keys.clone());
     let mut rail = fixtures::rail_proxy();
-    rail.spec.fencing_proof_keys_secret = Some(keys.clone());
+    rail.spec.service.fencing_proof_keys_secret = Some(keys.clone());
     let rail = validate::rail_proxy(&rail, &settings()).unwrap();
     for workload in [
         validate::lock_server(&lock_server, &settings()).unwrap(),
@@ -727,7 +727,7 @@ fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_conf
     assert!(!plain.config_toml.contains("fencing"));
     assert_eq!(plain.fencing_proof_keys_secret, None);
     for key in ["..", "a/b", ""] {
-        lock_server.spec.fencing_proof_keys_secret = Some(fixtures::secret("keys", key));
+        lock_server.spec.service.fencing_proof_keys_secret = Some(fixtures::secret("keys", key));
         let error = validate::lock_server(&lock_server, &settings()).unwrap_err();
         assert_eq!(error.field, "spec.fencingProofKeysSecret.key", "{key:?}");
     }

@@ -9,11 +9,12 @@ use dlock_contract::client::ClientError;
 use dlock_contract::lock::{Revocation, RevokeRequest};
 use dlock_contract::payment::{FenceRequest, FenceResponse};
 use dlock_contract::rail::{HighWater, HighWaterRequest};
-use dlock_contract::revoke::StepFuture;
+use dlock_contract::revoke::{RevokeSteps, StepFuture};
 use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
 use dlock_operator::services::{HeldList, ServiceError, Services};
+use dlock_operator::validate::RevocationTarget;
 use futures::future::BoxFuture;
 use http::{Method, Request, Response};
 use kube::client::Body;
@@ -75,76 +76,14 @@ impl Services for FakeServices {
             })
         })
     }
-    fn revoke_lock<'a>(
+    fn revoke_steps<'a>(
         &'a self,
-        url: &'a str,
-        key: &'a str,
-        request: &'a RevokeRequest,
-    ) -> StepFuture<'a, Revocation> {
-        self.record(
-            format!("POST {url}/v1/locks/{key}/revoke"),
-            serde_json::to_value(request).unwrap(),
-        );
-        Box::pin(async move {
-            Ok(Revocation {
-                key: key.to_owned(),
-                revoked_token: 41,
-                revoked_owner_id: "executor-7".to_owned(),
-                new_token_floor: 42,
-                revocation_id: REVOCATION_ID.parse().unwrap(),
-                operator: request.operator.clone(),
-                reason: request.reason.clone(),
-                revoked_at: chrono::Utc::now(),
-            })
-        })
-    }
-    fn fence_account<'a>(
-        &'a self,
-        url: &'a str,
-        account: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
-        self.record(
-            format!("POST {url}/v1/accounts/{account}/fence key={idempotency_key}"),
-            serde_json::to_value(request).unwrap(),
-        );
-        Box::pin(async move {
-            Ok(FenceResponse {
-                account_id: account.to_owned(),
-                previous_fence: 3,
-                fence: request.floor,
-                revocation_id: request.revocation_id,
-            })
-        })
-    }
-    fn raise_high_water<'a>(
-        &'a self,
-        url: &'a str,
-        account: &'a str,
-        request: &'a HighWaterRequest,
-    ) -> StepFuture<'a, HighWater> {
-        self.record(
-            format!("POST {url}/v1/rail/high-water/{account}"),
-            serde_json::to_value(request).unwrap(),
-        );
-        let down = self.rail_down;
-        Box::pin(async move {
-            if down {
-                Err(ClientError::Transport {
-                    url: url.to_owned(),
-                    message: "connection refused".to_owned(),
-                    connect: true,
-                    timeout: false,
-                })
-            } else {
-                Ok(HighWater {
-                    account_id: account.to_owned(),
-                    previous_token: Some(3),
-                    highest_token: request.floor,
-                })
-            }
-        })
+        target: &'a RevocationTarget,
+    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError> {
+        Ok(Box::new(FakeSteps {
+            services: self,
+            target,
+        }))
     }
     fn cancel_unfinished<'a>(
         &'a self,
@@ -162,6 +101,86 @@ impl Services for FakeServices {
                 abandoned: payouts.iter().map(|(id, _)| *id).collect(),
                 ..Default::default()
             })
+        })
+    }
+}
+
+/// The revocation flow's calls against one target, recorded by the fake services.
+struct FakeSteps<'a> {
+    services: &'a FakeServices,
+    target: &'a RevocationTarget,
+}
+
+impl RevokeSteps for FakeSteps<'_> {
+    fn revoke_lock<'a>(
+        &'a self,
+        key: &'a str,
+        request: &'a RevokeRequest,
+    ) -> StepFuture<'a, Revocation> {
+        let url = &self.target.lock_server_url;
+        self.services.record(
+            format!("POST {url}/v1/locks/{key}/revoke"),
+            serde_json::to_value(request).unwrap(),
+        );
+        Box::pin(async move {
+            Ok(Revocation {
+                key: key.to_owned(),
+                revoked_token: 41,
+                revoked_owner_id: "executor-7".to_owned(),
+                new_token_floor: 42,
+                revocation_id: REVOCATION_ID.parse().unwrap(),
+                operator: request.operator.clone(),
+                reason: request.reason.clone(),
+                revoked_at: chrono::Utc::now(),
+            })
+        })
+    }
+    fn advance_fence<'a>(
+        &'a self,
+        account: &'a str,
+        idempotency_key: &'a str,
+        request: &'a FenceRequest,
+    ) -> StepFuture<'a, FenceResponse> {
+        let url = &self.target.payment_resource_url;
+        self.services.record(
+            format!("POST {url}/v1/accounts/{account}/fence key={idempotency_key}"),
+            serde_json::to_value(request).unwrap(),
+        );
+        Box::pin(async move {
+            Ok(FenceResponse {
+                account_id: account.to_owned(),
+                previous_fence: 3,
+                fence: request.floor,
+                revocation_id: request.revocation_id,
+            })
+        })
+    }
+    fn advance_high_water<'a>(
+        &'a self,
+        account: &'a str,
+        request: &'a HighWaterRequest,
+    ) -> StepFuture<'a, HighWater> {
+        let url = &self.target.rail_proxy_url;
+        self.services.record(
+            format!("POST {url}/v1/rail/high-water/{account}"),
+            serde_json::to_value(request).unwrap(),
+        );
+        let down = self.services.rail_down;
+        Box::pin(async move {
+            if down {
+                Err(ClientError::Transport {
+                    url: url.to_owned(),
+                    message: "connection refused".to_owned(),
+                    connect: true,
+                    timeout: false,
+                })
+            } else {
+                Ok(HighWater {
+                    account_id: account.to_owned(),
+                    previous_token: Some(3),
+                    highest_token: request.floor,
+                })
+            }
         })
     }
 }
@@ -427,7 +446,7 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     });
     let (ctx, mut api) = context(services.clone());
     let mut object = fixtures::lock_server();
-    object.spec.replicas = Some(3);
+    object.spec.service.replicas = Some(3);
     object.status = Some(dlock_operator::crd::WorkloadStatus {
         conditions: serde_json::from_value(json!([condition(
             "Ready",
@@ -1135,7 +1154,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
     });
     let (ctx, mut api) = context(services.clone());
     let mut object = fixtures::lock_server();
-    object.spec.replicas = Some(3);
+    object.spec.service.replicas = Some(3);
     object.status = Some(dlock_operator::crd::WorkloadStatus {
         conditions: serde_json::from_value(json!([condition(
             "Ready",
@@ -1518,7 +1537,7 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
     let services = Arc::new(FakeServices::default());
     let (ctx, mut api) = context(services.clone());
     let mut object = fixtures::payment_resource();
-    object.spec.auth = Some(dlock_operator::crd::ServiceAuth {
+    object.spec.service.auth = Some(dlock_operator::crd::ServiceAuth {
         mode: Some(dlock_operator::crd::AuthMode::None),
     });
     let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(

@@ -178,7 +178,7 @@ fn the_lock_server_backend_cannot_be_switched_live() {
     let error = cel::<LockServer>(&new, Some(&old)).unwrap_err();
     assert!(error.contains("spec.backend is immutable"), "{error}");
     let mut scaled = fixtures::lock_server();
-    scaled.spec.replicas = Some(5);
+    scaled.spec.service.replicas = Some(5);
     cel::<LockServer>(&serde_json::to_value(scaled).unwrap(), Some(&old)).unwrap();
     cel::<LockServer>(&new, None).unwrap();
 }

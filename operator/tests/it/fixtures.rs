@@ -48,13 +48,8 @@ pub fn lock_server() -> LockServer {
                 }),
                 etcd: None,
             },
-            replicas: None,
             image: None,
-            cloud_sql: None,
-            resources: None,
-            image_pull_secrets: None,
-            auth: None,
-            fencing_proof_keys_secret: None,
+            service: ServiceSettings::default(),
         },
         status: None,
     }
@@ -81,25 +76,26 @@ pub fn payment_resource() -> PaymentResource {
         spec: PaymentResourceSpec {
             database_url_secret: secret("paydb", "url"),
             operator_token_secret: Some(secret("operator-token", "token")),
-            replicas: Some(3),
             image: None,
-            cloud_sql: Some(CloudSql {
-                instance_connection_name: "acme:europe-west1:paydb".to_owned(),
-                image: None,
-            }),
-            // From the spec: requests and limits as given, and the pull secrets.
-            resources: Some(
-                serde_json::from_value(serde_json::json!({
-                    "requests": {"cpu": "250m", "memory": "256Mi"},
-                    "limits": {"cpu": "1", "memory": "1Gi"},
-                }))
-                .unwrap(),
-            ),
-            image_pull_secrets: Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
-                name: "regcred".to_owned(),
-            }]),
-            auth: None,
-            fencing_proof_keys_secret: None,
+            service: ServiceSettings {
+                replicas: Some(3),
+                cloud_sql: Some(CloudSql {
+                    instance_connection_name: "acme:europe-west1:paydb".to_owned(),
+                    image: None,
+                }),
+                // From the spec: requests and limits as given, and the pull secrets.
+                resources: Some(
+                    serde_json::from_value(serde_json::json!({
+                        "requests": {"cpu": "250m", "memory": "256Mi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    }))
+                    .unwrap(),
+                ),
+                image_pull_secrets: Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
+                    name: "regcred".to_owned(),
+                }]),
+                ..ServiceSettings::default()
+            },
         },
         status: None,
     }
@@ -113,13 +109,8 @@ pub fn rail_proxy() -> RailProxy {
             rail_url: None,
             read_timeout_ms: Some(8_000),
             operator_token_secret: Some(secret("operator-token", "token")),
-            replicas: None,
             image: None,
-            cloud_sql: None,
-            resources: None,
-            image_pull_secrets: None,
-            auth: None,
-            fencing_proof_keys_secret: None,
+            service: ServiceSettings::default(),
             stub: Some(RailStubSpec {
                 latency_ms: Some(200),
                 failure_rate: Some(0.05),
