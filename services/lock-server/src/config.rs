@@ -8,10 +8,9 @@ use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig};
 use dlock_server::http::HttpLimits;
+use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
 use dlock_server::tls::TlsSettings;
-
-use crate::store::pg::PgSettings;
 
 #[derive(Debug, Clone)]
 pub struct EtcdSettings {
@@ -182,19 +181,11 @@ pub struct LockServerConfig {
 
 impl LockServerConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut raw = RawConfig::load(file)?;
-        let config = Self::from_raw(&mut raw)?;
-        raw.finish()?;
-        Ok(config)
+        dlock_server::config::load(file, Self::from_raw)
     }
 
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
-        let listen_text = raw.string("server.listen", "127.0.0.1:7070")?;
-        let listen = listen_text.parse().map_err(|e| ConfigError {
-            key: "server.listen".into(),
-            origin: String::new(),
-            message: format!("must be an address like 127.0.0.1:7070, got {listen_text:?}: {e}"),
-        })?;
+        let listen = raw.socket_addr("server.listen", "127.0.0.1:7070")?;
         let backend = match raw.choice("lock.backend", "pg", &["pg", "etcd"])?.as_str() {
             "etcd" => {
                 let endpoints =
@@ -226,23 +217,12 @@ impl LockServerConfig {
                     )? as u64),
                 })
             }
-            _ => {
-                let url = raw.string_optional("lock.pg.url")?.ok_or_else(|| ConfigError {
-                    key: "lock.pg.url".into(),
-                    origin: String::new(),
-                    message: "is required when lock.backend = \"pg\" (postgres://user@host:port/lockdb)".into(),
-                })?;
-                BackendSettings::Pg(PgSettings {
-                    url,
-                    pool_max: raw.integer("lock.pg.pool-max", 16, 1..=512)? as u32,
-                    acquire_timeout: Duration::from_millis(raw.integer(
-                        "lock.pg.acquire-timeout-ms",
-                        2_000,
-                        50..=60_000,
-                    )? as u64),
-                    migrate: raw.boolean("lock.pg.migrate", true)?,
-                })
-            }
+            _ => BackendSettings::Pg(PgSettings::from_raw(
+                raw,
+                "lock.pg",
+                16,
+                "is required when lock.backend = \"pg\" (postgres://user@host:port/lockdb)",
+            )?),
         };
         let range = TTL_MS_MIN..=TTL_MS_MAX;
         let session_ttl_max_ms = raw.integer("lock.session.ttl-max", TTL_MS_MAX, range.clone())?;

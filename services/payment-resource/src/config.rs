@@ -8,23 +8,12 @@ use std::time::Duration;
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig};
 use dlock_server::http::HttpLimits;
+use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
 use dlock_server::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
-
-#[derive(Debug, Clone)]
-pub struct PgSettings {
-    /// `payment.pg.url`: the paydb primary.
-    pub url: String,
-    /// `payment.pg.pool-max`.
-    pub pool_max: u32,
-    /// `payment.pg.acquire-timeout-ms`.
-    pub acquire_timeout: Duration,
-    /// `payment.pg.migrate`: apply the paydb migrations before serving.
-    pub migrate: bool,
-}
 
 #[derive(Debug, Clone)]
 pub struct IdempotencySettings {
@@ -71,20 +60,11 @@ fn error(key: &str, message: impl Into<String>) -> ConfigError {
 
 impl PaymentConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut raw = RawConfig::load(file)?;
-        let config = Self::from_raw(&mut raw)?;
-        raw.finish()?;
-        Ok(config)
+        dlock_server::config::load(file, Self::from_raw)
     }
 
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
-        let listen_text = raw.string("server.listen", "127.0.0.1:7071")?;
-        let listen = listen_text.parse().map_err(|e| {
-            error(
-                "server.listen",
-                format!("must be an address like 127.0.0.1:7071, got {listen_text:?}: {e}"),
-            )
-        })?;
+        let listen = raw.socket_addr("server.listen", "127.0.0.1:7071")?;
         // FR-27: fencing is what this service exists for. There is no configuration in which a
         // payout may be written without its token being checked, so `false` stops the start.
         if !raw.boolean("payment.fencing.enabled", true)? {
@@ -94,22 +74,12 @@ impl PaymentConfig {
                  remove the key or set it to true",
             ));
         }
-        let url = raw.string_optional("payment.pg.url")?.ok_or_else(|| {
-            error(
-                "payment.pg.url",
-                "is required (postgres://user@host:port/paydb)",
-            )
-        })?;
-        let pg = PgSettings {
-            url,
-            pool_max: raw.integer("payment.pg.pool-max", 32, 1..=512)? as u32,
-            acquire_timeout: Duration::from_millis(raw.integer(
-                "payment.pg.acquire-timeout-ms",
-                2_000,
-                50..=60_000,
-            )? as u64),
-            migrate: raw.boolean("payment.pg.migrate", true)?,
-        };
+        let pg = PgSettings::from_raw(
+            raw,
+            "payment.pg",
+            32,
+            "is required (postgres://user@host:port/paydb)",
+        )?;
         let operator_token = raw.string_optional("payment.operator.token")?;
         if let Some(token) = &operator_token
             && (token.len() < OPERATOR_TOKEN_LEN_MIN

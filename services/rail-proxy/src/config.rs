@@ -8,17 +8,15 @@ use dlock_contract::auth::Credential;
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig};
 use dlock_server::http::HttpLimits;
+use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
 use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {
     pub listen: SocketAddr,
-    /// `rail.proxy.pg.url`: paydb, where the high-water marks and the intents live.
-    pub pg_url: String,
-    pub pg_pool_max: u32,
-    pub pg_acquire_timeout: Duration,
-    pub pg_migrate: bool,
+    /// `rail.proxy.pg.*`: paydb, where the high-water marks and the intents live.
+    pub pg: PgSettings,
     /// `rail.proxy.rail-url`: the rail (the stub in development).
     pub rail_url: String,
     /// `rail.proxy.connect-timeout-ms`: 1 s by default.
@@ -52,40 +50,23 @@ pub struct RailProxyConfig {
 
 impl RailProxyConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut raw = RawConfig::load(file)?;
-        let config = Self::from_raw(&mut raw)?;
-        raw.finish()?;
-        Ok(config)
+        dlock_server::config::load(file, Self::from_raw)
     }
 
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
-        let listen_text = raw.string("server.listen", "127.0.0.1:7080")?;
-        let listen = listen_text.parse().map_err(|e| ConfigError {
-            key: "server.listen".into(),
-            origin: String::new(),
-            message: format!("must be an address like 127.0.0.1:7080, got {listen_text:?}: {e}"),
-        })?;
-        let required = |raw: &mut RawConfig, key: &str, example: &str| {
-            raw.string_optional(key)?.ok_or_else(|| ConfigError {
-                key: key.into(),
-                origin: String::new(),
-                message: format!("is required ({example})"),
-            })
-        };
-        let pg_url = required(raw, "rail.proxy.pg.url", "postgres://user@host:port/paydb")?;
-        let rail_url = required(raw, "rail.proxy.rail-url", "http://rail-stub:7090")?;
+        let listen = raw.socket_addr("server.listen", "127.0.0.1:7080")?;
+        let pg = PgSettings::from_raw(
+            raw,
+            "rail.proxy.pg",
+            16,
+            "is required (postgres://user@host:port/paydb)",
+        )?;
+        let rail_url = raw.string_required("rail.proxy.rail-url", "http://rail-stub:7090")?;
         let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
         let operator_token = raw.string_optional("rail.proxy.operator-token")?;
         let config = Self {
             listen,
-            pg_url,
-            pg_pool_max: raw.integer("rail.proxy.pg.pool-max", 16, 1..=512)? as u32,
-            pg_acquire_timeout: Duration::from_millis(raw.integer(
-                "rail.proxy.pg.acquire-timeout-ms",
-                2_000,
-                50..=60_000,
-            )? as u64),
-            pg_migrate: raw.boolean("rail.proxy.pg.migrate", true)?,
+            pg,
             rail_url,
             rail_connect_timeout: Duration::from_millis(raw.integer(
                 "rail.proxy.connect-timeout-ms",

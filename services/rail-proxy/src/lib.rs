@@ -29,7 +29,6 @@ use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
 use dlock_contract::json::Json;
 use serde_json::json;
 use sqlx::PgPool;
-use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use admission::submit;
@@ -72,19 +71,11 @@ impl AppState {
 }
 
 pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = config
-        .pg_url
-        .parse()
-        .map_err(|e| anyhow::anyhow!("rail.proxy.pg.url is not a PostgreSQL URL: {e}"))?;
-    let pool = dlock_server::pg::pool_options(config.pg_pool_max, config.pg_acquire_timeout)
-        .connect_lazy_with(options.application_name("dlock-rail-proxy"));
-    if config.pg_migrate {
-        MIGRATOR
-            .run(&pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("applying the paydb migrations failed: {e}"))?;
-    }
-    Ok(pool)
+    config
+        .pg
+        .connect("dlock-rail-proxy", &MIGRATOR, "paydb")
+        .await
+        .map_err(anyhow::Error::msg)
 }
 
 pub fn app(state: AppState) -> Router {

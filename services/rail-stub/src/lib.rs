@@ -62,19 +62,11 @@ pub struct RailStubConfig {
 
 impl RailStubConfig {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut raw = RawConfig::load(file)?;
-        let config = Self::from_raw(&mut raw)?;
-        raw.finish()?;
-        Ok(config)
+        dlock_server::config::load(file, Self::from_raw)
     }
 
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
-        let listen_text = raw.string("server.listen", "127.0.0.1:7090")?;
-        let listen = listen_text.parse().map_err(|e| ConfigError {
-            key: "server.listen".into(),
-            origin: String::new(),
-            message: format!("must be an address like 127.0.0.1:7090, got {listen_text:?}: {e}"),
-        })?;
+        let listen = raw.socket_addr("server.listen", "127.0.0.1:7090")?;
         Ok(Self {
             listen,
             latency_ms: raw.integer("rail.stub.latency-ms", 0, 0..=600_000)? as u64,

@@ -8,6 +8,7 @@
 //! must not quietly fall back to a default.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
@@ -57,6 +58,18 @@ fn flatten(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, toml::V
             }
         }
     }
+}
+
+/// Reads a whole service configuration: `file` and the environment through `from_raw`, then
+/// refuses any key in the file that `from_raw` did not ask for.
+pub fn load<T>(
+    file: Option<&Path>,
+    from_raw: impl FnOnce(&mut RawConfig) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    let mut raw = RawConfig::load(file)?;
+    let config = from_raw(&mut raw)?;
+    raw.finish()?;
+    Ok(config)
 }
 
 impl RawConfig {
@@ -143,6 +156,25 @@ impl RawConfig {
     pub fn string_optional(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
         let value = self.string(key, "")?;
         Ok((!value.is_empty()).then_some(value))
+    }
+
+    /// A string that must be set; `example` shows what one looks like.
+    pub fn string_required(&mut self, key: &str, example: &str) -> Result<String, ConfigError> {
+        self.string_optional(key)?.ok_or_else(|| ConfigError {
+            key: key.into(),
+            origin: String::new(),
+            message: format!("is required ({example})"),
+        })
+    }
+
+    /// A socket address (`127.0.0.1:7070`), `default` when unset.
+    pub fn socket_addr(&mut self, key: &str, default: &str) -> Result<SocketAddr, ConfigError> {
+        let text = self.string(key, default)?;
+        text.parse().map_err(|e| ConfigError {
+            key: key.into(),
+            origin: String::new(),
+            message: format!("must be an address like {default}, got {text:?}: {e}"),
+        })
     }
 
     /// A list of strings: a TOML array, or a comma-separated string (the environment's form).

@@ -1,8 +1,13 @@
-//! The PostgreSQL pool every service opens (lockdb and paydb alike).
+//! The PostgreSQL pool every service opens (lockdb and paydb alike), its settings, and what a
+//! database failure means to a caller.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::{ConfigError, RawConfig};
 
 /// A pooled connection idle this long is pinged before it is used.
 pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
@@ -29,4 +34,97 @@ pub fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOp
                 Ok(true)
             })
         })
+}
+
+/// `<prefix>.url`, `<prefix>.pool-max`, `<prefix>.acquire-timeout-ms`, `<prefix>.migrate`: the
+/// database a service opens (`lock.pg`, `payment.pg`, `rail.proxy.pg`).
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    /// `<prefix>.url`: the primary.
+    pub url: String,
+    /// `<prefix>.pool-max`.
+    pub pool_max: u32,
+    /// `<prefix>.acquire-timeout-ms`.
+    pub acquire_timeout: Duration,
+    /// `<prefix>.migrate`: apply the migrations before serving, so a new replica never serves
+    /// against an old schema.
+    pub migrate: bool,
+    /// The configuration prefix these came from, for the messages.
+    pub prefix: String,
+}
+
+impl PgSettings {
+    /// Reads the four keys under `prefix`; `url_required` is the message when the URL is unset.
+    pub fn from_raw(
+        raw: &mut RawConfig,
+        prefix: &str,
+        pool_max_default: i64,
+        url_required: &str,
+    ) -> Result<Self, ConfigError> {
+        let url_key = format!("{prefix}.url");
+        let url = raw.string_optional(&url_key)?.ok_or_else(|| ConfigError {
+            key: url_key.clone(),
+            origin: String::new(),
+            message: url_required.to_owned(),
+        })?;
+        Ok(Self {
+            url,
+            pool_max: raw.integer(&format!("{prefix}.pool-max"), pool_max_default, 1..=512)? as u32,
+            acquire_timeout: Duration::from_millis(raw.integer(
+                &format!("{prefix}.acquire-timeout-ms"),
+                2_000,
+                50..=60_000,
+            )? as u64),
+            migrate: raw.boolean(&format!("{prefix}.migrate"), true)?,
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// Opens the pool (lazily) as `application`; applies `migrator` to `database` first when
+    /// `migrate` is set.
+    pub async fn connect(
+        &self,
+        application: &str,
+        migrator: &Migrator,
+        database: &str,
+    ) -> Result<PgPool, String> {
+        let prefix = &self.prefix;
+        let options: PgConnectOptions = self
+            .url
+            .parse()
+            .map_err(|e| format!("{prefix}.url is not a PostgreSQL URL: {e}"))?;
+        let pool = pool_options(self.pool_max, self.acquire_timeout)
+            .connect_lazy_with(options.application_name(application));
+        if self.migrate {
+            migrator.run(&pool).await.map_err(|e| {
+                format!(
+                    "applying the {database} migrations failed (is {prefix}.url the {database} \
+                     primary?): {e}"
+                )
+            })?;
+        }
+        Ok(pool)
+    }
+}
+
+/// What a database failure lets the caller conclude (D-4): `Some(why)` when `database` cannot
+/// take writes here (unreachable, a read-only replica, shutting down or still starting), so
+/// nothing happened and the call may be retried elsewhere (NOT_LEADER); `None` for any other
+/// failure.
+pub fn unavailable(error: &sqlx::Error, database: &str) -> Option<String> {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            Some(format!("{database} is unreachable: {error}"))
+        }
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // read_only_sql_transaction: this is a standby; admin_shutdown, crash_shutdown,
+            // cannot_connect_now: the server is going away or still starting.
+            Some("25006") => Some(format!("{database} is a read-only replica")),
+            Some("57P01") | Some("57P02") | Some("57P03") => {
+                Some(format!("{database} is not accepting writes: {error}"))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }

@@ -1,11 +1,9 @@
 //! Backend `pg`: lockdb on PostgreSQL. Every operation is one call of a function of
 //! `migrations/lockdb`, one transaction, judged by the database clock.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
-use sqlx::postgres::PgConnectOptions;
+use dlock_server::pg::PgSettings;
 use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
@@ -14,14 +12,6 @@ use super::{
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb");
-
-#[derive(Debug, Clone)]
-pub struct PgSettings {
-    pub url: String,
-    pub pool_max: u32,
-    pub acquire_timeout: Duration,
-    pub migrate: bool,
-}
 
 #[derive(Clone)]
 pub struct PgStore {
@@ -47,20 +37,9 @@ struct ResultRow {
 /// Maps a database failure to what the caller may conclude from it (D-4): an unreachable
 /// primary or a replica in recovery is NOT_LEADER (nothing happened, retry elsewhere).
 pub fn map_sqlx(error: sqlx::Error) -> StoreError {
-    match &error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            StoreError::NotLeader(format!("lockdb is unreachable: {error}"))
-        }
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            // read_only_sql_transaction: this is a standby; admin_shutdown, cannot_connect_now:
-            // the server is going away or still starting.
-            Some("25006") => StoreError::NotLeader("lockdb is a read-only replica".into()),
-            Some("57P01") | Some("57P02") | Some("57P03") => {
-                StoreError::NotLeader(format!("lockdb is not accepting writes: {error}"))
-            }
-            _ => StoreError::Backend(error.to_string()),
-        },
-        _ => StoreError::Backend(error.to_string()),
+    match dlock_server::pg::unavailable(&error, "lockdb") {
+        Some(why) => StoreError::NotLeader(why),
+        None => StoreError::Backend(error.to_string()),
     }
 }
 
@@ -119,17 +98,10 @@ macro_rules! call {
 
 impl PgStore {
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
-        let options: PgConnectOptions = settings
-            .url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("lock.pg.url is not a PostgreSQL URL: {e}"))?;
-        let pool = dlock_server::pg::pool_options(settings.pool_max, settings.acquire_timeout)
-            .connect_lazy_with(options.application_name("dlock-lock-server"));
-        if settings.migrate {
-            MIGRATOR.run(&pool).await.map_err(|e| {
-                anyhow::anyhow!("applying the lockdb migrations failed (is lock.pg.url the lockdb primary?): {e}")
-            })?;
-        }
+        let pool = settings
+            .connect("dlock-lock-server", &MIGRATOR, "lockdb")
+            .await
+            .map_err(anyhow::Error::msg)?;
         Ok(Self { pool })
     }
 

@@ -10,11 +10,10 @@ use chrono::{DateTime, Utc};
 use dlock_contract::payment::{
     Account, AccountKind, LedgerEntry, Payout, PayoutState, PayoutSummary, SubmissionSummary,
 };
-use sqlx::postgres::PgConnectOptions;
+use dlock_server::pg::PgSettings;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::config::PgSettings;
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
     AbandonOutcome, AdvanceOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
@@ -43,20 +42,15 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Maps a database failure to what the caller may conclude from it (D-4).
 pub fn map_sqlx(error: sqlx::Error) -> StoreError {
-    match &error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            StoreError::NotLeader(format!("paydb is unreachable: {error}"))
-        }
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            // lock_not_available: the bounded wait on an in-progress idempotency record.
-            Some("55P03") => StoreError::InProgress,
-            Some("25006") => StoreError::NotLeader("paydb is a read-only replica".into()),
-            Some("57P01") | Some("57P02") | Some("57P03") => {
-                StoreError::NotLeader(format!("paydb is not accepting writes: {error}"))
-            }
-            _ => StoreError::Backend(error.to_string()),
-        },
-        _ => StoreError::Backend(error.to_string()),
+    if let sqlx::Error::Database(db) = &error
+        && db.code().as_deref() == Some("55P03")
+    {
+        // lock_not_available: the bounded wait on an in-progress idempotency record.
+        return StoreError::InProgress;
+    }
+    match dlock_server::pg::unavailable(&error, "paydb") {
+        Some(why) => StoreError::NotLeader(why),
+        None => StoreError::Backend(error.to_string()),
     }
 }
 
@@ -159,19 +153,10 @@ impl PayStore {
     /// Opens the pool; applies the paydb migrations first when asked, so a new replica never
     /// serves against an old schema.
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
-        let options: PgConnectOptions = settings
-            .url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("payment.pg.url is not a PostgreSQL URL: {e}"))?;
-        let pool = dlock_server::pg::pool_options(settings.pool_max, settings.acquire_timeout)
-            .connect_lazy_with(options.application_name("dlock-payment-resource"));
-        if settings.migrate {
-            MIGRATOR.run(&pool).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "applying the paydb migrations failed (is payment.pg.url the paydb primary?): {e}"
-                )
-            })?;
-        }
+        let pool = settings
+            .connect("dlock-payment-resource", &MIGRATOR, "paydb")
+            .await
+            .map_err(anyhow::Error::msg)?;
         Ok(Self { pool })
     }
 
