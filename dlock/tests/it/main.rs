@@ -24,5 +24,6 @@ mod rail;
 mod rail_reason;
 mod rail_replay;
 mod rail_statement;
+mod steps;
 mod traces;
 mod waiters;
