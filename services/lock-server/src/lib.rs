@@ -52,16 +52,10 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         tls = config.tls.is_some(),
         "lock server is serving"
     );
-    config.auth.announce("lock-server");
-    dlock_server::proof::announce(config.proof_keys.as_ref(), "lock-server");
-    dlock_server::http::serve_maybe_tls(
-        listener,
-        config.tls.as_ref(),
-        app(state),
-        dlock_server::http::shutdown_signal(),
-    )
-    .await
-    .context("the HTTP server failed")?;
+    dlock_server::announce("lock-server", &config.auth, config.proof_keys.as_ref());
+    dlock_server::http::serve_until_signal(listener, config.tls.as_ref(), app(state))
+        .await
+        .context("the HTTP server failed")?;
     sweeper.abort();
     tracing::info!(event = "lock_server_stopped", "lock server stopped");
     Ok(())

@@ -49,17 +49,15 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         listen = %listener.local_addr()?,
         "payment resource is serving"
     );
-    state.config.auth.announce("payment-resource");
-    dlock_server::proof::announce(state.config.proof_keys.as_ref(), "payment-resource");
+    dlock_server::announce(
+        "payment-resource",
+        &state.config.auth,
+        state.config.proof_keys.as_ref(),
+    );
     let tls = state.config.tls.clone();
-    dlock_server::http::serve_maybe_tls(
-        listener,
-        tls.as_ref(),
-        app(state),
-        dlock_server::http::shutdown_signal(),
-    )
-    .await
-    .context("the HTTP server failed")?;
+    dlock_server::http::serve_until_signal(listener, tls.as_ref(), app(state))
+        .await
+        .context("the HTTP server failed")?;
     sweeper.abort();
     tracing::info!(
         event = "payment_resource_stopped",

@@ -119,10 +119,6 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        dlock_server::metrics::encode(&self.registry)
     }
 }

@@ -21,12 +21,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
-use dlock_contract::json::Json;
+use dlock_contract::http::json_response;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -90,16 +89,16 @@ pub fn app(state: AppState) -> Router {
             "/v1/rail/high-water/{account_id}/lower",
             post(lower_high_water),
         )
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .route(
-            dlock_contract::openapi::PATH,
-            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
-        )
-        .with_state(state.clone());
-    let routes = state.config.auth.protect(routes);
-    dlock_server::http::finish(routes, limits)
+        .route("/metrics", get(metrics_text));
+    dlock_server::http::service(
+        routes,
+        state.clone(),
+        crate::openapi::document,
+        &state.config.auth,
+        limits,
+    )
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a
@@ -115,16 +114,10 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
-    config.auth.announce("rail-proxy");
-    dlock_server::proof::announce(config.proof_keys.as_ref(), "rail-proxy");
-    dlock_server::http::serve_maybe_tls(
-        listener,
-        config.tls.as_ref(),
-        app(state),
-        dlock_server::http::shutdown_signal(),
-    )
-    .await
-    .context("the HTTP server failed")?;
+    dlock_server::announce("rail-proxy", &config.auth, config.proof_keys.as_ref());
+    dlock_server::http::serve_until_signal(listener, config.tls.as_ref(), app(state))
+        .await
+        .context("the HTTP server failed")?;
     sweeper.abort();
     Ok(())
 }
@@ -197,10 +190,6 @@ pub async fn expire_unresolved(state: &AppState) -> usize {
     }
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
-}
-
 async fn readyz(State(state): State<AppState>) -> Response {
     let check: Result<(bool,), _> = sqlx::query_as("SELECT pg_is_in_recovery()")
         .fetch_one(&state.pool)
@@ -217,9 +206,5 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics_text(State(state): State<AppState>) -> Response {
     state.metrics.refresh_ambiguous(&state.pool).await;
-    (
-        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        state.metrics.encode(),
-    )
-        .into_response()
+    dlock_server::http::metrics_response(state.metrics.encode())
 }

@@ -18,13 +18,11 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::{get, post};
-use dlock_contract::json::Json;
 use dlock_server::config::{ConfigError, RawConfig};
 use dlock_server::http::HttpLimits;
 use handlers::{statement, submit};
 use ledger::Ledger;
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::Mutex;
 
 mod handlers;
@@ -119,19 +117,19 @@ pub fn app(state: StubState) -> Router {
     let routes = Router::new()
         .route("/submit", post(submit))
         .route("/statement", get(statement))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(healthz))
-        .route(
-            dlock_contract::openapi::PATH,
-            get(|| async { dlock_contract::openapi::response(&openapi::document()) }),
-        )
-        .with_state(state.clone());
-    let routes = state.config.auth.protect(routes);
+        .route("/healthz", get(dlock_server::http::healthz))
+        .route("/readyz", get(dlock_server::http::healthz));
     let limits = HttpLimits {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
     };
-    dlock_server::http::finish(routes, limits)
+    dlock_server::http::service(
+        routes,
+        state.clone(),
+        openapi::document,
+        &state.config.auth,
+        limits,
+    )
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
@@ -143,19 +141,10 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen} (server.listen)"))?;
     tracing::info!(event = "rail_stub_started", listen = %listener.local_addr()?, "rail stub is serving");
-    dlock_server::http::serve_maybe_tls(
-        listener,
-        tls.as_ref(),
-        app(state),
-        dlock_server::http::shutdown_signal(),
-    )
-    .await
-    .context("the HTTP server failed")?;
+    dlock_server::http::serve_until_signal(listener, tls.as_ref(), app(state))
+        .await
+        .context("the HTTP server failed")?;
     Ok(())
-}
-
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
 }
 
 /// The rail stub's OpenAPI document (C3 §3.6), served at `GET /v1/openapi.json`. Each operation

@@ -9,8 +9,12 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use dlock_contract::Json;
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::{JSON_CONTENT_TYPE, envelope_for};
+use dlock_contract::http::{JSON_CONTENT_TYPE, METRICS_CONTENT_TYPE, envelope_for};
+
+use crate::auth::Authenticator;
 
 /// Limits every service applies to every request.
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +136,45 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
+/// The tail every service's router shares: the service's OpenAPI `document` at
+/// `GET /v1/openapi.json`, the state, the credential check in front of every route, then
+/// [`finish`].
+pub fn service<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    state: S,
+    document: fn() -> utoipa::openapi::OpenApi,
+    auth: &Authenticator,
+    limits: HttpLimits,
+) -> Router {
+    let routes = routes
+        .route(
+            dlock_contract::openapi::PATH,
+            get(move || async move { dlock_contract::openapi::response(&document()) }),
+        )
+        .with_state(state);
+    finish(auth.protect(routes), limits)
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /metrics`: `text` (the OpenMetrics encoding) with its own content type.
+pub fn metrics_response(text: String) -> Response {
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
+}
+
+/// Serves a service's `app` on `listener`, over TLS when `tls` is set, until SIGINT or SIGTERM;
+/// then drains in-flight requests.
+pub async fn serve_until_signal(
+    listener: tokio::net::TcpListener,
+    tls: Option<&crate::tls::TlsSettings>,
+    app: Router,
+) -> std::io::Result<()> {
+    serve_maybe_tls(listener, tls, app, shutdown_signal()).await
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -185,7 +228,7 @@ mod tests {
     use super::*;
     use axum::extract::{Path, Query};
     use axum::http::StatusCode;
-    use axum::routing::{get, post};
+    use axum::routing::post;
     use serde_json::Value;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

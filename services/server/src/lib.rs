@@ -2,9 +2,18 @@
 //! `dlock-contract`. A client (the executor, the operator, the CLI) has no use for any of this.
 
 pub mod auth;
+pub mod checks;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod pg;
 pub mod proof;
 pub mod tls;
 pub mod trace;
+
+/// Logs, once at start, what a service checks: its callers' credentials and, where it has them,
+/// fencing proofs.
+pub fn announce(service: &str, auth: &auth::Authenticator, proof_keys: Option<&proof::ProofKeys>) {
+    auth.announce(service);
+    proof::announce(proof_keys, service);
+}

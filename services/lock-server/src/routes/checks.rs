@@ -4,6 +4,7 @@ use axum::extract::Query;
 use axum::extract::rejection::QueryRejection;
 use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::lock::*;
+pub(super) use dlock_server::checks::{Checks, present};
 use uuid::Uuid;
 
 pub(super) fn path_key(key: &str) -> Result<(), FieldError> {
@@ -37,35 +38,6 @@ pub(super) fn ttl(
             format!("must be between {TTL_MS_MIN} and {TTL_MS_MAX} milliseconds, got {t}"),
         )),
     }
-}
-
-/// Collects field errors so one answer names every field at fault.
-#[derive(Default)]
-pub(super) struct Checks(pub(super) Vec<FieldError>);
-
-impl Checks {
-    pub(super) fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
-        match result {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.0.push(e);
-                None
-            }
-        }
-    }
-
-    pub(super) fn done(self) -> Result<(), ApiError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::validation(self.0))
-        }
-    }
-}
-
-/// Unwraps values that [`Checks::done`] has proved present.
-pub(super) fn present<T>(value: Option<T>) -> Result<T, ApiError> {
-    value.ok_or_else(|| ApiError::internal("a checked value was missing"))
 }
 
 /// A strict query string: an unknown parameter is refused like an unknown body field, and every

@@ -13,12 +13,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
-use dlock_contract::json::Json;
+use dlock_contract::http::json_response;
 use dlock_contract::lock::LockGrant;
 use serde_json::json;
 use tokio::sync::Notify;
@@ -95,20 +94,16 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/locks/{key}/renew", post(renew))
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(lock_info).delete(release))
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route(
-            dlock_contract::openapi::PATH,
-            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
-        )
-        .with_state(state.clone());
-    let routes = state.config.auth.protect(routes);
-    dlock_server::http::finish(routes, limits)
-}
-
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
+        .route("/metrics", get(metrics));
+    dlock_server::http::service(
+        routes,
+        state.clone(),
+        crate::openapi::document,
+        &state.config.auth,
+        limits,
+    )
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
@@ -129,9 +124,5 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        state.metrics.encode(),
-    )
-        .into_response()
+    dlock_server::http::metrics_response(state.metrics.encode())
 }

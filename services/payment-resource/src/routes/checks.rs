@@ -8,42 +8,8 @@ use dlock_contract::payment::{
     ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, PayoutState, REFERENCE_LEN_MAX, account_id_is_valid,
     currency_is_valid, reference_is_valid,
 };
+pub(super) use dlock_server::checks::{Checks, present};
 use uuid::Uuid;
-
-/// Collects field errors so one answer names every field at fault.
-#[derive(Default)]
-pub(super) struct Checks(pub(super) Vec<FieldError>);
-
-impl Checks {
-    pub(super) fn take<T>(&mut self, result: Result<T, FieldError>) -> Option<T> {
-        match result {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.0.push(e);
-                None
-            }
-        }
-    }
-
-    pub(super) fn check(&mut self, ok: bool, field: &str, reason: impl Into<String>) {
-        if !ok {
-            self.0.push(FieldError::new(field, reason));
-        }
-    }
-
-    pub(super) fn done(self) -> Result<(), ApiError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::validation(self.0))
-        }
-    }
-}
-
-/// Unwraps values that [`Checks::done`] has proved present.
-pub(super) fn present<T>(value: Option<T>) -> Result<T, ApiError> {
-    value.ok_or_else(|| ApiError::internal("a checked value was missing"))
-}
 
 pub(super) fn check_account_id(checks: &mut Checks, field: &str, id: &str) {
     checks.check(

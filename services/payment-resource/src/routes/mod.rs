@@ -16,12 +16,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::{METRICS_CONTENT_TYPE, json_response};
-use dlock_contract::json::Json;
+use dlock_contract::http::json_response;
 use serde_json::json;
 
 use crate::config::PaymentConfig;
@@ -65,25 +64,21 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/payouts/{payout_id}/resolve", post(resolve))
         .route("/v1/payouts/{payout_id}/cancel", post(cancel))
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route(
-            dlock_contract::openapi::PATH,
-            get(|| async { dlock_contract::openapi::response(&crate::openapi::document()) }),
-        )
-        .with_state(state.clone());
-    let routes = state.config.auth.protect(routes);
-    dlock_server::http::finish(routes, limits)
+        .route("/metrics", get(metrics));
+    dlock_server::http::service(
+        routes,
+        state.clone(),
+        crate::openapi::document,
+        &state.config.auth,
+        limits,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
 // Health and metrics
 // ---------------------------------------------------------------------------------------------
-
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
-}
 
 async fn readyz(State(state): State<AppState>) -> Response {
     match state.store.ready().await {
@@ -100,9 +95,5 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        state.metrics.encode(),
-    )
-        .into_response()
+    dlock_server::http::metrics_response(state.metrics.encode())
 }
