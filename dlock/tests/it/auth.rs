@@ -380,6 +380,13 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     )
     .await;
     assert_eq!(answer.0, 200, "{}", answer.2);
+    // Positive control: the snapshot that saw no change from the refused requests sees this
+    // accepted one.
+    assert_ne!(
+        after,
+        stack.snapshot().await,
+        "an accepted write changes what the snapshot reads"
+    );
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let mut text = String::from(

@@ -146,6 +146,21 @@ fn outage_status<T>(
     }
 }
 
+/// The positive control of an outage probe: once the cut is healed, the same probe gets an
+/// answer that is no outage, so the outage it saw was the cut's doing (not a wrong address or a
+/// dead process, which the probe would take for one too).
+async fn answers_again<T, F, Fut>(what: &str, probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, dlock_contract::client::ClientError>>,
+{
+    eventually(what, Duration::from_secs(20), || async {
+        let answer = tokio::time::timeout(Duration::from_secs(4), probe()).await;
+        outage_status(answer).is_none().then_some(())
+    })
+    .await;
+}
+
 /// Cuts the lock server (in the namespace) from its backend mid-batch.
 async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, prefix: &str) {
     let stack = Chaos(
@@ -191,6 +206,10 @@ async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, 
         cut.elapsed().as_secs_f64(),
         seen.unwrap_or("?")
     );
+    answers_again("the lock server answers the probe after the heal", || {
+        lock.create_session(Some(5_000))
+    })
+    .await;
     // The first run may finish by itself after the heal or give up; a re-run completes the batch.
     let (_, mut fenced) = stack.wait(first, &first_log, Duration::from_secs(25));
     let (again, again_log) = stack.executor(&batch, &format!("executor-{prefix}-b"), &[]);
@@ -334,6 +353,12 @@ async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an
         fenced,
     )
     .await;
+    // Only after the checks (it may put a transfer on the statement): the same submission is
+    // answered once paydb is back.
+    answers_again("the proxy answers the probe after the heal", || {
+        rail.submit(1, "probe-key", &body)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -367,6 +392,11 @@ async fn cutting_the_payment_resource_from_paydb_mid_batch_pays_nobody_twice() {
         cut.elapsed().as_secs_f64(),
         seen.unwrap_or("?")
     );
+    answers_again(
+        "the payment resource answers the probe after the heal",
+        || payment.get_account("pres-00"),
+    )
+    .await;
     let (_, mut fenced) = stack.wait(a, &a_log, Duration::from_secs(40));
     let (again, again_log) = stack.executor(&batch, "executor-pres-b", &[]);
     fenced += stack.finish(again, &again_log);

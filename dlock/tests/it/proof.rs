@@ -303,6 +303,13 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     )
     .await;
     assert_eq!(posted, 8, "{log}");
+    // Positive control: the marks that the refused writes left alone are the ones a paying
+    // run moves, so "unchanged" above was not a blind reading.
+    let paid = marks(&pool, "acct-p").await;
+    assert!(
+        before.iter().zip(&paid).all(|(b, p)| b != p),
+        "a paying run moves the fence, the high-water mark and every record: {before:?} -> {paid:?}"
+    );
     pool.close().await;
 }
 

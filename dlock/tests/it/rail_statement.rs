@@ -18,7 +18,7 @@ struct Stub(Stack);
 impl Stub {
     fn start(dir: tempfile::TempDir) -> Self {
         Self(
-            Stack::builder(EXE)
+            Stack::builder(EXE, dlock_server::config::env_name)
                 .only(&[Role::RailStub])
                 .in_dir(dir)
                 .start(),

@@ -4,7 +4,8 @@
 //!
 //! ```no_run
 //! # use dlock_devstack::stack::{LockBackend, Role, Stack};
-//! let stack = Stack::builder(env!("CARGO_MANIFEST_DIR"))
+//! # let env_name = |key: &str| key.to_owned();
+//! let stack = Stack::builder(env!("CARGO_MANIFEST_DIR"), env_name)
 //!     .lock_backend(LockBackend::Etcd)
 //!     .rail_stub(&[("rail.stub.latency-ms", "20")])
 //!     .rail_read_timeout_ms(1_000)
@@ -29,16 +30,9 @@ const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// The rail stub's statement file in the stack's directory (a test may write one first).
 pub const STATEMENT_FILE: &str = "statement.jsonl";
 
-/// The environment variable that sets config key `key` (dlock's rule: `DLOCK_`, then the key in
-/// upper case with `.` and `-` as `_`).
-pub fn env_name(key: &str) -> String {
-    let mut name = String::from("DLOCK_");
-    name.extend(key.chars().map(|c| match c {
-        '.' | '-' => '_',
-        c => c.to_ascii_uppercase(),
-    }));
-    name
-}
+/// How a config key is named as an environment variable (`dlock_server::config::env_name`:
+/// the services' own rule, passed in so that it is written once).
+pub type EnvName = fn(&str) -> String;
 
 /// A service of the payout path, as `dlock serve <name>` starts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +91,7 @@ impl Service {
         ip: IpAddr,
         in_ns: bool,
         dir: &Path,
+        env_name: EnvName,
         pairs: Vec<(String, String)>,
     ) -> Self {
         let port = free_port().unwrap_or_else(|e| panic!("{e}"));
@@ -165,6 +160,7 @@ impl Service {
 /// What to start; [`Stack::builder`] makes one, [`StackBuilder::start`] starts it.
 pub struct StackBuilder {
     exe: PathBuf,
+    env_name: EnvName,
     roles: Vec<Role>,
     backend: LockBackend,
     read_timeout_ms: Option<u64>,
@@ -309,6 +305,7 @@ impl StackBuilder {
                 at(role),
                 self.in_ns.contains(&role),
                 &dir_path,
+                self.env_name,
                 self.pairs(role, pairs),
             )
         };
@@ -407,10 +404,12 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// A builder for a stack whose services are run from the `dlock` binary `exe`.
-    pub fn builder(exe: impl Into<PathBuf>) -> StackBuilder {
+    /// A builder for a stack whose services are run from the `dlock` binary `exe`, configured
+    /// through environment variables named by `env_name`.
+    pub fn builder(exe: impl Into<PathBuf>, env_name: EnvName) -> StackBuilder {
         StackBuilder {
             exe: exe.into(),
+            env_name,
             roles: Role::ALL.to_vec(),
             backend: LockBackend::Pg,
             read_timeout_ms: None,
@@ -576,19 +575,5 @@ impl Stack {
         }
         let text = std::fs::read_to_string(log).unwrap_or_default();
         (status.is_some_and(|s| s.success()), text)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::env_name;
-
-    #[test]
-    fn config_keys_map_to_dlock_environment_variables() {
-        assert_eq!(env_name("server.listen"), "DLOCK_SERVER_LISTEN");
-        assert_eq!(
-            env_name("rail.proxy.read-timeout-ms"),
-            "DLOCK_RAIL_PROXY_READ_TIMEOUT_MS"
-        );
     }
 }

@@ -462,6 +462,14 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
             answer.fields()
         );
     }
-    assert_eq!(before, snapshot(&stack), "bad input changed paydb");
+    let after = snapshot(&stack);
+    assert_eq!(before, after, "bad input changed paydb");
     assert!(cases.len() > 60, "{} cases", cases.len());
+    // Positive control: one good write, and the same snapshot sees it.
+    stack.account("acct-control", "EUR").await;
+    assert_ne!(
+        after,
+        snapshot(&stack),
+        "a new account changes what the snapshot reads"
+    );
 }
