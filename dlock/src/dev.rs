@@ -474,7 +474,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     let lock_server = start_service(
         "lock-server",
         &dir,
-        &service_config::to_toml(&lock_config),
+        &service_config::to_toml(&lock_config)
+            .context("writing the lock server's configuration")?,
         lock_listen,
     )?;
     let lock_pid = lock_server.pid();
@@ -490,7 +491,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     let payment_resource = start_service(
         "payment-resource",
         &dir,
-        &service_config::to_toml(&payment_config),
+        &service_config::to_toml(&payment_config)
+            .context("writing the payment resource's configuration")?,
         payment_listen,
     )?;
     let payment_pid = payment_resource.pid();
@@ -510,7 +512,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     let rail_stub = start_service(
         "rail-stub",
         &dir,
-        &service_config::to_toml(&stub_config),
+        &service_config::to_toml(&stub_config).context("writing the rail stub's configuration")?,
         stub_listen,
     )?;
     let stub_pid = rail_stub.pid();
@@ -530,7 +532,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     let rail_proxy = start_service(
         "rail-proxy",
         &dir,
-        &service_config::to_toml(&proxy_config),
+        &service_config::to_toml(&proxy_config)
+            .context("writing the rail proxy's configuration")?,
         proxy_listen,
     )?;
     let proxy_pid = rail_proxy.pid();

@@ -47,7 +47,9 @@ fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe 
     }
 }
 
-fn restricted_security_context() -> SecurityContext {
+/// The container security context of every container the operator builds: no privilege
+/// escalation, a read-only root, not root, no capabilities.
+pub fn restricted_security_context() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),
@@ -57,6 +59,19 @@ fn restricted_security_context() -> SecurityContext {
             ..Capabilities::default()
         }),
         ..SecurityContext::default()
+    }
+}
+
+/// The pod security context of every pod the operator builds: a fixed non-root user and the
+/// runtime's default seccomp profile; `fs_group` where the pod writes to its volumes.
+pub fn pod_security_context(fs_group: bool) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS_USER),
+        run_as_group: Some(RUN_AS_USER),
+        fs_group: fs_group.then_some(RUN_AS_USER),
+        seccomp_profile: crate::workload::runtime_default_seccomp(),
+        ..PodSecurityContext::default()
     }
 }
 
@@ -258,14 +273,7 @@ pub fn deployment(workload: &Workload) -> Deployment {
                     automount_service_account_token: Some(workload.service_account.is_some()),
                     service_account_name: workload.service_account.clone(),
                     image_pull_secrets: workload.pod.pull_secrets(),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(RUN_AS_USER),
-                        run_as_group: Some(RUN_AS_USER),
-                        fs_group: Some(RUN_AS_USER),
-                        seccomp_profile: crate::workload::runtime_default_seccomp(),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(pod_security_context(true)),
                     ..PodSpec::default()
                 }),
             },

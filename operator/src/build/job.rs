@@ -2,16 +2,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
-    EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
-    SecretKeySelector, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
+    EnvVarSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use sha2::{Digest, Sha256};
 
-use super::deployment::RUN_AS_USER;
+use super::deployment::{pod_security_context, restricted_security_context};
 
 /// The manifest's file name inside `/config` of the executor pod.
 pub const MANIFEST_FILE: &str = "payoutbatch.yaml";
@@ -302,27 +301,12 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
                         env_from: Some(super::telemetry_env_from()),
                         volume_mounts: Some(volume_mounts),
                         resources: Some(batch.pod.resources.clone()),
-                        security_context: Some(SecurityContext {
-                            allow_privilege_escalation: Some(false),
-                            read_only_root_filesystem: Some(true),
-                            run_as_non_root: Some(true),
-                            capabilities: Some(Capabilities {
-                                drop: Some(vec!["ALL".to_owned()]),
-                                ..Capabilities::default()
-                            }),
-                            ..SecurityContext::default()
-                        }),
+                        security_context: Some(restricted_security_context()),
                         ..Container::default()
                     }],
                     volumes: Some(volumes),
                     image_pull_secrets: batch.pod.pull_secrets(),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(RUN_AS_USER),
-                        run_as_group: Some(RUN_AS_USER),
-                        seccomp_profile: crate::workload::runtime_default_seccomp(),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(pod_security_context(false)),
                     ..PodSpec::default()
                 }),
             },

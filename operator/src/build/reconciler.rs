@@ -2,12 +2,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    SecretKeySelector, SecurityContext,
+    Container, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, SecretKeySelector,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::deployment::RUN_AS_USER;
+use super::deployment::{pod_security_context, restricted_security_context};
 use crate::validate::ValidatedReconciliation;
 
 /// The reconciler's objects' and pods' labels. `app.kubernetes.io/component: reconciler`; the
@@ -78,26 +77,11 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     termination_message_path: Some(TERMINATION_LOG.to_owned()),
                     termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
                     resources: Some(reconciliation.pod.resources.clone()),
-                    security_context: Some(SecurityContext {
-                        allow_privilege_escalation: Some(false),
-                        read_only_root_filesystem: Some(true),
-                        run_as_non_root: Some(true),
-                        capabilities: Some(Capabilities {
-                            drop: Some(vec!["ALL".to_owned()]),
-                            ..Capabilities::default()
-                        }),
-                        ..SecurityContext::default()
-                    }),
+                    security_context: Some(restricted_security_context()),
                     ..Container::default()
                 }],
                 image_pull_secrets: reconciliation.pod.pull_secrets(),
-                security_context: Some(PodSecurityContext {
-                    run_as_non_root: Some(true),
-                    run_as_user: Some(RUN_AS_USER),
-                    run_as_group: Some(RUN_AS_USER),
-                    seccomp_profile: crate::workload::runtime_default_seccomp(),
-                    ..PodSecurityContext::default()
-                }),
+                security_context: Some(pod_security_context(false)),
                 ..PodSpec::default()
             }),
         },

@@ -222,32 +222,36 @@ pub const LOCK_MIRROR_MANAGER: &str = "dlock-operator-lock-mirror";
 /// `revocation`).
 pub const LOCK_REVOKE_MANAGER: &str = "dlock-operator-lock-revoke";
 
-/// Server-side apply of `status` on the status subresource.
-pub async fn apply_status<K, S>(client: &Client, object: &K, status: &S) -> Result<()>
-where
+/// A namespaced object the controllers read and write the status of.
+pub trait Namespaced:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope> + DeserializeOwned + Clone + Debug
+{
+}
+
+impl<K> Namespaced for K where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + DeserializeOwned
         + Clone
-        + Debug,
-    S: Serialize,
+        + Debug
 {
+}
+
+/// Server-side apply of `status` on the status subresource.
+pub async fn apply_status<K: Namespaced, S: Serialize>(
+    client: &Client,
+    object: &K,
+    status: &S,
+) -> Result<()> {
     apply_status_as(client, object, status, FIELD_MANAGER).await
 }
 
 /// Server-side apply of `status` under `manager`: the fields it sends are the fields it owns.
-pub async fn apply_status_as<K, S>(
+pub async fn apply_status_as<K: Namespaced, S: Serialize>(
     client: &Client,
     object: &K,
     status: &S,
     manager: &str,
-) -> Result<()>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + DeserializeOwned
-        + Clone
-        + Debug,
-    S: Serialize,
-{
+) -> Result<()> {
     let namespace = object.meta().namespace.clone().unwrap_or_default();
     let api: Api<K> = Api::namespaced(client.clone(), &namespace);
     let patch = serde_json::json!({
@@ -284,13 +288,12 @@ pub fn failure_reason(error: &Error) -> &'static str {
 /// API server's answer as the message, and a Warning Event (repeats become one Event series).
 /// Conditions of other types are kept as they were. Best effort: when the API server refuses
 /// this too, the failure is logged and the back-off retries the reconcile.
-pub async fn report_failure<K>(ctx: &Context, object: &K, previous: &[Condition], error: &Error)
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + DeserializeOwned
-        + Clone
-        + Debug,
-{
+pub async fn report_failure<K: Namespaced>(
+    ctx: &Context,
+    object: &K,
+    previous: &[Condition],
+    error: &Error,
+) {
     let reason = failure_reason(error);
     let message = format!(
         "{error}; the operator retries with back-off (first after {} s)",
@@ -334,5 +337,34 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
     };
     if let Err(error) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
         tracing::warn!(event = "event_publish_failed", error = %error);
+    }
+}
+
+/// Publishes an Event when Ready changed between `previous` and `conditions` (only on
+/// transitions): `Ready` when it became True, else the Ready condition's reason; a Warning while
+/// Degraded is True.
+pub async fn publish_ready_change<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    object: &K,
+    previous: &[Condition],
+    conditions: &[Condition],
+) {
+    if status::ready_of(previous) != status::ready_of(conditions)
+        && let Some(ready) = conditions.first()
+    {
+        let degraded = conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True");
+        let type_ = if degraded {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        let reason = if ready.status == "True" {
+            "Ready"
+        } else {
+            ready.reason.as_str()
+        };
+        publish(ctx, object, type_, reason, ready.message.clone()).await;
     }
 }

@@ -9,9 +9,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::payout_batch::{JobPhase, job_phase};
-use super::status::{Conditions, ready_of};
+use super::status::Conditions;
 use super::{
-    Context, Error, Result, apply, apply_status, is_paused, publish, reconciled, report_failure,
+    Context, Error, Result, apply, apply_status, is_paused, publish, publish_ready_change,
+    reconciled, report_failure,
 };
 use crate::build::reconciler;
 use crate::crd::{Reconciliation, ReconciliationStatus};
@@ -133,25 +134,13 @@ pub async fn reconcile_reconciliation(
         summary,
     };
     apply_status(&ctx.client, object.as_ref(), &status).await?;
-    if ready_of(&previous.conditions) != ready_of(&status.conditions)
-        && let Some(ready) = status.conditions.first()
-    {
-        let degraded = status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True");
-        let type_ = if degraded {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        let reason = if ready.status == "True" {
-            "Ready"
-        } else {
-            ready.reason.as_str()
-        };
-        publish(&ctx, object.as_ref(), type_, reason, ready.message.clone()).await;
-    }
+    publish_ready_change(
+        &ctx,
+        object.as_ref(),
+        &previous.conditions,
+        &status.conditions,
+    )
+    .await;
     if outcome.is_ok() {
         reconciled(&ctx, object.as_ref());
         ctx.metrics.count("Reconciliation", "ok");

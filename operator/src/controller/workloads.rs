@@ -12,11 +12,11 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::status::{
-    Conditions, DEGRADED, Observed, PROGRESSING, READY, Rollout, condition, ready_of, rollout,
+    Conditions, DEGRADED, Observed, PROGRESSING, READY, Rollout, condition, rollout,
 };
 use super::{
-    Context, Error, LOCK_MIRROR_MANAGER, Result, apply, apply_status, apply_status_as, is_paused,
-    publish, reconciled, report_failure,
+    Context, Error, LOCK_MIRROR_MANAGER, Namespaced, Result, apply, apply_status, apply_status_as,
+    is_paused, publish, publish_ready_change, reconciled, report_failure,
 };
 use crate::build::{config_map, deployment, lock, network_policy, pdb, service, service_account};
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
@@ -299,40 +299,14 @@ pub fn workload_status(
 }
 
 /// Writes the status, then publishes an Event if Ready changed (only on transitions).
-async fn write_status<K>(
+async fn write_status<K: Namespaced>(
     object: &K,
     previous: &[crate::crd::Condition],
     status: WorkloadStatus,
     ctx: &Context,
-) -> Result<()>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + serde::de::DeserializeOwned
-        + Clone
-        + std::fmt::Debug,
-{
+) -> Result<()> {
     apply_status(&ctx.client, object, &status).await?;
-    let before = ready_of(previous);
-    let after = ready_of(&status.conditions);
-    if before != after
-        && let Some(ready) = status.conditions.first()
-    {
-        let type_ = if status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True")
-        {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        let reason = if ready.status == "True" {
-            "Ready"
-        } else {
-            ready.reason.as_str()
-        };
-        publish(ctx, object, type_, reason, ready.message.clone()).await;
-    }
+    publish_ready_change(ctx, object, previous, &status.conditions).await;
     Ok(())
 }
 

@@ -172,6 +172,16 @@ fn replicas(spec: Option<i32>) -> Result<i32, Invalid> {
     Ok(replicas)
 }
 
+/// A service's configuration as the TOML of its ConfigMap.
+fn render<T: serde::Serialize>(service_config: &T) -> Result<String, Invalid> {
+    config::to_toml(service_config).map_err(|e| {
+        invalid(
+            "spec",
+            format!("cannot be written as the service's configuration: {e}"),
+        )
+    })
+}
+
 fn server() -> config::Server {
     config::Server {
         listen: format!("0.0.0.0:{PORT}"),
@@ -296,7 +306,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         Some(e) => (e.tls, e.auth, e.tls_secret, e.password_secret),
         None => (None, None, None, None),
     };
-    let config_toml = config::to_toml(&config::LockServer {
+    let config_toml = render(&config::LockServer {
         server: server(),
         backend,
         pg_url: None,
@@ -305,7 +315,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         etcd_auth,
         auth,
         fencing,
-    });
+    })?;
     Ok(Workload {
         config_toml,
         secret_env,
@@ -328,12 +338,12 @@ pub fn payment_resource(
         settings,
     )?;
     Ok(Workload {
-        config_toml: config::to_toml(&config::PaymentResource {
+        config_toml: render(&config::PaymentResource {
             server: server(),
             pg_url: None,
             auth,
             fencing,
-        }),
+        })?,
         secret_env: secret_env(
             ("DLOCK_PAYMENT_PG_URL", &spec.database_url_secret),
             (
@@ -378,7 +388,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         settings,
     )?;
     let proxy = Workload {
-        config_toml: config::to_toml(&config::RailProxy {
+        config_toml: render(&config::RailProxy {
             server: server(),
             pg_url: None,
             rail_url,
@@ -386,7 +396,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             rail_credential_file: None,
             auth,
             fencing,
-        }),
+        })?,
         secret_env: secret_env(
             ("DLOCK_RAIL_PROXY_PG_URL", &spec.database_url_secret),
             (
@@ -400,33 +410,36 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             + TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS,
         ..workload
     };
-    let stub = spec.stub.as_ref().map(|stub| Workload {
-        name: stub_name,
-        component: Component::RailStub,
-        // One stub: its statement is one file, like one rail's books.
-        replicas: 1,
-        config_toml: config::to_toml(&config::RailStub {
-            server: server(),
-            latency_ms: stub.latency_ms.unwrap_or(0),
-            failure_rate: stub.failure_rate.unwrap_or(0.0),
-            duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
-            redirect_rate: None,
-            statement_path: "/data/rail-statement.jsonl".to_owned(),
-            auth: None,
+    let stub = match &spec.stub {
+        None => None,
+        Some(stub) => Some(Workload {
+            name: stub_name,
+            component: Component::RailStub,
+            // One stub: its statement is one file, like one rail's books.
+            replicas: 1,
+            config_toml: render(&config::RailStub {
+                server: server(),
+                latency_ms: stub.latency_ms.unwrap_or(0),
+                failure_rate: stub.failure_rate.unwrap_or(0.0),
+                duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
+                redirect_rate: None,
+                statement_path: "/data/rail-statement.jsonl".to_owned(),
+                auth: None,
+            })?,
+            secret_env: Vec::new(),
+            termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
+            cloud_sql: None,
+            data_volume: true,
+            service_account: None,
+            auth_disabled: false,
+            fencing_proof_keys_secret: None,
+            pod: PodSettings::from_spec(
+                stub.resources.as_ref(),
+                spec.service.image_pull_secrets.as_ref(),
+                small_resources(),
+            ),
+            ..proxy.clone()
         }),
-        secret_env: Vec::new(),
-        termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
-        cloud_sql: None,
-        data_volume: true,
-        service_account: None,
-        auth_disabled: false,
-        fencing_proof_keys_secret: None,
-        pod: PodSettings::from_spec(
-            stub.resources.as_ref(),
-            spec.service.image_pull_secrets.as_ref(),
-            small_resources(),
-        ),
-        ..proxy.clone()
-    });
+    };
     Ok(ValidatedRail { proxy, stub })
 }

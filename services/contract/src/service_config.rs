@@ -7,11 +7,10 @@
 
 use serde::Serialize;
 
-/// Writes one service's configuration as TOML, one `"dotted.key" = value` line a key.
-pub fn to_toml<T: Serialize>(config: &T) -> String {
-    // Every field is a string, a number, a boolean or a list of strings under a flat key: there
-    // is nothing the TOML serializer could refuse.
-    toml::to_string(config).expect("a service configuration serializes as TOML")
+/// Writes one service's configuration as TOML, one `"dotted.key" = value` line a key. Every
+/// field is a string, a number or a list of strings under a flat key, which TOML always holds.
+pub fn to_toml<T: Serialize>(config: &T) -> Result<String, toml::ser::Error> {
+    toml::to_string(config)
 }
 
 /// `server.*`: where the service listens.
@@ -187,6 +186,8 @@ pub struct RailStub {
 mod tests {
     use super::*;
 
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
     fn server() -> Server {
         Server {
             listen: "127.0.0.1:8080".into(),
@@ -194,7 +195,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_flat_dotted_keys_in_field_order_and_leaves_out_the_absent() {
+    fn writes_flat_dotted_keys_in_field_order_and_leaves_out_the_absent() -> TestResult {
         let config = RailProxy {
             server: server(),
             pg_url: None,
@@ -210,7 +211,7 @@ mod tests {
             fencing: Fencing::default(),
         };
         assert_eq!(
-            to_toml(&config),
+            to_toml(&config)?,
             "\"server.listen\" = \"127.0.0.1:8080\"\n\
              \"rail.proxy.rail-url\" = \"http://rail:8080\"\n\
              \"rail.proxy.read-timeout-ms\" = 5000\n\
@@ -218,10 +219,11 @@ mod tests {
              \"auth.tokenreview.audiences\" = [\"dlock\"]\n\
              \"auth.operator-identities\" = [\"system:serviceaccount:ops:dlock-operator\"]\n"
         );
+        Ok(())
     }
 
     #[test]
-    fn what_is_written_reads_back_under_the_same_keys() {
+    fn what_is_written_reads_back_under_the_same_keys() -> TestResult {
         let config = LockServer {
             server: server(),
             backend: LockBackend::Etcd,
@@ -241,9 +243,9 @@ mod tests {
                 proof_keys_file: Some("/keys/proof-keys".into()),
             },
         };
-        let text = to_toml(&config);
+        let text = to_toml(&config)?;
         // Read back as the services read it: a TOML table whose keys are the dotted names.
-        let table: toml::Table = text.parse().expect("the written TOML parses");
+        let table: toml::Table = text.parse()?;
         let string = |key: &str| table.get(key).and_then(toml::Value::as_str);
         assert_eq!(string("server.listen"), Some("127.0.0.1:8080"));
         assert_eq!(string("lock.backend"), Some("etcd"));
@@ -265,10 +267,11 @@ mod tests {
             Some("/keys/proof-keys")
         );
         assert_eq!(table.len(), 10, "nothing else is written: {text}");
+        Ok(())
     }
 
     #[test]
-    fn the_stub_writes_floats_as_floats() {
+    fn the_stub_writes_floats_as_floats() -> TestResult {
         let config = RailStub {
             server: server(),
             latency_ms: 0,
@@ -278,7 +281,7 @@ mod tests {
             statement_path: "/data/rail-statement.jsonl".into(),
             auth: None,
         };
-        let text = to_toml(&config);
+        let text = to_toml(&config)?;
         assert!(
             text.contains("\"rail.stub.failure-rate\" = 0.0\n"),
             "{text}"
@@ -288,5 +291,6 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("auth."), "{text}");
+        Ok(())
     }
 }
