@@ -10,6 +10,7 @@ pub mod pg;
 pub mod proof;
 pub mod tls;
 pub mod trace;
+pub mod watch;
 
 /// Logs, once at start, what a service checks: its callers' credentials and, where it has them,
 /// fencing proofs.

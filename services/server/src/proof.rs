@@ -4,8 +4,8 @@
 //! token it did not sign. The MAC and the rotation of keys are described there.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::proof::{KEYS_FILE_KEY, presented};
@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{ConfigError, RawConfig};
+use crate::watch::{Reload, Watched, pairs};
 
 /// The shortest secret accepted: an HMAC key that can be guessed proves nothing.
 pub const SECRET_LEN_MIN: usize = 32;
@@ -80,38 +81,22 @@ fn key_id_is_valid(id: &str) -> bool {
 }
 
 /// Parses `<key-id> <secret>` lines; `#` starts a comment. The first line signs.
-pub fn parse_keys_file(text: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let mut keys: Vec<(String, Vec<u8>)> = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or_default().trim();
-        if line.is_empty() {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(id), Some(secret), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!(
-                "line {}: expected `<key-id> <secret>`, two words",
-                number + 1
-            ));
-        };
+pub fn parse_keys_file(text: &str) -> Result<Keys, String> {
+    let mut keys: Keys = Vec::new();
+    for (number, id, secret) in pairs(text, "<key-id> <secret>")? {
         if !key_id_is_valid(id) {
             return Err(format!(
-                "line {}: the key id must be 1 to {KEY_ID_LEN_MAX} characters of [a-zA-Z0-9_-]",
-                number + 1
+                "line {number}: the key id must be 1 to {KEY_ID_LEN_MAX} characters of [a-zA-Z0-9_-]"
             ));
         }
         if secret.len() < SECRET_LEN_MIN || !secret.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!(
-                "line {}: the secret of `{id}` must be at least {SECRET_LEN_MIN} printable \
-                 characters (e.g. `openssl rand -hex 32`)",
-                number + 1
+                "line {number}: the secret of `{id}` must be at least {SECRET_LEN_MIN} printable \
+                 characters (e.g. `openssl rand -hex 32`)"
             ));
         }
         if keys.iter().any(|(known, _)| known == id) {
-            return Err(format!(
-                "line {}: key id `{id}` is listed twice",
-                number + 1
-            ));
+            return Err(format!("line {number}: key id `{id}` is listed twice"));
         }
         keys.push((id.to_owned(), secret.as_bytes().to_vec()));
     }
@@ -121,47 +106,44 @@ pub fn parse_keys_file(text: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
     Ok(keys)
 }
 
-struct KeyState {
-    modified: Option<SystemTime>,
-    keys: Vec<(String, Vec<u8>)>,
-}
+/// Key ids and their secrets, the signing one first.
+type Keys = Vec<(String, Vec<u8>)>;
 
 /// The proof keys of one service: signs (lock server) and verifies (payment resource, rail
 /// proxy). Cheap to clone.
 #[derive(Clone)]
 pub struct ProofKeys {
-    inner: Arc<Inner>,
+    inner: Arc<Source>,
 }
 
-struct Inner {
-    path: Option<PathBuf>,
-    state: RwLock<KeyState>,
-    checked: Mutex<Instant>,
+enum Source {
+    Fixed(Keys),
+    File(Watched<Keys>),
 }
 
 impl std::fmt::Debug for ProofKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ids: Vec<String> = self
-            .inner
-            .state
-            .read()
-            .map(|s| s.keys.iter().map(|(id, _)| id.clone()).collect())
-            .unwrap_or_default();
+        let file = match self.inner.as_ref() {
+            Source::Fixed(_) => None,
+            Source::File(watched) => Some(watched.path()),
+        };
+        let ids = self.with_keys(false, ids).unwrap_or_default();
         f.debug_struct("ProofKeys")
-            .field("file", &self.inner.path)
+            .field("file", &file)
             .field("key_ids", &ids)
             .finish_non_exhaustive()
     }
 }
 
-fn read_file(path: &Path) -> Result<KeyState, String> {
-    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+fn ids(keys: &Keys) -> Vec<String> {
+    keys.iter().map(|(id, _)| id.clone()).collect()
+}
+
+fn read_file(paths: &[PathBuf]) -> Result<Keys, String> {
+    let path = paths.first().map_or(Path::new(""), PathBuf::as_path);
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the proof keys file: {e}"))?;
-    Ok(KeyState {
-        modified,
-        keys: parse_keys_file(&text)?,
-    })
+    parse_keys_file(&text)
 }
 
 impl ProofKeys {
@@ -180,103 +162,81 @@ impl ProofKeys {
 
     /// Reads a keys file; it is re-read when it changes.
     pub fn load(path: &Path) -> Result<Self, String> {
+        let watched = Watched::new(vec![path.to_owned()], RECHECK_EVERY, read_file)?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                path: Some(path.to_owned()),
-                state: RwLock::new(read_file(path)?),
-                checked: Mutex::new(Instant::now()),
-            }),
+            inner: Arc::new(Source::File(watched)),
         })
     }
 
     /// Fixed keys, for tests and tools (the text of a keys file).
     pub fn from_text(text: &str) -> Result<Self, String> {
         Ok(Self {
-            inner: Arc::new(Inner {
-                path: None,
-                state: RwLock::new(KeyState {
-                    modified: None,
-                    keys: parse_keys_file(text)?,
-                }),
-                checked: Mutex::new(Instant::now()),
-            }),
+            inner: Arc::new(Source::Fixed(parse_keys_file(text)?)),
         })
     }
 
-    fn maybe_reload(&self) {
-        let Some(path) = &self.inner.path else {
-            return;
-        };
-        {
-            let Ok(mut checked) = self.inner.checked.lock() else {
-                return;
-            };
-            if checked.elapsed() < RECHECK_EVERY {
-                return;
-            }
-            *checked = Instant::now();
-        }
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let unchanged = self
-            .inner
-            .state
-            .read()
-            .map(|s| s.modified == modified)
-            .unwrap_or(true);
-        if unchanged {
-            return;
-        }
-        match read_file(path) {
-            Ok(state) => {
-                let ids: Vec<String> = state.keys.iter().map(|(id, _)| id.clone()).collect();
-                if let Ok(mut current) = self.inner.state.write() {
-                    *current = state;
+    /// `f` of the keys in force; a changed file is read first when `reload`.
+    fn with_keys<R>(&self, reload: bool, f: impl FnOnce(&Keys) -> R) -> Option<R> {
+        match self.inner.as_ref() {
+            Source::Fixed(keys) => Some(f(keys)),
+            Source::File(watched) => {
+                if reload {
+                    let file = watched.path().display();
+                    match watched.maybe_reload() {
+                        Reload::Unchanged => {}
+                        Reload::Reloaded => tracing::info!(
+                            event = "proof_keys_reloaded",
+                            file = %file,
+                            key_ids = ?watched.read().map(|keys| ids(&keys)),
+                            "the proof keys file changed and is now in force (the first key signs)"
+                        ),
+                        Reload::Failed(error) => tracing::error!(
+                            event = "proof_keys_reload_failed",
+                            file = %file,
+                            %error,
+                            "the proof keys file changed but cannot be used; the previous keys \
+                             stay in force"
+                        ),
+                    }
                 }
-                tracing::info!(event = "proof_keys_reloaded", file = %path.display(), key_ids = ?ids, "the proof keys file changed and is now in force (the first key signs)");
-            }
-            Err(error) => {
-                tracing::error!(event = "proof_keys_reload_failed", file = %path.display(), %error, "the proof keys file changed but cannot be used; the previous keys stay in force")
+                watched.read().map(|keys| f(&keys))
             }
         }
     }
 
     /// The key ids, the signing one first.
     pub fn key_ids(&self) -> Vec<String> {
-        self.maybe_reload();
-        self.inner
-            .state
-            .read()
-            .map(|s| s.keys.iter().map(|(id, _)| id.clone()).collect())
-            .unwrap_or_default()
+        self.with_keys(true, ids).unwrap_or_default()
     }
 
     /// The proof of a grant of `token` on `lock_key`, with the first key: `<key-id>.<hex>`.
     pub fn sign(&self, lock_key: &str, token: i64) -> Option<String> {
-        self.maybe_reload();
-        let state = self.inner.state.read().ok()?;
-        let (id, secret) = state.keys.first()?;
-        Some(format!("{id}.{}", hex(&grant_mac(secret, lock_key, token))))
+        self.with_keys(true, |keys| {
+            let (id, secret) = keys.first()?;
+            Some(format!("{id}.{}", hex(&grant_mac(secret, lock_key, token))))
+        })
+        .flatten()
     }
 
     /// Whether `proof` proves a grant of `token` on `lock_key` under any listed key.
     pub fn verify(&self, lock_key: &str, token: i64, proof: &str) -> Result<(), &'static str> {
-        self.maybe_reload();
-        let (id, mac) = proof
-            .split_once('.')
-            .ok_or("is not `<key-id>.<64 hex digits>`")?;
-        let presented = unhex(mac).ok_or("is not `<key-id>.<64 hex digits>`")?;
-        let state = self.inner.state.read().map_err(|_| "cannot be checked")?;
-        // Key ids are not secret; the MAC is compared in constant time.
-        let (_, secret) = state
-            .keys
-            .iter()
-            .find(|(known, _)| known == id)
-            .ok_or("names a key this service does not have (rotated out, or never issued)")?;
-        if bool::from(grant_mac(secret, lock_key, token).ct_eq(&presented)) {
-            Ok(())
-        } else {
-            Err("does not prove this token on this lock key")
-        }
+        self.with_keys(true, |keys| {
+            let (id, mac) = proof
+                .split_once('.')
+                .ok_or("is not `<key-id>.<64 hex digits>`")?;
+            let presented = unhex(mac).ok_or("is not `<key-id>.<64 hex digits>`")?;
+            // Key ids are not secret; the MAC is compared in constant time.
+            let (_, secret) = keys
+                .iter()
+                .find(|(known, _)| known == id)
+                .ok_or("names a key this service does not have (rotated out, or never issued)")?;
+            if bool::from(grant_mac(secret, lock_key, token).ct_eq(&presented)) {
+                Ok(())
+            } else {
+                Err("does not prove this token on this lock key")
+            }
+        })
+        .unwrap_or(Err("cannot be checked"))
     }
 
     /// The check of a protected write: the request's `X-Fencing-Proof` must prove `token` on
@@ -341,6 +301,7 @@ pub fn announce(keys: Option<&ProofKeys>, service: &str) {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use std::time::SystemTime;
 
     const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -447,8 +408,8 @@ mod tests {
             .open(&file)
             .and_then(|f| f.set_modified(SystemTime::now() + Duration::from_secs(5)))
             .unwrap_or_else(|e| panic!("{e}"));
-        if let Ok(mut checked) = k.inner.checked.lock() {
-            *checked = Instant::now() - RECHECK_EVERY - Duration::from_secs(1);
+        if let Source::File(watched) = k.inner.as_ref() {
+            watched.look_now();
         }
         assert!(
             k.sign("payout:a", 1)

@@ -7,8 +7,8 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use dlock_contract::tls::install_crypto_provider;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -20,6 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::config::{ConfigError, RawConfig};
+use crate::watch::{Reload, Watched};
 
 /// How often a listener looks at its certificate files for a rotation.
 const RELOAD_CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -85,10 +86,6 @@ impl TlsSettings {
     }
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
 fn load_certified_key(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, String> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
         .map_err(|e| format!("cannot read the certificate {}: {e}", cert_file.display()))?
@@ -123,66 +120,37 @@ fn load_certified_key(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey,
 }
 
 /// Serves the current certificate and swaps in a new one when the files change.
-#[derive(Debug)]
-struct ReloadingResolver {
-    cert_file: PathBuf,
-    key_file: PathBuf,
-    current: RwLock<Loaded>,
-    checked: Mutex<Instant>,
+struct ReloadingResolver(Watched<Arc<CertifiedKey>>);
+
+impl std::fmt::Debug for ReloadingResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ReloadingResolver")
+            .field(&self.0.path())
+            .finish()
+    }
 }
 
-#[derive(Debug)]
-struct Loaded {
-    stamp: (Option<SystemTime>, Option<SystemTime>),
-    key: Arc<CertifiedKey>,
+fn load_pair(paths: &[PathBuf]) -> Result<Arc<CertifiedKey>, String> {
+    match paths {
+        [cert_file, key_file] => load_certified_key(cert_file, key_file).map(Arc::new),
+        _ => Err("a certificate and its key are two files".into()),
+    }
 }
 
 impl ReloadingResolver {
     fn new(cert_file: PathBuf, key_file: PathBuf) -> Result<Self, String> {
-        let stamp = (modified(&cert_file), modified(&key_file));
-        let key = Arc::new(load_certified_key(&cert_file, &key_file)?);
-        Ok(Self {
-            cert_file,
-            key_file,
-            current: RwLock::new(Loaded { stamp, key }),
-            checked: Mutex::new(Instant::now()),
-        })
+        Watched::new(vec![cert_file, key_file], RELOAD_CHECK_EVERY, load_pair).map(Self)
     }
 
     fn maybe_reload(&self) {
-        {
-            let Ok(mut checked) = self.checked.lock() else {
-                return;
-            };
-            if checked.elapsed() < RELOAD_CHECK_EVERY {
-                return;
-            }
-            *checked = Instant::now();
-        }
-        let stamp = (modified(&self.cert_file), modified(&self.key_file));
-        let unchanged = self
-            .current
-            .read()
-            .map(|loaded| loaded.stamp == stamp)
-            .unwrap_or(true);
-        if unchanged {
-            return;
-        }
-        match load_certified_key(&self.cert_file, &self.key_file) {
-            Ok(key) => {
-                if let Ok(mut loaded) = self.current.write() {
-                    *loaded = Loaded {
-                        stamp,
-                        key: Arc::new(key),
-                    };
-                }
-                tracing::info!(
-                    event = "tls_certificate_reloaded",
-                    cert = %self.cert_file.display(),
-                    "the listener's certificate changed on disk and is now served"
-                );
-            }
-            Err(error) => tracing::error!(
+        match self.0.maybe_reload() {
+            Reload::Unchanged => {}
+            Reload::Reloaded => tracing::info!(
+                event = "tls_certificate_reloaded",
+                cert = %self.0.path().display(),
+                "the listener's certificate changed on disk and is now served"
+            ),
+            Reload::Failed(error) => tracing::error!(
                 event = "tls_certificate_reload_failed",
                 %error,
                 "the certificate files changed but cannot be used; the previous certificate is \
@@ -190,12 +158,16 @@ impl ReloadingResolver {
             ),
         }
     }
+
+    fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.0.read().map(|key| Arc::clone(&key))
+    }
 }
 
 impl ResolvesServerCert for ReloadingResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.maybe_reload();
-        self.current.read().ok().map(|loaded| loaded.key.clone())
+        self.current()
     }
 }
 
@@ -283,6 +255,7 @@ impl axum::serve::Listener for TlsListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::SystemTime;
 
     fn write_cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
@@ -324,10 +297,9 @@ mod tests {
         let resolver =
             ReloadingResolver::new(cert.clone(), key.clone()).unwrap_or_else(|e| panic!("{e}"));
         let before = resolver
-            .current
-            .read()
-            .map(|l| l.key.cert[0].clone())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .current()
+            .map(|key| key.cert[0].clone())
+            .unwrap_or_else(|| panic!("no certificate"));
         // Rotate: new files under the same names, with a later mtime.
         let (new_cert, new_key) = write_cert(dir.path(), "next");
         std::fs::rename(new_cert, &cert).unwrap_or_else(|e| panic!("{e}"));
@@ -340,15 +312,12 @@ mod tests {
                 .and_then(|file| file.set_modified(later))
                 .unwrap_or_else(|e| panic!("{e}"));
         }
-        if let Ok(mut checked) = resolver.checked.lock() {
-            *checked = Instant::now() - RELOAD_CHECK_EVERY - Duration::from_secs(1);
-        }
+        resolver.0.look_now();
         resolver.maybe_reload();
         let after = resolver
-            .current
-            .read()
-            .map(|l| l.key.cert[0].clone())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .current()
+            .map(|key| key.cert[0].clone())
+            .unwrap_or_else(|| panic!("no certificate"));
         assert_ne!(before, after, "the rotated certificate is served");
     }
 }

@@ -30,8 +30,8 @@
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -47,6 +47,7 @@ use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::headers;
 
 use crate::config::{ConfigError, RawConfig};
+use crate::watch::{Reload, Watched, pairs};
 
 mod review;
 #[cfg(test)]
