@@ -328,6 +328,118 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// CPU time (user + system) from /proc, in milliseconds: this process (every service and the
+/// executor run in it) and a server with all its children (PostgreSQL's backends; etcd). Unlike
+/// wall time it does not depend on what else the two cores were doing, so it shows which part
+/// a payout's work is in.
+mod cpu {
+    fn ticks_per_second() -> f64 {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .unwrap_or(100.0)
+    }
+
+    /// (ppid, utime + stime, cutime + cstime) of one process, in ticks.
+    fn stat(pid: &str) -> Option<(u32, u64, u64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name, which may itself hold spaces: state is field 3.
+        let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let n = |i: usize| rest.get(i - 3)?.parse::<u64>().ok();
+        Some((n(4)? as u32, n(14)? + n(15)?, n(16)? + n(17)?))
+    }
+
+    pub fn own() -> f64 {
+        stat("self").map_or(0.0, |(_, own, _)| own as f64 * 1000.0 / ticks_per_second())
+    }
+
+    /// The process, the children it has reaped, and its live children.
+    pub fn tree(pid: Option<u32>) -> f64 {
+        let Some(pid) = pid else { return 0.0 };
+        let Some((_, own, reaped)) = stat(&pid.to_string()) else {
+            return 0.0;
+        };
+        let live: u64 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+            .filter_map(|name| stat(&name))
+            .filter(|(ppid, _, _)| *ppid == pid)
+            .map(|(_, t, _)| t)
+            .sum();
+        (own + reaped + live) as f64 * 1000.0 / ticks_per_second()
+    }
+}
+
+/// Where PostgreSQL's time goes, statement by statement (pg_stat_statements, loaded by the
+/// bench's own throwaway server).
+mod statements {
+    use dlock_devstack::PgServer;
+
+    pub fn enable(pg: &mut PgServer) {
+        let run = |pg: &PgServer, db: &str, sql: &str| {
+            pg.psql(db, sql).unwrap_or_else(|e| panic!("{e:#}"));
+        };
+        run(
+            pg,
+            "postgres",
+            "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'",
+        );
+        pg.restart().unwrap_or_else(|e| panic!("{e:#}"));
+        // Loaded now, so its settings are known: count the statements inside functions too.
+        run(
+            pg,
+            "postgres",
+            "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+        );
+        run(pg, "postgres", "SELECT pg_reload_conf()");
+        for db in ["paydb", "lockdb"] {
+            run(pg, db, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        }
+    }
+
+    pub async fn reset(pool: &sqlx::PgPool) {
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The statements that took the most time since [`reset`], per payout.
+    pub async fn top(pool: &sqlx::PgPool, payouts: usize) -> String {
+        let rows: Vec<(bool, i64, f64, String)> = sqlx::query_as(
+            "SELECT s.toplevel, s.calls, s.total_exec_time, \
+                    left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90) \
+             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+             WHERE d.datname IN ('paydb', 'lockdb') \
+             ORDER BY s.total_exec_time DESC LIMIT 25",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut out = format!(
+            "{:<5} {:>8} {:>10} {:>9}  statement\n",
+            "level", "calls/p", "ms/payout", "ms/call"
+        );
+        for (toplevel, calls, total, query) in rows {
+            out.push_str(&format!(
+                "{:<5} {:>8.2} {:>10.3} {:>9.3}  {}\n",
+                if toplevel { "top" } else { "inner" },
+                calls as f64 / payouts as f64,
+                total / payouts as f64,
+                total / calls.max(1) as f64,
+                query
+            ));
+        }
+        out
+    }
+}
+
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -354,10 +466,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     for db in ["lockdb", "paydb", "rawdb"] {
         pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
     }
+    statements::enable(&mut pg);
     let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     runtime.block_on(async {
@@ -385,10 +498,11 @@ fn main() {
             "lock server alone (16 clients, acquire+release cycles/s): {cycles_pg:.0} on pg, {cycles_etcd:.0} on etcd"
         );
         println!(
-            "{:<8} {:<14} {:>7} {:>8} {:>10} {:>8} {:>8} {:>9} {:>8} {:>9}",
+            "{:<8} {:<14} {:>7} {:>8} {:>10} {:>8} {:>8} {:>9} {:>8} {:>9} {:>10} {:>9} {:>10} {:>6}",
             "backend", "accounts", "workers", "payouts", "payouts/s", "p50 ms", "p99 ms",
-            "xacts/p", "bound/s", "of bound"
+            "xacts/p", "bound/s", "of bound", "dlock cpu", "pg cpu", "etcd cpu", "cores"
         );
+        println!("{:>102} {:>9} {:>10}", "ms/payout", "ms/payout", "ms/payout");
         let mut first_breakdown = None;
         for (backend, lock_url) in [("pg", pg_lock.clone()), ("etcd", etcd_lock.clone())] {
             endpoints.lock_server = lock_url;
@@ -412,11 +526,18 @@ fn main() {
                     tokio::time::sleep(Duration::from_millis(1_100)).await;
                     let commits_before = commits(&stats).await;
                     spans::take();
+                    statements::reset(&stats).await;
+                    let cpu_before = (cpu::own(), cpu::tree(pg.pid()), cpu::tree(etcd.pid()));
                     let started = Instant::now();
-                    let report = dlock_executor::execute(&batch, &endpoints, options)
+                    let report = dlock_executor::execute_registered(&batch, &endpoints, options)
                         .await
                         .unwrap_or_else(|e| panic!("{e:#}"));
                     let seconds = started.elapsed().as_secs_f64();
+                    let cpu_ms = (
+                        (cpu::own() - cpu_before.0) / n as f64,
+                        (cpu::tree(pg.pid()) - cpu_before.1) / n as f64,
+                        (cpu::tree(etcd.pid()) - cpu_before.2) / n as f64,
+                    );
                     let times = spans::take();
                     tokio::time::sleep(Duration::from_millis(1_100)).await;
                     let per_payout =
@@ -432,8 +553,9 @@ fn main() {
                     let rate = n as f64 / seconds;
                     let raw = if accounts_n == 1 { raw_seq } else { raw_32 };
                     let bound = raw / per_payout.max(1.0);
+                    let cores = (cpu_ms.0 + cpu_ms.1 + cpu_ms.2) * n as f64 / 1000.0 / seconds;
                     println!(
-                        "{:<8} {:<14} {:>7} {:>8} {:>10.0} {:>8.2} {:>8.2} {:>9.1} {:>8.0} {:>9.2}",
+                        "{:<8} {:<14} {:>7} {:>8} {:>10.0} {:>8.2} {:>8.2} {:>9.1} {:>8.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>6.2}",
                         backend,
                         label,
                         workers,
@@ -443,15 +565,19 @@ fn main() {
                         ms(spans::quantile(&cycles, 0.99)),
                         per_payout,
                         bound,
-                        rate / bound
+                        rate / bound,
+                        cpu_ms.0,
+                        cpu_ms.1,
+                        cpu_ms.2,
+                        cores
                     );
                     if first_breakdown.is_none() && workers == 1 {
-                        first_breakdown = Some((cycles.len(), times));
+                        first_breakdown = Some((cycles.len(), times, statements::top(&stats, n).await));
                     }
                 }
             }
         }
-        if let Some((cycles, times)) = first_breakdown {
+        if let Some((cycles, times, statements)) = first_breakdown {
             println!("\nserver time per hop, pg backend, 1 worker, 100 accounts ({cycles} cycles):");
             println!("{:<44} {:>7} {:>9} {:>9}", "span", "count", "p50 ms", "per payout");
             for (name, mut d) in times {
@@ -465,6 +591,10 @@ fn main() {
                     ms(total) / cycles.max(1) as f64
                 );
             }
+            println!(
+                "\nPostgreSQL time per statement, same run (pg_stat_statements, nested statements included; a function's time includes its statements'):"
+            );
+            println!("{statements}");
         }
         println!(
             "\nRSS of this process (all services and the executor): {rss_start:.0} MiB at start, {rss_rest:.0} MiB at rest, {:.0} MiB after the runs",
