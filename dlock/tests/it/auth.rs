@@ -63,6 +63,66 @@ impl DevStack {
         }
     }
 
+    /// [`DevStack::start`], off the async runtime's threads.
+    pub(crate) async fn up() -> Self {
+        tokio::task::spawn_blocking(Self::start)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A payment client of the executor identity, with its credential.
+    pub(crate) fn executor_payments(&self) -> PaymentClient {
+        PaymentClient::new(&self.url("paymentResource"), "executor/test")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_credential(Some(dlock_contract::auth::Credential::fixed(
+                &self.token("executor"),
+            )))
+    }
+
+    /// `dlock run` of a batch `name` of `n` payouts on `account` (2 workers) as the executor
+    /// identity with its credential; whether it succeeded, and its log.
+    pub(crate) async fn run_batch(&self, name: &str, account: &str, n: usize) -> (bool, String) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut text = format!(
+            "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 2\n  payouts:\n"
+        );
+        for i in 0..n {
+            text.push_str(&format!(
+                "    - key: item-{i:02}\n      accountId: {account}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
+                100 + i
+            ));
+        }
+        let batch = dir.path().join("batch.yaml");
+        std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
+        let log = dir.path().join("run.log");
+        let args: Vec<String> = [
+            "run",
+            "-f",
+            &batch.display().to_string(),
+            "--lock-server",
+            &self.url("lockServer"),
+            "--payment-resource",
+            &self.url("paymentResource"),
+            "--rail-proxy",
+            &self.url("railProxy"),
+            "--identity",
+            "executor",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let env = vec![("DLOCK_CREDENTIAL".to_owned(), self.token("executor"))];
+        let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        (
+            status.is_some_and(|s| s.success()),
+            std::fs::read_to_string(&log).unwrap_or_default(),
+        )
+    }
+
     /// A string field of the line (a service URL, `paydb`, `proofKeysFile`).
     pub(crate) fn url(&self, service: &str) -> String {
         self.line[service]
@@ -137,9 +197,7 @@ fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_nothing() {
-    let stack = tokio::task::spawn_blocking(DevStack::start)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stack = DevStack::up().await;
     let lock = stack.url("lockServer");
     let payment = stack.url("paymentResource");
     let proxy = stack.url("railProxy");
@@ -148,9 +206,7 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     let operator = stack.token("operator");
 
     // Some state to protect: an account with funds, opened by the executor identity.
-    let client = PaymentClient::new(&payment, "executor/test")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(dlock_contract::auth::Credential::fixed(&executor)));
+    let client = stack.executor_payments();
     client
         .create_account(
             "open-acct-a",
@@ -388,44 +444,9 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
         "an accepted write changes what the snapshot reads"
     );
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut text = String::from(
-        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: auth-batch\nspec:\n  workers: 2\n  payouts:\n",
-    );
-    for i in 0..12 {
-        text.push_str(&format!(
-            "    - key: item-{i:02}\n      accountId: acct-a\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
-            100 + i
-        ));
-    }
-    let batch = dir.path().join("batch.yaml");
-    std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
-    let log = dir.path().join("run.log");
-    let args: Vec<String> = [
-        "run",
-        "-f",
-        &batch.display().to_string(),
-        "--lock-server",
-        &lock,
-        "--payment-resource",
-        &payment,
-        "--rail-proxy",
-        &proxy,
-        "--identity",
-        "executor",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let env = vec![("DLOCK_CREDENTIAL".to_owned(), executor.clone())];
-    let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    let (ok, output) = stack.run_batch("auth-batch", "acct-a", 12).await;
     assert!(
-        status.is_some_and(|s| s.success()),
+        ok,
         "dlock run with a credential finishes the batch: {output}"
     );
     let page = client

@@ -291,8 +291,33 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
     }
 }
 
-fn deadline_passed(report: &Report) -> usize {
-    report.outcomes.get("DeadlinePassed").copied().unwrap_or(0)
+impl Seen {
+    /// The payout is POSTED and no write started past its grant's deadline.
+    fn assert_paid_within_every_deadline(&self) {
+        let writes = &self.writes;
+        assert!(
+            self.violations.is_empty(),
+            "{:#?}\nwrites: {writes:?}",
+            self.violations
+        );
+        assert_eq!(self.state, "POSTED", "writes: {writes:?}");
+    }
+
+    /// The post after the slow submit came too late for its cycle and went to the next one.
+    fn assert_a_post_was_deferred(&self) {
+        let deferred = self
+            .report
+            .outcomes
+            .get("DeadlinePassed")
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            deferred >= 1,
+            "the post after the slow submit was not deferred to the next cycle: {:?}\nwrites: {:?}",
+            self.report.outcomes,
+            self.writes
+        );
+    }
 }
 
 /// Item 4: the server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
@@ -313,7 +338,6 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
         },
     )
     .await;
-    let writes = &seen.writes;
     assert!(
         seen.granted_ttls_ms
             .iter()
@@ -321,17 +345,8 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
         "the lock server clamps every grant to 1 s: {:?}",
         seen.granted_ttls_ms
     );
-    assert!(
-        seen.violations.is_empty(),
-        "{:#?}\nwrites: {writes:?}",
-        seen.violations
-    );
-    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
-    assert!(
-        deadline_passed(&seen.report) >= 1,
-        "the post after the slow submit was not deferred to the next cycle: {:?}\nwrites: {writes:?}",
-        seen.report.outcomes
-    );
+    seen.assert_paid_within_every_deadline();
+    seen.assert_a_post_was_deferred();
 }
 
 /// Item 4: the server clamps the session TTL (15 s asked, 1.5 s granted). Heartbeats follow the
@@ -353,7 +368,6 @@ async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
         },
     )
     .await;
-    let writes = &seen.writes;
     let sessions = &seen.sessions;
     let created: Vec<_> = sessions.iter().filter(|s| s.0 == "INSERT").collect();
     assert_eq!(
@@ -371,17 +385,8 @@ async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
         heartbeats.iter().all(|before| *before > 0.0),
         "a heartbeat came after the session's expiry: {sessions:?}"
     );
-    assert!(
-        seen.violations.is_empty(),
-        "{:#?}\nwrites: {writes:?}",
-        seen.violations
-    );
-    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
-    assert!(
-        deadline_passed(&seen.report) >= 1,
-        "the post after the slow submit was not deferred to the next cycle: {:?}\nwrites: {writes:?}",
-        seen.report.outcomes
-    );
+    seen.assert_paid_within_every_deadline();
+    seen.assert_a_post_was_deferred();
 }
 
 /// Item 5: paydb stalls 750 ms on the first claim and the first post and refuses them, so the
@@ -404,12 +409,7 @@ async fn the_one_retry_of_a_claim_or_post_never_starts_past_the_deadline() {
     )
     .await;
     let writes = &seen.writes;
-    assert!(
-        seen.violations.is_empty(),
-        "{:#?}\nwrites: {writes:?}",
-        seen.violations
-    );
-    assert_eq!(seen.state, "POSTED", "writes: {writes:?}");
+    seen.assert_paid_within_every_deadline();
     assert!(
         seen.claim_attempts >= 2 && seen.post_attempts >= 2,
         "the stalled, refused claim and post were not exercised: {} claims, {} posts reached paydb; writes: {writes:?}",

@@ -147,9 +147,7 @@ async fn broken_body(url: &str, path: &str, token: &str) -> (String, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_path_segments_and_bad_bodies_get_the_envelope_on_every_service() {
-    let stack = tokio::task::spawn_blocking(DevStack::start)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stack = DevStack::up().await;
     let token = stack.token("executor");
     let bearer = format!("Bearer {token}");
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));

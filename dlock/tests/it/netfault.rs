@@ -9,6 +9,8 @@
 //! --no-capture`.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
@@ -161,6 +163,23 @@ where
     .await;
 }
 
+/// Opens 8 funded accounts `{prefix}-00`… and writes the batch `{prefix}-batch` of `n` payouts
+/// over them.
+async fn batch_of(stack: &Chaos, prefix: &str, n: usize) -> PathBuf {
+    stack.accounts(prefix, 8, 10_000_000).await;
+    stack.batch(&format!("{prefix}-batch"), prefix, 8, n)
+}
+
+/// Cuts the namespace from `peer`; when the cut began.
+fn cut_from(stack: &Chaos, peer: SocketAddr) -> Instant {
+    let cut = Instant::now();
+    stack
+        .ns()
+        .partition(peer)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    cut
+}
+
 /// Cuts the lock server (in the namespace) from its backend mid-batch.
 async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, prefix: &str) {
     let stack = Chaos(
@@ -168,19 +187,14 @@ async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, 
             .in_netns(&[Role::LockServer])
             .start(),
     );
-    stack.accounts(prefix, 8, 10_000_000).await;
     let name = format!("{prefix}-batch");
-    let batch = stack.batch(&name, prefix, 8, 120);
+    let batch = batch_of(&stack, prefix, 120).await;
     // Short leases, so that they lapse while the backend is out of reach.
     let short = ["--lock-ttl-ms", "2000", "--session-ttl-ms", "3000"];
     let (first, first_log) = stack.executor(&batch, &format!("executor-{prefix}-a"), &short);
     progress(&stack, 25).await;
     let peer = stack.etcd_peer().unwrap_or_else(|| stack.pg_peer());
-    let cut = Instant::now();
-    stack
-        .ns()
-        .partition(peer)
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let cut = cut_from(&stack, peer);
     // The lock server answers NOT_LEADER (or nothing) while its backend is silent.
     let lock = LockClient::new(&stack.lock().url(), "probe").unwrap_or_else(|e| panic!("{e}"));
     let probe = tokio::time::timeout(Duration::from_secs(4), lock.create_session(Some(5_000)));
@@ -251,16 +265,11 @@ async fn cutting_the_rail_proxy_from_the_rail_mid_forward_leaves_payouts_ambiguo
             .in_netns(&[Role::RailProxy])
             .start(),
     );
-    stack.accounts("prail", 8, 10_000_000).await;
-    let batch = stack.batch("prail-batch", "prail", 8, 100);
+    let batch = batch_of(&stack, "prail", 100).await;
     let (a, a_log) = stack.executor(&batch, "executor-prail-a", &[]);
     let (b, b_log) = stack.executor(&batch, "executor-prail-b", &[]);
     progress(&stack, 15).await;
-    let cut = Instant::now();
-    stack
-        .ns()
-        .partition(stack.stub().addr)
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let cut = cut_from(&stack, stack.stub().addr);
     // Held past the read timeout (1 s) plus the connect timeout of the forwards that follow.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let dropped = stack.ns().dropped_packets();
@@ -292,15 +301,10 @@ async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an
             .in_netns(&[Role::RailProxy])
             .start(),
     );
-    stack.accounts("ppay", 8, 10_000_000).await;
-    let batch = stack.batch("ppay-batch", "ppay", 8, 120);
+    let batch = batch_of(&stack, "ppay", 120).await;
     let (a, a_log) = stack.executor(&batch, "executor-ppay", &[]);
     progress(&stack, 25).await;
-    let cut = Instant::now();
-    stack
-        .ns()
-        .partition(stack.pg_peer())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let cut = cut_from(&stack, stack.pg_peer());
     // A submission while paydb is silent is refused (503) or never answered: no intent, no
     // forward. It names a payout and an account that exist nowhere, so it can change nothing.
     let rail = RailClient::new(&stack.proxy().url(), "probe", Duration::from_secs(1))
@@ -368,15 +372,10 @@ async fn cutting_the_payment_resource_from_paydb_mid_batch_pays_nobody_twice() {
             .in_netns(&[Role::PaymentResource])
             .start(),
     );
-    stack.accounts("pres", 8, 10_000_000).await;
-    let batch = stack.batch("pres-batch", "pres", 8, 120);
+    let batch = batch_of(&stack, "pres", 120).await;
     let (a, a_log) = stack.executor(&batch, "executor-pres", &[]);
     progress(&stack, 25).await;
-    let cut = Instant::now();
-    stack
-        .ns()
-        .partition(stack.pg_peer())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let cut = cut_from(&stack, stack.pg_peer());
     let payment = stack.payment_client();
     let probe = tokio::time::timeout(Duration::from_secs(4), payment.get_account("pres-00"));
     let seen = outage_status(probe.await);
@@ -424,8 +423,7 @@ async fn a_rail_answering_at_the_read_timeout_then_silent_then_resetting_pays_no
             .start(),
     );
     let rail = stack.rail_fault();
-    stack.accounts("late", 8, 10_000_000).await;
-    let batch = stack.batch("late-batch", "late", 8, 150);
+    let batch = batch_of(&stack, "late", 150).await;
     let (a, a_log) = stack.executor(&batch, "executor-late-a", &[]);
     let (b, b_log) = stack.executor(&batch, "executor-late-b", &[]);
     progress(&stack, 20).await;

@@ -192,9 +192,7 @@ async fn a_payout_out_of_attempts_is_abandoned_by_the_claim_that_finds_it_so() {
 
 #[tokio::test]
 async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rail() {
-    let stack = PayStack::start().await;
-    stack.account("acct-g", "EUR").await;
-    stack.fund("acct-g", 500).await;
+    let stack = PayStack::funded("acct-g", 500).await;
     let pending = stack.payout("acct-g", 100, "EUR").await;
     let refused = sqlx::query("UPDATE payouts SET state = 'ABANDONED' WHERE payout_id = $1")
         .bind(pending)
@@ -241,9 +239,7 @@ async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rai
 
 #[tokio::test]
 async fn an_operator_cancels_a_payout_under_a_fenced_token() {
-    let stack = PayStack::start().await;
-    stack.account("acct-x", "EUR").await;
-    stack.fund("acct-x", 500).await;
+    let stack = PayStack::funded("acct-x", 500).await;
     let payout = stack.payout("acct-x", 100, "EUR").await;
     let path = format!("/v1/payouts/{payout}/cancel");
     let body = json!({
@@ -360,9 +356,7 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
 
 #[tokio::test]
 async fn fence_advances_and_resolutions_record_the_authenticated_identity() {
-    let stack = PayStack::start().await;
-    stack.account("acct-i", "EUR").await;
-    stack.fund("acct-i", 1_000).await;
+    let stack = PayStack::funded("acct-i", 1_000).await;
     let floor = stack.token();
     let advance = json!({
         "floor": floor, "operator": "somebody-typed-this", "reason": "worker wedged past its lease",

@@ -3,15 +3,12 @@
 //! with proofs on, and an account poisoned before proofs is recovered by an operator only, only
 //! while nobody else holds its lock, with an audit row.
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::spawn_logged;
 use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -22,7 +19,6 @@ use crate::conformance::assert_envelope;
 use crate::harness::raw;
 use crate::payment::PayStack;
 
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const FORGED: i64 = i64::MAX;
 const SECRET_A: &str = "0123456789abcdef0123456789abcdef-old";
 const SECRET_B: &str = "fedcba9876543210fedcba9876543210-new";
@@ -133,58 +129,13 @@ async fn register(client: &PaymentClient, account: &str) -> Uuid {
     id
 }
 
-/// Runs `dlock run` on a batch of `n` payouts of `account`; returns whether it succeeded.
-async fn run_batch(stack: &DevStack, name: &str, account: &str, n: usize) -> (bool, String) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut text = format!(
-        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 2\n  payouts:\n"
-    );
-    for i in 0..n {
-        text.push_str(&format!(
-            "    - key: item-{i:02}\n      accountId: {account}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
-            100 + i
-        ));
-    }
-    let batch = dir.path().join("batch.yaml");
-    std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
-    let log = dir.path().join("run.log");
-    let args: Vec<String> = [
-        "run",
-        "-f",
-        &batch.display().to_string(),
-        "--lock-server",
-        &stack.url("lockServer"),
-        "--payment-resource",
-        &stack.url("paymentResource"),
-        "--rail-proxy",
-        &stack.url("railProxy"),
-        "--identity",
-        "executor",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let env = vec![("DLOCK_CREDENTIAL".to_owned(), stack.token("executor"))];
-    let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    (
-        status.is_some_and(|s| s.success()),
-        std::fs::read_to_string(&log).unwrap_or_default(),
-    )
-}
-
 /// On `dlock dev up` (proofs on): a claim and a submit with a forged huge token and no proof, a
 /// garbage proof, or another key's real proof are 400 INVALID_TOKEN (not retry-safe) and change
 /// nothing in paydb; grants carry a proof and the lock lists never show one; the executor pays a
 /// whole batch with proofs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_on() {
-    let stack = tokio::task::spawn_blocking(DevStack::start)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stack = DevStack::up().await;
     assert!(
         std::fs::read_to_string(stack.url("proofKeysFile")).is_ok_and(|t| t.contains("dev ")),
         "dev up writes a proof keys file"
@@ -193,9 +144,7 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     let payment = stack.url("paymentResource");
     let proxy = stack.url("railProxy");
     let executor = stack.token("executor");
-    let client = PaymentClient::new(&payment, "executor/test")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
+    let client = stack.executor_payments();
     open_account(&client, "acct-p", 1_000_000).await;
     open_account(&client, "acct-q", 1_000_000).await;
     let payout = register(&client, "acct-p").await;
@@ -295,7 +244,7 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     );
     let _ = locks.end_session(session).await;
 
-    let (ok, log) = run_batch(&stack, "proof-batch", "acct-p", 8).await;
+    let (ok, log) = stack.run_batch("proof-batch", "acct-p", 8).await;
     assert!(ok, "dlock run pays with proofs on: {log}");
     let posted = scalar(
         &pool,
@@ -320,17 +269,13 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
 /// executor pays on the account again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_held() {
-    let stack = tokio::task::spawn_blocking(DevStack::start)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stack = DevStack::up().await;
     let lock = stack.url("lockServer");
     let payment = stack.url("paymentResource");
     let proxy = stack.url("railProxy");
     let executor = stack.token("executor");
     let operator = stack.token("operator");
-    let client = PaymentClient::new(&payment, "executor/test")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
+    let client = stack.executor_payments();
     open_account(&client, "acct-r", 1_000_000).await;
     let pool = sqlx::PgPool::connect(&stack.url("paydb"))
         .await
@@ -516,7 +461,7 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
         .unwrap_or_else(|e| panic!("{e}"));
     let _ = ops.end_session(ops_session).await;
 
-    let (ok, log) = run_batch(&stack, "recovered-batch", "acct-r", 4).await;
+    let (ok, log) = stack.run_batch("recovered-batch", "acct-r", 4).await;
     assert!(ok, "the recovered account pays again: {log}");
     pool.close().await;
 }

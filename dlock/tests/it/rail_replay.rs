@@ -9,20 +9,19 @@ use serde_json::json;
 
 use crate::conformance::assert_envelope;
 use crate::harness::eventually;
-use crate::rail::{RailWorld, metric, statement, submit, submit_to};
+use crate::rail::{RailWorld, Rails, metric, statement, submit, submit_to};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() {
     let mut w = RailWorld::new().await;
-    let good = w.stub("good", &[]).await;
-    let slow = w.stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
-    let declining = w
-        .stub("declining", &[("rail.stub.decline-rate", "1")])
-        .await;
-    let proxy = w.proxy(&good, &[]).await;
-    let timing_out = w
-        .proxy(&slow, &[("rail.proxy.read-timeout-ms", "300")])
-        .await;
+    let Rails {
+        good,
+        slow,
+        declining: _,
+        proxy,
+        timing_out,
+        declining_proxy,
+    } = w.three_rails().await;
     let slow_proxy = w.proxy(&slow, &[]).await;
     let impatient_replica = w
         .proxy(
@@ -33,7 +32,6 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
             ],
         )
         .await;
-    let declining_proxy = w.proxy(&declining, &[]).await;
     w.account("acct-r", 100_000).await;
 
     // ACKED: the retry is the same 200 body, not a duplicate; the rail saw one transfer.

@@ -5,9 +5,7 @@ use super::PayStack;
 
 #[tokio::test]
 async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_funds() {
-    let stack = PayStack::start().await;
-    stack.account("acct-h", "EUR").await;
-    stack.fund("acct-h", 100).await;
+    let stack = PayStack::funded("acct-h", 100).await;
     let first = stack.payout("acct-h", 60, "EUR").await;
     let second = stack.payout("acct-h", 60, "EUR").await;
 
@@ -61,9 +59,7 @@ async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_fun
 
 #[tokio::test]
 async fn an_ambiguous_payout_keeps_its_hold() {
-    let stack = PayStack::start().await;
-    stack.account("acct-q", "EUR").await;
-    stack.fund("acct-q", 100).await;
+    let stack = PayStack::funded("acct-q", 100).await;
     let ambiguous = stack.payout("acct-q", 70, "EUR").await;
     let next = stack.payout("acct-q", 40, "EUR").await;
     stack

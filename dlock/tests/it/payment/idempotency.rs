@@ -10,9 +10,7 @@ use crate::harness::eventually;
 
 #[tokio::test]
 async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
-    let stack = PayStack::start().await;
-    stack.account("acct-i", "EUR").await;
-    stack.fund("acct-i", 500).await;
+    let stack = PayStack::funded("acct-i", 500).await;
     let payout = stack.payout("acct-i", 100, "EUR").await;
     let token = stack.token();
 
@@ -78,9 +76,7 @@ async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
 
 #[tokio::test]
 async fn twenty_concurrent_identical_claims_run_the_effect_once() {
-    let stack = PayStack::start().await;
-    stack.account("acct-c", "EUR").await;
-    stack.fund("acct-c", 500).await;
+    let stack = PayStack::funded("acct-c", 500).await;
     let payout = stack.payout("acct-c", 100, "EUR").await;
     let token = stack.token();
     let answers = join_all((0..20).map(|_| stack.claim(payout, token, "PENDING"))).await;

@@ -230,6 +230,14 @@ impl PayStack {
         self.send(Method::GET, path, &[], None).await
     }
 
+    /// A stack with one EUR account `id` holding `amount`.
+    pub async fn funded(id: &str, amount: i64) -> Self {
+        let stack = Self::start().await;
+        stack.account(id, "EUR").await;
+        stack.fund(id, amount).await;
+        stack
+    }
+
     pub async fn account(&self, id: &str, currency: &str) {
         let body = json!({ "accountId": id, "currency": currency });
         self.write("/v1/accounts", &format!("acct-{id}"), None, &body)

@@ -9,9 +9,7 @@ use super::PayStack;
 
 #[tokio::test]
 async fn fence_advance_needs_the_credential_and_fences_out_the_revoked_token() {
-    let stack = PayStack::start().await;
-    stack.account("acct-r", "EUR").await;
-    stack.fund("acct-r", 1_000).await;
+    let stack = PayStack::funded("acct-r", 1_000).await;
     let payout = stack.payout("acct-r", 100, "EUR").await;
     let revoked = stack.token();
     let floor = stack.token();
@@ -85,9 +83,7 @@ async fn fence_advance_needs_the_credential_and_fences_out_the_revoked_token() {
 
 #[tokio::test]
 async fn only_an_ambiguous_payout_is_resolved_and_posted_resolution_writes_two_rows() {
-    let stack = PayStack::start().await;
-    stack.account("acct-a", "EUR").await;
-    stack.fund("acct-a", 1_000).await;
+    let stack = PayStack::funded("acct-a", 1_000).await;
     let paid = stack.payout("acct-a", 200, "EUR").await;
     let unpaid = stack.payout("acct-a", 300, "EUR").await;
     let pending = stack.payout("acct-a", 50, "EUR").await;

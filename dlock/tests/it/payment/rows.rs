@@ -240,9 +240,7 @@ async fn accounts_fund_payouts_claim_post_and_read_back() {
 
 #[tokio::test]
 async fn fenced_out_carries_the_five_details_the_log_event_and_the_counter() {
-    let stack = PayStack::start().await;
-    stack.account("acct-f", "EUR").await;
-    stack.fund("acct-f", 1_000).await;
+    let stack = PayStack::funded("acct-f", 1_000).await;
     let first = stack.payout("acct-f", 100, "EUR").await;
     let second = stack.payout("acct-f", 100, "EUR").await;
     let old = stack.token();

@@ -10,9 +10,7 @@ fn refused(stack: &PayStack, what: &str, sql: &str) {
 
 #[tokio::test]
 async fn paydb_guards_transitions_fences_holds_and_the_ledger() {
-    let stack = PayStack::start().await;
-    stack.account("acct-g", "EUR").await;
-    stack.fund("acct-g", 100).await;
+    let stack = PayStack::funded("acct-g", 100).await;
     let payout = stack.payout("acct-g", 60, "EUR").await;
     let other = stack.payout("acct-g", 60, "EUR").await;
     let p = format!("'{payout}'");
