@@ -22,12 +22,8 @@ pub struct RunArgs {
     /// The PayoutBatch manifest (the same YAML the operator takes).
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
-    #[arg(long, env = "DLOCK_LOCK_SERVER")]
-    pub lock_server: String,
-    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
-    pub payment_resource: String,
-    #[arg(long, env = "DLOCK_RAIL_PROXY")]
-    pub rail_proxy: String,
+    #[command(flatten)]
+    pub services: ServiceArgs,
     /// Concurrent workers in this process (default: the manifest's spec.workers).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -62,12 +58,23 @@ pub struct RunArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
+/// The three services' URLs, as `dlock run` and `dlock revoke` take them.
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    #[arg(long, env = "DLOCK_LOCK_SERVER")]
+    pub lock_server: String,
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
+    pub payment_resource: String,
+    #[arg(long, env = "DLOCK_RAIL_PROXY")]
+    pub rail_proxy: String,
+}
+
 impl RunArgs {
     pub fn endpoints(&self) -> Endpoints {
         Endpoints {
-            lock_server: self.lock_server.clone(),
-            payment_resource: self.payment_resource.clone(),
-            rail_proxy: self.rail_proxy.clone(),
+            lock_server: self.services.lock_server.clone(),
+            payment_resource: self.services.payment_resource.clone(),
+            rail_proxy: self.services.rail_proxy.clone(),
         }
     }
 }
@@ -437,12 +444,8 @@ pub struct RevokeArgs {
     /// The new token floor of the revocation given with --resume.
     #[arg(long, requires = "resume")]
     pub floor: Option<i64>,
-    #[arg(long, env = "DLOCK_LOCK_SERVER")]
-    pub lock_server: String,
-    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
-    pub payment_resource: String,
-    #[arg(long, env = "DLOCK_RAIL_PROXY")]
-    pub rail_proxy: String,
+    #[command(flatten)]
+    pub services: ServiceArgs,
     #[arg(long, env = "DLOCK_OPERATOR_TOKEN")]
     pub operator_token: String,
     #[arg(long)]
@@ -454,12 +457,16 @@ pub async fn revoke(args: RevokeArgs) -> Result<()> {
 
     let credential = Some(Credential::fixed(&args.operator_token));
     let clients = RevokeClients {
-        lock: LockClient::new(&args.lock_server, &args.operator)?
+        lock: LockClient::new(&args.services.lock_server, &args.operator)?
             .with_credential(credential.clone()),
-        payment: PaymentClient::new(&args.payment_resource, &args.operator)?
+        payment: PaymentClient::new(&args.services.payment_resource, &args.operator)?
             .with_credential(credential.clone()),
-        rail: RailClient::new(&args.rail_proxy, &args.operator, Duration::from_secs(8))?
-            .with_credential(credential),
+        rail: RailClient::new(
+            &args.services.rail_proxy,
+            &args.operator,
+            Duration::from_secs(8),
+        )?
+        .with_credential(credential),
     };
     let order = RevokeOrder::for_key(&args.key, &args.operator, &args.reason, args.expected_token)
         .map_err(anyhow::Error::msg)?;

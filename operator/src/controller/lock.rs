@@ -105,15 +105,6 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         Some(result.clone()),
     );
     apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
-    let (type_, event_reason) = event_of(&result);
-    publish(
-        &ctx,
-        object.as_ref(),
-        type_,
-        event_reason,
-        result.summary.clone().unwrap_or_default(),
-    )
-    .await;
     ctx.metrics
         .revocations
         .get_or_create(&crate::metrics::ReconcileLabels {
@@ -121,7 +112,7 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
             outcome: outcome_label(&result.outcome),
         })
         .inc();
-    finish(&ctx, object.as_ref(), &result, "Lock")
+    finish(&ctx, object.as_ref(), &result, "Lock").await
 }
 
 /// The Lock status fields this controller owns (under [`LOCK_REVOKE_MANAGER`]), and only those:
@@ -213,13 +204,23 @@ fn outcome_label(outcome: &str) -> &'static str {
     }
 }
 
-/// An incomplete revocation is retried with back-off; the others wait for a new request.
-fn finish<K: kube::Resource>(
+/// Publishes the revocation's Event. An incomplete revocation is retried with back-off; the
+/// others wait for a new request.
+async fn finish<K: kube::Resource<DynamicType = ()>>(
     ctx: &Context,
     object: &K,
     result: &RevocationResult,
     kind: &'static str,
 ) -> Result<Action> {
+    let (type_, event_reason) = event_of(result);
+    publish(
+        ctx,
+        object,
+        type_,
+        event_reason,
+        result.summary.clone().unwrap_or_default(),
+    )
+    .await;
     if result.outcome == revoke::INCOMPLETE {
         return Err(Error::Service(crate::services::ServiceError::Unavailable {
             service: "fence",
@@ -264,14 +265,5 @@ pub async fn reconcile_lock_revocation(
         result: Some(result.clone()),
     };
     apply_status(&ctx.client, object.as_ref(), &status).await?;
-    let (type_, event_reason) = event_of(&result);
-    publish(
-        &ctx,
-        object.as_ref(),
-        type_,
-        event_reason,
-        result.summary.clone().unwrap_or_default(),
-    )
-    .await;
-    finish(&ctx, object.as_ref(), &result, "LockRevocation")
+    finish(&ctx, object.as_ref(), &result, "LockRevocation").await
 }
