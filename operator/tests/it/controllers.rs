@@ -342,6 +342,66 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Value {
     })
 }
 
+/// The lock a lock server holds in the mirror tests.
+fn held_lock() -> HeldLock {
+    HeldLock {
+        key: "payout:acct-17".to_owned(),
+        owner_id: "executor-7".to_owned(),
+        fencing_token: 42,
+        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
+        expires_at: "2026-12-02T17:00:10Z".to_owned(),
+    }
+}
+
+/// A LockServer scaled to 3 replicas, last seen Ready with `ready_message`.
+fn ready_lock_server(ready_message: &str) -> dlock_operator::crd::LockServer {
+    let mut object = fixtures::lock_server();
+    object.spec.service.replicas = Some(3);
+    object.status = Some(dlock_operator::crd::WorkloadStatus {
+        conditions: serde_json::from_value(json!([condition(
+            "Ready",
+            "True",
+            "Available",
+            ready_message
+        )]))
+        .unwrap(),
+        ..Default::default()
+    });
+    object
+}
+
+/// Answers a [`ready_lock_server`]'s object applies, in order (service account, ConfigMap,
+/// Service, Deployment with all 3 replicas ready, PodDisruptionBudget, NetworkPolicy), and returns
+/// the status apply that follows, unanswered.
+async fn answer_ready_lock_server_objects(api: &mut ApiServerVerifier) -> Call {
+    let call = api.next().await;
+    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
+    call.echo();
+    for kind in ["configmaps", "services"] {
+        let call = api.next().await;
+        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
+        call.echo();
+    }
+    let call = api.next().await;
+    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    assert_eq!(
+        call.body["spec"]["replicas"], 3,
+        "the update reaches the Deployment"
+    );
+    let body = ready_deployment(call.body.clone(), 3);
+    call.reply(200, &body);
+    let call = api.next().await;
+    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
+    call.echo();
+    // The service's ingress: executors, reconcilers and the operator only.
+    let call = api.next().await;
+    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
+    call.echo();
+    let call = api.next().await;
+    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    call
+}
+
 #[tokio::test]
 async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_and_an_event() {
     let services = Arc::new(FakeServices::default());
@@ -433,60 +493,16 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
 /// Event (events only on transitions).
 #[tokio::test]
 async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_locks() {
-    let held = HeldLock {
-        key: "payout:acct-17".to_owned(),
-        owner_id: "executor-7".to_owned(),
-        fencing_token: 42,
-        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
-        expires_at: "2026-12-02T17:00:10Z".to_owned(),
-    };
     let services = Arc::new(FakeServices {
-        held: vec![held],
+        held: vec![held_lock()],
         ..FakeServices::default()
     });
     let (ctx, mut api) = context(services.clone());
-    let mut object = fixtures::lock_server();
-    object.spec.service.replicas = Some(3);
-    object.status = Some(dlock_operator::crd::WorkloadStatus {
-        conditions: serde_json::from_value(json!([condition(
-            "Ready",
-            "True",
-            "Available",
-            "2/2 replicas ready"
-        ),]))
-        .unwrap(),
-        ..Default::default()
-    });
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
-        Arc::new(object),
+        Arc::new(ready_lock_server("2/2 replicas ready")),
         ctx,
     ));
-
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
-    call.echo();
-    for kind in ["configmaps", "services"] {
-        let call = api.next().await;
-        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
-        call.echo();
-    }
-    let call = api.next().await;
-    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
-    assert_eq!(
-        call.body["spec"]["replicas"], 3,
-        "the update reaches the Deployment"
-    );
-    let body = ready_deployment(call.body.clone(), 3);
-    call.reply(200, &body);
-    let call = api.next().await;
-    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
-    call.echo();
-    // The service's ingress: executors, reconcilers and the operator only.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    let call = answer_ready_lock_server_objects(&mut api).await;
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["summary"], "3/3");
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
@@ -1140,56 +1156,17 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
 /// deleted — an unlisted key may well be held.
 #[tokio::test]
 async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
-    let held = HeldLock {
-        key: "payout:acct-17".to_owned(),
-        owner_id: "executor-7".to_owned(),
-        fencing_token: 42,
-        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
-        expires_at: "2026-12-02T17:00:10Z".to_owned(),
-    };
     let services = Arc::new(FakeServices {
-        held: vec![held],
+        held: vec![held_lock()],
         truncated: true,
         ..FakeServices::default()
     });
     let (ctx, mut api) = context(services.clone());
-    let mut object = fixtures::lock_server();
-    object.spec.service.replicas = Some(3);
-    object.status = Some(dlock_operator::crd::WorkloadStatus {
-        conditions: serde_json::from_value(json!([condition(
-            "Ready",
-            "True",
-            "Available",
-            "3/3 replicas ready"
-        ),]))
-        .unwrap(),
-        ..Default::default()
-    });
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
-        Arc::new(object),
+        Arc::new(ready_lock_server("3/3 replicas ready")),
         ctx,
     ));
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
-    call.echo();
-    for kind in ["configmaps", "services"] {
-        let call = api.next().await;
-        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
-        call.echo();
-    }
-    let call = api.next().await;
-    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
-    let body = ready_deployment(call.body.clone(), 3);
-    call.reply(200, &body);
-    let call = api.next().await;
-    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
-    call.echo();
-    // The service's ingress: executors, reconcilers and the operator only.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    let call = answer_ready_lock_server_objects(&mut api).await;
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
 
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
