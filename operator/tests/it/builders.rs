@@ -30,6 +30,29 @@ fn labels(component: &str, instance: &str) -> serde_json::Value {
     })
 }
 
+/// The metadata of an object the operator makes for a custom resource in `default`.
+fn object_meta(
+    name: &str,
+    labels: serde_json::Value,
+    owner: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "name": name,
+        "namespace": "default",
+        "labels": labels,
+        "ownerReferences": [owner],
+    })
+}
+
+/// The immutable selector labels of a workload's pods.
+fn selector(component: &str, instance: &str) -> serde_json::Value {
+    json!({
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/name": "dlock",
+    })
+}
+
 /// The Service selects exactly the workload's pods by its immutable selector labels, or traffic
 /// would reach another instance's pods.
 #[test]
@@ -40,18 +63,9 @@ fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
         json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {
-                "name": "lock-server",
-                "namespace": "default",
-                "labels": labels("lock-server", "lock-server"),
-                "ownerReferences": [owner("LockServer", "lock-server", "uid-lock-server")],
-            },
+            "metadata": object_meta("lock-server", labels("lock-server", "lock-server"), owner("LockServer", "lock-server", "uid-lock-server")),
             "spec": {
-                "selector": {
-                    "app.kubernetes.io/component": "lock-server",
-                    "app.kubernetes.io/instance": "lock-server",
-                    "app.kubernetes.io/name": "dlock",
-                },
+                "selector": selector("lock-server", "lock-server"),
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"}],
             },
         })
@@ -67,19 +81,10 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
         json!({
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
-            "metadata": {
-                "name": "payment-resource",
-                "namespace": "default",
-                "labels": labels("payment-resource", "payment-resource"),
-                "ownerReferences": [owner("PaymentResource", "payment-resource", "uid-payment-resource")],
-            },
+            "metadata": object_meta("payment-resource", labels("payment-resource", "payment-resource"), owner("PaymentResource", "payment-resource", "uid-payment-resource")),
             "spec": {
                 "maxUnavailable": 1,
-                "selector": {"matchLabels": {
-                    "app.kubernetes.io/component": "payment-resource",
-                    "app.kubernetes.io/instance": "payment-resource",
-                    "app.kubernetes.io/name": "dlock",
-                }},
+                "selector": {"matchLabels": selector("payment-resource", "payment-resource")},
             },
         })
     );
@@ -97,12 +102,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
         json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {
-                "name": "lock-server",
-                "namespace": "default",
-                "labels": labels("lock-server", "lock-server"),
-                "ownerReferences": [owner("LockServer", "lock-server", "uid-lock-server")],
-            },
+            "metadata": object_meta("lock-server", labels("lock-server", "lock-server"), owner("LockServer", "lock-server", "uid-lock-server")),
             "data": {
                 "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n",
             },
@@ -260,26 +260,13 @@ fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
         json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": {
-                "name": "rail-proxy-stub",
-                "namespace": "default",
-                "labels": labels("rail-stub", "rail-proxy"),
-                "ownerReferences": [owner("RailProxy", "rail-proxy", "uid-rail-proxy")],
-            },
+            "metadata": object_meta("rail-proxy-stub", labels("rail-stub", "rail-proxy"), owner("RailProxy", "rail-proxy", "uid-rail-proxy")),
             "spec": {
-                "podSelector": {"matchLabels": {
-                    "app.kubernetes.io/component": "rail-stub",
-                    "app.kubernetes.io/instance": "rail-proxy",
-                    "app.kubernetes.io/name": "dlock",
-                }},
+                "podSelector": {"matchLabels": selector("rail-stub", "rail-proxy")},
                 "policyTypes": ["Ingress"],
                 "ingress": [{
                     "from": [
-                        {"podSelector": {"matchLabels": {
-                            "app.kubernetes.io/component": "rail-proxy",
-                            "app.kubernetes.io/instance": "rail-proxy",
-                            "app.kubernetes.io/name": "dlock",
-                        }}},
+                        {"podSelector": {"matchLabels": selector("rail-proxy", "rail-proxy")}},
                         // The reconciler reads the rail statement.
                         {"podSelector": {"matchLabels": {
                             "app.kubernetes.io/component": "reconciler",
@@ -753,18 +740,9 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
         json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": {
-                "name": "payment-resource",
-                "namespace": "default",
-                "labels": labels("payment-resource", "payment-resource"),
-                "ownerReferences": [owner("PaymentResource", "payment-resource", "uid-payment-resource")],
-            },
+            "metadata": object_meta("payment-resource", labels("payment-resource", "payment-resource"), owner("PaymentResource", "payment-resource", "uid-payment-resource")),
             "spec": {
-                "podSelector": {"matchLabels": {
-                    "app.kubernetes.io/component": "payment-resource",
-                    "app.kubernetes.io/instance": "payment-resource",
-                    "app.kubernetes.io/name": "dlock",
-                }},
+                "podSelector": {"matchLabels": selector("payment-resource", "payment-resource")},
                 "policyTypes": ["Ingress"],
                 "ingress": [{
                     "from": [
