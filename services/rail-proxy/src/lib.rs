@@ -89,16 +89,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/rail/high-water/{account_id}/lower",
             post(lower_high_water),
         )
-        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text));
-    dlock_server::http::service(
-        routes,
-        state.clone(),
-        crate::openapi::document,
-        &state.config.auth,
-        limits,
-    )
+    let auth = &state.config.auth;
+    dlock_server::http::service(routes, state.clone(), openapi::document, auth, limits)
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a

@@ -117,19 +117,13 @@ pub fn app(state: StubState) -> Router {
     let routes = Router::new()
         .route("/submit", post(submit))
         .route("/statement", get(statement))
-        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(dlock_server::http::healthz));
     let limits = HttpLimits {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
     };
-    dlock_server::http::service(
-        routes,
-        state.clone(),
-        openapi::document,
-        &state.config.auth,
-        limits,
-    )
+    let auth = &state.config.auth;
+    dlock_server::http::service(routes, state.clone(), openapi::document, auth, limits)
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {

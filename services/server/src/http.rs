@@ -136,7 +136,7 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// The tail every service's router shares: the service's OpenAPI `document` at
+/// The tail every service's router shares: `GET /healthz`, the service's OpenAPI `document` at
 /// `GET /v1/openapi.json`, the state, the credential check in front of every route, then
 /// [`finish`].
 pub fn service<S: Clone + Send + Sync + 'static>(
@@ -147,6 +147,7 @@ pub fn service<S: Clone + Send + Sync + 'static>(
     limits: HttpLimits,
 ) -> Router {
     let routes = routes
+        .route("/healthz", get(healthz))
         .route(
             dlock_contract::openapi::PATH,
             get(move || async move { dlock_contract::openapi::response(&document()) }),

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 
 use crate::config::LockServerConfig;
 use crate::metrics::{Backend, Metrics};
+use crate::openapi::document;
 use crate::store::Store;
 use acquire::acquire;
 use locks::{held_locks, lock_info, release, renew};
@@ -94,16 +95,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/locks/{key}/renew", post(renew))
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(lock_info).delete(release))
-        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
-    dlock_server::http::service(
-        routes,
-        state.clone(),
-        crate::openapi::document,
-        &state.config.auth,
-        limits,
-    )
+    let auth = &state.config.auth;
+    dlock_server::http::service(routes, state.clone(), document, auth, limits)
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

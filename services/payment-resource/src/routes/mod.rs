@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::config::PaymentConfig;
 use crate::metrics::Metrics;
+use crate::openapi::document;
 use crate::store::PayStore;
 pub use accounts::FenceAdvanced;
 use accounts::{advance_fence, create_account, get_account, lower_fence};
@@ -64,16 +65,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/payouts/{payout_id}/resolve", post(resolve))
         .route("/v1/payouts/{payout_id}/cancel", post(cancel))
-        .route("/healthz", get(dlock_server::http::healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
-    dlock_server::http::service(
-        routes,
-        state.clone(),
-        crate::openapi::document,
-        &state.config.auth,
-        limits,
-    )
+    let auth = &state.config.auth;
+    dlock_server::http::service(routes, state.clone(), document, auth, limits)
 }
 
 // ---------------------------------------------------------------------------------------------
