@@ -36,7 +36,8 @@ struct FakeServices {
 }
 
 impl FakeServices {
-    fn record(&self, call: String, body: Value) {
+    fn record(&self, call: String, body: impl serde::Serialize) {
+        let body = serde_json::to_value(body).unwrap();
         self.calls.lock().unwrap().push((call, body));
     }
     fn calls(&self) -> Vec<(String, Value)> {
@@ -118,10 +119,8 @@ impl RevokeSteps for FakeSteps<'_> {
         request: &'a RevokeRequest,
     ) -> StepFuture<'a, Revocation> {
         let url = &self.target.lock_server_url;
-        self.services.record(
-            format!("POST {url}/v1/locks/{key}/revoke"),
-            serde_json::to_value(request).unwrap(),
-        );
+        self.services
+            .record(format!("POST {url}/v1/locks/{key}/revoke"), request);
         Box::pin(async move {
             Ok(Revocation {
                 key: key.to_owned(),
@@ -144,7 +143,7 @@ impl RevokeSteps for FakeSteps<'_> {
         let url = &self.target.payment_resource_url;
         self.services.record(
             format!("POST {url}/v1/accounts/{account}/fence key={idempotency_key}"),
-            serde_json::to_value(request).unwrap(),
+            request,
         );
         Box::pin(async move {
             Ok(FenceResponse {
@@ -161,10 +160,8 @@ impl RevokeSteps for FakeSteps<'_> {
         request: &'a HighWaterRequest,
     ) -> StepFuture<'a, HighWater> {
         let url = &self.target.rail_proxy_url;
-        self.services.record(
-            format!("POST {url}/v1/rail/high-water/{account}"),
-            serde_json::to_value(request).unwrap(),
-        );
+        self.services
+            .record(format!("POST {url}/v1/rail/high-water/{account}"), request);
         let down = self.services.rail_down;
         Box::pin(async move {
             if down {
