@@ -574,13 +574,7 @@ async fn a_paused_object_gets_no_call_at_all() {
     )
     .await
     .unwrap();
-    let revoke = fixtures::with_annotations(
-        fixtures::paused(fixtures::lock()),
-        &[
-            ("dlock.io/revoke-reason", "worker wedged past its lease"),
-            ("dlock.io/revoked-by", "oncall"),
-        ],
-    );
+    let revoke = fixtures::revoke_asked(fixtures::paused(fixtures::lock()));
     controller::lock::reconcile_lock(Arc::new(revoke), ctx)
         .await
         .unwrap();
@@ -730,13 +724,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
         ..FakeServices::default()
     });
     let (ctx, mut api) = context(services.clone());
-    let lock = fixtures::with_annotations(
-        fixtures::lock(),
-        &[
-            ("dlock.io/revoke-reason", "worker wedged past its lease"),
-            ("dlock.io/revoked-by", "oncall"),
-        ],
-    );
+    let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(
         Arc::new(lock.clone()),
         ctx.clone(),
@@ -1096,13 +1084,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
     let mut lock = fixtures::lock();
     lock.spec.key = "batch:payroll".to_owned();
     lock.spec.account_id = String::new();
-    let lock = fixtures::with_annotations(
-        lock,
-        &[
-            ("dlock.io/revoke-reason", "worker wedged past its lease"),
-            ("dlock.io/revoked-by", "oncall"),
-        ],
-    );
+    let lock = fixtures::revoke_asked(lock);
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
@@ -1212,13 +1194,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
 async fn a_revocation_with_several_payment_resources_is_refused_without_a_call() {
     let services = Arc::new(FakeServices::default());
     let (ctx, mut api) = context(services.clone());
-    let lock = fixtures::with_annotations(
-        fixtures::lock(),
-        &[
-            ("dlock.io/revoke-reason", "worker wedged past its lease"),
-            ("dlock.io/revoked-by", "oncall"),
-        ],
-    );
+    let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
     reply_names(api.next().await, "railproxies", &["rail"]);
@@ -1244,13 +1220,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
 async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy() {
     let services = Arc::new(FakeServices::default());
     let (ctx, mut api) = context(services.clone());
-    let lock = fixtures::with_annotations(
-        fixtures::lock(),
-        &[
-            ("dlock.io/revoke-reason", "worker wedged past its lease"),
-            ("dlock.io/revoked-by", "oncall"),
-        ],
-    );
+    let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     reply_names(api.next().await, "paymentresources", &["payments-eu"]);
     reply_names(api.next().await, "railproxies", &["rail-sepa"]);

@@ -174,6 +174,17 @@ pub fn lock() -> Lock {
     lock
 }
 
+/// `lock` with the annotations that ask the operator to revoke it (`kubectl annotate`).
+pub fn revoke_asked(lock: Lock) -> Lock {
+    with_annotations(
+        lock,
+        &[
+            ("dlock.io/revoke-reason", "worker wedged past its lease"),
+            ("dlock.io/revoked-by", "oncall"),
+        ],
+    )
+}
+
 pub fn with_annotations<K: kube::Resource>(mut object: K, pairs: &[(&str, &str)]) -> K {
     let annotations = object
         .meta_mut()
