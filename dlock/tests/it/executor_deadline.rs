@@ -320,6 +320,15 @@ impl Seen {
     }
 }
 
+/// What the executor asks for in the item 4 tests: more than the server grants.
+fn asking_10_s_locks_in_15_s_sessions() -> RunOptions {
+    RunOptions {
+        lock_ttl_ms: 10_000,
+        session_ttl_ms: 15_000,
+        ..RunOptions::default()
+    }
+}
+
 /// Item 4: the server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
 /// granted second, so the post after a 900 ms submit belongs to the next lock cycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,11 +340,7 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
             rail_latency_ms: 900,
             ..Setup::default()
         },
-        RunOptions {
-            lock_ttl_ms: 10_000,
-            session_ttl_ms: 15_000,
-            ..RunOptions::default()
-        },
+        asking_10_s_locks_in_15_s_sessions(),
     )
     .await;
     assert!(
@@ -361,11 +366,7 @@ async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
             rail_latency_ms: 1_200,
             ..Setup::default()
         },
-        RunOptions {
-            lock_ttl_ms: 10_000,
-            session_ttl_ms: 15_000,
-            ..RunOptions::default()
-        },
+        asking_10_s_locks_in_15_s_sessions(),
     )
     .await;
     let sessions = &seen.sessions;

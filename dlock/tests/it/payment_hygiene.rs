@@ -284,14 +284,10 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
     assert_eq!(stack.state_of(payout).await, "PENDING");
 
     let token = stack.token();
-    let done = stack
-        .send(
-            Method::POST,
-            &path,
-            &headers(token, "c-3", true),
-            Some(&body),
-        )
-        .await;
+    // The cancel, and later its identical retry.
+    let cancel_headers = headers(token, "c-3", true);
+    let cancel = || stack.send(Method::POST, &path, &cancel_headers, Some(&body));
+    let done = cancel().await;
     let d = done.expect("cancel", 200, None);
     assert_eq!(d["state"], "ABANDONED");
     assert_eq!(d["accountFence"], token);
@@ -304,14 +300,7 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
         )),
         format!("cancelled|PENDING|alice|{OPERATOR_IDENTITY}|operator-cli")
     );
-    let again = stack
-        .send(
-            Method::POST,
-            &path,
-            &headers(token, "c-3", true),
-            Some(&body),
-        )
-        .await;
+    let again = cancel().await;
     assert!(again.replayed);
     assert_eq!(again.bytes, done.bytes);
     // A token at or below the fence cannot cancel anything.

@@ -185,34 +185,11 @@ pub fn kubectl(
     args: &[&str],
     input: Option<&str>,
 ) -> Result<String> {
-    use std::io::Write as _;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(args)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", program.display()))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .context("writing kubectl's input")?;
-    }
-    let output = child.wait_with_output().context("waiting for kubectl")?;
-    if !output.status.success() {
-        bail!(
-            "kubectl {} failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        .args(args);
+    crate::run_output(command, &format!("kubectl {}", args.join(" ")), input)
 }
 
 impl Drop for KubeCluster {

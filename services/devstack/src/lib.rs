@@ -12,8 +12,8 @@ pub mod etcd_cluster;
 pub mod faultproxy;
 pub mod kube;
 pub mod netfault;
-pub mod stack;
 mod pg;
+pub mod stack;
 
 pub use etcd::*;
 pub use pg::*;
@@ -150,6 +150,37 @@ impl Drop for ManagedChild {
     }
 }
 
+/// Runs `command` to its end with `input` on stdin; its stdout, or an error naming `what` with
+/// its stderr when it fails.
+pub(crate) fn run_output(mut command: Command, what: &str, input: Option<&str>) -> Result<String> {
+    let mut child = command
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {what} (is it installed?)"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .with_context(|| format!("writing the input of {what}"))?;
+    }
+    let output = child
+        .wait_with_output()
+        .with_context(|| format!("waiting for {what}"))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// Opens (appending) a log file for a child's stderr and stdout.
 pub(crate) fn log_stdio(log: Option<&Path>) -> Result<(Stdio, Stdio)> {
     match log {
@@ -173,14 +204,27 @@ pub fn spawn_logged(
     env: &[(String, String)],
     log: Option<&Path>,
 ) -> Result<ManagedChild> {
+    let what = format!("{name} ({})", program.display());
+    spawn_command(name, &what, Command::new(program), args, env, log)
+}
+
+/// Spawns `command args` with `env`, its output appended to `log`; `what` names it in errors.
+pub(crate) fn spawn_command(
+    name: &str,
+    what: &str,
+    mut command: Command,
+    args: &[String],
+    env: &[(String, String)],
+    log: Option<&Path>,
+) -> Result<ManagedChild> {
     let (stdout, stderr) = log_stdio(log)?;
-    let child = Command::new(program)
+    let child = command
         .args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .spawn()
-        .with_context(|| format!("starting {name} ({})", program.display()))?;
+        .with_context(|| format!("starting {what}"))?;
     Ok(ManagedChild::new(name, child))
 }

@@ -12,7 +12,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -66,30 +66,9 @@ fn run(program: &str, args: &[&str]) -> Result<String> {
 }
 
 fn run_input(program: &str, args: &[&str], input: Option<&str>) -> Result<String> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {program} (is it installed?)"))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        use std::io::Write;
-        stdin.write_all(text.as_bytes())?;
-    }
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!(
-            "{program} {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    let mut command = Command::new(program);
+    command.args(args);
+    crate::run_output(command, &format!("{program} {}", args.join(" ")), input)
 }
 
 fn owner_file(index: u32) -> PathBuf {
@@ -261,17 +240,8 @@ impl NetNs {
         env: &[(String, String)],
         log: Option<&Path>,
     ) -> Result<ManagedChild> {
-        let (stdout, stderr) = crate::log_stdio(log)?;
-        let child = self
-            .command(program)
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("starting {name} in {}", self.name))?;
-        Ok(ManagedChild::new(name, child))
+        let what = format!("{name} in {}", self.name);
+        crate::spawn_command(name, &what, self.command(program), args, env, log)
     }
 
     fn nft(&self, script: &str) -> Result<String> {
