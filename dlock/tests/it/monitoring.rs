@@ -430,13 +430,24 @@ async fn prometheus_fires_fenced_out_when_a_paused_holder_is_fenced() {
         },
     )
     .await;
-    let targets = prometheus.api("/api/v1/targets?state=active").await;
-    let health: Vec<&str> = targets["activeTargets"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["health"].as_str())
-        .collect();
+    // Every target scraped at least once: one not scraped yet reports "unknown", and one that
+    // failed its scrape "down", which the assertion then shows.
+    let (health, targets) = eventually(
+        "prometheus has scraped all three targets",
+        Duration::from_secs(30),
+        || async {
+            let targets = prometheus.api("/api/v1/targets?state=active").await;
+            let health: Vec<String> = targets["activeTargets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["health"].as_str().map(str::to_owned))
+                .collect();
+            (health.len() == 3 && health.iter().all(|h| h != "unknown"))
+                .then_some((health, targets))
+        },
+    )
+    .await;
     assert_eq!(health, ["up", "up", "up"], "{targets}");
 
     // The holder claims, and is "paused" while an operator revokes its lock.
