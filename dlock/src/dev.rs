@@ -187,10 +187,20 @@ fn write_config(path: &Path, config: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn start_service(name: &str, dir: &Path, config: &str, listen: SocketAddr) -> Result<ManagedChild> {
+/// Writes `config` as `<dir>/<name>.toml`, starts `dlock serve <name>` on it, waits until it is
+/// ready on `listen`, and adds it to the stack; returns its pid.
+fn start_service<T: Serialize>(
+    stack: &mut Stack,
+    name: &str,
+    dir: &Path,
+    config: &T,
+    listen: SocketAddr,
+) -> Result<Option<u32>> {
+    let config = service_config::to_toml(config)
+        .with_context(|| format!("writing the {name} configuration"))?;
     let exe = std::env::current_exe().context("locating the dlock binary")?;
     let config_path = dir.join(format!("{name}.toml"));
-    write_config(&config_path, config)?;
+    write_config(&config_path, &config)?;
     let log = dir.join("logs").join(format!("{name}.log"));
     let args = vec![
         "serve".to_owned(),
@@ -211,7 +221,9 @@ fn start_service(name: &str, dir: &Path, config: &str, listen: SocketAddr) -> Re
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    Ok(child)
+    let pid = child.pid();
+    stack.services.push(child);
+    Ok(pid)
 }
 
 pub async fn up(args: UpArgs) -> Result<()> {
@@ -471,15 +483,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         auth: auth.clone(),
         fencing: fencing.clone(),
     };
-    let lock_server = start_service(
-        "lock-server",
-        &dir,
-        &service_config::to_toml(&lock_config)
-            .context("writing the lock server's configuration")?,
-        lock_listen,
-    )?;
-    let lock_pid = lock_server.pid();
-    stack.services.push(lock_server);
+    let lock_pid = start_service(&mut stack, "lock-server", &dir, &lock_config, lock_listen)?;
 
     let payment_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let payment_config = service_config::PaymentResource {
@@ -488,15 +492,13 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         auth: auth.clone(),
         fencing: fencing.clone(),
     };
-    let payment_resource = start_service(
+    let payment_pid = start_service(
+        &mut stack,
         "payment-resource",
         &dir,
-        &service_config::to_toml(&payment_config)
-            .context("writing the payment resource's configuration")?,
+        &payment_config,
         payment_listen,
     )?;
-    let payment_pid = payment_resource.pid();
-    stack.services.push(payment_resource);
 
     let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let stub_config = service_config::RailStub {
@@ -509,14 +511,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         statement_path: dir.join("rail-statement.jsonl").display().to_string(),
         auth: Some(auth.clone()),
     };
-    let rail_stub = start_service(
-        "rail-stub",
-        &dir,
-        &service_config::to_toml(&stub_config).context("writing the rail stub's configuration")?,
-        stub_listen,
-    )?;
-    let stub_pid = rail_stub.pid();
-    stack.services.push(rail_stub);
+    let stub_pid = start_service(&mut stack, "rail-stub", &dir, &stub_config, stub_listen)?;
 
     let proxy_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
     let proxy_config = service_config::RailProxy {
@@ -529,15 +524,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         auth,
         fencing,
     };
-    let rail_proxy = start_service(
-        "rail-proxy",
-        &dir,
-        &service_config::to_toml(&proxy_config)
-            .context("writing the rail proxy's configuration")?,
-        proxy_listen,
-    )?;
-    let proxy_pid = rail_proxy.pid();
-    stack.services.push(rail_proxy);
+    let proxy_pid = start_service(&mut stack, "rail-proxy", &dir, &proxy_config, proxy_listen)?;
     let line = UpLine {
         lock_server: format!("http://{lock_listen}"),
         payment_resource: Some(format!("http://{payment_listen}")),

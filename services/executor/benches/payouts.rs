@@ -333,14 +333,18 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
 /// wall time it does not depend on what else the two cores were doing, so it shows which part
 /// a payout's work is in.
 mod cpu {
+    /// `getconf CLK_TCK`, asked once.
     fn ticks_per_second() -> f64 {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .unwrap_or(100.0)
+        static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+        *TICKS.get_or_init(|| {
+            std::process::Command::new("getconf")
+                .arg("CLK_TCK")
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8(o.stdout).ok())
+                .and_then(|s| s.trim().parse::<f64>().ok())
+                .unwrap_or(100.0)
+        })
     }
 
     /// (ppid, utime + stime, cutime + cstime) of one process, in ticks.
