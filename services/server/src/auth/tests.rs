@@ -24,6 +24,33 @@ fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
     map
 }
 
+/// A write by a caller presenting `h`.
+async fn post(auth: &Authenticator, h: &HeaderMap) -> Result<Caller, ApiError> {
+    auth.check(&Method::POST, "/v1/x", h).await
+}
+
+/// A write that must be let in.
+async fn admitted(auth: &Authenticator, h: &HeaderMap) -> Caller {
+    post(auth, h).await.unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// A write that must be refused.
+async fn refused(auth: &Authenticator, h: &HeaderMap) -> ApiError {
+    post(auth, h)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("an unchecked token got in"))
+}
+
+fn bearer(token: &str) -> HeaderMap {
+    headers(&[("authorization", &format!("Bearer {token}"))])
+}
+
+/// What `identify` makes of a token: the identity's name, or `None`.
+async fn identity_of(auth: &Authenticator, token: &str) -> Option<String> {
+    auth.identify(token).await.ok().flatten()
+}
+
 #[tokio::test]
 async fn tokens_mode_names_the_caller_and_binds_the_owner() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -33,43 +60,23 @@ async fn tokens_mode_names_the_caller_and_binds_the_owner() {
     );
     let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
         .unwrap_or_else(|e| panic!("{e}"));
-    let post = Method::POST;
-    let code = |r: Result<Caller, ApiError>| r.err().map(|e| e.code);
-
-    assert_eq!(
-        code(
-            auth.check(&post, "/v1/locks/k/acquire", &headers(&[]))
-                .await
+    for (path, refused) in [
+        ("/v1/locks/k/acquire", headers(&[])),
+        ("/v1/x", bearer("wrongwrongwrongwrong")),
+        (
+            "/v1/x",
+            headers(&[("authorization", "Basic aaaaaaaaaaaaaaaaaaaa")]),
         ),
-        Some(ErrorCode::Unauthenticated)
-    );
-    assert_eq!(
-        code(
-            auth.check(
-                &post,
-                "/v1/x",
-                &headers(&[("authorization", "Bearer wrongwrongwrongwrong")])
-            )
-            .await
-        ),
-        Some(ErrorCode::Unauthenticated)
-    );
-    assert_eq!(
-        code(
-            auth.check(
-                &post,
-                "/v1/x",
-                &headers(&[("authorization", "Basic aaaaaaaaaaaaaaaaaaaa")])
-            )
-            .await
-        ),
-        Some(ErrorCode::Unauthenticated)
-    );
+    ] {
+        let answer = auth.check(&Method::POST, path, &refused).await;
+        assert_eq!(
+            answer.err().map(|e| e.code),
+            Some(ErrorCode::Unauthenticated),
+            "{refused:?}"
+        );
+    }
     let worker = [("authorization", "Bearer aaaaaaaaaaaaaaaaaaaa")];
-    let caller = auth
-        .check(&post, "/v1/x", &headers(&worker))
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    let caller = admitted(&auth, &headers(&worker)).await;
     assert_eq!(caller.identity().map(|i| i.name.as_str()), Some("worker-a"));
     assert_eq!(
         caller.require_operator("revoke").err().map(|e| e.code),
@@ -82,17 +89,18 @@ async fn tokens_mode_names_the_caller_and_binds_the_owner() {
         ("worker-b", false),
     ] {
         let h = headers(&[worker[0], ("x-owner-id", owner)]);
-        assert_eq!(auth.check(&post, "/v1/x", &h).await.is_ok(), ok, "{owner}");
+        assert_eq!(post(&auth, &h).await.is_ok(), ok, "{owner}");
     }
     let op = headers(&[
         ("authorization", "Bearer oooooooooooooooooooo"),
         ("x-owner-id", "anyone"),
     ]);
-    let caller = auth
-        .check(&post, "/v1/x", &op)
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert!(caller.require_operator("revoke").is_ok());
+    assert!(
+        admitted(&auth, &op)
+            .await
+            .require_operator("revoke")
+            .is_ok()
+    );
     // Probes and the API document stay open; reads under /v1/ do not.
     for (method, path, open) in [
         (Method::GET, "/healthz", true),
@@ -115,46 +123,39 @@ async fn none_mode_follows_the_operator_policy_and_the_legacy_token() {
     let s =
         AuthSettings::from_raw(&mut RawConfig::from_pairs(&[]).unwrap_or_else(|e| panic!("{e}")))
             .unwrap_or_else(|e| panic!("{e}"));
-    let open =
-        Authenticator::new(&s, None, OperatorWithoutAuth::Open).unwrap_or_else(|e| panic!("{e}"));
-    let caller = open
-        .check(&Method::POST, "/v1/x", &HeaderMap::new())
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert!(caller.require_operator("revoke").is_ok());
-    let refused = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let caller = refused
-        .check(&Method::POST, "/v1/x", &HeaderMap::new())
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(
-        caller.require_operator("x").err().map(|e| e.code),
-        Some(ErrorCode::Forbidden)
-    );
-    let legacy = Authenticator::new(
-        &s,
-        Some("legacy-operator-token"),
-        OperatorWithoutAuth::Refused,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let anonymous = legacy
-        .check(&Method::POST, "/v1/x", &HeaderMap::new())
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(
-        anonymous.require_operator("x").err().map(|e| e.code),
-        Some(ErrorCode::Unauthenticated)
-    );
-    let op = legacy
-        .check(
-            &Method::POST,
-            "/v1/x",
-            &headers(&[("authorization", "Bearer legacy-operator-token")]),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert!(op.require_operator("x").is_ok());
+    let anyone = HeaderMap::new();
+    let legacy_token = "legacy-operator-token";
+    // Who may act as operator with no authentication: the policy, or the bearer of the legacy
+    // token (anyone else is asked to authenticate).
+    for (policy, legacy, h, operator) in [
+        (OperatorWithoutAuth::Open, None, &anyone, Ok(())),
+        (
+            OperatorWithoutAuth::Refused,
+            None,
+            &anyone,
+            Err(ErrorCode::Forbidden),
+        ),
+        (
+            OperatorWithoutAuth::Refused,
+            Some(legacy_token),
+            &anyone,
+            Err(ErrorCode::Unauthenticated),
+        ),
+        (
+            OperatorWithoutAuth::Refused,
+            Some(legacy_token),
+            &bearer(legacy_token),
+            Ok(()),
+        ),
+    ] {
+        let auth = Authenticator::new(&s, legacy, policy).unwrap_or_else(|e| panic!("{e}"));
+        let caller = admitted(&auth, h).await;
+        assert_eq!(
+            caller.require_operator("x").map_err(|e| e.code),
+            operator,
+            "{legacy:?} {h:?}"
+        );
+    }
 }
 
 #[test]
@@ -192,34 +193,25 @@ async fn a_changed_tokens_file_takes_effect_and_a_broken_one_does_not() {
     };
     touch("w bbbbbbbbbbbbbbbbbbbb\n", 5);
     force_recheck(&auth);
+    assert_eq!(identity_of(&auth, "aaaaaaaaaaaaaaaaaaaa").await, None);
     assert_eq!(
-        auth.identify("aaaaaaaaaaaaaaaaaaaa").await.ok().flatten(),
-        None
-    );
-    assert_eq!(
-        auth.identify("bbbbbbbbbbbbbbbbbbbb")
-            .await
-            .ok()
-            .flatten()
-            .as_deref(),
+        identity_of(&auth, "bbbbbbbbbbbbbbbbbbbb").await.as_deref(),
         Some("w")
     );
     touch("this is not a tokens file\n", 10);
     force_recheck(&auth);
     assert_eq!(
-        auth.identify("bbbbbbbbbbbbbbbbbbbb")
-            .await
-            .ok()
-            .flatten()
-            .as_deref(),
+        identity_of(&auth, "bbbbbbbbbbbbbbbbbbbb").await.as_deref(),
         Some("w"),
         "a broken file keeps the previous tokens"
     );
 }
 
-/// An authenticator in `tokenreview` mode against `url`, with its own token in `dir`.
-fn reviewing(dir: &Path, url: &str, extra: &[(&str, String)]) -> (Authenticator, PathBuf) {
-    let own = dir.join("own-sa-token-0f3c");
+/// An authenticator in `tokenreview` mode against `url` with `extra` `auth.tokenreview.*`
+/// settings, its own token in a temporary directory (removed when the first value drops).
+fn reviewing(url: &str, extra: &[(&str, &str)]) -> (tempfile::TempDir, Authenticator, PathBuf) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let own = dir.path().join("own-sa-token-0f3c");
     std::fs::write(&own, "this-service-s-own-token").unwrap_or_else(|e| panic!("{e}"));
     let mut pairs = vec![
         ("auth.mode", "tokenreview".to_owned()),
@@ -227,12 +219,16 @@ fn reviewing(dir: &Path, url: &str, extra: &[(&str, String)]) -> (Authenticator,
         ("auth.tokenreview.ca-file", String::new()),
         ("auth.tokenreview.token-file", own.display().to_string()),
     ];
-    pairs.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+    let extra: Vec<_> = extra
+        .iter()
+        .map(|(k, v)| (format!("auth.tokenreview.{k}"), (*v).to_owned()))
+        .collect();
+    pairs.extend(extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let mut raw = RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"));
     let s = AuthSettings::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
     let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
         .unwrap_or_else(|e| panic!("{e}"));
-    (auth, own)
+    (dir, auth, own)
 }
 
 fn reviewer(auth: &Authenticator) -> &TokenReviewer {
@@ -265,14 +261,9 @@ async fn silent_api(hold: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>)
 
 #[test]
 fn a_full_review_cache_forgets_its_least_recently_used_entry_only() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (auth, _) = reviewing(
-        dir.path(),
+    let (_dir, auth, _) = reviewing(
         "http://127.0.0.1:9",
-        &[
-            ("auth.tokenreview.cache-max", "2".to_owned()),
-            ("auth.tokenreview.refused-cache-max", "2".to_owned()),
-        ],
+        &[("cache-max", "2"), ("refused-cache-max", "2")],
     );
     let review = reviewer(&auth);
     let (a, b, c) = (digest("token-a"), digest("token-b"), digest("token-c"));
@@ -368,29 +359,16 @@ fn the_token_bucket_refills_at_its_rate_up_to_its_burst() {
 }
 
 fn unknown_bearer(n: usize) -> HeaderMap {
-    headers(&[("authorization", &format!("Bearer made-up-token-{n:04}"))])
+    bearer(&format!("made-up-token-{n:04}"))
 }
 
 #[tokio::test]
 async fn unknown_tokens_beyond_the_rate_are_refused_without_asking_the_api_server() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (url, calls) = silent_api(false).await;
-    let (auth, own) = reviewing(
-        dir.path(),
-        &url,
-        &[
-            ("auth.tokenreview.reviews-per-second", "1".to_owned()),
-            ("auth.tokenreview.review-burst", "3".to_owned()),
-        ],
-    );
+    let (_dir, auth, own) = reviewing(&url, &[("reviews-per-second", "1"), ("review-burst", "3")]);
     let mut answers = Vec::new();
     for n in 0..20 {
-        answers.push(
-            auth.check(&Method::POST, "/v1/x", &unknown_bearer(n))
-                .await
-                .err()
-                .unwrap_or_else(|| panic!("an unchecked token got in")),
-        );
+        answers.push(refused(&auth, &unknown_bearer(n)).await);
     }
     let asked = answers
         .iter()
@@ -425,46 +403,26 @@ async fn unknown_tokens_beyond_the_rate_are_refused_without_asking_the_api_serve
     }
     // The refusals did not crowd out the cache: a remembered caller still gets in at once.
     reviewer(&auth).remember(digest("a-known-token"), Some("sa-known".into()));
-    let known = auth
-        .check(
-            &Method::POST,
-            "/v1/x",
-            &headers(&[("authorization", "Bearer a-known-token")]),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let known = admitted(&auth, &bearer("a-known-token")).await;
     assert_eq!(known.identity().map(|i| i.name.as_str()), Some("sa-known"));
 }
 
 #[tokio::test]
 async fn reviews_beyond_the_in_flight_bound_wait_briefly_then_are_told_to_retry() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (url, calls) = silent_api(true).await;
-    let (auth, _) = reviewing(
-        dir.path(),
+    let (_dir, auth, _) = reviewing(
         &url,
-        &[
-            ("auth.tokenreview.reviews-in-flight-max", "1".to_owned()),
-            ("auth.tokenreview.timeout-ms", "1000".to_owned()),
-        ],
+        &[("reviews-in-flight-max", "1"), ("timeout-ms", "1000")],
     );
     let first = tokio::spawn({
         let auth = auth.clone();
-        async move {
-            auth.check(&Method::POST, "/v1/x", &unknown_bearer(1))
-                .await
-                .err()
-        }
+        async move { post(&auth, &unknown_bearer(1)).await.err() }
     });
     while calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
     let started = Instant::now();
-    let second = auth
-        .check(&Method::POST, "/v1/x", &unknown_bearer(2))
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("an unchecked token got in"));
+    let second = refused(&auth, &unknown_bearer(2)).await;
     let waited = started.elapsed();
     assert_eq!(second.code, ErrorCode::AuthUnavailable, "{second}");
     assert!(second.message.contains("too many credentials"), "{second}");
@@ -491,14 +449,9 @@ async fn reviews_beyond_the_in_flight_bound_wait_briefly_then_are_told_to_retry(
 
 #[tokio::test]
 async fn an_unreadable_own_token_is_logged_not_shown() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (auth, own) = reviewing(dir.path(), "http://127.0.0.1:9", &[]);
+    let (_dir, auth, own) = reviewing("http://127.0.0.1:9", &[]);
     std::fs::remove_file(&own).unwrap_or_else(|e| panic!("{e}"));
-    let error = auth
-        .check(&Method::POST, "/v1/x", &unknown_bearer(7))
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("an unchecked token got in"));
+    let error = refused(&auth, &unknown_bearer(7)).await;
     assert_eq!(error.code, ErrorCode::AuthUnavailable);
     for secret in ["own-sa-token", "127.0.0.1", "token-file", "/"] {
         assert!(!error.message.contains(secret), "{secret}: {error}");
