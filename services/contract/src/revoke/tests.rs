@@ -47,10 +47,18 @@ impl Fake {
     fn calls(&self) -> Vec<String> {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
     }
-    fn record(&self, call: String) {
+    /// Records `call`, then answers with the step's configured failure, or else `ok`.
+    fn answer<'a, T: Send + 'a>(
+        &self,
+        call: String,
+        failure: &Option<ClientError>,
+        ok: T,
+    ) -> StepFuture<'a, T> {
         if let Ok(mut calls) = self.calls.lock() {
             calls.push(call);
         }
+        let answer = failure.clone().map_or(Ok(ok), Err);
+        Box::pin(async move { answer })
     }
 }
 
@@ -60,21 +68,18 @@ impl RevokeSteps for Fake {
         key: &'a str,
         request: &'a RevokeRequest,
     ) -> StepFuture<'a, Revocation> {
-        self.record(format!("L8 {key} expected={:?}", request.expected_token));
-        let answer = match &self.lock {
-            Some(e) => Err(e.clone()),
-            None => Ok(Revocation {
-                key: key.to_owned(),
-                revoked_token: 41,
-                revoked_owner_id: "executor-7".into(),
-                new_token_floor: 42,
-                revocation_id: id(),
-                operator: request.operator.clone(),
-                reason: request.reason.clone(),
-                revoked_at: Utc::now(),
-            }),
+        let call = format!("L8 {key} expected={:?}", request.expected_token);
+        let revocation = Revocation {
+            key: key.to_owned(),
+            revoked_token: 41,
+            revoked_owner_id: "executor-7".into(),
+            new_token_floor: 42,
+            revocation_id: id(),
+            operator: request.operator.clone(),
+            reason: request.reason.clone(),
+            revoked_at: Utc::now(),
         };
-        Box::pin(async move { answer })
+        self.answer(call, &self.lock, revocation)
     }
     fn advance_fence<'a>(
         &'a self,
@@ -82,39 +87,33 @@ impl RevokeSteps for Fake {
         idempotency_key: &'a str,
         request: &'a FenceRequest,
     ) -> StepFuture<'a, FenceResponse> {
-        self.record(format!(
+        let call = format!(
             "fence {account_id} key={idempotency_key} floor={} id={}",
             request.floor, request.revocation_id
-        ));
-        let answer = match &self.fence {
-            Some(e) => Err(e.clone()),
-            None => Ok(FenceResponse {
-                account_id: account_id.to_owned(),
-                previous_fence: 3,
-                fence: request.floor,
-                revocation_id: request.revocation_id,
-            }),
+        );
+        let fenced = FenceResponse {
+            account_id: account_id.to_owned(),
+            previous_fence: 3,
+            fence: request.floor,
+            revocation_id: request.revocation_id,
         };
-        Box::pin(async move { answer })
+        self.answer(call, &self.fence, fenced)
     }
     fn advance_high_water<'a>(
         &'a self,
         account_id: &'a str,
         request: &'a HighWaterRequest,
     ) -> StepFuture<'a, HighWater> {
-        self.record(format!(
+        let call = format!(
             "high-water {account_id} floor={} id={:?}",
             request.floor, request.revocation_id
-        ));
-        let answer = match &self.rail {
-            Some(e) => Err(e.clone()),
-            None => Ok(HighWater {
-                account_id: account_id.to_owned(),
-                previous_token: Some(3),
-                highest_token: request.floor,
-            }),
+        );
+        let raised = HighWater {
+            account_id: account_id.to_owned(),
+            previous_token: Some(3),
+            highest_token: request.floor,
         };
-        Box::pin(async move { answer })
+        self.answer(call, &self.rail, raised)
     }
 }
 
@@ -230,23 +229,22 @@ async fn a_4xx_fence_is_a_refusal_and_a_5xx_or_no_answer_is_retryable() {
 
 #[tokio::test]
 async fn the_lock_servers_refusal_or_silence_fences_nothing() {
-    let fake = Fake {
-        lock: Some(api(409, ErrorCode::LockLost)),
-        ..Fake::default()
-    };
-    let report = run(&fake, &order(Some(7)), None).await;
-    assert_eq!(report.outcome, Outcome::Refused);
-    assert_eq!(report.progress, None);
-    assert_eq!(fake.calls().len(), 1);
-
-    let fake = Fake {
-        lock: Some(down()),
-        ..Fake::default()
-    };
-    let report = run(&fake, &order(Some(7)), None).await;
-    assert_eq!(report.outcome, Outcome::Incomplete);
-    assert!(matches!(report.lock, LockStep::Unavailable(_)));
-    assert_eq!(fake.calls().len(), 1);
+    for (failure, outcome) in [
+        (api(409, ErrorCode::LockLost), Outcome::Refused),
+        (down(), Outcome::Incomplete),
+    ] {
+        let fake = Fake {
+            lock: Some(failure),
+            ..Fake::default()
+        };
+        let report = run(&fake, &order(Some(7)), None).await;
+        assert_eq!(report.outcome, outcome);
+        assert_eq!(report.progress, None);
+        if outcome == Outcome::Incomplete {
+            assert!(matches!(report.lock, LockStep::Unavailable(_)));
+        }
+        assert_eq!(fake.calls().len(), 1, "only the lock server was asked");
+    }
 }
 
 #[tokio::test]
