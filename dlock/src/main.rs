@@ -64,10 +64,6 @@ enum Command {
         /// The directory to write into.
         #[arg(long, default_value = "crds")]
         out: PathBuf,
-        /// Also writes the Argo CD health scripts as `<DIR>/<Kind>/health.lua` (the committed
-        /// ones live in argocd/dlock.io).
-        #[arg(long, value_name = "DIR")]
-        argocd: Option<PathBuf>,
     },
 }
 
@@ -252,20 +248,11 @@ fn main() -> std::process::ExitCode {
                 print!("{}", dlock_contract::openapi::pretty(&doc));
                 Ok(())
             }
-            Command::Crdgen { out, argocd } => {
-                let mut written = dlock_operator::crd::write_all(&out);
-                if let (Ok(paths), Some(dir)) = (&mut written, argocd) {
-                    match dlock_operator::argocd::write_health_scripts(&dir) {
-                        Ok(more) => paths.extend(more),
-                        Err(e) => written = Err(e),
-                    }
+            Command::Crdgen { out } => dlock_operator::crd::write_all(&out).map(|written| {
+                for path in written {
+                    println!("{}", path.display());
                 }
-                written.map(|written| {
-                    for path in written {
-                        println!("{}", path.display());
-                    }
-                })
-            }
+            }),
         };
         done.map(|()| std::process::ExitCode::SUCCESS)
     });

@@ -471,10 +471,11 @@ pub fn render_chart(values: &[&str]) -> String {
 }
 
 /// Argo CD's verdict on `object` as read from the API server: the shipped
-/// `argocd/dlock.io/<kind>/health.lua`, run by a real Lua 5.4 as Argo CD runs it.
+/// `argocd/dlock.io/_/health.lua` (one script for every kind), run by a real Lua 5.4 as Argo CD
+/// runs it; `kind` names the object in a failure.
 pub fn argocd_health(kind: &str, object: &Value) -> (String, String) {
     use mlua::LuaSerdeExt as _;
-    let path = repo().join("argocd/dlock.io").join(kind).join("health.lua");
+    let path = repo().join("argocd/dlock.io/_/health.lua");
     let script =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let lua = mlua::Lua::new();

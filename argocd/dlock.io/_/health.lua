@@ -1,6 +1,7 @@
--- Argo CD health for dlock.io/LockRevocation, driven by the operator's conditions (never by phase
--- strings): Degraded when Degraded=True, Healthy when Ready=True, Suspended while the
--- dlock.io/reconcile: paused annotation is set, Progressing otherwise.
+-- Argo CD health for every dlock.io kind (argocd-cm `resource.customizations`, key
+-- `dlock.io/*`), driven by the operator's conditions, never by phase strings: Degraded when
+-- Degraded=True, Healthy when Ready=True, Suspended while the dlock.io/reconcile: paused
+-- annotation is set, Progressing otherwise.
 local hs = {}
 local annotations = obj.metadata and obj.metadata.annotations
 if annotations ~= nil and annotations["dlock.io/reconcile"] == "paused" then
