@@ -9,8 +9,9 @@ pub struct EtcdServer {
     /// Addresses its client port listens on besides 127.0.0.1.
     extra_listen: Vec<IpAddr>,
     dir: PathBuf,
+    /// Declared before the directory guard: stopped before its data is removed.
+    daemon: Daemon,
     _temp: Option<tempfile::TempDir>,
-    child: Option<ManagedChild>,
 }
 
 pub(crate) fn etcd_bin() -> PathBuf {
@@ -26,25 +27,21 @@ impl EtcdServer {
 
     /// Like [`EtcdServer::start`], the client port also listening on `extra` addresses.
     pub fn start_listening(dir: Option<&Path>, extra: &[IpAddr]) -> Result<Self> {
-        let (temp, dir) = match dir {
-            Some(dir) => (None, dir.to_path_buf()),
-            None => {
-                let temp = tempfile::Builder::new().prefix("dlock-etcd-").tempdir()?;
-                let path = temp.path().to_path_buf();
-                (Some(temp), path)
-            }
-        };
-        std::fs::create_dir_all(&dir)?;
-        let mut server = Self {
+        let (temp, dir) = server_dir(dir, "dlock-etcd-")?;
+        Self {
+            daemon: Daemon::new(
+                "etcd",
+                dir.join("etcd.log"),
+                Signal::SIGTERM,
+                Duration::from_secs(10),
+            ),
             client_port: free_port()?,
             peer_port: free_port()?,
             extra_listen: extra.to_vec(),
             dir,
             _temp: temp,
-            child: None,
-        };
-        server.launch()?;
-        Ok(server)
+        }
+        .started()
     }
 
     fn launch(&mut self) -> Result<()> {
@@ -54,8 +51,8 @@ impl EtcdServer {
             .collect::<Vec<_>>()
             .join(",");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let (stdout, stderr) = log_stdio(Some(&self.dir.join("etcd.log")))?;
-        let child = Command::new(etcd_bin())
+        let mut command = Command::new(etcd_bin());
+        command
             .args(["--name", "dlock-dev", "--data-dir"])
             .arg(self.dir.join("data"))
             .args([
@@ -71,50 +68,18 @@ impl EtcdServer {
                 &peer,
             ])
             .args(["--initial-cluster", &format!("dlock-dev={peer}")])
-            .args(["--logger", "zap", "--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .context("starting etcd (install Debian's etcd-server, or set DLOCK_ETCD_BIN)")?;
-        self.child = Some(ManagedChild::new("etcd", child));
+            .args(["--logger", "zap", "--log-level", "warn"]);
         let addr: SocketAddr = ([127, 0, 0, 1], self.client_port).into();
-        wait_until("etcd", Duration::from_secs(30), || {
-            http_status(addr, "/health") == Some(200)
-        })
-        .with_context(|| format!("see {}", self.dir.join("etcd.log").display()))
+        self.daemon.launch(
+            command,
+            "install Debian's etcd-server, or set DLOCK_ETCD_BIN",
+            || http_status(addr, "/health") == Some(200),
+        )
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(ManagedChild::pid)
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.stop();
-        }
-    }
-
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill();
-        }
-    }
-
-    pub fn start_again(&mut self) -> Result<()> {
-        if self.child.is_none() {
-            self.launch()?;
-        }
-        Ok(())
-    }
 }
 
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+daemon_server!(EtcdServer);

@@ -6,6 +6,7 @@
 //! loopback ports. PostgreSQL refuses to run as root, so as root it runs as the `postgres` user
 //! through `setpriv`, which execs (no intermediate process that could outlive a kill).
 
+pub mod bench;
 pub mod certs;
 mod etcd;
 pub mod etcd_cluster;
@@ -150,6 +151,135 @@ impl Drop for ManagedChild {
     }
 }
 
+/// A backing server's process (PostgreSQL, etcd): spawned with its output in a log file in the
+/// server's directory, stopped with its own signal and grace when dropped, and startable again on
+/// the same ports and data after a stop or a kill. The servers deref to it for `pid`, `stop` and
+/// `kill`.
+pub struct Daemon {
+    name: &'static str,
+    log: PathBuf,
+    signal: Signal,
+    grace: Duration,
+    child: Option<ManagedChild>,
+}
+
+impl Daemon {
+    /// Not running yet; `name` names it in errors, its output goes to `log`, and it is stopped
+    /// with `signal`, escalating to SIGKILL after `grace`.
+    pub(crate) fn new(name: &'static str, log: PathBuf, signal: Signal, grace: Duration) -> Self {
+        Self {
+            name,
+            log,
+            signal,
+            grace,
+            child: None,
+        }
+    }
+
+    /// Spawns `command` (`install` says what to do when that fails), then waits up to 30 s for
+    /// `ready`; an error points at the log.
+    pub(crate) fn launch(
+        &mut self,
+        mut command: Command,
+        install: &str,
+        ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let (stdout, stderr) = log_stdio(Some(&self.log))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {} ({install})", self.name))?;
+        self.child = Some(ManagedChild::new(self.name, child));
+        wait_until(self.name, Duration::from_secs(30), ready)
+            .with_context(|| format!("see {}", self.log.display()))
+    }
+
+    /// Whether it was started and has not been stopped or killed since.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(ManagedChild::pid)
+    }
+
+    /// Stops the server with its own signal (a clean shutdown).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.stop_with(self.signal, self.grace);
+        }
+    }
+
+    /// Kills the server outright, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Gives a server type with a `daemon: Daemon` field and a `launch(&mut self) -> Result<()>`
+/// its `start_again` and the [`Daemon`] methods.
+macro_rules! daemon_server {
+    ($server:ty) => {
+        impl $server {
+            /// Launches a server just built.
+            fn started(mut self) -> Result<Self> {
+                self.launch()?;
+                Ok(self)
+            }
+
+            /// Starts it after a stop or kill, on the same ports and data.
+            pub fn start_again(&mut self) -> Result<()> {
+                if !self.daemon.running() {
+                    self.launch()?;
+                }
+                Ok(())
+            }
+        }
+
+        impl std::ops::Deref for $server {
+            type Target = Daemon;
+            fn deref(&self) -> &Daemon {
+                &self.daemon
+            }
+        }
+
+        impl std::ops::DerefMut for $server {
+            fn deref_mut(&mut self) -> &mut Daemon {
+                &mut self.daemon
+            }
+        }
+    };
+}
+pub(crate) use daemon_server;
+
+/// `dir`, created, or a fresh temporary directory named `prefix…` that lives as long as the
+/// returned guard.
+pub(crate) fn server_dir(
+    dir: Option<&Path>,
+    prefix: &str,
+) -> Result<(Option<tempfile::TempDir>, PathBuf)> {
+    let (temp, dir) = match dir {
+        Some(dir) => (None, dir.to_path_buf()),
+        None => {
+            let temp = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            let path = temp.path().to_path_buf();
+            (Some(temp), path)
+        }
+    };
+    std::fs::create_dir_all(&dir)?;
+    Ok((temp, dir))
+}
+
 /// Runs `command` to its end with `input` on stdin; its stdout, or an error naming `what` with
 /// its stderr when it fails.
 pub(crate) fn run_output(mut command: Command, what: &str, input: Option<&str>) -> Result<String> {
@@ -204,19 +334,23 @@ pub fn spawn_logged(
     env: &[(String, String)],
     log: Option<&Path>,
 ) -> Result<ManagedChild> {
-    let what = format!("{name} ({})", program.display());
-    spawn_command(name, &what, Command::new(program), args, env, log)
+    spawn_command(name, Command::new(program), args, env, log)
 }
 
-/// Spawns `command args` with `env`, its output appended to `log`; `what` names it in errors.
-pub(crate) fn spawn_command(
+/// Spawns `command args` with `env` (a [`netfault::NetNs::command`], say), its output appended
+/// to `log`, stopped when the handle drops.
+pub fn spawn_command(
     name: &str,
-    what: &str,
     mut command: Command,
     args: &[String],
     env: &[(String, String)],
     log: Option<&Path>,
 ) -> Result<ManagedChild> {
+    let what = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|part| part.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
     let (stdout, stderr) = log_stdio(log)?;
     let child = command
         .args(args)
@@ -225,6 +359,6 @@ pub(crate) fn spawn_command(
         .stdout(stdout)
         .stderr(stderr)
         .spawn()
-        .with_context(|| format!("starting {what}"))?;
+        .with_context(|| format!("starting {name} ({what})"))?;
     Ok(ManagedChild::new(name, child))
 }

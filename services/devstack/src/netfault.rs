@@ -20,8 +20,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
-use crate::ManagedChild;
-
 /// The nftables table every partition rule lives in (one per namespace).
 pub const TABLE: &str = "dlockfault";
 
@@ -229,19 +227,6 @@ impl NetNs {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.name]).arg(program);
         command
-    }
-
-    /// Spawns `program args` inside the namespace with its output appended to `log`.
-    pub fn spawn_logged(
-        &self,
-        name: &str,
-        program: &Path,
-        args: &[String],
-        env: &[(String, String)],
-        log: Option<&Path>,
-    ) -> Result<ManagedChild> {
-        let what = format!("{name} in {}", self.name);
-        crate::spawn_command(name, &what, self.command(program), args, env, log)
     }
 
     fn nft(&self, script: &str) -> Result<String> {

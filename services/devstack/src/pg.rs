@@ -78,7 +78,8 @@ pub(crate) fn pg_template(bin: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&staging)?;
     chown_for_postgres(&staging)?;
     let staged = staging.join("data");
-    let output = pg_command(&bin.join("initdb"))
+    let mut initdb = pg_command(&bin.join("initdb"));
+    initdb
         .args([
             "-U",
             "postgres",
@@ -90,15 +91,8 @@ pub(crate) fn pg_template(bin: &Path) -> Result<PathBuf> {
             "--no-sync",
             "-D",
         ])
-        .arg(&staged)
-        .output()
-        .context("running initdb")?;
-    if !output.status.success() {
-        bail!(
-            "initdb failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
+        .arg(&staged);
+    run_output(initdb, "initdb", None)?;
     std::fs::write(staging.join("ready"), b"")?;
     // Whoever renames first wins; a loser's copy is simply removed.
     match std::fs::rename(&staging, &root) {
@@ -131,8 +125,9 @@ pub struct PgServer {
     extra_listen: Vec<IpAddr>,
     /// More `-c name=value` server settings (`ssl=on`, say; see [`PgServer::start_tls`]).
     settings: Vec<String>,
+    /// Declared before the directory guard: stopped before its data is removed.
+    daemon: Daemon,
     _temp: Option<tempfile::TempDir>,
-    child: Option<ManagedChild>,
 }
 
 impl PgServer {
@@ -155,15 +150,7 @@ impl PgServer {
         prepare: impl FnOnce(&Path) -> Result<Vec<String>>,
     ) -> Result<Self> {
         let bin = pg_bin_dir()?;
-        let (temp, dir) = match dir {
-            Some(dir) => (None, dir.to_path_buf()),
-            None => {
-                let temp = tempfile::Builder::new().prefix("dlock-pg-").tempdir()?;
-                let path = temp.path().to_path_buf();
-                (Some(temp), path)
-            }
-        };
-        std::fs::create_dir_all(&dir)?;
+        let (temp, dir) = server_dir(dir, "dlock-pg-")?;
         chown_for_postgres(&dir)?;
         let data = dir.join("data");
         if !data.join("PG_VERSION").exists() {
@@ -190,17 +177,21 @@ impl PgServer {
             }
         }
         let settings = prepare(&dir)?;
-        let mut server = Self {
+        Self {
+            daemon: Daemon::new(
+                "PostgreSQL",
+                dir.join("postgres.log"),
+                Signal::SIGINT,
+                Duration::from_secs(15),
+            ),
             port: free_port()?,
             bin,
             dir,
             extra_listen: extra.to_vec(),
             settings,
             _temp: temp,
-            child: None,
-        };
-        server.launch()?;
-        Ok(server)
+        }
+        .started()
     }
 
     fn launch(&mut self) -> Result<()> {
@@ -208,13 +199,13 @@ impl PgServer {
         let socket_dir = self.dir.join("socket");
         std::fs::create_dir_all(&socket_dir)?;
         chown_for_postgres(&socket_dir)?;
-        let (stdout, stderr) = log_stdio(Some(&self.dir.join("postgres.log")))?;
         let listen = std::iter::once("127.0.0.1".to_owned())
             .chain(self.extra_listen.iter().map(IpAddr::to_string))
             .collect::<Vec<_>>()
             .join(",");
         let listen = format!("listen_addresses={listen}");
-        let child = pg_command(&self.bin.join("postgres"))
+        let mut command = pg_command(&self.bin.join("postgres"));
+        command
             .arg("-D")
             .arg(&data)
             .args(["-p", &self.port.to_string(), "-k"])
@@ -233,73 +224,45 @@ impl PgServer {
                 "-c",
                 "full_page_writes=off",
             ])
-            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .context("starting postgres")?;
-        self.child = Some(ManagedChild::new("postgres", child));
-        let port = self.port;
-        let bin = self.bin.clone();
-        wait_until("PostgreSQL", Duration::from_secs(30), || {
-            Command::new(bin.join("pg_isready"))
-                .args([
-                    "-q",
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "postgres",
-                ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]));
+        let port = self.port.to_string();
+        let pg_isready = self.bin.join("pg_isready");
+        self.daemon.launch(command, "is PostgreSQL installed?", || {
+            Command::new(&pg_isready)
+                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false)
         })
-        .with_context(|| format!("see {}", self.dir.join("postgres.log").display()))
     }
 
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(ManagedChild::pid)
-    }
-
     /// Runs one SQL statement with psql as the superuser.
     pub fn psql(&self, database: &str, sql: &str) -> Result<String> {
-        let output = Command::new(self.bin.join("psql"))
-            .args([
-                "-X",
-                "-q",
-                "-A",
-                "-t",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-            ])
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                database,
-                "-c",
-                sql,
-            ])
-            .output()
-            .context("running psql")?;
-        if !output.status.success() {
-            bail!(
-                "psql failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        let mut psql = Command::new(self.bin.join("psql"));
+        psql.args([
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+        ])
+        .args([
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+        ])
+        .args(["-c", sql]);
+        Ok(run_output(psql, "psql", None)?.trim().to_owned())
     }
 
     pub fn create_database(&self, name: &str) -> Result<()> {
@@ -313,37 +276,11 @@ impl PgServer {
         Ok(())
     }
 
-    /// Stops the server (fast shutdown).
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.stop_with(Signal::SIGINT, Duration::from_secs(15));
-        }
-    }
-
-    /// Kills the server outright, as a crash would.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill();
-        }
-    }
-
     /// Starts it again on the same port and data.
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
         self.launch()
     }
-
-    /// Starts it after a stop or kill.
-    pub fn start_again(&mut self) -> Result<()> {
-        if self.child.is_none() {
-            self.launch()?;
-        }
-        Ok(())
-    }
 }
 
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+daemon_server!(PgServer);

@@ -19,11 +19,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::faultproxy::FaultProxy;
 use crate::netfault::NetNs;
-use crate::{EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use crate::{
+    EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_command, spawn_logged,
+    wait_until,
+};
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -129,13 +133,12 @@ impl Service {
     pub fn start(&mut self, ns: Option<&NetNs>) {
         let name = self.role.name();
         let args = vec!["serve".to_owned(), name.to_owned()];
-        let spawned = match ns {
-            Some(ns) if self.in_ns => {
-                ns.spawn_logged(name, &self.exe, &args, &self.env, Some(&self.log))
-            }
-            _ => spawn_logged(name, &self.exe, &args, &self.env, Some(&self.log)),
+        let command = match ns {
+            Some(ns) if self.in_ns => ns.command(&self.exe),
+            _ => Command::new(&self.exe),
         };
-        let mut child = spawned.unwrap_or_else(|e| panic!("{e:#}"));
+        let mut child = spawn_command(name, command, &args, &self.env, Some(&self.log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let addr = self.addr;
         wait_until(name, Duration::from_secs(60), || {
             !child.exited() && http_status(addr, "/readyz") == Some(200)
