@@ -13,41 +13,56 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
+use dlock_devstack::bench::{Run, Via, median_ms, runtime, seconds_arg, timed};
 use dlock_devstack::{EtcdServer, PgServer};
-use dlock_lock_server::store::{Acquire, Store};
+use dlock_lock_server::store::{Acquire, Attempt, Claim, Store};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
-
-#[derive(Clone, Copy, PartialEq)]
-enum Path {
-    Server,
-    Raw,
-}
-
-struct Run {
-    cycles: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-}
-
-impl Run {
-    fn per_second(&self) -> f64 {
-        self.cycles as f64 / self.elapsed.as_secs_f64()
-    }
-    fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.latencies.clone();
-        sorted.sort();
-        if sorted.is_empty() {
-            return Duration::ZERO;
-        }
-        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-        sorted[index]
-    }
-}
+use uuid::Uuid;
 
 fn config(env: &[(&str, String)]) -> LockServerConfig {
     let mut raw = RawConfig::from_pairs(env).unwrap_or_else(|e| panic!("{e}"));
     LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A grant of `key` to `owner` straight from the store; its fencing token.
+async fn raw_acquire(store: &Store, key: &str, session_id: Uuid, owner: &str) -> i64 {
+    let attempt = Attempt {
+        claim: Claim {
+            key,
+            session_id,
+            owner_id: owner,
+        },
+        ttl_ms: 10_000,
+        ticket: None,
+    };
+    match store.try_acquire(&attempt).await {
+        Ok(Acquire::Granted(g)) => g.fencing_token,
+        Ok(Acquire::Contended(_)) => panic!("{key} is held by nobody else"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn raw_release(store: &Store, key: &str, owner: &str, token: i64) {
+    store
+        .release(key, owner, token)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn http_acquire(client: &LockClient, key: &str, session_id: Uuid) -> i64 {
+    client
+        .acquire(key, session_id, Some(10_000), None)
+        .await
+        .map(|grant| grant.fencing_token)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn http_release(client: &LockClient, key: &str, session_id: Uuid, token: i64) {
+    client
+        .release(key, session_id, token)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 async fn cycles(store: Store, url: Option<String>, clients: usize, run_for: Duration) -> Run {
@@ -68,17 +83,13 @@ async fn cycles(store: Store, url: Option<String>, clients: usize, run_for: Dura
                         .create_session(Some(60_000))
                         .await
                         .unwrap_or_else(|e| panic!("{e}"));
+                    let sid = session.session_id;
                     while Instant::now() < deadline {
-                        let t = Instant::now();
-                        let grant = client
-                            .acquire(&key, session.session_id, Some(10_000), None)
-                            .await
-                            .unwrap_or_else(|e| panic!("{e}"));
-                        client
-                            .release(&key, session.session_id, grant.fencing_token)
-                            .await
-                            .unwrap_or_else(|e| panic!("{e}"));
-                        latencies.push(t.elapsed());
+                        timed(&mut latencies, async {
+                            let token = http_acquire(&client, &key, sid).await;
+                            http_release(&client, &key, sid, token).await;
+                        })
+                        .await;
                     }
                 }
                 None => {
@@ -86,21 +97,13 @@ async fn cycles(store: Store, url: Option<String>, clients: usize, run_for: Dura
                         .create_session(&owner, 60_000)
                         .await
                         .unwrap_or_else(|e| panic!("{e}"));
+                    let sid = session.session_id;
                     while Instant::now() < deadline {
-                        let t = Instant::now();
-                        let grant = match store
-                            .try_acquire(&key, session.session_id, &owner, 10_000, None)
-                            .await
-                            .unwrap_or_else(|e| panic!("{e}"))
-                        {
-                            Acquire::Granted(g) => g,
-                            Acquire::Contended(_) => panic!("{key} is held by nobody else"),
-                        };
-                        store
-                            .release(&key, &owner, grant.fencing_token)
-                            .await
-                            .unwrap_or_else(|e| panic!("{e}"));
-                        latencies.push(t.elapsed());
+                        timed(&mut latencies, async {
+                            let token = raw_acquire(&store, &key, sid, &owner).await;
+                            raw_release(&store, &key, &owner, token).await;
+                        })
+                        .await;
                     }
                 }
             }
@@ -112,7 +115,7 @@ async fn cycles(store: Store, url: Option<String>, clients: usize, run_for: Dura
         latencies.extend(task.await.unwrap_or_else(|e| panic!("{e}")));
     }
     Run {
-        cycles: latencies.len(),
+        count: latencies.len(),
         elapsed: started.elapsed(),
         latencies,
     }
@@ -126,12 +129,9 @@ where
 {
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
-        let t = Instant::now();
-        step().await;
-        times.push(t.elapsed());
+        timed(&mut times, step()).await;
     }
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1000.0
+    median_ms(&times)
 }
 
 /// What one hop on `pg` is made of, one client at a time.
@@ -179,19 +179,13 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
     }
     let mut one = Vec::with_capacity(n);
     for _ in 0..n {
-        let t = Instant::now();
-        let _: (i32,) = sqlx::query_as("SELECT 1")
-            .fetch_one(&mut conn)
+        let select = sqlx::query_as("SELECT 1").fetch_one(&mut conn);
+        let _: (i32,) = timed(&mut one, select)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        one.push(t.elapsed());
     }
-    one.sort();
-    println!(
-        "{:<52} {:>7.3} ms",
-        "SELECT 1 on one connection",
-        one[n / 2].as_secs_f64() * 1000.0
-    );
+    let one = median_ms(&one);
+    println!("{:<52} {one:>7.3} ms", "SELECT 1 on one connection");
     // The lockdb functions, alternating acquire and release, measured apart.
     let key = "bench:hop";
     let owner = "bench-hop";
@@ -204,62 +198,36 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
     let sql_acquire = "SELECT outcome, fencing_token FROM dlock_acquire($1, $2, $3, $4, NULL)";
     let sql_release = "SELECT outcome FROM dlock_release($1, $2, $3)";
     for _ in 0..n / 2 {
-        let t = Instant::now();
-        let grant = match store
-            .try_acquire(key, sid, owner, 10_000, None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-        {
-            Acquire::Granted(g) => g,
-            Acquire::Contended(_) => panic!("{key} is held by nobody else"),
-        };
-        acquire.push(t.elapsed());
-        let t = Instant::now();
-        store
-            .release(key, owner, grant.fencing_token)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        release.push(t.elapsed());
+        let token = timed(&mut acquire, raw_acquire(store, key, sid, owner)).await;
+        timed(&mut release, raw_release(store, key, owner, token)).await;
 
-        let t = Instant::now();
-        let (outcome, token): (String, i64) = sqlx::query_as(sql_acquire)
-            .bind(key)
-            .bind(sid)
-            .bind(owner)
-            .bind(10_000i32)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (outcome, token): (String, i64) = timed(
+            &mut acquire_conn,
+            sqlx::query_as(sql_acquire)
+                .bind(key)
+                .bind(sid)
+                .bind(owner)
+                .bind(10_000i32)
+                .fetch_one(&mut conn),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(outcome, "granted");
-        acquire_conn.push(t.elapsed());
-        let t = Instant::now();
-        let (outcome,): (String,) = sqlx::query_as(sql_release)
-            .bind(key)
-            .bind(token)
-            .bind(owner)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (outcome,): (String,) = timed(
+            &mut release_conn,
+            sqlx::query_as(sql_release)
+                .bind(key)
+                .bind(token)
+                .bind(owner)
+                .fetch_one(&mut conn),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(outcome, "released");
-        release_conn.push(t.elapsed());
 
-        let t = Instant::now();
-        let grant = client
-            .acquire(key, sid, Some(10_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        acquire_http.push(t.elapsed());
-        let t = Instant::now();
-        client
-            .release(key, sid, grant.fencing_token)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        release_http.push(t.elapsed());
+        let token = timed(&mut acquire_http, http_acquire(&client, key, sid)).await;
+        timed(&mut release_http, http_release(&client, key, sid, token)).await;
     }
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2].as_secs_f64() * 1000.0
-    };
     for (what, v) in [
         ("dlock_acquire through the pool", acquire),
         ("dlock_acquire on one connection", acquire_conn),
@@ -268,21 +236,14 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
         ("dlock_release on one connection", release_conn),
         ("release through the lock server (HTTP)", release_http),
     ] {
-        println!("{what:<52} {:>7.3} ms", median(v));
+        println!("{what:<52} {:>7.3} ms", median_ms(&v));
     }
 }
 
 fn main() {
-    let seconds = std::env::args()
-        .skip_while(|a| a != "--seconds")
-        .nth(1)
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(4);
+    let seconds = seconds_arg(4);
     let run_for = Duration::from_secs(seconds);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = runtime();
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     pg.create_database("lockdb")
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -345,23 +306,22 @@ fn main() {
             .await;
             for clients in [1usize, 16] {
                 let mut rows = Vec::new();
-                for path in [Path::Server, Path::Raw] {
-                    let target = (path == Path::Server).then(|| url.clone());
+                for path in [Via::Service, Via::Raw] {
+                    let target = (path == Via::Service).then(|| url.clone());
                     rows.push(cycles(store.clone(), target, clients, run_for).await);
                 }
-                let (server_run, raw_run) = (&rows[0], &rows[1]);
-                let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+                let (server, raw) = (rows[0].summary(), rows[1].summary());
                 println!(
                     "{:<7} {:>7} {:>14.0} {:>10.2} {:>10.2} {:>14.0} {:>10.2} {:>10.2} {:>8.2}",
                     name,
                     clients,
-                    server_run.per_second(),
-                    ms(server_run.percentile(0.50)),
-                    ms(server_run.percentile(0.99)),
-                    raw_run.per_second(),
-                    ms(raw_run.percentile(0.50)),
-                    ms(raw_run.percentile(0.99)),
-                    server_run.per_second() / raw_run.per_second(),
+                    server.0,
+                    server.1,
+                    server.2,
+                    raw.0,
+                    raw.1,
+                    raw.2,
+                    server.0 / raw.0,
                 );
             }
             if name == "pg" {

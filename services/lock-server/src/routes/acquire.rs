@@ -14,7 +14,7 @@ use super::AppState;
 use super::checks::{Checks, path_key, present, ttl};
 use super::errors::{contended, store_error};
 use crate::metrics::AcquireOutcome;
-use crate::store::{Acquire, QueueBounds, StoreError, WaiterTicket};
+use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicket};
 
 pub(super) async fn acquire(
     State(state): State<AppState>,
@@ -62,6 +62,28 @@ pub(super) async fn acquire(
 
 type AcquireFailure = (AcquireOutcome, ApiError);
 
+fn claim<'a>(key: &'a str, session_id: Uuid, owner_id: &'a str) -> Claim<'a> {
+    Claim {
+        key,
+        session_id,
+        owner_id,
+    }
+}
+
+fn attempt<'a>(
+    key: &'a str,
+    session_id: Uuid,
+    owner_id: &'a str,
+    ttl_ms: i64,
+    ticket: Option<&'a WaiterTicket>,
+) -> Attempt<'a> {
+    Attempt {
+        claim: claim(key, session_id, owner_id),
+        ttl_ms,
+        ticket,
+    }
+}
+
 /// A store refusal during an acquire, with its metrics label; a full queue says when to retry.
 fn failure(state: &AppState, key: &str, e: StoreError) -> AcquireFailure {
     let label = match e {
@@ -89,7 +111,7 @@ async fn acquire_waiting(
 ) -> Result<LockGrant, AcquireFailure> {
     let first = state
         .store
-        .try_acquire(key, session_id, owner, ttl_ms, None)
+        .try_acquire(&attempt(key, session_id, owner, ttl_ms, None))
         .await
         .map_err(|e| failure(state, key, e))?;
     match first {
@@ -125,6 +147,7 @@ async fn join_queue(
     // The queue entry outlives the wait a little, so a replica that dies mid-wait leaves an
     // entry that lapses by itself.
     let bounds = QueueBounds {
+        place_ms: wait_ms + 1_000,
         per_key: state.config.waiters_per_key_max,
         per_session: state.config.waiters_per_session_max,
     };
@@ -136,7 +159,7 @@ async fn join_queue(
         async move {
             let queued = state
                 .store
-                .enqueue(&key, session_id, &owner, wait_ms + 1_000, bounds)
+                .enqueue(claim(&key, session_id, &owner), bounds)
                 .await;
             if let Err(Ok(ticket)) = sender.send(queued) {
                 leave_queue(&state, &ticket).await;
@@ -168,7 +191,13 @@ async fn wait_for_grant(
         notified.as_mut().enable();
         match state
             .store
-            .try_acquire(key, session_id, owner, ttl_ms, Some(place.ticket()))
+            .try_acquire(&attempt(
+                key,
+                session_id,
+                owner,
+                ttl_ms,
+                Some(place.ticket()),
+            ))
             .await
         {
             Ok(Acquire::Granted(grant)) => break Ok(grant),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::checks::{Checks, path_key, path_session, present, strict_query, ttl};
 use super::errors::store_error;
-use crate::store::StoreError;
+use crate::store::{Claim, Renewal, StoreError};
 
 pub(super) async fn renew(
     State(state): State<AppState>,
@@ -37,9 +37,19 @@ pub(super) async fn renew(
     checks.done()?;
     // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its
     // credential): a non-owner is LOCK_LOST, C3's code for a caller that is not the holder.
+    let owner_id = present(owner)?;
+    let renewal = Renewal {
+        claim: Claim {
+            key: &key,
+            session_id: body.session_id,
+            owner_id: &owner_id,
+        },
+        token,
+        ttl_ms,
+    };
     let grant = state
         .store
-        .renew(&key, body.session_id, &present(owner)?, token, ttl_ms)
+        .renew(&renewal)
         .await
         .map_err(|e| store_error(e, Some(&key)))?;
     Ok(Json(state.proven(grant)))

@@ -11,6 +11,7 @@ use dlock_server::auth::Caller;
 use super::AppState;
 use super::checks::{Checks, path_key};
 use super::errors::store_error;
+use crate::store::RevokeOrder;
 
 pub(super) async fn revoke(
     State(state): State<AppState>,
@@ -29,15 +30,16 @@ pub(super) async fn revoke(
     // `operator` is what the caller wrote; the identity its credential proved is stored beside
     // it (none when auth.mode is none).
     let revoked_by = caller.identity().map(|identity| identity.name.as_str());
+    let order = RevokeOrder {
+        key: &key,
+        expected_token: body.expected_token,
+        operator,
+        reason: body.reason.trim(),
+        caller: revoked_by,
+    };
     let revocation = state
         .store
-        .revoke(
-            &key,
-            body.expected_token,
-            operator,
-            body.reason.trim(),
-            revoked_by,
-        )
+        .revoke(&order)
         .await
         .map_err(|e| store_error(e, Some(&key)))?;
     state.metrics.revoked();

@@ -54,9 +54,12 @@ pub enum Acquire {
     Contended(Contention),
 }
 
-/// How many places a key's waiter queue has, and how many of them one session may take.
+/// How many places a key's waiter queue has, how many of them one session may take, and how
+/// long a place lasts.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueBounds {
+    /// The wait plus a margin: a replica that dies mid-wait leaves a place that lapses by itself.
+    pub place_ms: i64,
     /// `lock.waiters.max-per-key`.
     pub per_key: i64,
     /// `lock.waiters.max-per-session`: a session's share of one key's queue.
@@ -83,19 +86,148 @@ pub struct WaiterTicket {
     pub lease: Option<i64>,
 }
 
+/// A session's claim on a key: who asks for an acquire, a place in the queue, or a renew.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub key: &'a str,
+    pub session_id: Uuid,
+    pub owner_id: &'a str,
+}
+
+/// One acquire attempt: `ticket` is the claim's place in the queue, once it has one.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    pub claim: Claim<'a>,
+    pub ttl_ms: i64,
+    pub ticket: Option<&'a WaiterTicket>,
+}
+
+/// L5: extend the grant (key, token) held by the claim; no TTL keeps the grant's own.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    pub claim: Claim<'a>,
+    pub token: i64,
+    pub ttl_ms: Option<i64>,
+}
+
+/// An L8 order: end the grant on `key` (the one with `expected_token`, when given).
+#[derive(Debug, Clone, Copy)]
+pub struct RevokeOrder<'a> {
+    pub key: &'a str,
+    pub expected_token: Option<i64>,
+    pub operator: &'a str,
+    pub reason: &'a str,
+    /// The identity the auth layer authenticated; none with `auth.mode = none`.
+    pub caller: Option<&'a str>,
+}
+
+/// What ended a grant, as both backends record it.
+#[derive(Debug, Clone)]
+pub struct Revoked {
+    pub token: i64,
+    pub owner_id: String,
+    pub new_token_floor: i64,
+    pub revocation_id: Uuid,
+    pub revoked_at: DateTime<Utc>,
+}
+
+impl RevokeOrder<'_> {
+    /// FENCED_OUT when the order names another grant than the live one (`stored`).
+    pub fn fenced_out(&self, stored: i64, owner_id: String) -> StoreError {
+        StoreError::FencedOut {
+            expected: self.expected_token.unwrap_or_default(),
+            stored,
+            owner_id,
+        }
+    }
+
+    /// Passes when the order names no token or the live grant's.
+    pub fn check_token(&self, stored: i64, owner_id: &str) -> StoreResult<()> {
+        match self.expected_token {
+            Some(expected) if expected != stored => Err(self.fenced_out(stored, owner_id.into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// The L8 answer for a grant this order ended.
+    pub fn revocation(&self, revoked: Revoked) -> Revocation {
+        Revocation {
+            key: self.key.to_owned(),
+            revoked_token: revoked.token,
+            revoked_owner_id: revoked.owner_id,
+            new_token_floor: revoked.new_token_floor,
+            revocation_id: revoked.revocation_id,
+            operator: self.operator.to_owned(),
+            reason: self.reason.to_owned(),
+            revoked_at: revoked.revoked_at,
+        }
+    }
+}
+
+/// The L7 answer: `holder` is the live grant, if any. The proof is never part of it.
+pub fn lock_info(key: &str, holder: Option<LockGrant>, waiter_count: i64) -> LockInfo {
+    LockInfo {
+        key: key.to_owned(),
+        held: holder.is_some(),
+        owner_id: holder.as_ref().map(|g| g.owner_id.clone()),
+        session_id: holder.as_ref().map(|g| g.session_id),
+        fencing_token: holder.as_ref().map(|g| g.fencing_token),
+        acquired_at: holder.as_ref().map(|g| g.acquired_at),
+        expires_at: holder.map(|g| g.expires_at),
+        waiter_count,
+    }
+}
+
+/// The held-locks list: at most `limit` grants, and whether there were more. Never with a proof:
+/// the proof is for the holder alone (DESIGN D-8).
+pub fn held_page(mut items: Vec<LockGrant>, limit: i64) -> HeldLocks {
+    let truncated = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    for grant in &mut items {
+        grant.fencing_proof = None;
+    }
+    HeldLocks { items, truncated }
+}
+
 #[derive(Clone)]
 pub enum Store {
     Pg(pg::PgStore),
     Etcd(Box<etcd::EtcdStore>),
 }
 
+/// The operations of both backends, each answered by the one configured.
 macro_rules! dispatch {
-    ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            Store::Pg($store) => $call,
-            Store::Etcd($store) => $call,
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        impl Store {
+            $(
+                $(#[$doc])*
+                pub async fn $name(&self, $($arg: $ty),*) -> StoreResult<$out> {
+                    match self {
+                        Store::Pg(store) => store.$name($($arg),*).await,
+                        Store::Etcd(store) => store.$name($($arg),*).await,
+                    }
+                }
+            )*
         }
     };
+}
+
+dispatch! {
+    fn create_session(owner_id: &str, ttl_ms: i64) -> Session;
+    fn heartbeat(session_id: Uuid, owner_id: &str) -> Heartbeat;
+    fn end_session(session_id: Uuid, owner_id: &str) -> ();
+    fn try_acquire(attempt: &Attempt<'_>) -> Acquire;
+    fn enqueue(claim: Claim<'_>, bounds: QueueBounds) -> WaiterTicket;
+    fn dequeue(ticket: &WaiterTicket) -> ();
+    fn renew(renewal: &Renewal<'_>) -> LockGrant;
+    /// L6: compare-and-delete on (key, token), by the grant's owner only.
+    fn release(key: &str, owner_id: &str, token: i64) -> ();
+    fn lock_info(key: &str) -> Option<LockInfo>;
+    fn held(limit: i64) -> HeldLocks;
+    fn revoke(order: &RevokeOrder<'_>) -> Revocation;
+    fn ready() -> ();
+    /// Physical clean-up; correctness never waits for it.
+    fn sweep(retention: &SweepRetention) -> u64;
 }
 
 impl Store {
@@ -104,87 +236,5 @@ impl Store {
             Store::Pg(_) => "pg",
             Store::Etcd(_) => "etcd",
         }
-    }
-
-    pub async fn create_session(&self, owner_id: &str, ttl_ms: i64) -> StoreResult<Session> {
-        dispatch!(self, s => s.create_session(owner_id, ttl_ms).await)
-    }
-
-    pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
-        dispatch!(self, s => s.heartbeat(session_id, owner_id).await)
-    }
-
-    pub async fn end_session(&self, session_id: Uuid, owner_id: &str) -> StoreResult<()> {
-        dispatch!(self, s => s.end_session(session_id, owner_id).await)
-    }
-
-    pub async fn try_acquire(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        ttl_ms: i64,
-        ticket: Option<&WaiterTicket>,
-    ) -> StoreResult<Acquire> {
-        dispatch!(self, s => s.try_acquire(key, session_id, owner_id, ttl_ms, ticket).await)
-    }
-
-    pub async fn enqueue(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        deadline_ms: i64,
-        bounds: QueueBounds,
-    ) -> StoreResult<WaiterTicket> {
-        dispatch!(self, s => s.enqueue(key, session_id, owner_id, deadline_ms, bounds).await)
-    }
-
-    pub async fn dequeue(&self, ticket: &WaiterTicket) -> StoreResult<()> {
-        dispatch!(self, s => s.dequeue(ticket).await)
-    }
-
-    pub async fn renew(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        token: i64,
-        ttl_ms: Option<i64>,
-    ) -> StoreResult<LockGrant> {
-        dispatch!(self, s => s.renew(key, session_id, owner_id, token, ttl_ms).await)
-    }
-
-    /// L6: compare-and-delete on (key, token), by the grant's owner only.
-    pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
-        dispatch!(self, s => s.release(key, owner_id, token).await)
-    }
-
-    pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {
-        dispatch!(self, s => s.lock_info(key).await)
-    }
-
-    pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
-        dispatch!(self, s => s.held(limit).await)
-    }
-
-    pub async fn revoke(
-        &self,
-        key: &str,
-        expected_token: Option<i64>,
-        operator: &str,
-        reason: &str,
-        caller: Option<&str>,
-    ) -> StoreResult<Revocation> {
-        dispatch!(self, s => s.revoke(key, expected_token, operator, reason, caller).await)
-    }
-
-    pub async fn ready(&self) -> StoreResult<()> {
-        dispatch!(self, s => s.ready().await)
-    }
-
-    /// Physical clean-up; correctness never waits for it.
-    pub async fn sweep(&self, retention: &SweepRetention) -> StoreResult<u64> {
-        dispatch!(self, s => s.sweep(retention).await)
     }
 }

@@ -8,7 +8,8 @@ use sqlx::{FromRow, PgPool};
 use uuid::Uuid;
 
 use super::{
-    Acquire, Contention, QueueBounds, StoreError, StoreResult, SweepRetention, WaiterTicket,
+    Acquire, Attempt, Claim, Contention, QueueBounds, Renewal, RevokeOrder, Revoked, StoreError,
+    StoreResult, SweepRetention, WaiterTicket, held_page, lock_info,
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb");
@@ -17,9 +18,6 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/
 pub struct PgStore {
     pool: PgPool,
 }
-
-/// key, owner, session, token, acquired, expires.
-type HeldRow = (String, String, Uuid, i64, DateTime<Utc>, DateTime<Utc>);
 
 /// One row of `dlock_result`.
 #[derive(Debug, FromRow)]
@@ -47,12 +45,24 @@ fn missing(what: &str) -> StoreError {
     StoreError::Backend(format!("lockdb returned no {what}"))
 }
 
-fn session_outcome(outcome: &str) -> Option<StoreError> {
+/// The session outcomes every session-bound function may answer; anything else is a failure.
+fn session_outcome(outcome: &str) -> StoreError {
     match outcome {
-        "session_unknown" => Some(StoreError::SessionUnknown),
-        "session_expired" => Some(StoreError::SessionExpired),
-        _ => None,
+        "session_unknown" => StoreError::SessionUnknown,
+        "session_expired" => StoreError::SessionExpired,
+        other => StoreError::Backend(format!("unexpected outcome {other}")),
     }
+}
+
+/// One grant of the held list.
+#[derive(Debug, FromRow)]
+struct HeldRow {
+    lock_key: String,
+    owner_id: String,
+    session_id: Uuid,
+    fencing_token: i64,
+    acquired_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
 }
 
 impl ResultRow {
@@ -105,10 +115,6 @@ impl PgStore {
         Ok(Self { pool })
     }
 
-    pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
-    }
-
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -136,8 +142,8 @@ impl PgStore {
 
     pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
         let row = call!(&self.pool, "dlock_heartbeat($1, $2)", session_id, owner_id)?;
-        if let Some(error) = session_outcome(row.outcome()?) {
-            return Err(error);
+        if let outcome @ ("session_unknown" | "session_expired") = row.outcome()? {
+            return Err(session_outcome(outcome));
         }
         Ok(Heartbeat {
             session_id,
@@ -154,62 +160,54 @@ impl PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(map_sqlx)?;
-        match session_outcome(&outcome) {
-            Some(error) => Err(error),
-            None => Ok(()),
+        match outcome.as_str() {
+            "session_unknown" | "session_expired" => Err(session_outcome(&outcome)),
+            _ => Ok(()),
         }
     }
 
-    pub async fn try_acquire(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        ttl_ms: i64,
-        ticket: Option<&WaiterTicket>,
-    ) -> StoreResult<Acquire> {
-        let waiter = ticket.map(|t| t.id);
+    pub async fn try_acquire(&self, attempt: &Attempt<'_>) -> StoreResult<Acquire> {
+        let claim = attempt.claim;
+        let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
+        let waiter = attempt.ticket.map(|t| t.id);
+        let ttl_ms = attempt.ttl_ms as i32;
         let row = call!(
             &self.pool,
             "dlock_acquire($1, $2, $3, $4, $5)",
             key,
             session_id,
             owner_id,
-            ttl_ms as i32,
+            ttl_ms,
             waiter
         )?;
         match row.outcome()? {
             "granted" => Ok(Acquire::Granted(row.grant(key)?)),
             "contended" => Ok(Acquire::Contended(row.contention())),
-            other => Err(session_outcome(other)
-                .unwrap_or_else(|| StoreError::Backend(format!("unexpected outcome {other}")))),
+            other => Err(session_outcome(other)),
         }
     }
 
     pub async fn enqueue(
         &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        deadline_ms: i64,
+        claim: Claim<'_>,
         bounds: QueueBounds,
     ) -> StoreResult<WaiterTicket> {
         let id = Uuid::new_v4();
         let row = call!(
             &self.pool,
             "dlock_enqueue($1, $2, $3, $4, $5, $6, $7)",
-            key,
-            session_id,
-            owner_id,
+            claim.key,
+            claim.session_id,
+            claim.owner_id,
             id,
-            deadline_ms as i32,
+            bounds.place_ms as i32,
             bounds.per_key as i32,
             bounds.per_session as i32
         )?;
         match row.outcome()? {
             "queued" => Ok(WaiterTicket {
                 id,
-                key: key.to_owned(),
+                key: claim.key.to_owned(),
                 lease: None,
             }),
             "queue_full" => Err(StoreError::QueueFull {
@@ -219,8 +217,7 @@ impl PgStore {
                 waiter_count: row.waiter_count.unwrap_or_default(),
                 share: bounds.per_session,
             }),
-            other => Err(session_outcome(other)
-                .unwrap_or_else(|| StoreError::Backend(format!("unexpected outcome {other}")))),
+            other => Err(session_outcome(other)),
         }
     }
 
@@ -233,30 +230,25 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn renew(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        token: i64,
-        ttl_ms: Option<i64>,
-    ) -> StoreResult<LockGrant> {
+    pub async fn renew(&self, renewal: &Renewal<'_>) -> StoreResult<LockGrant> {
+        let claim = renewal.claim;
+        let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
+        let ttl_ms = renewal.ttl_ms.map(|t| t as i32);
         let row = call!(
             &self.pool,
             "dlock_renew($1, $2, $3, $4, $5)",
             key,
             session_id,
             owner_id,
-            token,
-            ttl_ms.map(|t| t as i32)
+            renewal.token,
+            ttl_ms
         )?;
         match row.outcome()? {
             "renewed" => row.grant(key),
             "lock_lost" => Err(StoreError::LockLost {
                 stored_token: row.fencing_token,
             }),
-            other => Err(session_outcome(other)
-                .unwrap_or_else(|| StoreError::Backend(format!("unexpected outcome {other}")))),
+            other => Err(session_outcome(other)),
         }
     }
 
@@ -291,16 +283,11 @@ impl PgStore {
             "dlock_holder($1, 'info', clock_timestamp())",
             key
         )?;
-        Ok(Some(LockInfo {
-            key: key.to_owned(),
-            held: row.fencing_token.is_some(),
-            owner_id: row.owner_id,
-            session_id: row.session_id,
-            fencing_token: row.fencing_token,
-            acquired_at: row.acquired_at,
-            expires_at: row.expires_at,
-            waiter_count: row.waiter_count.unwrap_or(0),
-        }))
+        let holder = match row.fencing_token {
+            Some(_) => Some(row.grant(key)?),
+            None => None,
+        };
+        Ok(Some(lock_info(key, holder, row.waiter_count.unwrap_or(0))))
     }
 
     pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
@@ -315,62 +302,46 @@ impl PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(map_sqlx)?;
-        let truncated = rows.len() as i64 > limit;
         let items = rows
             .into_iter()
-            .take(limit as usize)
-            .map(
-                |(key, owner_id, session_id, fencing_token, acquired_at, expires_at)| LockGrant {
-                    key,
-                    owner_id,
-                    session_id,
-                    fencing_token,
-                    acquired_at,
-                    expires_at,
-                    // Never in a list: the proof is for the holder alone (DESIGN D-8).
-                    fencing_proof: None,
-                },
-            )
+            .map(|row| LockGrant {
+                key: row.lock_key,
+                owner_id: row.owner_id,
+                session_id: row.session_id,
+                fencing_token: row.fencing_token,
+                acquired_at: row.acquired_at,
+                expires_at: row.expires_at,
+                fencing_proof: None,
+            })
             .collect();
-        Ok(HeldLocks { items, truncated })
+        Ok(held_page(items, limit))
     }
 
-    pub async fn revoke(
-        &self,
-        key: &str,
-        expected_token: Option<i64>,
-        operator: &str,
-        reason: &str,
-        caller: Option<&str>,
-    ) -> StoreResult<Revocation> {
+    pub async fn revoke(&self, order: &RevokeOrder<'_>) -> StoreResult<Revocation> {
         let revocation_id = Uuid::new_v4();
         let row = call!(
             &self.pool,
             "dlock_revoke($1, $2, $3, $4, $5, $6)",
-            key,
-            expected_token,
-            operator,
-            reason,
+            order.key,
+            order.expected_token,
+            order.operator,
+            order.reason,
             revocation_id,
-            caller
+            order.caller
         )?;
         match row.outcome()? {
-            "revoked" => Ok(Revocation {
-                key: key.to_owned(),
-                revoked_token: row.fencing_token.ok_or_else(|| missing("token"))?,
-                revoked_owner_id: row.owner_id.clone().ok_or_else(|| missing("owner"))?,
+            "revoked" => Ok(order.revocation(Revoked {
+                token: row.fencing_token.ok_or_else(|| missing("token"))?,
+                owner_id: row.owner_id.clone().ok_or_else(|| missing("owner"))?,
                 new_token_floor: row.waiter_count.ok_or_else(|| missing("floor"))?,
                 revocation_id,
-                operator: operator.to_owned(),
-                reason: reason.to_owned(),
                 revoked_at: row.server_time.ok_or_else(|| missing("time"))?,
-            }),
+            })),
             "not_held" => Err(StoreError::NotHeld),
-            "fenced_out" => Err(StoreError::FencedOut {
-                expected: expected_token.unwrap_or_default(),
-                stored: row.fencing_token.unwrap_or_default(),
-                owner_id: row.owner_id.unwrap_or_default(),
-            }),
+            "fenced_out" => Err(order.fenced_out(
+                row.fencing_token.unwrap_or_default(),
+                row.owner_id.unwrap_or_default(),
+            )),
             other => Err(StoreError::Backend(format!("unexpected outcome {other}"))),
         }
     }

@@ -47,37 +47,20 @@ impl EtcdStore {
 
     /// Deletes a lapsed grant key, if it is still the one that was read.
     pub(super) async fn clear_lapsed(&self, key: &str, holder: &Holder) -> StoreResult<()> {
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.k_lock(key),
-                CompareOp::Equal,
-                holder.kv.mod_revision(),
-            )])
-            .and_then([
-                TxnOp::delete(self.k_lock(key), None),
-                TxnOp::delete(self.k_index(holder.value.session_id, key), None),
-            ]);
+        let unchanged =
+            Compare::mod_revision(self.k_lock(key), CompareOp::Equal, holder.kv.mod_revision());
+        let txn = self.end_grant(key, holder.value.session_id, unchanged, None);
         self.client().txn(txn).await.map_err(map_etcd)?;
         Ok(())
     }
 
-    pub async fn try_acquire(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        ttl_ms: i64,
-        ticket: Option<&WaiterTicket>,
-    ) -> StoreResult<Acquire> {
+    pub async fn try_acquire(&self, attempt: &Attempt<'_>) -> StoreResult<Acquire> {
+        let claim = attempt.claim;
+        let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
+        let (ttl_ms, ticket) = (attempt.ttl_ms, attempt.ticket);
         for _ in 0..TXN_ATTEMPTS_MAX {
-            let reads = self
-                .read(vec![
-                    TxnOp::get(self.k_session(session_id), None),
-                    TxnOp::get(self.k_tombstone(session_id), None),
-                    TxnOp::get(self.k_lock(key), None),
-                ])
-                .await?;
-            Self::session_state(&reads[0], &reads[1], owner_id)?;
+            let lock = TxnOp::get(self.k_lock(key), None);
+            let (_, reads) = self.read_session(session_id, owner_id, Some(lock)).await?;
             let holder = self.holder(reads[2].first(), Some(session_id)).await?;
             if let Some(holder) = &holder {
                 if holder.live {
@@ -154,33 +137,28 @@ impl EtcdStore {
         )))
     }
 
-    /// The token of the live grant on `key`, for a LOCK_LOST body.
-    pub(super) async fn live_token(&self, key: &str) -> StoreResult<Option<i64>> {
+    /// The grant key of `key` and whether its session is alive, read on its own.
+    pub(super) async fn read_holder(&self, key: &str) -> StoreResult<Option<Holder>> {
         let lock = self
             .client()
             .get(self.k_lock(key), None)
             .await
             .map_err(map_etcd)?;
-        let holder = self.holder(lock.kvs().first(), None).await?;
+        self.holder(lock.kvs().first(), None).await
+    }
+
+    /// The token of the live grant on `key`, for a LOCK_LOST body.
+    pub(super) async fn live_token(&self, key: &str) -> StoreResult<Option<i64>> {
+        let holder = self.read_holder(key).await?;
         Ok(holder.filter(|h| h.live).map(|h| h.kv.create_revision()))
     }
 
-    pub async fn renew(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        token: i64,
-        ttl_ms: Option<i64>,
-    ) -> StoreResult<LockGrant> {
-        let reads = self
-            .read(vec![
-                TxnOp::get(self.k_session(session_id), None),
-                TxnOp::get(self.k_tombstone(session_id), None),
-                TxnOp::get(self.k_lock(key), None),
-            ])
-            .await?;
-        Self::session_state(&reads[0], &reads[1], owner_id)?;
+    pub async fn renew(&self, renewal: &Renewal<'_>) -> StoreResult<LockGrant> {
+        let claim = renewal.claim;
+        let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
+        let (token, ttl_ms) = (renewal.token, renewal.ttl_ms);
+        let lock = TxnOp::get(self.k_lock(key), None);
+        let (_, reads) = self.read_session(session_id, owner_id, Some(lock)).await?;
         let holder = self.holder(reads[2].first(), Some(session_id)).await?;
         // (key, token) names the grant; the caller must also be its owner (a token is public, so
         // anyone could name it). A non-owner is LOCK_LOST, C3's code for a non-holder.
@@ -230,12 +208,7 @@ impl EtcdStore {
     }
 
     pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
-        let lock = self
-            .client()
-            .get(self.k_lock(key), None)
-            .await
-            .map_err(map_etcd)?;
-        let holder = self.holder(lock.kvs().first(), None).await?;
+        let holder = self.read_holder(key).await?;
         // Compare-and-delete on (key, token), by the grant's owner only: another owner's grant
         // is left alone and the caller hears LOCK_LOST, as any non-holder does.
         let Some(holder) =
@@ -245,16 +218,8 @@ impl EtcdStore {
                 stored_token: self.live_token(key).await?,
             });
         };
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.k_lock(key),
-                CompareOp::Equal,
-                token,
-            )])
-            .and_then([
-                TxnOp::delete(self.k_lock(key), None),
-                TxnOp::delete(self.k_index(holder.value.session_id, key), None),
-            ]);
+        let same_grant = Compare::create_revision(self.k_lock(key), CompareOp::Equal, token);
+        let txn = self.end_grant(key, holder.value.session_id, same_grant, None);
         let response = self.client().txn(txn).await.map_err(map_etcd)?;
         if response.succeeded() {
             self.drop_lease(holder.value.lease);
@@ -284,29 +249,9 @@ impl EtcdStore {
         let holder = self
             .holder(reads[0].first(), None)
             .await?
-            .filter(|h| h.live);
-        Ok(Some(match holder {
-            Some(h) => LockInfo {
-                key: key.to_owned(),
-                held: true,
-                owner_id: Some(h.value.owner_id.clone()),
-                session_id: Some(h.value.session_id),
-                fencing_token: Some(h.kv.create_revision()),
-                acquired_at: Some(millis(h.value.acquired_at_ms)),
-                expires_at: Some(millis(h.value.expires_at_ms)),
-                waiter_count,
-            },
-            None => LockInfo {
-                key: key.to_owned(),
-                held: false,
-                owner_id: None,
-                session_id: None,
-                fencing_token: None,
-                acquired_at: None,
-                expires_at: None,
-                waiter_count,
-            },
-        }))
+            .filter(|h| h.live)
+            .map(|h| Self::grant_of(key, h.kv.create_revision(), &h.value));
+        Ok(Some(lock_info(key, holder, waiter_count)))
     }
 
     pub async fn held(&self, limit: i64) -> StoreResult<HeldLocks> {
@@ -335,8 +280,6 @@ impl EtcdStore {
             };
             items.push(Self::grant_of(key, kv.create_revision(), &value));
         }
-        let truncated = items.len() as i64 > limit;
-        items.truncate(limit as usize);
-        Ok(HeldLocks { items, truncated })
+        Ok(held_page(items, limit))
     }
 }

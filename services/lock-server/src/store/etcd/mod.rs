@@ -41,7 +41,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{
-    Acquire, Contention, QueueBounds, StoreError, StoreResult, SweepRetention, WaiterTicket,
+    Acquire, Attempt, Claim, Contention, QueueBounds, Renewal, RevokeOrder, Revoked, StoreError,
+    StoreResult, SweepRetention, WaiterTicket, held_page, lock_info,
 };
 use crate::config::EtcdSettings;
 
@@ -247,6 +248,36 @@ impl EtcdStore {
             .await
             .map_err(map_etcd)?;
         Ok(gets(response))
+    }
+
+    /// Reads the session, its tombstone and `also` in one round trip, and checks that the
+    /// session is alive and the owner's. The answers come in that order: session, tombstone,
+    /// then `also`.
+    async fn read_session(
+        &self,
+        session_id: Uuid,
+        owner_id: &str,
+        also: Option<TxnOp>,
+    ) -> StoreResult<(SessionValue, Vec<Vec<KeyValue>>)> {
+        let mut ops = vec![
+            TxnOp::get(self.k_session(session_id), None),
+            TxnOp::get(self.k_tombstone(session_id), None),
+        ];
+        ops.extend(also);
+        let reads = self.read(ops).await?;
+        let value = Self::session_state(&reads[0], &reads[1], owner_id)?;
+        Ok((value, reads))
+    }
+
+    /// Deletes the grant key of `key` and its index entry when `guard` holds, with `also`
+    /// written in the same transaction.
+    fn end_grant(&self, key: &str, session_id: Uuid, guard: Compare, also: Option<TxnOp>) -> Txn {
+        let mut then = vec![
+            TxnOp::delete(self.k_lock(key), None),
+            TxnOp::delete(self.k_index(session_id, key), None),
+        ];
+        then.extend(also);
+        Txn::new().when([guard]).and_then(then)
     }
 
     async fn grant_lease(&self, ttl_ms: i64) -> StoreResult<i64> {

@@ -82,21 +82,15 @@ impl EtcdStore {
 
     pub async fn enqueue(
         &self,
-        key: &str,
-        session_id: Uuid,
-        owner_id: &str,
-        deadline_ms: i64,
+        claim: Claim<'_>,
         bounds: QueueBounds,
     ) -> StoreResult<WaiterTicket> {
+        let Claim {
+            key, session_id, ..
+        } = claim;
         let mut waiting = 0;
         for _ in 0..ENQUEUE_ATTEMPTS_MAX {
-            let reads = self
-                .read(vec![
-                    TxnOp::get(self.k_session(session_id), None),
-                    TxnOp::get(self.k_tombstone(session_id), None),
-                ])
-                .await?;
-            Self::session_state(&reads[0], &reads[1], owner_id)?;
+            self.read_session(session_id, claim.owner_id, None).await?;
             let queue = self.queue(key, true).await?;
             waiting = queue.live.len() as i64;
             let mine = queue.live.iter().filter(|(_, s)| *s == session_id).count() as i64;
@@ -112,7 +106,7 @@ impl EtcdStore {
                 });
             }
             let id = Uuid::new_v4();
-            let lease = self.grant_lease(deadline_ms).await?;
+            let lease = self.grant_lease(bounds.place_ms).await?;
             // Atomic against other enqueues: no waiter of this key was written since the queue
             // was counted (a waiter that left since only makes the count conservative), and the
             // session is still alive.

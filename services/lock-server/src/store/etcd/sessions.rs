@@ -78,18 +78,8 @@ impl EtcdStore {
     }
 
     pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
-        let reads = self
-            .read(vec![
-                TxnOp::get(self.k_session(session_id), None),
-                TxnOp::get(self.k_tombstone(session_id), None),
-                TxnOp::get(
-                    self.k_index_prefix(session_id),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
-            ])
-            .await?;
+        let (value, reads) = self.read_session(session_id, owner_id, None).await?;
         let (session, tombstone) = (&reads[0], &reads[1]);
-        let value = Self::session_state(session, tombstone, owner_id)?;
         let lease = session.first().map(KeyValue::lease).unwrap_or_default();
         let tombstone_lease = tombstone.first().map(KeyValue::lease).unwrap_or_default();
         let (alive, _) = tokio::join!(self.keep_alive(lease), self.keep_alive(tombstone_lease));
@@ -115,17 +105,11 @@ impl EtcdStore {
     }
 
     pub async fn end_session(&self, session_id: Uuid, owner_id: &str) -> StoreResult<()> {
-        let reads = self
-            .read(vec![
-                TxnOp::get(self.k_session(session_id), None),
-                TxnOp::get(self.k_tombstone(session_id), None),
-                TxnOp::get(
-                    self.k_index_prefix(session_id),
-                    Some(GetOptions::new().with_prefix().with_keys_only()),
-                ),
-            ])
-            .await?;
-        Self::session_state(&reads[0], &reads[1], owner_id)?;
+        let index = TxnOp::get(
+            self.k_index_prefix(session_id),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        );
+        let (_, reads) = self.read_session(session_id, owner_id, Some(index)).await?;
         let index_prefix = self.k_index_prefix(session_id);
         for index in &reads[2] {
             let Some(key) = index
