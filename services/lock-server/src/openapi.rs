@@ -7,6 +7,7 @@
 use dlock_contract::error::ErrorBody;
 use dlock_contract::lock::*;
 use dlock_contract::openapi::BearerAuth;
+use dlock_server::openapi::{Invalid, InvalidToken, NotLeader, Unauthorized};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -21,12 +22,8 @@ pub struct ApiDoc;
 #[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest,
     params(("X-Owner-Id" = Option<String>, Header, description = "owner id, ≤64 chars (or ownerId in the body)")),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 201, body = Session),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+    responses((status = 201, body = Session), Invalid, Unauthorized, NotLeader,
         (status = 403, description = "FORBIDDEN: X-Owner-Id or the body's ownerId does not belong to the authenticated identity", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn create_session() {}
 
@@ -34,56 +31,29 @@ fn create_session() {}
 #[utoipa::path(post, path = "/v1/sessions/{sessionId}/heartbeat",
     params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = Heartbeat),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
-        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = Heartbeat), Invalid, Unauthorized, SessionGone, NotLeader))]
 fn heartbeat() {}
 
 /// L3: end a session, releasing every lock it holds.
 #[utoipa::path(delete, path = "/v1/sessions/{sessionId}",
     params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 204, description = "ended"),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
-        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 204, description = "ended"), Invalid, Unauthorized, SessionGone, NotLeader))]
 fn end_session() {}
 
 /// Every held lock (advisory).
 #[utoipa::path(get, path = "/v1/locks",
     params(("limit" = Option<i64>, Query, description = "1 to 1000, default 500")),
-    responses(
-        (status = 200, body = HeldLocks),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = HeldLocks), Invalid, NotLeader))]
 fn held_locks() {}
 
 /// L4: acquire a lock, optionally waiting in the key's FIFO queue.
 #[utoipa::path(post, path = "/v1/locks/{key}/acquire", request_body = AcquireRequest,
     params(("key" = String, Path, description = "1–128 of [a-zA-Z0-9:._-]"), ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = LockGrant),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+    responses((status = 200, body = LockGrant), Invalid, Unauthorized, SessionGone, NotLeader,
         (status = 409, description = "LOCK_CONTENDED", body = ErrorBody),
-        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
         (status = 429, description = "CONTENTION_EXCEEDED: the key's waiter queue is full, or this session already has its share of it (lock.waiters.max-per-session)", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn acquire() {}
 
@@ -91,15 +61,8 @@ fn acquire() {}
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", request_body = RenewRequest,
     params(("key" = String, Path), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = LockGrant),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "SESSION_UNKNOWN", body = ErrorBody),
+    responses((status = 200, body = LockGrant), InvalidToken, Unauthorized, SessionGone, NotLeader,
         (status = 409, description = "LOCK_LOST", body = ErrorBody),
-        (status = 410, description = "SESSION_EXPIRED", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn renew() {}
 
@@ -107,25 +70,17 @@ fn renew() {}
 #[utoipa::path(post, path = "/v1/locks/{key}/revoke", request_body = RevokeRequest,
     params(("key" = String, Path), ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = Revocation),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+    responses((status = 200, body = Revocation), Invalid, Unauthorized, NotLeader,
         (status = 404, description = "NOT_FOUND: not held", body = ErrorBody),
         (status = 409, description = "FENCED_OUT: expectedToken stale", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn revoke() {}
 
 /// L7: who holds a key (advisory only).
 #[utoipa::path(get, path = "/v1/locks/{key}",
     params(("key" = String, Path)),
-    responses(
-        (status = 200, body = LockInfo),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+    responses((status = 200, body = LockInfo), Invalid, NotLeader,
         (status = 404, description = "NOT_FOUND: never locked, or not granted for lock.keys-seen.retention", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn lock_info() {}
 
@@ -133,13 +88,8 @@ fn lock_info() {}
 #[utoipa::path(delete, path = "/v1/locks/{key}", request_body(content = Option<ReleaseRequest>, description = "or sessionId in the query"),
     params(("key" = String, Path), ("sessionId" = Option<String>, Query), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 204, description = "released"),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+    responses((status = 204, description = "released"), InvalidToken, Unauthorized, NotLeader,
         (status = 409, description = "LOCK_LOST", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn release() {}
 
@@ -148,11 +98,17 @@ fn release() {}
 fn healthz() {}
 
 /// The backend takes writes.
-#[utoipa::path(get, path = "/readyz", responses(
-    (status = 200, body = serde_json::Value),
-    (status = 503, description = "NOT_LEADER", body = ErrorBody),
-))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), NotLeader))]
 fn readyz() {}
+
+/// 404 and 410: a session-bound call on a session that is unknown or has expired.
+#[derive(utoipa::IntoResponses)]
+enum SessionGone {
+    #[response(status = 404, description = "SESSION_UNKNOWN")]
+    SessionUnknown(ErrorBody),
+    #[response(status = 410, description = "SESSION_EXPIRED")]
+    SessionExpired(ErrorBody),
+}
 
 /// The lock server's document.
 pub fn document() -> utoipa::openapi::OpenApi {

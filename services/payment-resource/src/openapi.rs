@@ -8,6 +8,7 @@ use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::payment::*;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
+use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
 use utoipa::OpenApi;
 
 use crate::routes::{FenceAdvanced, Resolved};
@@ -29,57 +30,26 @@ pub fn document() -> utoipa::openapi::OpenApi {
 #[utoipa::path(post, path = "/v1/accounts", request_body = CreateAccountRequest,
     params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 201, body = Account),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 201, body = Account), Invalid, Unauthorized, Idempotent, NotLeader))]
 fn create_account() {}
 
 /// P5: an account (advisory).
 #[utoipa::path(get, path = "/v1/accounts/{accountId}", params(("accountId" = String, Path)),
-    responses(
-        (status = 200, body = Account),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = Account), Invalid, NotFound, NotLeader))]
 fn get_account() {}
 
 /// Funds an account.
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fund", request_body = FundRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = FundResponse),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn fund() {}
 
 /// D-3: advances an account's fence to a revocation floor (operator).
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = FenceAdvanced),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = FenceAdvanced), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn advance_fence() {}
 
 /// D-8: lowers a fence poisoned by a forged token to the token of the operator's own grant on
@@ -90,15 +60,8 @@ fn advance_fence() {}
            ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = FenceLowered),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn lower_fence() {}
 
@@ -106,15 +69,8 @@ fn lower_fence() {}
 #[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
     params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 201, body = Payout),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+    responses((status = 201, body = Payout), Invalid, Unauthorized, Idempotent, NotLeader,
         (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn create_payout() {}
 
@@ -122,21 +78,12 @@ fn create_payout() {}
 #[utoipa::path(get, path = "/v1/payouts",
     params(("state" = Option<PayoutState>, Query), ("accountId" = Option<String>, Query),
            ("limit" = Option<i64>, Query, description = "1 to 500, default 100"), ("cursor" = Option<String>, Query)),
-    responses(
-        (status = 200, body = PayoutPage),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = PayoutPage), Invalid, NotLeader))]
 fn list_payouts() {}
 
 /// P4: a payout (advisory).
 #[utoipa::path(get, path = "/v1/payouts/{payoutId}", params(("payoutId" = String, Path)),
-    responses(
-        (status = 200, body = Payout),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
-    ))]
+    responses((status = 200, body = Payout), Invalid, NotFound, NotLeader))]
 fn get_payout() {}
 
 /// P2: a fenced claim.
@@ -145,16 +92,9 @@ fn get_payout() {}
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = ClaimResponse),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+    responses((status = 200, body = ClaimResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
         (status = 422, description = "INSUFFICIENT_FUNDS or IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn claim() {}
 
@@ -164,16 +104,8 @@ fn claim() {}
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = PostResponse),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+    responses((status = 200, body = PostResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn post_payout() {}
 
@@ -181,16 +113,8 @@ fn post_payout() {}
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolve", request_body = ResolveRequest,
     params(("payoutId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = Resolved),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+    responses((status = 200, body = Resolved), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn resolve() {}
 
@@ -202,16 +126,8 @@ fn resolve() {}
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = Cancelled),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
+    responses((status = 200, body = Cancelled), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
-        (status = 422, description = "IDEMPOTENCY_CONFLICT", body = ErrorBody),
-        (status = 429, description = "CONTENTION_EXCEEDED: an identical request still holds the idempotency record; retry after retryAfterMillis", body = ErrorBody),
-        (status = 503, description = "NOT_LEADER", body = ErrorBody),
     ))]
 fn cancel() {}
 
@@ -220,8 +136,5 @@ fn cancel() {}
 fn healthz() {}
 
 /// paydb takes writes.
-#[utoipa::path(get, path = "/readyz", responses(
-    (status = 200, body = serde_json::Value),
-    (status = 503, description = "NOT_LEADER", body = ErrorBody),
-))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), NotLeader))]
 fn readyz() {}

@@ -9,6 +9,7 @@ use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::*;
+use dlock_server::openapi::{Invalid, InvalidToken, NotFound, RailUnavailable, Unauthorized};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -32,27 +33,17 @@ pub fn document() -> utoipa::openapi::OpenApi {
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`) on payout:{accountId}; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = SubmissionResponse),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
+    responses((status = 200, body = SubmissionResponse), InvalidToken, Unauthorized, RailUnavailable,
         (status = 404, description = "NOT_FOUND: payout", body = ErrorBody),
         (status = 409, description = "FENCED_OUT, DUPLICATE_SUBMISSION, PAYOUT_NOT_CLAIMABLE or RAIL_AMBIGUOUS", body = ErrorBody),
         (status = 422, description = "VALIDATION_FAILED: the rail declined; IDEMPOTENCY_CONFLICT: this key and token were already used with another body", body = ErrorBody),
         (status = 429, description = "CONTENTION_EXCEEDED: the identical request's first attempt is still in flight (retry-safe after retryAfterMillis, nothing forwarded again)", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
     ))]
 fn submit() {}
 
 /// An account's high-water mark.
 #[utoipa::path(get, path = "/v1/rail/high-water/{accountId}", params(("accountId" = String, Path)),
-    responses(
-        (status = 200, body = HighWater),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
-    ))]
+    responses((status = 200, body = HighWater), Invalid, NotFound, RailUnavailable))]
 fn high_water() {}
 
 /// The answer of a high-water advance: the mark before and after, and who raised it (the
@@ -73,14 +64,7 @@ pub struct HighWaterAdvanced {
 #[utoipa::path(post, path = "/v1/rail/high-water/{accountId}", request_body = HighWaterRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = HighWaterAdvanced),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
-    ))]
+    responses((status = 200, body = HighWaterAdvanced), Invalid, Unauthorized, NotFound, RailUnavailable))]
 fn advance_high_water() {}
 
 /// D-8: lowers a high-water mark poisoned by a forged token to the token of the operator's own
@@ -92,13 +76,8 @@ fn advance_high_water() {}
            ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
            ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
-    responses(
-        (status = 200, body = FenceLowered),
-        (status = 400, description = "INVALID_TOKEN or VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, RailUnavailable,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
-        (status = 404, description = "NOT_FOUND", body = ErrorBody),
-        (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
     ))]
 fn lower_high_water() {}
 
@@ -107,8 +86,5 @@ fn lower_high_water() {}
 fn healthz() {}
 
 /// paydb takes writes.
-#[utoipa::path(get, path = "/readyz", responses(
-    (status = 200, body = serde_json::Value),
-    (status = 503, description = "RAIL_UNAVAILABLE", body = ErrorBody),
-))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), RailUnavailable))]
 fn readyz() {}

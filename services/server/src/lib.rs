@@ -6,6 +6,7 @@ pub mod checks;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod openapi;
 pub mod pg;
 pub mod proof;
 pub mod tls;
