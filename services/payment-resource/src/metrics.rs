@@ -9,32 +9,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-/// The resource a fenced-out write hit. The same three values as the `resourceType` of the
-/// FENCED_OUT body and the `resource` field of the `fenced_out` log event.
+use dlock_server::metrics::FencedOut;
+pub use dlock_server::metrics::Resource;
+
 // Variant names are the label values, hence lower case.
-#[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Resource {
-    account,
-    ledger,
-    rail,
-}
-
-impl Resource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Resource::account => "account",
-            Resource::ledger => "ledger",
-            Resource::rail => "rail",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    pub resource: Resource,
-}
-
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Lookup {
@@ -51,7 +29,7 @@ pub struct LookupLabels {
 
 pub struct Metrics {
     pub registry: Registry,
-    fenced_out: Family<ResourceLabels, Counter>,
+    fenced_out: FencedOut,
     lookups: Family<LookupLabels, Counter>,
     conflicts: Counter,
     in_progress_timeouts: Counter,
@@ -60,14 +38,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let fenced_out = Family::<ResourceLabels, Counter>::default();
         let lookups = Family::<LookupLabels, Counter>::default();
         let conflicts = Counter::default();
         let in_progress_timeouts = Counter::default();
-        registry.register(
-            "lock_fenced_out",
+        let fenced_out = FencedOut::register(
+            &mut registry,
             "Writes refused because a newer holder's token was stored; each one is incident-grade",
-            fenced_out.clone(),
         );
         registry.register(
             "idempotency_lookups",
@@ -85,9 +61,6 @@ impl Metrics {
             in_progress_timeouts.clone(),
         );
         // Every label value exists from the start, so a dashboard shows 0 rather than nothing.
-        for resource in [Resource::account, Resource::ledger, Resource::rail] {
-            let _ = fenced_out.get_or_create(&ResourceLabels { resource });
-        }
         for outcome in [Lookup::hit, Lookup::miss] {
             let _ = lookups.get_or_create(&LookupLabels { outcome });
         }
@@ -101,9 +74,7 @@ impl Metrics {
     }
 
     pub fn fenced_out(&self, resource: Resource) {
-        self.fenced_out
-            .get_or_create(&ResourceLabels { resource })
-            .inc();
+        self.fenced_out.inc(resource);
     }
 
     pub fn lookup(&self, outcome: Lookup) {

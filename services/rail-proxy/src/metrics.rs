@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use dlock_server::metrics::{FencedOut, Resource};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,29 +25,16 @@ pub enum SubmissionOutcome {
     rejected,
 }
 
-#[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Resource {
-    account,
-    ledger,
-    rail,
-}
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: SubmissionOutcome,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResourceLabels {
-    resource: Resource,
 }
 
 pub struct Metrics {
     registry: Registry,
     submissions: Family<OutcomeLabels, Counter>,
     duplicates: Counter,
-    fenced: Family<ResourceLabels, Counter>,
+    fenced: FencedOut,
     ambiguous: Gauge,
     ambiguous_oldest_age: Gauge<f64, AtomicU64>,
 }
@@ -56,7 +44,6 @@ impl Metrics {
         let mut registry = Registry::default();
         let submissions = Family::<OutcomeLabels, Counter>::default();
         let duplicates = Counter::default();
-        let fenced = Family::<ResourceLabels, Counter>::default();
         let ambiguous = Gauge::default();
         let ambiguous_oldest_age = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -69,10 +56,9 @@ impl Metrics {
             "Second submissions of a payout, refused (each one pages)",
             duplicates.clone(),
         );
-        registry.register(
-            "lock_fenced_out",
+        let fenced = FencedOut::register(
+            &mut registry,
             "Writes refused because a newer token holds the resource",
-            fenced.clone(),
         );
         registry.register(
             "payout_ambiguous",
@@ -84,11 +70,6 @@ impl Metrics {
             "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
             ambiguous_oldest_age.clone(),
         );
-        // Every fenced-out series exists from the start at 0, so the first fence-out is an
-        // increase a rule can see (a series born at 1 has no increase).
-        for resource in [Resource::account, Resource::ledger, Resource::rail] {
-            let _ = fenced.get_or_create(&ResourceLabels { resource });
-        }
         Arc::new(Self {
             registry,
             submissions,
@@ -115,9 +96,7 @@ impl Metrics {
             "ledger" => Resource::ledger,
             _ => Resource::rail,
         };
-        self.fenced
-            .get_or_create(&ResourceLabels { resource })
-            .inc();
+        self.fenced.inc(resource);
     }
 
     /// Reads the RAIL_AMBIGUOUS payouts from paydb (an index range on `payouts (state, …)`).
