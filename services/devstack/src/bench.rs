@@ -71,3 +71,19 @@ impl Run {
         )
     }
 }
+
+/// Which way a benchmark does its work: through the service over HTTP, or the same work
+/// straight on the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Service,
+    Raw,
+}
+
+/// A throwaway PostgreSQL with an empty `database` (panics saying why when it cannot start).
+pub fn postgres(database: &str) -> crate::PgServer {
+    let pg = crate::PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    pg.create_database(database)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    pg
+}

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_devstack::bench::{Run, Via, median_ms, runtime, seconds_arg, timed};
-use dlock_devstack::{EtcdServer, PgServer};
+use dlock_devstack::EtcdServer;
+use dlock_devstack::bench::{Run, Via, median_ms, postgres, runtime, seconds_arg, timed};
 use dlock_lock_server::store::{Acquire, Attempt, Claim, Store};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
@@ -244,9 +244,7 @@ fn main() {
     let seconds = seconds_arg(4);
     let run_for = Duration::from_secs(seconds);
     let runtime = runtime();
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    pg.create_database("lockdb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let pg = postgres("lockdb");
     let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     let backends = [
         (

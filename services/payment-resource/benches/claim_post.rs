@@ -15,41 +15,14 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::PgServer;
-use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope};
+use dlock_devstack::bench::{Run, Via, postgres, runtime, seconds_arg, timed};
+use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope, Tx};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
 use dlock_server::config::RawConfig;
 use uuid::Uuid;
 
 /// Payouts per client per round.
 const BATCH: usize = 40;
-
-#[derive(Clone, Copy, PartialEq)]
-enum Path {
-    Service,
-    Raw,
-}
-
-struct Run {
-    pairs: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-}
-
-impl Run {
-    fn per_second(&self) -> f64 {
-        self.pairs as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.latencies.clone();
-        sorted.sort();
-        if sorted.is_empty() {
-            return Duration::ZERO;
-        }
-        sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-    }
-}
 
 fn config(env: &[(&str, String)]) -> PaymentConfig {
     let mut raw = RawConfig::from_pairs(env).unwrap_or_else(|e| panic!("{e}"));
@@ -108,49 +81,32 @@ fn scope(route: String, key: &str, token: i64, body: &[u8]) -> Scope {
     }
 }
 
+/// A fresh idempotency record for `verb` on `payout` (the scope of a write that the service would
+/// open), and its transaction.
+async fn begin(store: &PayStore, payout: Uuid, token: i64, verb: &str, body: &[u8]) -> (Scope, Tx) {
+    let route = format!("POST /v1/payouts/{payout}/{verb}");
+    let scope = scope(route, &format!("payout-{payout}"), token, body);
+    match store.begin(&scope, 2_000).await {
+        Ok(Begin::Fresh(tx)) => (scope, tx),
+        Ok(_) => panic!("a fresh key was not fresh"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// One write through the store, as the service does it: record, function, answer, commit.
 async fn raw_claim(store: &PayStore, payout: Uuid, token: i64) {
-    let key = format!("payout-{payout}");
-    let scope = scope(
-        format!("POST /v1/payouts/{payout}/claim"),
-        &key,
-        token,
-        b"PENDING",
-    );
-    let Begin::Fresh(mut tx) = store
-        .begin(&scope, 2_000)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-    else {
-        panic!("a fresh key was not fresh");
-    };
+    let (scope, mut tx) = begin(store, payout, token, "claim", b"PENDING").await;
     let row = PayStore::claim(&mut tx, payout, token, PayoutState::Pending, 20, "bench")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(row, ClaimOutcome::Claimed { .. }), "{row:?}");
     let body = serde_json::to_vec(&serde_json::json!({ "payoutId": payout, "claimToken": token }))
         .unwrap_or_default();
-    store
-        .finish(tx, &scope, 200, &body)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    finish(store, tx, &scope, &body).await;
 }
 
 async fn raw_post(store: &PayStore, payout: Uuid, token: i64) {
-    let key = format!("payout-{payout}");
-    let scope = scope(
-        format!("POST /v1/payouts/{payout}/post"),
-        &key,
-        token,
-        b"ACKED",
-    );
-    let Begin::Fresh(mut tx) = store
-        .begin(&scope, 2_000)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-    else {
-        panic!("a fresh key was not fresh");
-    };
+    let (scope, mut tx) = begin(store, payout, token, "post", b"ACKED").await;
     let row = PayStore::post(&mut tx, payout, token, &format!("rail-{payout}"), payout)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -159,8 +115,12 @@ async fn raw_post(store: &PayStore, payout: Uuid, token: i64) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let body = serde_json::to_vec(&entries).unwrap_or_default();
+    finish(store, tx, &scope, &body).await;
+}
+
+async fn finish(store: &PayStore, tx: Tx, scope: &Scope, body: &[u8]) {
     store
-        .finish(tx, &scope, 200, &body)
+        .finish(tx, scope, 200, body)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 }
@@ -173,23 +133,24 @@ async fn phase(
 ) -> Vec<Duration> {
     let mut latencies = Vec::with_capacity(batch.len());
     for &(payout, token) in batch {
-        let t = Instant::now();
         let key = format!("payout-{payout}");
-        match (client, post) {
-            (Some(c), false) => {
-                c.claim(payout, token, &key, PayoutState::Pending)
-                    .await
-                    .unwrap_or_else(|e| panic!("claim: {e}"));
+        let write = async {
+            match (client, post) {
+                (Some(c), false) => {
+                    c.claim(payout, token, &key, PayoutState::Pending)
+                        .await
+                        .unwrap_or_else(|e| panic!("claim: {e}"));
+                }
+                (Some(c), true) => {
+                    c.post(payout, token, &key, &format!("rail-{payout}"), payout)
+                        .await
+                        .unwrap_or_else(|e| panic!("post: {e}"));
+                }
+                (None, false) => raw_claim(store, payout, token).await,
+                (None, true) => raw_post(store, payout, token).await,
             }
-            (Some(c), true) => {
-                c.post(payout, token, &key, &format!("rail-{payout}"), payout)
-                    .await
-                    .unwrap_or_else(|e| panic!("post: {e}"));
-            }
-            (None, false) => raw_claim(store, payout, token).await,
-            (None, true) => raw_post(store, payout, token).await,
-        }
-        latencies.push(t.elapsed());
+        };
+        timed(&mut latencies, write).await;
     }
     latencies
 }
@@ -197,23 +158,19 @@ async fn phase(
 async fn pairs(
     store: PayStore,
     url: &str,
-    path: Path,
+    path: Via,
     clients: usize,
     run_for: Duration,
     tokens: Arc<AtomicI64>,
 ) -> Run {
     let http: Vec<Option<PaymentClient>> = (0..clients)
         .map(|c| {
-            (path == Path::Service).then(|| {
+            (path == Via::Service).then(|| {
                 PaymentClient::new(url, &format!("bench-{c}")).unwrap_or_else(|e| panic!("{e}"))
             })
         })
         .collect();
-    let mut run = Run {
-        pairs: 0,
-        elapsed: Duration::ZERO,
-        latencies: Vec::new(),
-    };
+    let mut run = Run::default();
     while run.elapsed < run_for {
         let payouts = prepare(&store, clients * BATCH).await;
         let batches: Vec<Vec<(Uuid, i64)>> = payouts
@@ -247,26 +204,17 @@ async fn pairs(
             }
             run.elapsed += started.elapsed();
         }
-        run.pairs += payouts.len();
+        run.count += payouts.len();
         run.latencies.extend(per_pair);
     }
     run
 }
 
 fn main() {
-    let seconds = std::env::args()
-        .skip_while(|a| a != "--seconds")
-        .nth(1)
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(4);
+    let seconds = seconds_arg(4);
     let run_for = Duration::from_secs(seconds);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    pg.create_database("paydb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let runtime = runtime();
+    let pg = postgres("paydb");
     println!(
         "claim+post pairs, {seconds} s of timed phases per row, one account per payout, rail ack in SQL (untimed)"
     );
@@ -300,48 +248,26 @@ fn main() {
         });
         let url = format!("http://{addr}");
         let tokens = Arc::new(AtomicI64::new(1));
+        let run = |path, clients, run_for| {
+            pairs(store.clone(), &url, path, clients, run_for, tokens.clone())
+        };
         // Warm up connections, caches and the plan cache.
-        for path in [Path::Service, Path::Raw] {
-            pairs(
-                store.clone(),
-                &url,
-                path,
-                4,
-                Duration::from_millis(300),
-                tokens.clone(),
-            )
-            .await;
+        for path in [Via::Service, Via::Raw] {
+            run(path, 4, Duration::from_millis(300)).await;
         }
         for clients in [1usize, 16] {
-            let service = pairs(
-                store.clone(),
-                &url,
-                Path::Service,
-                clients,
-                run_for,
-                tokens.clone(),
-            )
-            .await;
-            let raw = pairs(
-                store.clone(),
-                &url,
-                Path::Raw,
-                clients,
-                run_for,
-                tokens.clone(),
-            )
-            .await;
-            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            let service = run(Via::Service, clients, run_for).await.summary();
+            let raw = run(Via::Raw, clients, run_for).await.summary();
             println!(
                 "{:>7} {:>15.0} {:>9.2} {:>9.2} {:>15.0} {:>9.2} {:>9.2} {:>15.2}",
                 clients,
-                service.per_second(),
-                ms(service.percentile(0.50)),
-                ms(service.percentile(0.99)),
-                raw.per_second(),
-                ms(raw.percentile(0.50)),
-                ms(raw.percentile(0.99)),
-                service.per_second() / raw.per_second(),
+                service.0,
+                service.1,
+                service.2,
+                raw.0,
+                raw.1,
+                raw.2,
+                service.0 / raw.0,
             );
         }
         server.abort();
