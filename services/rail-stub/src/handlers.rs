@@ -105,10 +105,7 @@ async fn answer(
         )),
         Fate::Drop { accepted } => {
             if accepted {
-                let mut ledger = state.ledger.lock().await;
-                ledger
-                    .accept(transfer(&body, new_reference()))
-                    .map_err(ApiError::internal)?;
+                record(&state, &body).await?;
             }
             // Hold the connection open, then give up on it without a proper answer.
             tokio::time::sleep(Duration::from_millis(config.hang_ms)).await;
@@ -120,10 +117,7 @@ async fn answer(
                 .into_response())
         }
         Fate::Redirect => {
-            let mut ledger = state.ledger.lock().await;
-            ledger
-                .accept(transfer(&body, new_reference()))
-                .map_err(ApiError::internal)?;
+            record(&state, &body).await?;
             Ok((
                 StatusCode::TEMPORARY_REDIRECT,
                 [("location", "/submit")],
@@ -133,6 +127,14 @@ async fn answer(
         }
         Fate::Accept => accept(state, config, &body).await,
     }
+}
+
+/// Takes the transfer onto the ledger under a new reference, whatever the caller hears.
+async fn record(state: &StubState, body: &SubmitRequest) -> Result<Transfer, ApiError> {
+    let mut ledger = state.ledger.lock().await;
+    ledger
+        .accept(transfer(body, new_reference()))
+        .map_err(ApiError::internal)
 }
 
 /// A transfer of the body's amount under a new reference, accepted now.
