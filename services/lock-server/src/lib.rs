@@ -37,12 +37,16 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
     let state = AppState::new(store.clone(), Arc::new(config.clone()));
-    let sweeper = tokio::spawn(sweep_forever(
-        store,
+    let retention = store::SweepRetention {
+        expired_sessions_ms: config.expired_session_retention_ms,
+        keys_seen_ms: config.keys_seen_retention_ms,
+    };
+    let sweeper = tokio::spawn(dlock_server::sweep::forever(
         Duration::from_millis(config.sweep_interval_ms),
-        store::SweepRetention {
-            expired_sessions_ms: config.expired_session_retention_ms,
-            keys_seen_ms: config.keys_seen_retention_ms,
+        SWEEP_LOG,
+        move || {
+            let store = store.clone();
+            async move { store.sweep(&retention).await }
         },
     ));
     tracing::info!(
@@ -61,23 +65,9 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn sweep_forever(store: Store, every: Duration, retention: store::SweepRetention) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match store.sweep(&retention).await {
-            Ok(0) => {}
-            Ok(removed) => tracing::debug!(
-                event = "lock_sweep",
-                removed,
-                "swept lapsed rows and keys past lock.keys-seen.retention"
-            ),
-            Err(error) => tracing::warn!(
-                event = "lock_sweep_failed",
-                %error,
-                "sweeping lapsed locks failed; it is retried on the next tick"
-            ),
-        }
-    }
-}
+const SWEEP_LOG: dlock_server::sweep::SweepLog = dlock_server::sweep::SweepLog {
+    swept: "lock_sweep",
+    swept_says: "swept lapsed rows and keys past lock.keys-seen.retention",
+    failed: "lock_sweep_failed",
+    failed_says: "sweeping lapsed locks failed; it is retried on the next tick",
+};

@@ -69,22 +69,15 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
 /// Deletes expired idempotency records on a fixed interval (ADR 0004: expiry is a sweep, not a
 /// lazy surprise). A failed sweep is retried on the next tick.
 pub async fn sweep_forever(store: PayStore, every: Duration) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match store.sweep().await {
-            Ok(0) => {}
-            Ok(removed) => tracing::debug!(
-                event = "idempotency_sweep",
-                removed,
-                "swept expired idempotency records"
-            ),
-            Err(error) => tracing::warn!(
-                event = "idempotency_sweep_failed",
-                %error,
-                "sweeping expired idempotency records failed; it is retried on the next tick"
-            ),
-        }
-    }
+    let log = dlock_server::sweep::SweepLog {
+        swept: "idempotency_sweep",
+        swept_says: "swept expired idempotency records",
+        failed: "idempotency_sweep_failed",
+        failed_says: "sweeping expired idempotency records failed; it is retried on the next tick",
+    };
+    dlock_server::sweep::forever(every, log, move || {
+        let store = store.clone();
+        async move { store.sweep().await }
+    })
+    .await
 }

@@ -117,8 +117,7 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
 }
 
 async fn sweep_forever(state: AppState) {
-    let mut ticker = tokio::time::interval(state.config.sweep_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = dlock_server::sweep::ticker(state.config.sweep_interval);
     loop {
         ticker.tick().await;
         expire_unresolved(&state).await;

@@ -161,6 +161,28 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
+/// `GET /readyz`: ready when `check` passed (the answer is `ready`); otherwise the contract's
+/// `code` (NOT_LEADER for the lock server and the payment resource) naming `what` was checked,
+/// and the failure in the log.
+pub fn readiness<E: std::fmt::Display>(
+    check: Result<(), E>,
+    ready: serde_json::Value,
+    code: ErrorCode,
+    what: &str,
+) -> Response {
+    match check {
+        Ok(()) => dlock_contract::http::json_response(axum::http::StatusCode::OK, &ready),
+        Err(error) => {
+            tracing::warn!(event = "not_ready", %error, "{what} check failed");
+            ApiError::new(
+                code,
+                format!("{what} is not ready for writes; this replica should not receive traffic"),
+            )
+            .into_response()
+        }
+    }
+}
+
 /// `GET /metrics`: `text` (the OpenMetrics encoding) with its own content type.
 pub fn metrics_response(text: String) -> Response {
     ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()

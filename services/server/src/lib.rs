@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod pg;
 pub mod proof;
+pub mod sweep;
 pub mod tls;
 pub mod trace;
 pub mod watch;

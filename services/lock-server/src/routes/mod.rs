@@ -13,11 +13,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
-use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::json_response;
+use dlock_contract::error::ErrorCode;
 use dlock_contract::lock::LockGrant;
 use serde_json::json;
 use tokio::sync::Notify;
@@ -102,20 +100,9 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store.ready().await {
-        Ok(()) => json_response(
-            StatusCode::OK,
-            &json!({ "status": "ready", "backend": state.store.backend_name() }),
-        ),
-        Err(error) => {
-            tracing::warn!(event = "not_ready", %error, "backend check failed");
-            ApiError::new(
-                ErrorCode::NotLeader,
-                "the backend is not ready for writes; this replica should not receive traffic",
-            )
-            .into_response()
-        }
-    }
+    let ready = json!({ "status": "ready", "backend": state.store.backend_name() });
+    let check = state.store.ready().await;
+    dlock_server::http::readiness(check, ready, ErrorCode::NotLeader, "the backend")
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

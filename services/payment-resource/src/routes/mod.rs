@@ -16,11 +16,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
-use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::json_response;
+use dlock_contract::error::ErrorCode;
 use serde_json::json;
 
 use crate::config::PaymentConfig;
@@ -76,17 +74,13 @@ pub fn app(state: AppState) -> Router {
 // ---------------------------------------------------------------------------------------------
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store.ready().await {
-        Ok(()) => json_response(StatusCode::OK, &json!({ "status": "ready" })),
-        Err(error) => {
-            tracing::warn!(event = "not_ready", %error, "paydb check failed");
-            ApiError::new(
-                ErrorCode::NotLeader,
-                "paydb is not ready for writes; this replica should not receive traffic",
-            )
-            .into_response()
-        }
-    }
+    let check = state.store.ready().await;
+    dlock_server::http::readiness(
+        check,
+        json!({ "status": "ready" }),
+        ErrorCode::NotLeader,
+        "paydb",
+    )
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
