@@ -178,94 +178,43 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         metrics.clone(),
         controller::system_clock(),
     ));
-    let owned = || watcher::Config::default().labels(MANAGED_SELECTOR);
-
-    let lock_servers = Controller::new(
-        Api::<DeserializeGuard<LockServer>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Deployment>::all(client.clone()), owned())
-    .owns(Api::<ConfigMap>::all(client.clone()), owned())
-    .owns(Api::<Service>::all(client.clone()), owned())
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::workloads::reconcile_lock_server),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-    let payment_resources = Controller::new(
-        Api::<DeserializeGuard<PaymentResource>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Deployment>::all(client.clone()), owned())
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::workloads::reconcile_payment_resource),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-    let rail_proxies = Controller::new(
-        Api::<DeserializeGuard<RailProxy>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Deployment>::all(client.clone()), owned())
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::workloads::reconcile_rail_proxy),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-    let batches = Controller::new(
-        Api::<DeserializeGuard<PayoutBatch>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Job>::all(client.clone()), owned())
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::payout_batch::reconcile_payout_batch),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-    let locks = Controller::new(
-        Api::<DeserializeGuard<Lock>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::lock::reconcile_lock),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-    let revocations = Controller::new(
-        Api::<DeserializeGuard<LockRevocation>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::lock::reconcile_lock_revocation),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
-
-    let reconciliations = Controller::new(
-        Api::<DeserializeGuard<Reconciliation>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Job>::all(client.clone()), owned())
-    .owns(Api::<CronJob>::all(client.clone()), owned())
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        |o, c| guarded(o, c, controller::reconciliation::reconcile_reconciliation),
-        error_policy,
-        ctx.clone(),
-    )
-    .for_each(log_result);
+    // One controller per kind: the kind, what it owns (watched by the managed label) and its
+    // reconcile, behind the deserialize guard, stopping with the lease.
+    macro_rules! controller {
+        ($kind:ty, [$($owned:ty),*], $reconcile:path) => {
+            Controller::new(
+                Api::<DeserializeGuard<$kind>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            $(.owns(
+                Api::<$owned>::all(client.clone()),
+                watcher::Config::default().labels(MANAGED_SELECTOR),
+            ))*
+            .graceful_shutdown_on(stop.clone())
+            .run(|o, c| guarded(o, c, $reconcile), error_policy, ctx.clone())
+            .for_each(log_result)
+        };
+    }
+    use controller::{lock, payout_batch, reconciliation, workloads};
+    let lock_servers = controller!(
+        LockServer,
+        [Deployment, ConfigMap, Service],
+        workloads::reconcile_lock_server
+    );
+    let payment_resources = controller!(
+        PaymentResource,
+        [Deployment],
+        workloads::reconcile_payment_resource
+    );
+    let rail_proxies = controller!(RailProxy, [Deployment], workloads::reconcile_rail_proxy);
+    let batches = controller!(PayoutBatch, [Job], payout_batch::reconcile_payout_batch);
+    let locks = controller!(Lock, [], lock::reconcile_lock);
+    let revocations = controller!(LockRevocation, [], lock::reconcile_lock_revocation);
+    let reconciliations = controller!(
+        Reconciliation,
+        [Job, CronJob],
+        reconciliation::reconcile_reconciliation
+    );
 
     futures::join!(
         reconciliations,

@@ -4,9 +4,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -93,39 +93,13 @@ pub fn deployment(workload: &Workload) -> Deployment {
     let mut env: Vec<EnvVar> = workload
         .secret_env
         .iter()
-        .map(|secret| EnvVar {
-            name: secret.name.clone(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.secret.name.clone(),
-                    key: secret.secret.key.clone(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        })
+        .map(|secret| super::secret_env(&secret.name, &secret.secret))
         .collect();
-    env.push(EnvVar {
-        name: "DLOCK_LOG_FORMAT".to_owned(),
-        value: Some("json".to_owned()),
-        ..EnvVar::default()
-    });
+    env.push(super::env("DLOCK_LOG_FORMAT", "json"));
 
-    let mut volume_mounts = vec![VolumeMount {
-        name: "config".to_owned(),
-        mount_path: "/config".to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    }];
-    let mut volumes = vec![Volume {
-        name: "config".to_owned(),
-        config_map: Some(ConfigMapVolumeSource {
-            name: workload.name.clone(),
-            ..ConfigMapVolumeSource::default()
-        }),
-        ..Volume::default()
-    }];
+    let (config_mount, config_volume) = super::config_volume("config", workload.name.clone());
+    let mut volume_mounts = vec![config_mount];
+    let mut volumes = vec![config_volume];
     if workload.data_volume {
         volume_mounts.push(VolumeMount {
             name: "data".to_owned(),

@@ -2,9 +2,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
-    EnvVarSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PodSpec,
+    PodTemplateSpec, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -137,23 +137,10 @@ pub fn manifest_config_map(batch: &ValidatedBatch) -> ConfigMap {
 
 fn credential_env(token: &TokenSource) -> EnvVar {
     match token {
-        TokenSource::Secret(secret) => EnvVar {
-            name: "DLOCK_CREDENTIAL".to_owned(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.name.clone(),
-                    key: secret.key.clone(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        },
-        TokenSource::ProjectedServiceAccountToken { .. } => EnvVar {
-            name: "DLOCK_CREDENTIAL_FILE".to_owned(),
-            value: Some(format!("{TOKEN_DIR}/token")),
-            ..EnvVar::default()
-        },
+        TokenSource::Secret(secret) => super::secret_env("DLOCK_CREDENTIAL", secret),
+        TokenSource::ProjectedServiceAccountToken { .. } => {
+            super::env("DLOCK_CREDENTIAL_FILE", format!("{TOKEN_DIR}/token"))
+        }
     }
 }
 
@@ -194,16 +181,8 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
         ..EnvVar::default()
     })
     .chain([
-        EnvVar {
-            name: "DLOCK_LOG_FORMAT".to_owned(),
-            value: Some("json".to_owned()),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: "DLOCK_IDENTITY".to_owned(),
-            value: Some(batch.credential.identity.clone()),
-            ..EnvVar::default()
-        },
+        super::env("DLOCK_LOG_FORMAT", "json"),
+        super::env("DLOCK_IDENTITY", batch.credential.identity.clone()),
         credential_env(&batch.credential.token),
         EnvVar {
             name: "DLOCK_RAIL_READ_TIMEOUT_MS".to_owned(),
@@ -219,20 +198,9 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
         },
     ])
     .collect();
-    let mut volume_mounts = vec![VolumeMount {
-        name: "manifest".to_owned(),
-        mount_path: "/config".to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    }];
-    let mut volumes = vec![Volume {
-        name: "manifest".to_owned(),
-        config_map: Some(ConfigMapVolumeSource {
-            name: batch.manifest_name(),
-            ..ConfigMapVolumeSource::default()
-        }),
-        ..Volume::default()
-    }];
+    let (manifest_mount, manifest_volume) = super::config_volume("manifest", batch.manifest_name());
+    let mut volume_mounts = vec![manifest_mount];
+    let mut volumes = vec![manifest_volume];
     if let TokenSource::ProjectedServiceAccountToken { audience } = &batch.credential.token {
         volume_mounts.push(VolumeMount {
             name: "credential".to_owned(),

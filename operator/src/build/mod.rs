@@ -13,8 +13,12 @@ pub mod service_account;
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, EnvVar, EnvVarSource, SecretKeySelector, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::crd::SecretKeyRef;
 use crate::workload::{Component, Workload};
 
 pub const MANAGED_BY: &str = "dlock-operator";
@@ -35,6 +39,51 @@ pub fn telemetry_env_from() -> Vec<k8s_openapi::api::core::v1::EnvFromSource> {
         }),
         ..EnvFromSource::default()
     }]
+}
+
+/// An environment variable with a literal value.
+pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// An environment variable from a key of a Secret, which must exist.
+pub fn secret_env(name: &str, secret: &SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// A ConfigMap mounted read-only at `/config`, under the volume name `volume`.
+pub fn config_volume(volume: &str, config_map: String) -> (VolumeMount, Volume) {
+    (
+        VolumeMount {
+            name: volume.to_owned(),
+            mount_path: "/config".to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+        Volume {
+            name: volume.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: config_map,
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    )
 }
 
 /// The labels that select a workload's pods. Never change them: a Deployment's selector is

@@ -1,9 +1,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, SecretKeySelector,
-};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::deployment::{pod_security_context, restricted_security_context};
@@ -50,29 +48,10 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     args: Some(vec!["reconcile".to_owned(), "--json".to_owned()]),
                     env_from: Some(super::telemetry_env_from()),
                     env: Some(vec![
-                        EnvVar {
-                            name: "DLOCK_PAYDB".to_owned(),
-                            value_from: Some(EnvVarSource {
-                                secret_key_ref: Some(SecretKeySelector {
-                                    name: reconciliation.paydb.name.clone(),
-                                    key: reconciliation.paydb.key.clone(),
-                                    optional: Some(false),
-                                }),
-                                ..EnvVarSource::default()
-                            }),
-                            ..EnvVar::default()
-                        },
-                        EnvVar {
-                            name: "DLOCK_RAIL".to_owned(),
-                            value: Some(reconciliation.rail_url.clone()),
-                            ..EnvVar::default()
-                        },
+                        super::secret_env("DLOCK_PAYDB", &reconciliation.paydb),
+                        super::env("DLOCK_RAIL", reconciliation.rail_url.clone()),
                         // The compact findings summary the operator reads into status.
-                        EnvVar {
-                            name: "DLOCK_TERMINATION_LOG".to_owned(),
-                            value: Some(TERMINATION_LOG.to_owned()),
-                            ..EnvVar::default()
-                        },
+                        super::env("DLOCK_TERMINATION_LOG", TERMINATION_LOG),
                     ]),
                     termination_message_path: Some(TERMINATION_LOG.to_owned()),
                     termination_message_policy: Some("FallbackToLogsOnError".to_owned()),

@@ -10,7 +10,7 @@ use kube::runtime::events::EventType;
 use super::revoke::{self, COMPLETE, REFUSED};
 use super::status::Conditions;
 use super::{
-    Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, is_paused, publish,
+    Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, paused, publish,
     reconciled,
 };
 use crate::crd::{
@@ -55,9 +55,8 @@ fn event_of(result: &RevocationResult) -> (EventType, &'static str) {
 }
 
 pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Action> {
-    if is_paused(object.as_ref()) {
-        ctx.metrics.count("Lock", "paused");
-        return Ok(Action::await_change());
+    if let Some(action) = paused(object.as_ref(), &ctx, "Lock") {
+        return Ok(action);
     }
     let previous = object.status.clone().unwrap_or_default();
     let Some((reason, revoked_by)) = requested(&object) else {
@@ -236,9 +235,8 @@ pub async fn reconcile_lock_revocation(
     object: Arc<LockRevocation>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    if is_paused(object.as_ref()) {
-        ctx.metrics.count("LockRevocation", "paused");
-        return Ok(Action::await_change());
+    if let Some(action) = paused(object.as_ref(), &ctx, "LockRevocation") {
+        return Ok(action);
     }
     // The spec is immutable (CEL): the request is the spec's own words.
     let request = request_key(&object.spec.reason, &object.spec.revoked_by);

@@ -164,6 +164,15 @@ pub fn reconciled<K: Resource>(ctx: &Context, object: &K) {
     ctx.succeeded(&object_key(object));
 }
 
+/// What a reconcile of a paused object does: nothing, counted as `paused` under `kind`, until
+/// the object changes. `None` when the object is not paused.
+pub fn paused<K: Resource>(object: &K, ctx: &Context, kind: &'static str) -> Option<Action> {
+    is_paused(object).then(|| {
+        ctx.metrics.count(kind, "paused");
+        Action::await_change()
+    })
+}
+
 /// Whether `dlock.io/reconcile: paused` is set: then the controller changes nothing.
 pub fn is_paused<K: Resource>(object: &K) -> bool {
     object

@@ -19,7 +19,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::status::{Conditions, Observed, condition, ready_of};
 use super::{
-    Context, Error, Result, apply, apply_status, is_paused, publish, reconciled, report_failure,
+    Context, Error, Result, apply, apply_status, paused, publish, reconciled, report_failure,
 };
 use crate::build::job::{self, ValidatedBatch};
 use crate::crd::{PayoutBatch, PayoutBatchStatus, RailProxy};
@@ -53,9 +53,8 @@ pub fn tally(
 pub const RUNNING_RESYNC: Duration = Duration::from_secs(10);
 
 pub async fn reconcile_payout_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
-    if is_paused(object.as_ref()) {
-        ctx.metrics.count("PayoutBatch", "paused");
-        return Ok(Action::await_change());
+    if let Some(action) = paused(object.as_ref(), &ctx, "PayoutBatch") {
+        return Ok(action);
     }
     let namespace = object.namespace().unwrap_or_default();
     let api: Api<PayoutBatch> = Api::namespaced(ctx.client.clone(), &namespace);

@@ -11,8 +11,8 @@ use kube::runtime::events::EventType;
 use super::payout_batch::{JobPhase, job_phase};
 use super::status::Conditions;
 use super::{
-    Context, Error, Result, apply, apply_status, is_paused, publish, publish_ready_change,
-    reconciled, report_failure,
+    Context, Error, Result, apply, apply_status, paused, publish, publish_ready_change, reconciled,
+    report_failure,
 };
 use crate::build::reconciler;
 use crate::crd::{Reconciliation, ReconciliationStatus};
@@ -99,9 +99,8 @@ pub async fn reconcile_reconciliation(
     object: Arc<Reconciliation>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    if is_paused(object.as_ref()) {
-        ctx.metrics.count("Reconciliation", "paused");
-        return Ok(Action::await_change());
+    if let Some(action) = paused(object.as_ref(), &ctx, "Reconciliation") {
+        return Ok(action);
     }
     let previous = object.status.clone().unwrap_or_default();
     let generation = object.metadata.generation;

@@ -1,54 +1,34 @@
 //! Lock (the read-only mirror of a held lock) and LockRevocation (a revocation for GitOps).
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Condition;
 
-/// A held lock, mirrored read-only from a lock server for `kubectl get locks`.
-/// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes it.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "Lock",
-    namespaced,
-    status = "LockStatus",
-    shortname = "lk",
-    category = "dlock",
-    printcolumn(name = "Key", type_ = "string", json_path = ".spec.key"),
-    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
-    printcolumn(name = "Token", type_ = "integer", json_path = ".status.token"),
-    // `type: date` renders an age, which kubectl prints as `<invalid>` for every future time:
-    // the expiry is shown as the RFC 3339 timestamp it is.
-    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
-        priority = 1
-    ),
-    printcolumn(
-        name = "Revocation",
-        type_ = "string",
-        json_path = ".status.revocation.summary",
-        priority = 1
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct LockSpec {
-    /// The lock key on the lock server.
-    pub key: String,
-    /// The LockServer that holds it.
-    pub lock_server: String,
-    /// The account whose enforcement points a revocation fences (DESIGN D-3).
-    pub account_id: String,
+dlock_kind! {
+    kind: "Lock", status: "LockStatus", shortname: "lk",
+    columns: [
+        ("Key", "string", ".spec.key"),
+        ("Holder", "string", ".status.holder"),
+        ("Token", "integer", ".status.token"),
+        // `type: date` renders an age, which kubectl prints as `<invalid>` for every future time:
+        // the expiry is shown as the RFC 3339 timestamp it is.
+        ("Expires", "string", ".status.expiresAt"),
+        Ready(priority = 1),
+        ("Revocation", "string", ".status.revocation.summary", priority = 1),
+    ],
+    /// A held lock, mirrored read-only from a lock server for `kubectl get locks`.
+    /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes it.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct LockSpec {
+        /// The lock key on the lock server.
+        pub key: String,
+        /// The LockServer that holds it.
+        pub lock_server: String,
+        /// The account whose enforcement points a revocation fences (DESIGN D-3).
+        pub account_id: String,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -95,47 +75,45 @@ pub struct RevocationResult {
 // ---------------------------------------------------------------------------------------------
 // LockRevocation
 
-/// A forced revocation as a declarative resource, for GitOps. The spec is immutable.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "LockRevocation",
-    namespaced,
-    status = "LockRevocationStatus",
-    shortname = "lrev",
-    category = "dlock",
-    validation = Rule::new("!has(oldSelf.spec) || self.spec == oldSelf.spec").message("a LockRevocation is immutable; create a new one"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Key", type_ = "string", json_path = ".spec.key"),
-    printcolumn(name = "Floor", type_ = "integer", json_path = ".status.result.newTokenFloor"),
-    printcolumn(name = "Summary", type_ = "string", json_path = ".status.result.summary"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-)]
-#[serde(rename_all = "camelCase")]
-pub struct LockRevocationSpec {
-    pub key: String,
-    pub account_id: String,
-    #[schemars(length(min = 8, max = 1024))]
-    pub reason: String,
-    #[schemars(length(min = 1, max = 128))]
-    pub revoked_by: String,
-    /// Revoke only the grant with this fencing token (L8's `expectedToken`); the lock server
-    /// refuses when another grant holds the key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub expected_token: Option<i64>,
-    /// The LockServer; defaults to the only one in the namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lock_server: Option<String>,
-    /// The PaymentResource whose account fence is advanced; defaults to the only one in the
-    /// namespace (with none or several the revocation is refused).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payment_resource: Option<String>,
-    /// The RailProxy whose high-water mark is advanced; defaults to the only one in the
-    /// namespace (with none or several the revocation is refused).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rail_proxy: Option<String>,
+dlock_kind! {
+    kind: "LockRevocation", status: "LockRevocationStatus", shortname: "lrev",
+    validation: [
+        Rule::new("!has(oldSelf.spec) || self.spec == oldSelf.spec")
+            .message("a LockRevocation is immutable; create a new one")
+    ],
+    columns: [
+        Ready,
+        ("Key", "string", ".spec.key"),
+        ("Floor", "integer", ".status.result.newTokenFloor"),
+        ("Summary", "string", ".status.result.summary"),
+    ],
+    /// A forced revocation as a declarative resource, for GitOps. The spec is immutable.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct LockRevocationSpec {
+        pub key: String,
+        pub account_id: String,
+        #[schemars(length(min = 8, max = 1024))]
+        pub reason: String,
+        #[schemars(length(min = 1, max = 128))]
+        pub revoked_by: String,
+        /// Revoke only the grant with this fencing token (L8's `expectedToken`); the lock server
+        /// refuses when another grant holds the key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 1))]
+        pub expected_token: Option<i64>,
+        /// The LockServer; defaults to the only one in the namespace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lock_server: Option<String>,
+        /// The PaymentResource whose account fence is advanced; defaults to the only one in the
+        /// namespace (with none or several the revocation is refused).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub payment_resource: Option<String>,
+        /// The RailProxy whose high-water mark is advanced; defaults to the only one in the
+        /// namespace (with none or several the revocation is refused).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rail_proxy: Option<String>,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -19,6 +19,53 @@ use serde::{Deserialize, Serialize};
 /// `dlock run -f` read the same item.
 pub use dlock_contract::payout_batch::PayoutItem;
 
+/// Declares one `dlock.io/v1alpha1` kind on its spec struct (which follows, with its own derives
+/// and docs): namespaced, in the `dlock` category, with the given printer columns and then `Age`.
+/// A column is `Ready` (the Ready condition's status), `Ready(priority = n)`, or
+/// `(name, type, JSONPath)` with an optional `, priority = n`.
+macro_rules! dlock_kind {
+    (
+        kind: $kind:tt, status: $status:tt, shortname: $short:tt,
+        $(validation: [$($rule:tt)*],)?
+        columns: [$($columns:tt)*],
+        $($item:tt)*
+    ) => {
+        dlock_kind!(
+            @columns [] [$($columns)*]
+            ($kind, $status, $short, [$(validation = $($rule)*,)?]) $($item)*
+        );
+    };
+    (@columns [$($done:tt)*] [Ready $(($($priority:tt)*))? $(, $($more:tt)*)?] $($rest:tt)*) => {
+        dlock_kind!(@columns [$($done)* (
+            "Ready", "string", ".status.conditions[?(@.type==\"Ready\")].status" $(, $($priority)*)?
+        )] [$($($more)*)?] $($rest)*);
+    };
+    (@columns [$($done:tt)*] [($($column:tt)*) $(, $($more:tt)*)?] $($rest:tt)*) => {
+        dlock_kind!(@columns [$($done)* ($($column)*)] [$($($more)*)?] $($rest)*);
+    };
+    (
+        @columns [$(($name:tt, $type_:tt, $path:tt $(, priority = $priority:tt)?))*] []
+        ($kind:tt, $status:tt, $short:tt, [$($validation:tt)*]) $($item:tt)*
+    ) => {
+        #[derive(kube::CustomResource)]
+        #[kube(
+            group = "dlock.io",
+            version = "v1alpha1",
+            kind = $kind,
+            namespaced,
+            status = $status,
+            shortname = $short,
+            category = "dlock",
+            $($validation)*
+            $(printcolumn(
+                name = $name, type_ = $type_, json_path = $path $(, priority = $priority)?
+            ),)*
+            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        )]
+        $($item)*
+    };
+}
+
 mod lock;
 mod payout_batch;
 mod reconciliation;

@@ -3,63 +3,61 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
-use kube::{CustomResource, KubeSchema};
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Condition, PayoutItem, SecretKeyRef};
 
-/// A batch of payouts, run by executor Job(s). Its payout ids and idempotency keys come from the
-/// batch name and each item's key, so re-applying or re-creating it never pays twice.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "PayoutBatch",
-    namespaced,
-    status = "PayoutBatchStatus",
-    shortname = "pb",
-    category = "dlock",
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.accepted) || !oldSelf.status.accepted || self.spec.payouts == oldSelf.spec.payouts").message("spec.payouts cannot change once the batch is accepted; create a new batch"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Payouts", type_ = "string", json_path = ".status.summary"),
-    printcolumn(name = "Ambiguous", type_ = "integer", json_path = ".status.ambiguousCount"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-)]
-#[serde(rename_all = "camelCase")]
-pub struct PayoutBatchSpec {
-    /// Concurrent workers of the executor.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 256))]
-    pub workers: Option<i32>,
-    /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
-    /// strings, a 64-character account id and a 16-digit amount) is about 415 bytes of JSON, so
-    /// 500 of them stay under the 256 KiB that client-side `kubectl apply` may keep in its
-    /// last-applied annotation, and the manifest ConfigMap stays far under its 1 MiB. Larger runs
-    /// are several batches.
-    #[schemars(length(min = 1, max = 500))]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
-    pub payouts: Vec<PayoutItem>,
-    /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
-    /// kind in the namespace's conventional name (`lock-server`, `payment-resource`, `rail-proxy`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lock_server: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payment_resource: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rail_proxy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// How the executor authenticates to the services. Absent: a projected service-account
-    /// token of the `default` service account (audience `dlock`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub executor: Option<ExecutorSpec>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+dlock_kind! {
+    kind: "PayoutBatch", status: "PayoutBatchStatus", shortname: "pb",
+    validation: [
+        Rule::new("!has(oldSelf.status) || !has(oldSelf.status.accepted) || !oldSelf.status.accepted || self.spec.payouts == oldSelf.spec.payouts")
+            .message("spec.payouts cannot change once the batch is accepted; create a new batch")
+    ],
+    columns: [
+        Ready,
+        ("Payouts", "string", ".status.summary"),
+        ("Ambiguous", "integer", ".status.ambiguousCount"),
+    ],
+    /// A batch of payouts, run by executor Job(s). Its payout ids and idempotency keys come from the
+    /// batch name and each item's key, so re-applying or re-creating it never pays twice.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PayoutBatchSpec {
+        /// Concurrent workers of the executor.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 1, max = 256))]
+        pub workers: Option<i32>,
+        /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
+        /// strings, a 64-character account id and a 16-digit amount) is about 415 bytes of JSON, so
+        /// 500 of them stay under the 256 KiB that client-side `kubectl apply` may keep in its
+        /// last-applied annotation, and the manifest ConfigMap stays far under its 1 MiB. Larger runs
+        /// are several batches.
+        #[schemars(length(min = 1, max = 500))]
+        #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
+        pub payouts: Vec<PayoutItem>,
+        /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
+        /// kind in the namespace's conventional name (`lock-server`, `payment-resource`, `rail-proxy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lock_server: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub payment_resource: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rail_proxy: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        /// How the executor authenticates to the services. Absent: a projected service-account
+        /// token of the `default` service account (audience `dlock`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub executor: Option<ExecutorSpec>,
+        /// Requests and limits of the main container; the operator's defaults when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub resources: Option<ResourceRequirements>,
+        /// Secrets for pulling the image (`[{name: regcred}]`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    }
 }
 
 /// The executor's credential. `dlock run -f` ignores this section.

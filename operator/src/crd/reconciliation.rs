@@ -1,56 +1,42 @@
 //! Reconciliation: the reconciler run once, or on a schedule.
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{Condition, SecretKeyRef};
 
-/// Runs the reconciler (paydb, ledger and rail statement compared) once, or on a schedule.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "Reconciliation",
-    namespaced,
-    status = "ReconciliationStatus",
-    shortname = "recon",
-    category = "dlock",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
-    printcolumn(name = "Findings", type_ = "string", json_path = ".status.summary"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct ReconciliationSpec {
-    /// paydb (the payouts, the ledger and the rail proxy's intents).
-    pub database_url_secret: SecretKeyRef,
-    /// The rail whose statement is compared; defaults to the stub of `railProxy`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rail_url: Option<String>,
-    /// A cron schedule; absent runs once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<String>,
-    /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rail_proxy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+dlock_kind! {
+    kind: "Reconciliation", status: "ReconciliationStatus", shortname: "recon",
+    columns: [
+        Ready,
+        ("Schedule", "string", ".spec.schedule"),
+        ("Findings", "string", ".status.summary"),
+    ],
+    /// Runs the reconciler (paydb, ledger and rail statement compared) once, or on a schedule.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ReconciliationSpec {
+        /// paydb (the payouts, the ledger and the rail proxy's intents).
+        pub database_url_secret: SecretKeyRef,
+        /// The rail whose statement is compared; defaults to the stub of `railProxy`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rail_url: Option<String>,
+        /// A cron schedule; absent runs once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub schedule: Option<String>,
+        /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rail_proxy: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        /// Requests and limits of the main container; the operator's defaults when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub resources: Option<ResourceRequirements>,
+        /// Secrets for pulling the image (`[{name: regcred}]`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -1,46 +1,33 @@
 //! LockServer, PaymentResource and RailProxy: the long-running services.
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
-use kube::{CustomResource, KubeSchema};
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{CloudSql, SecretKeyRef, ServiceAuth, WorkloadStatus};
 
-/// The lock server: sessions, leases and fencing tokens on PostgreSQL or etcd.
-#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "LockServer",
-    namespaced,
-    status = "WorkloadStatus",
-    shortname = "ls",
-    category = "dlock",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
-    printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend.type"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct LockServerSpec {
-    /// Immutable: switching stores live would split the lock state in two.
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
-    pub backend: LockBackend,
-    /// The `dlock` image; the operator's own image when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    // Replicas, pods, authentication and proof keys: what every service has.
-    #[serde(flatten)]
-    pub service: ServiceSettings,
+dlock_kind! {
+    kind: "LockServer", status: "WorkloadStatus", shortname: "ls",
+    columns: [
+        Ready,
+        ("Replicas", "string", ".status.summary"),
+        ("Backend", "string", ".spec.backend.type"),
+    ],
+    /// The lock server: sessions, leases and fencing tokens on PostgreSQL or etcd.
+    #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct LockServerSpec {
+        /// Immutable: switching stores live would split the lock state in two.
+        #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
+        pub backend: LockBackend,
+        /// The `dlock` image; the operator's own image when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        // Replicas, pods, authentication and proof keys: what every service has.
+        #[serde(flatten)]
+        pub service: ServiceSettings,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -128,89 +115,57 @@ pub struct ServiceSettings {
 // ---------------------------------------------------------------------------------------------
 // PaymentResource
 
-/// The payment resource: payouts, accounts and the ledger against paydb.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "PaymentResource",
-    namespaced,
-    status = "WorkloadStatus",
-    shortname = "payres",
-    category = "dlock",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct PaymentResourceSpec {
-    /// The paydb URL.
-    pub database_url_secret: SecretKeyRef,
-    /// The credential of operator-only calls (fence advance, resolution).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub operator_token_secret: Option<SecretKeyRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    // Replicas, pods, authentication and proof keys: what every service has.
-    #[serde(flatten)]
-    pub service: ServiceSettings,
+dlock_kind! {
+    kind: "PaymentResource", status: "WorkloadStatus", shortname: "payres",
+    columns: [Ready, ("Replicas", "string", ".status.summary")],
+    /// The payment resource: payouts, accounts and the ledger against paydb.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PaymentResourceSpec {
+        /// The paydb URL.
+        pub database_url_secret: SecretKeyRef,
+        /// The credential of operator-only calls (fence advance, resolution).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub operator_token_secret: Option<SecretKeyRef>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        // Replicas, pods, authentication and proof keys: what every service has.
+        #[serde(flatten)]
+        pub service: ServiceSettings,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // RailProxy
 
-/// The rail proxy, the only caller of the rail, and optionally the rail stub behind it.
-#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[kube(
-    group = "dlock.io",
-    version = "v1alpha1",
-    kind = "RailProxy",
-    namespaced,
-    status = "WorkloadStatus",
-    shortname = "rp",
-    category = "dlock",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.summary"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[x_kube(validation = Rule::new("has(self.railUrl) != has(self.stub)").message("set exactly one of spec.railUrl (a real rail) and spec.stub (the rail stub)"))]
-#[serde(rename_all = "camelCase")]
-pub struct RailProxySpec {
-    /// paydb, where the high-water marks and the intents live.
-    pub database_url_secret: SecretKeyRef,
-    /// The rail's URL; absent when `stub` is set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rail_url: Option<String>,
-    /// `rail.proxy.read-timeout-ms`; the pods' termination grace is set above it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 100, max = 120000))]
-    pub read_timeout_ms: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub operator_token_secret: Option<SecretKeyRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    // Replicas, pods, authentication and proof keys: what every service has.
-    #[serde(flatten)]
-    pub service: ServiceSettings,
-    /// Deploys the rail stub and points the proxy at it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stub: Option<RailStubSpec>,
+dlock_kind! {
+    kind: "RailProxy", status: "WorkloadStatus", shortname: "rp",
+    columns: [Ready, ("Replicas", "string", ".status.summary")],
+    /// The rail proxy, the only caller of the rail, and optionally the rail stub behind it.
+    #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[x_kube(validation = Rule::new("has(self.railUrl) != has(self.stub)").message("set exactly one of spec.railUrl (a real rail) and spec.stub (the rail stub)"))]
+    #[serde(rename_all = "camelCase")]
+    pub struct RailProxySpec {
+        /// paydb, where the high-water marks and the intents live.
+        pub database_url_secret: SecretKeyRef,
+        /// The rail's URL; absent when `stub` is set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub rail_url: Option<String>,
+        /// `rail.proxy.read-timeout-ms`; the pods' termination grace is set above it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(min = 100, max = 120000))]
+        pub read_timeout_ms: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub operator_token_secret: Option<SecretKeyRef>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        // Replicas, pods, authentication and proof keys: what every service has.
+        #[serde(flatten)]
+        pub service: ServiceSettings,
+        /// Deploys the rail stub and points the proxy at it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub stub: Option<RailStubSpec>,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -246,6 +246,28 @@ fn secret_env(
     env
 }
 
+/// The section `spec.backend.type` names (`type_`), which must be set while the `other` is not.
+fn backend_section<'a, T>(
+    type_: &str,
+    section: Option<&'a T>,
+    other: &str,
+    other_set: bool,
+) -> Result<&'a T, Invalid> {
+    let section = section.ok_or_else(|| {
+        invalid(
+            &format!("spec.backend.{type_}"),
+            format!("is required when spec.backend.type is {type_}"),
+        )
+    })?;
+    if other_set {
+        return Err(invalid(
+            &format!("spec.backend.{other}"),
+            format!("must be absent when type is {type_}"),
+        ));
+    }
+    Ok(section)
+}
+
 pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload, Invalid> {
     let spec = &object.spec;
     let mut secret_env = Vec::new();
@@ -253,18 +275,12 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
     let mut etcd = None;
     let backend = match spec.backend.type_ {
         BackendType::Pg => {
-            let pg = spec.backend.pg.as_ref().ok_or_else(|| {
-                invalid(
-                    "spec.backend.pg",
-                    "is required when spec.backend.type is pg",
-                )
-            })?;
-            if spec.backend.etcd.is_some() {
-                return Err(invalid(
-                    "spec.backend.etcd",
-                    "must be absent when type is pg",
-                ));
-            }
+            let pg = backend_section(
+                "pg",
+                spec.backend.pg.as_ref(),
+                "etcd",
+                spec.backend.etcd.is_some(),
+            )?;
             secret_env.push(SecretEnv {
                 name: "DLOCK_LOCK_PG_URL".to_owned(),
                 secret: pg.url_secret.clone(),
@@ -272,18 +288,12 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
             config::LockBackend::Pg
         }
         BackendType::Etcd => {
-            let backend = spec.backend.etcd.as_ref().ok_or_else(|| {
-                invalid(
-                    "spec.backend.etcd",
-                    "is required when spec.backend.type is etcd",
-                )
-            })?;
-            if spec.backend.pg.is_some() {
-                return Err(invalid(
-                    "spec.backend.pg",
-                    "must be absent when type is etcd",
-                ));
-            }
+            let backend = backend_section(
+                "etcd",
+                spec.backend.etcd.as_ref(),
+                "pg",
+                spec.backend.pg.is_some(),
+            )?;
             if backend.endpoints.is_empty() {
                 return Err(invalid(
                     "spec.backend.etcd.endpoints",
