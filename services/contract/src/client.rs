@@ -238,54 +238,80 @@ impl Hop {
     }
 }
 
+/// The methods every typed client has over its [`Hop`] (a field `hop`): the same client with a
+/// credential, as the operator or in a trace, and what it sends to. `plain` adds `new` and
+/// `with_http` for a client that is its hop alone.
+macro_rules! hop_client {
+    ($client:ident, plain) => {
+        impl $client {
+            /// `base` is the service's URL (`http://127.0.0.1:7070`); `owner_id` goes on every
+            /// write. The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a
+            /// malformed map is an error here.
+            pub fn new(base: &str, owner_id: &str) -> Result<Self, $crate::client::ClientError> {
+                Ok(Self {
+                    hop: $crate::client::Hop::new(base, owner_id)?,
+                })
+            }
+
+            pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
+                Self {
+                    hop: $crate::client::Hop::with_http(base, owner_id, http),
+                }
+            }
+        }
+        $crate::client::hop_client!($client);
+    };
+    ($client:ident) => {
+        impl $client {
+            /// A client that presents `credential` on every call (`None`: none).
+            pub fn with_credential(&self, credential: Option<$crate::auth::Credential>) -> Self {
+                let mut client = self.clone();
+                client.hop = self.hop.with_credential(credential);
+                client
+            }
+
+            /// A client that sends the operator credential, for the operator's calls.
+            pub fn as_operator(&self, token: &str) -> Self {
+                self.with_credential(Some($crate::auth::Credential::fixed(token)))
+            }
+
+            /// A client whose calls all belong to one trace (one payout is one trace).
+            pub fn in_trace(&self, trace_id: &str) -> Self {
+                let mut client = self.clone();
+                client.hop = self.hop.in_trace(trace_id);
+                client
+            }
+
+            pub fn owner_id(&self) -> &str {
+                self.hop.owner_id()
+            }
+
+            pub fn base(&self) -> &str {
+                self.hop.base()
+            }
+
+            fn request(
+                &self,
+                method: reqwest::Method,
+                path: &str,
+                timeout: std::time::Duration,
+            ) -> (String, reqwest::RequestBuilder) {
+                self.hop.request(method, path, timeout)
+            }
+        }
+    };
+}
+pub(crate) use hop_client;
+
 /// The lock server's client (C3 §3.3).
 #[derive(Debug, Clone)]
 pub struct LockClient {
     hop: Hop,
 }
 
+hop_client!(LockClient, plain);
+
 impl LockClient {
-    /// `base` is the lock server's URL (`http://127.0.0.1:7070`); `owner_id` goes on every write.
-    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]); a malformed map
-    /// is an error here.
-    pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
-        Ok(Self {
-            hop: Hop::new(base, owner_id)?,
-        })
-    }
-
-    pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
-        Self {
-            hop: Hop::with_http(base, owner_id, http),
-        }
-    }
-
-    /// A client that presents `credential` on every call (`None`: none).
-    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
-        Self {
-            hop: self.hop.with_credential(credential),
-        }
-    }
-
-    /// A client whose calls all belong to one trace (one payout is one trace).
-    pub fn in_trace(&self, trace_id: &str) -> Self {
-        Self {
-            hop: self.hop.in_trace(trace_id),
-        }
-    }
-
-    pub fn owner_id(&self) -> &str {
-        self.hop.owner_id()
-    }
-
-    pub fn base(&self) -> &str {
-        self.hop.base()
-    }
-
-    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
-        self.hop.request(method, path, timeout)
-    }
-
     fn json<B: Serialize>(builder: RequestBuilder, body: &B) -> RequestBuilder {
         Hop::json(builder, body)
     }

@@ -39,48 +39,9 @@ pub(crate) fn with_proof(req: RequestBuilder, proof: Option<&str>) -> RequestBui
     }
 }
 
+crate::client::hop_client!(PaymentClient, plain);
+
 impl PaymentClient {
-    /// `base` is the payment resource's URL; `owner_id` goes on every write.
-    /// The base goes through `DLOCK_SERVICE_ADDRESSES` ([`crate::address_map`]).
-    pub fn new(base: &str, owner_id: &str) -> Result<Self, ClientError> {
-        Ok(Self {
-            hop: Hop::new(base, owner_id)?,
-        })
-    }
-
-    pub fn with_http(base: &str, owner_id: &str, http: reqwest::Client) -> Self {
-        Self {
-            hop: Hop::with_http(base, owner_id, http),
-        }
-    }
-
-    /// A client whose calls all belong to one trace (one payout is one trace).
-    pub fn in_trace(&self, trace_id: &str) -> Self {
-        Self {
-            hop: self.hop.in_trace(trace_id),
-        }
-    }
-
-    /// A client that presents `credential` on every call (`None`: none).
-    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
-        Self {
-            hop: self.hop.with_credential(credential),
-        }
-    }
-
-    /// A client that sends the operator credential, for fence advances and resolutions.
-    pub fn as_operator(&self, token: &str) -> Self {
-        self.with_credential(Some(crate::auth::Credential::fixed(token)))
-    }
-
-    pub fn base(&self) -> &str {
-        self.hop.base()
-    }
-
-    fn request(&self, method: Method, path: &str, timeout: Duration) -> (String, RequestBuilder) {
-        self.hop.request(method, path, timeout)
-    }
-
     fn write<B: Serialize>(
         &self,
         path: &str,

@@ -82,6 +82,8 @@ pub struct RailClient {
     submit_timeout: Duration,
 }
 
+crate::client::hop_client!(RailClient);
+
 impl RailClient {
     /// `rail_read_timeout` is the proxy's own timeout towards the rail; this client waits that
     /// plus a margin, so that the proxy observes the outcome before its caller gives up.
@@ -108,34 +110,6 @@ impl RailClient {
             hop: Hop::with_http(base, owner_id, http),
             submit_timeout: rail_read_timeout + SUBMIT_READ_MARGIN,
         })
-    }
-
-    /// A client that presents `credential` on every call (`None`: none).
-    pub fn with_credential(&self, credential: Option<crate::auth::Credential>) -> Self {
-        Self {
-            hop: self.hop.with_credential(credential),
-            ..self.clone()
-        }
-    }
-
-    pub fn as_operator(&self, token: &str) -> Self {
-        self.with_credential(Some(crate::auth::Credential::fixed(token)))
-    }
-
-    pub fn in_trace(&self, trace_id: &str) -> Self {
-        Self {
-            hop: self.hop.in_trace(trace_id),
-            ..self.clone()
-        }
-    }
-
-    fn request(
-        &self,
-        method: Method,
-        path: &str,
-        timeout: Duration,
-    ) -> (String, reqwest::RequestBuilder) {
-        self.hop.request(method, path, timeout)
     }
 
     /// Submits once, without a proof (a proxy without `fencing.proof-keys-file`). Never call it

@@ -184,11 +184,8 @@ pub async fn expire_unresolved(state: &AppState) -> usize {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    let check: Result<(bool,), _> = sqlx::query_as("SELECT pg_is_in_recovery()")
-        .fetch_one(&state.pool)
-        .await;
-    match check {
-        Ok((false,)) => json_response(StatusCode::OK, &json!({"status": "ready"})),
+    match dlock_server::pg::standby(&state.pool, "paydb").await {
+        Ok(None) => json_response(StatusCode::OK, &json!({"status": "ready"})),
         _ => ApiError::new(
             ErrorCode::RailUnavailable,
             "paydb is not reachable as a primary; this replica should not receive traffic",

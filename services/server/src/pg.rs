@@ -107,6 +107,15 @@ impl PgSettings {
     }
 }
 
+/// Whether `database` behind `pool` takes writes: `None` for a primary, `Some(why)` for a standby
+/// in recovery.
+pub async fn standby(pool: &PgPool, database: &str) -> Result<Option<String>, sqlx::Error> {
+    let (in_recovery,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
+        .fetch_one(pool)
+        .await?;
+    Ok(in_recovery.then(|| format!("{database} is in recovery (a standby)")))
+}
+
 /// What a database failure lets the caller conclude (D-4): `Some(why)` when `database` cannot
 /// take writes here (unreachable, a read-only replica, shutting down or still starting), so
 /// nothing happened and the call may be retried elsewhere (NOT_LEADER); `None` for any other

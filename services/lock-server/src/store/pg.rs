@@ -348,16 +348,11 @@ impl PgStore {
 
     /// Ready when the database answers and takes writes (it is a primary, not in recovery).
     pub async fn ready(&self) -> StoreResult<()> {
-        let (in_recovery,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_sqlx)?;
-        if in_recovery {
-            return Err(StoreError::NotLeader(
-                "lockdb is in recovery (a standby)".into(),
-            ));
+        let standby = dlock_server::pg::standby(&self.pool, "lockdb").await;
+        match standby.map_err(map_sqlx)? {
+            Some(why) => Err(StoreError::NotLeader(why)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     pub async fn sweep(&self, retention: &SweepRetention) -> StoreResult<u64> {
