@@ -10,6 +10,7 @@ mod etcd_leader;
 mod etcd_tls;
 mod exclusion;
 mod executor_deadline;
+mod executor_report;
 mod expiry;
 mod hardening;
 mod harness;

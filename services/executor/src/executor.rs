@@ -9,7 +9,7 @@
 //! - submit is tried exactly once, ever; FENCED_OUT aborts the whole critical section; an
 //!   ambiguous outcome is reported, the lock released and the payout left alone.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -141,10 +141,24 @@ struct Shared {
     fenced: AtomicUsize,
     cycles: AtomicUsize,
     outcomes: Mutex<BTreeMap<String, usize>>,
+    /// The terminal state the payment resource answered for a payout during this run (a GET
+    /// that found it settled, or the post's answer). A terminal state has no way out, so the
+    /// final report reads again only the payouts missing here.
+    terminal: std::sync::Mutex<HashMap<Uuid, PayoutState>>,
     total: usize,
 }
 
 impl Shared {
+    /// Remembers a state the payment resource answered, when it is terminal.
+    fn saw(&self, payout_id: Uuid, state: PayoutState) {
+        if state.is_terminal() {
+            self.terminal
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(payout_id, state);
+        }
+    }
+
     fn hops(&self, payout: Uuid) -> Hops {
         // One payout is one trace, across every cycle and every process.
         let trace = payout.simple().to_string();
@@ -257,6 +271,7 @@ async fn run(
         fenced: AtomicUsize::new(0),
         cycles: AtomicUsize::new(0),
         outcomes: Mutex::new(BTreeMap::new()),
+        terminal: std::sync::Mutex::new(HashMap::new()),
         total,
     });
     let progress = crate::progress::Progress::start(options.progress, total as u64);
@@ -281,30 +296,39 @@ async fn run(
         ..Report::default()
     };
     let mut complete = true;
-    // Read 16 at a time: one by one, the final read of a large batch took longer than paying it.
-    let read: Vec<Result<dlock_contract::payment::Payout>> =
-        futures::stream::iter(batch.plan().into_iter().map(|p| {
-            let payment = shared.payment.clone();
-            async move {
-                (|| payment.get_payout(p.payout_id))
-                    .retry(retry_policy(2))
-                    .await
-                    .with_context(|| format!("reading payout {}", p.payout_id))
+    // A payout whose terminal state the resource answered during the run keeps it; every other
+    // one is read again, 16 at a time (one by one, the final read of a large batch took longer
+    // than paying it).
+    let terminal = std::mem::take(
+        &mut *shared
+            .terminal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let read: Vec<Result<PayoutState>> = futures::stream::iter(batch.plan().into_iter().map(|p| {
+        let payment = shared.payment.clone();
+        let known = terminal.get(&p.payout_id).copied();
+        async move {
+            if let Some(state) = known {
+                return Ok(state);
             }
-        }))
-        .buffered(16)
-        .collect()
-        .await;
-    for (p, payout) in batch.plan().into_iter().zip(read) {
-        let payout = payout?;
-        *report
-            .states
-            .entry(payout.state.as_str().to_owned())
-            .or_default() += 1;
-        if payout.state == PayoutState::RailAmbiguous {
+            (|| payment.get_payout(p.payout_id))
+                .retry(retry_policy(2))
+                .await
+                .map(|payout| payout.state)
+                .with_context(|| format!("reading payout {}", p.payout_id))
+        }
+    }))
+    .buffered(16)
+    .collect()
+    .await;
+    for (p, state) in batch.plan().into_iter().zip(read) {
+        let state = state?;
+        *report.states.entry(state.as_str().to_owned()).or_default() += 1;
+        if state == PayoutState::RailAmbiguous {
             report.ambiguous.push(p.payout_id);
         }
-        if !(payout.state.is_terminal() || payout.state == PayoutState::RailAmbiguous) {
+        if !(state.is_terminal() || state == PayoutState::RailAmbiguous) {
             complete = false;
         }
     }
@@ -534,6 +558,7 @@ async fn critical_section(
         Ok(p) => p,
         Err(_) => return CycleOutcome::Unavailable,
     };
+    shared.saw(id, payout.state);
     let (rail_reference, submission_id) = match payout.state {
         PayoutState::Posted
         | PayoutState::Failed
@@ -588,7 +613,10 @@ async fn critical_section(
     .await
     {
         Write::DeadlinePassed => CycleOutcome::DeadlinePassed,
-        Write::Done(Ok(_)) => CycleOutcome::Settled,
+        Write::Done(Ok(posted)) => {
+            shared.saw(id, posted.state);
+            CycleOutcome::Settled
+        }
         Write::Done(Err(e)) => refused(shared, planned, Some(held), Step::Post, &e),
     }
 }
