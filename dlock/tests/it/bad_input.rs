@@ -5,7 +5,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, LockStack, client};
+use crate::harness::{Backend, LockStack, client, hold, on_each_backend, session};
 use crate::steps::{Runner, Step, delete, get, post, step};
 
 const INVALID: &str = "VALIDATION_FAILED";
@@ -271,18 +271,9 @@ async fn run(backend: Backend) {
     let mut stack = LockStack::backend(backend, &[]);
     let url = stack.serve().await;
     let owner = client(&url, "owner");
-    let session = owner
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let grant = owner
-        .acquire("bad:held", session.session_id, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let steps = table(
-        &session.session_id.to_string(),
-        &grant.fencing_token.to_string(),
-    );
+    let session = session(&owner, 30_000).await;
+    let grant = hold(&owner, "bad:held", session, 30_000).await;
+    let steps = table(&session.to_string(), &grant.fencing_token.to_string());
     // A good request after the bad ones: the snapshot that saw no change sees this one.
     let control = post("control: a good session", "/v1/sessions")
         .owner("control")
@@ -301,12 +292,4 @@ async fn run(backend: Backend) {
     assert_eq!(still["fencingToken"], json!(grant.fencing_token));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bad_input_gets_its_code_and_changes_nothing_on_pg() {
-    run(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bad_input_gets_its_code_and_changes_nothing_on_etcd() {
-    run(Backend::Etcd).await;
-}
+on_each_backend!(run => bad_input_gets_its_code_and_changes_nothing_on_pg, bad_input_gets_its_code_and_changes_nothing_on_etcd);

@@ -164,6 +164,14 @@ impl Chaos {
         self.posted()
     }
 
+    /// Waits up to `timeout` until `at_least` payouts are posted; `what` names the wait.
+    pub(crate) async fn progressed(&self, what: &str, at_least: usize, timeout: Duration) {
+        eventually(what, timeout, || async {
+            (self.posted() >= at_least).then_some(())
+        })
+        .await;
+    }
+
     /// What the invariant checker reads.
     pub(crate) fn checked(&self) -> CheckedStack {
         CheckedStack {
@@ -419,12 +427,13 @@ async fn a_paused_holder_is_fenced_after_another_takes_the_account_over() {
         "executor-stopped",
         &["--lock-ttl-ms", "1500", "--session-ttl-ms", "1500"],
     );
-    eventually(
-        "the first executor makes progress",
-        Duration::from_secs(30),
-        || async { (chaos.posted_count().await >= 5).then_some(()) },
-    )
-    .await;
+    chaos
+        .progressed(
+            "the first executor makes progress",
+            5,
+            Duration::from_secs(30),
+        )
+        .await;
     stopped
         .signal(Signal::SIGSTOP)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -523,12 +532,9 @@ async fn killing_each_service_mid_batch_pays_nobody_twice() {
         .enumerate()
     {
         let floor = 20 * (n + 1);
-        eventually(
-            "the batch makes progress",
-            Duration::from_secs(60),
-            || async { (chaos.posted_count().await >= floor).then_some(()) },
-        )
-        .await;
+        chaos
+            .progressed("the batch makes progress", floor, Duration::from_secs(60))
+            .await;
         // The proxy dies with forwards in flight (the rail takes 150 ms each).
         chaos.restart(target);
         faults += 1;
@@ -545,62 +551,59 @@ async fn killing_each_service_mid_batch_pays_nobody_twice() {
         .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_postgres_restart_mid_batch_pays_nobody_twice() {
-    let mut chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "20")], 1_000);
-    chaos.accounts("pgr", 8, 10_000_000).await;
-    let batch = chaos.batch("pgr-batch", "pgr", 8, 120);
-    let (a, a_log) = chaos.executor(&batch, "executor-pgr", &[]);
-    eventually(
-        "the batch makes progress",
-        Duration::from_secs(60),
-        || async { (chaos.posted_count().await >= 30).then_some(()) },
-    )
-    .await;
+/// A backing server restarts (`restart`) once a batch of 120 payouts on 8 accounts has posted 30;
+/// the batch finishes and nobody is paid twice.
+async fn restart_mid_batch(
+    backend: Backend,
+    prefix: &str,
+    scenario: &'static str,
+    restart: impl FnOnce(&mut Chaos),
+) {
+    let mut chaos = Chaos::start(backend, &[("rail.stub.latency-ms", "20")], 1_000);
+    chaos.accounts(prefix, 8, 10_000_000).await;
+    let batch_id = format!("{prefix}-batch");
+    let batch = chaos.batch(&batch_id, prefix, 8, 120);
+    let (a, a_log) = chaos.executor(&batch, &format!("executor-{prefix}"), &[]);
     chaos
-        .pg
-        .as_mut()
-        .map(|pg| pg.restart())
-        .unwrap_or_else(|| panic!("the stack runs PostgreSQL"))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        .progressed("the batch makes progress", 30, Duration::from_secs(60))
+        .await;
+    restart(&mut chaos);
     let fenced = chaos.finish(a, &a_log);
     header();
     chaos
-        .check(
-            "PostgreSQL restart",
-            &[("pgr-batch", "pgr", 120)],
-            1,
-            fenced,
-        )
+        .check(scenario, &[(&batch_id, prefix, 120)], 1, fenced)
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_restart_mid_batch_pays_nobody_twice() {
+    restart_mid_batch(Backend::Pg, "pgr", "PostgreSQL restart", |chaos| {
+        chaos
+            .pg
+            .as_mut()
+            .map(|pg| pg.restart())
+            .unwrap_or_else(|| panic!("the stack runs PostgreSQL"))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_etcd_restart_mid_batch_pays_nobody_twice() {
-    let mut chaos = Chaos::start(Backend::Etcd, &[("rail.stub.latency-ms", "20")], 1_000);
-    chaos.accounts("etcdr", 8, 10_000_000).await;
-    let batch = chaos.batch("etcdr-batch", "etcdr", 8, 120);
-    let (a, a_log) = chaos.executor(&batch, "executor-etcdr", &[]);
-    eventually(
-        "the batch makes progress",
-        Duration::from_secs(60),
-        || async { (chaos.posted_count().await >= 30).then_some(()) },
+    restart_mid_batch(
+        Backend::Etcd,
+        "etcdr",
+        "etcd restart (etcd backend)",
+        |chaos| {
+            let etcd = chaos
+                .etcd
+                .as_mut()
+                .unwrap_or_else(|| panic!("the stack runs etcd"));
+            etcd.stop();
+            etcd.start_again().unwrap_or_else(|e| panic!("{e:#}"));
+        },
     )
     .await;
-    if let Some(etcd) = chaos.etcd.as_mut() {
-        etcd.stop();
-        etcd.start_again().unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let fenced = chaos.finish(a, &a_log);
-    header();
-    chaos
-        .check(
-            "etcd restart (etcd backend)",
-            &[("etcdr-batch", "etcdr", 120)],
-            1,
-            fenced,
-        )
-        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

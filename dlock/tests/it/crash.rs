@@ -10,7 +10,7 @@ use dlock_contract::ErrorCode;
 use dlock_contract::client::ClientError;
 use tokio::sync::Mutex;
 
-use crate::harness::{Backend, LockStack, client, eventually, port};
+use crate::harness::{Backend, LockStack, client, eventually, on_each_backend, port};
 
 const WORKERS: usize = 8;
 const KILLS: usize = 2;
@@ -160,12 +160,4 @@ async fn run(backend: Backend) {
     drop(process);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_and_restart_loses_no_grant_and_never_reissues_a_token_on_pg() {
-    run(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_and_restart_loses_no_grant_and_never_reissues_a_token_on_etcd() {
-    run(Backend::Etcd).await;
-}
+on_each_backend!(run => sigkill_and_restart_loses_no_grant_and_never_reissues_a_token_on_pg, sigkill_and_restart_loses_no_grant_and_never_reissues_a_token_on_etcd);

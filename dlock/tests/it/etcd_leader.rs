@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 
 use crate::chaos::{Chaos, header};
 use crate::etcd_tls::{SecureEtcd, tls_options};
-use crate::harness::{Backend, client, eventually};
+use crate::harness::{Backend, client, eventually, hold, session};
 
 /// The member that leads now, by etcd's status API (asked of each member in turn, as `root`).
 async fn leader(cluster: &EtcdCluster, admin: &ConnectOptions) -> usize {
@@ -122,14 +122,8 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
     // A holder whose grant spans the election, and a probe doing whole cycles every 50 ms.
     let lock_url = chaos.lock().url();
     let holder = client(&lock_url, "holder");
-    let held_session = holder
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let held = holder
-        .acquire("probe:held", held_session.session_id, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let held_session = session(&holder, 30_000).await;
+    let held = hold(&holder, "probe:held", held_session, 30_000).await;
 
     let seen = Arc::new(Seen::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -195,12 +189,9 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         }
     });
 
-    eventually(
-        "the batch makes progress",
-        Duration::from_secs(60),
-        || async { (chaos.posted_count().await >= 30).then_some(()) },
-    )
-    .await;
+    chaos
+        .progressed("the batch makes progress", 30, Duration::from_secs(60))
+        .await;
     let old_leader = leader(&secure.cluster, &admin).await;
     let posted_at_kill = chaos.posted_count().await;
     let killed_at = Instant::now();
@@ -223,12 +214,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let held_outcome = match past_not_leader(|| {
-        holder.renew(
-            "probe:held",
-            held_session.session_id,
-            held.fencing_token,
-            None,
-        )
+        holder.renew("probe:held", held_session, held.fencing_token, None)
     })
     .await
     {

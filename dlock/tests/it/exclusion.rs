@@ -13,7 +13,7 @@ use dlock_contract::ErrorCode;
 use dlock_contract::session::LockSession;
 use tokio::sync::Mutex;
 
-use crate::harness::{Backend, LockStack, client};
+use crate::harness::{Backend, LockStack, client, on_each_backend};
 
 const CLIENTS: usize = 16;
 const KEYS: usize = 4;
@@ -62,60 +62,21 @@ fn check(history: &BTreeMap<String, Vec<Held>>) -> Result<usize, String> {
 #[test]
 fn the_checker_catches_overlap_and_reordered_tokens() {
     let t0 = Instant::now();
-    let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let overlap = BTreeMap::from([(
-        "k".to_owned(),
-        vec![
-            Held {
-                token: 1,
-                client: 0,
-                granted: at(0),
-                released: at(10),
-            },
-            Held {
-                token: 2,
-                client: 1,
-                granted: at(5),
-                released: at(20),
-            },
-        ],
-    )]);
+    // Two grants of one key: (token, granted ms, released ms) for client 0, then client 1.
+    let history = |a: (i64, u64, u64), b: (i64, u64, u64)| {
+        let held = |client, (token, granted, released): (i64, u64, u64)| Held {
+            token,
+            client,
+            granted: t0 + Duration::from_millis(granted),
+            released: t0 + Duration::from_millis(released),
+        };
+        BTreeMap::from([("k".to_owned(), vec![held(0, a), held(1, b)])])
+    };
+    let overlap = history((1, 0, 10), (2, 5, 20));
     assert!(check(&overlap).is_err());
-    let reordered = BTreeMap::from([(
-        "k".to_owned(),
-        vec![
-            Held {
-                token: 5,
-                client: 0,
-                granted: at(0),
-                released: at(10),
-            },
-            Held {
-                token: 3,
-                client: 1,
-                granted: at(11),
-                released: at(20),
-            },
-        ],
-    )]);
+    let reordered = history((5, 0, 10), (3, 11, 20));
     assert!(check(&reordered).is_err());
-    let fine = BTreeMap::from([(
-        "k".to_owned(),
-        vec![
-            Held {
-                token: 3,
-                client: 0,
-                granted: at(0),
-                released: at(10),
-            },
-            Held {
-                token: 5,
-                client: 1,
-                granted: at(10),
-                released: at(20),
-            },
-        ],
-    )]);
+    let fine = history((3, 0, 10), (5, 10, 20));
     assert_eq!(check(&fine), Ok(2));
 }
 
@@ -181,12 +142,4 @@ async fn run(backend: Backend) {
     drop(stack);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn no_two_grants_of_a_key_overlap_on_pg() {
-    run(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn no_two_grants_of_a_key_overlap_on_etcd() {
-    run(Backend::Etcd).await;
-}
+on_each_backend!(run => no_two_grants_of_a_key_overlap_on_pg, no_two_grants_of_a_key_overlap_on_etcd);

@@ -5,41 +5,24 @@ use std::time::{Duration, Instant};
 use dlock_contract::ErrorCode;
 use dlock_contract::session::LockSession;
 
-use crate::harness::{BOTH, Backend, LockStack, client, eventually};
+use crate::harness::{Backend, LockStack, client, eventually, hold, on_both_backends, session};
 
 async fn session_end_releases_every_lock(backend: Backend) {
     let mut stack = LockStack::backend(backend, &[]);
     let url = stack.serve().await;
     let holder = client(&url, "holder");
     let other = client(&url, "other");
-    let short = holder
-        .create_session(Some(1_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let long = holder
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let watcher = other
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let short = session(&holder, 1_000).await;
+    let long = session(&holder, 30_000).await;
+    let watcher = session(&other, 30_000).await;
     for key in ["fr04:a", "fr04:b", "fr04:c"] {
-        holder
-            .acquire(key, short.session_id, Some(60_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        hold(&holder, key, short, 60_000).await;
     }
     for key in ["fr04:d", "fr04:e"] {
-        holder
-            .acquire(key, long.session_id, Some(60_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        hold(&holder, key, long, 60_000).await;
     }
     // While the short session lives, its locks are held against others.
-    let busy = other
-        .acquire("fr04:a", watcher.session_id, None, None)
-        .await;
+    let busy = other.acquire("fr04:a", watcher, None, None).await;
     assert_eq!(
         busy.err().and_then(|e| e.code()),
         Some(ErrorCode::LockContended)
@@ -52,7 +35,7 @@ async fn session_end_releases_every_lock(backend: Backend) {
         || async { (!other.get("fr04:a").await.ok()?.held).then_some(()) },
     )
     .await;
-    let lapsed = holder.heartbeat(short.session_id).await;
+    let lapsed = holder.heartbeat(short).await;
     assert_eq!(
         lapsed.err().and_then(|e| e.code()),
         Some(ErrorCode::SessionExpired)
@@ -61,18 +44,18 @@ async fn session_end_releases_every_lock(backend: Backend) {
         let info = other.get(key).await.unwrap_or_else(|e| panic!("{e}"));
         assert!(!info.held, "{key} is still held after its session lapsed");
         other
-            .acquire(key, watcher.session_id, None, None)
+            .acquire(key, watcher, None, None)
             .await
             .unwrap_or_else(|e| panic!("{key}: {e}"));
     }
     // Ending the long session releases its locks at once.
     holder
-        .end_session(long.session_id)
+        .end_session(long)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     for key in ["fr04:d", "fr04:e"] {
         other
-            .acquire(key, watcher.session_id, None, None)
+            .acquire(key, watcher, None, None)
             .await
             .unwrap_or_else(|e| panic!("{key}: {e}"));
     }
@@ -81,12 +64,7 @@ async fn session_end_releases_every_lock(backend: Backend) {
     assert!(held.items.iter().all(|g| g.owner_id == "other"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lapsed_or_ended_session_releases_every_lock_on_both_backends() {
-    for backend in BOTH {
-        session_end_releases_every_lock(backend).await;
-    }
-}
+on_both_backends!(a_lapsed_or_ended_session_releases_every_lock_on_both_backends => session_end_releases_every_lock);
 
 /// The contract's `LockSession` keeps a session alive past its TTL, gives each held lock a
 /// deadline from the granted lease, and says when the session is lost (here: ended behind its
@@ -157,9 +135,4 @@ async fn a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost(backend: Ba
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost_on_both_backends() {
-    for backend in BOTH {
-        a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost(backend).await;
-    }
-}
+on_both_backends!(a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost_on_both_backends => a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost);

@@ -20,6 +20,35 @@ pub enum Backend {
 
 pub const BOTH: [Backend; 2] = [Backend::Pg, Backend::Etcd];
 
+/// A test named `$test` that runs the scenario `$scenario(backend)` on each of [`BOTH`] in turn.
+macro_rules! on_both_backends {
+    ($test:ident => $scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            for backend in $crate::harness::BOTH {
+                $scenario(backend).await;
+            }
+        }
+    };
+}
+pub(crate) use on_both_backends;
+
+/// Two tests, `$pg` and `$etcd`, that run the scenario `$scenario(backend)` on that backend.
+macro_rules! on_each_backend {
+    ($scenario:ident => $pg:ident, $etcd:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $pg() {
+            $scenario($crate::harness::Backend::Pg).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $etcd() {
+            $scenario($crate::harness::Backend::Etcd).await;
+        }
+    };
+}
+pub(crate) use on_each_backend;
+
 pub struct LockStack {
     pub backend: Backend,
     pub pg: Option<PgServer>,
@@ -141,6 +170,43 @@ impl LockStack {
 
 pub fn client(url: &str, owner: &str) -> LockClient {
     LockClient::new(url, owner).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A new session of `client`'s, of `ttl_ms`.
+pub async fn session(client: &LockClient, ttl_ms: i64) -> uuid::Uuid {
+    client
+        .create_session(Some(ttl_ms))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", client.owner_id()))
+        .session_id
+}
+
+/// A client named `owner` on `url`, with a session of `ttl_ms`.
+pub async fn party(url: &str, owner: &str, ttl_ms: i64) -> (LockClient, uuid::Uuid) {
+    let c = client(url, owner);
+    let s = session(&c, ttl_ms).await;
+    (c, s)
+}
+
+/// `key` granted to `client` on `session` for `ttl_ms`.
+pub async fn hold(
+    client: &LockClient,
+    key: &str,
+    session: uuid::Uuid,
+    ttl_ms: i64,
+) -> dlock_contract::lock::LockGrant {
+    client
+        .acquire(key, session, Some(ttl_ms), None)
+        .await
+        .unwrap_or_else(|e| panic!("{} holds {key}: {e}", client.owner_id()))
+}
+
+/// Releases `client`'s grant of `key` (`token`, on `session`).
+pub async fn release(client: &LockClient, key: &str, session: uuid::Uuid, token: i64) {
+    client
+        .release(key, session, token)
+        .await
+        .unwrap_or_else(|e| panic!("{} releases {key}: {e}", client.owner_id()));
 }
 
 pub fn port() -> u16 {

@@ -9,7 +9,7 @@ use dlock_contract::client::ClientError;
 use reqwest::Method;
 use serde_json::json;
 
-use crate::harness::{BOTH, Backend, LockStack, client, raw};
+use crate::harness::{Backend, LockStack, client, hold, on_both_backends, party, raw, session};
 
 fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode> {
     result.as_ref().err().and_then(ClientError::code)
@@ -20,20 +20,9 @@ fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode
 async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
     let mut stack = LockStack::backend(backend, &[]);
     let url = stack.serve().await;
-    let alice = client(&url, "alice");
-    let mallory = client(&url, "mallory");
-    let a = alice
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let m = mallory
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let grant = alice
-        .acquire("owner:k", a.session_id, Some(5_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (alice, a) = party(&url, "alice", 30_000).await;
+    let (mallory, m) = party(&url, "mallory", 30_000).await;
+    let grant = hold(&alice, "owner:k", a, 5_000).await;
     // The token is public.
     let seen = mallory
         .get("owner:k")
@@ -42,29 +31,25 @@ async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
     let token = seen.fencing_token.unwrap_or_default();
     assert_eq!(token, grant.fencing_token);
 
-    let renewed = mallory
-        .renew("owner:k", m.session_id, token, Some(60_000))
-        .await;
+    let renewed = mallory.renew("owner:k", m, token, Some(60_000)).await;
     assert_eq!(
         code(&renewed),
         Some(ErrorCode::LockLost),
         "{backend:?}: another owner renewed alice's grant: {renewed:?}"
     );
     // Even naming alice's session changes nothing: the session is alice's, not mallory's.
-    let renewed = mallory
-        .renew("owner:k", a.session_id, token, Some(60_000))
-        .await;
+    let renewed = mallory.renew("owner:k", a, token, Some(60_000)).await;
     assert!(
         renewed.is_err(),
         "{backend:?}: renew through alice's session id"
     );
-    let released = mallory.release("owner:k", m.session_id, token).await;
+    let released = mallory.release("owner:k", m, token).await;
     assert_eq!(
         code(&released),
         Some(ErrorCode::LockLost),
         "{backend:?}: another owner released alice's grant: {released:?}"
     );
-    let released = mallory.release("owner:k", a.session_id, token).await;
+    let released = mallory.release("owner:k", a, token).await;
     assert_eq!(
         code(&released),
         Some(ErrorCode::LockLost),
@@ -77,29 +62,24 @@ async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
     assert_eq!(info.fencing_token, Some(grant.fencing_token));
     assert_eq!(info.owner_id.as_deref(), Some("alice"));
     assert_eq!(info.expires_at, Some(grant.expires_at), "{backend:?}");
-    let busy = mallory.acquire("owner:k", m.session_id, None, None).await;
+    let busy = mallory.acquire("owner:k", m, None, None).await;
     assert_eq!(code(&busy), Some(ErrorCode::LockContended));
 
     // The owner herself renews and releases as before.
     let renewed = alice
-        .renew("owner:k", a.session_id, grant.fencing_token, Some(10_000))
+        .renew("owner:k", a, grant.fencing_token, Some(10_000))
         .await
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
     assert_eq!(renewed.fencing_token, grant.fencing_token);
     alice
-        .release("owner:k", a.session_id, grant.fencing_token)
+        .release("owner:k", a, grant.fencing_token)
         .await
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
     let info = alice.get("owner:k").await.unwrap_or_else(|e| panic!("{e}"));
     assert!(!info.held);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn renew_and_release_refuse_a_caller_who_is_not_the_grant_owner_on_both_backends() {
-    for backend in BOTH {
-        renew_and_release_are_bound_to_the_owner(backend).await;
-    }
-}
+on_both_backends!(renew_and_release_refuse_a_caller_who_is_not_the_grant_owner_on_both_backends => renew_and_release_are_bound_to_the_owner);
 
 /// Item 7: on pg a revocation deleted the grant and then drew the floor without the per-key lock
 /// acquires take. A trigger widens the gap between the two (a second's sleep after the delete);
@@ -108,20 +88,9 @@ async fn renew_and_release_refuse_a_caller_who_is_not_the_grant_owner_on_both_ba
 async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_pg() {
     let mut stack = LockStack::backend(Backend::Pg, &[]);
     let url = stack.serve().await;
-    let holder = client(&url, "holder");
-    let next = client(&url, "next");
-    let h = holder
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let n = next
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let revoked = holder
-        .acquire("race:r7", h.session_id, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (holder, h) = party(&url, "holder", 30_000).await;
+    let (next, n) = party(&url, "next", 30_000).await;
+    let revoked = hold(&holder, "race:r7", h, 30_000).await;
     let pg = stack.pg.as_ref().unwrap_or_else(|| panic!("no pg"));
     pg.psql(
         "lockdb",
@@ -146,7 +115,7 @@ async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_
     });
     // The revocation is now asleep between its delete and its floor.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let granted = next.acquire("race:r7", n.session_id, None, None).await;
+    let granted = next.acquire("race:r7", n, None, None).await;
     let (status, _, body) = revoke.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status, 200, "{body}");
     let floor = body["newTokenFloor"].as_i64().unwrap_or_default();
@@ -165,7 +134,7 @@ async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_
         Err(e) => {
             assert_eq!(e.code(), Some(ErrorCode::LockContended), "{e}");
             let grant = next
-                .acquire("race:r7", n.session_id, None, None)
+                .acquire("race:r7", n, None, None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(grant.fencing_token > floor);
@@ -188,30 +157,20 @@ async fn lapsed_session_calls(backend: Backend) {
         probes.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(90 * i)).await;
             let key = format!("lapse:{i}");
-            let session = owner
-                .create_session(Some(3_000))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let session = session(&owner, 3_000).await;
             let created = Instant::now();
-            let grant = owner
-                .acquire(&key, session.session_id, Some(60_000), None)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let grant = hold(&owner, &key, session, 60_000).await;
             // Just past the session's TTL on the backend's side: lapsed, maybe not yet reaped.
             let lapse = created + Duration::from_millis(3_000 + 20 + 15 * i);
             tokio::time::sleep_until(lapse.into()).await;
-            let beat = owner.heartbeat(session.session_id).await;
+            let beat = owner.heartbeat(session).await;
             let acquire = owner
-                .acquire(&format!("{key}:b"), session.session_id, None, None)
+                .acquire(&format!("{key}:b"), session, None, None)
                 .await;
-            let renew = owner
-                .renew(&key, session.session_id, grant.fencing_token, None)
-                .await;
-            let release = owner
-                .release(&key, session.session_id, grant.fencing_token)
-                .await;
-            let end = owner.end_session(session.session_id).await;
-            let again = owner.heartbeat(session.session_id).await;
+            let renew = owner.renew(&key, session, grant.fencing_token, None).await;
+            let release = owner.release(&key, session, grant.fencing_token).await;
+            let end = owner.end_session(session).await;
+            let again = owner.heartbeat(session).await;
             vec![
                 ("heartbeat", code(&beat), format!("{beat:?}")),
                 ("acquire", code(&acquire), format!("{acquire:?}")),
@@ -249,9 +208,4 @@ async fn lapsed_session_calls(backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_call_on_a_lapsed_session_is_session_expired_never_a_500_on_both_backends() {
-    for backend in BOTH {
-        lapsed_session_calls(backend).await;
-    }
-}
+on_both_backends!(every_call_on_a_lapsed_session_is_session_expired_never_a_500_on_both_backends => lapsed_session_calls);

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
+use dlock_devstack::ManagedChild;
 use dlock_devstack::faultproxy::{Direction, Mode};
 use dlock_devstack::stack::{Role, StackBuilder};
 use uuid::Uuid;
@@ -49,12 +50,13 @@ async fn transfers(stack: &Chaos) -> usize {
 }
 
 async fn progress(stack: &Chaos, at_least: usize) {
-    eventually(
-        "the batch makes progress",
-        Duration::from_secs(40),
-        || async { (stack.posted() >= at_least).then_some(()) },
-    )
-    .await;
+    stack
+        .progressed(
+            "the batch makes progress",
+            at_least,
+            Duration::from_secs(40),
+        )
+        .await;
 }
 
 /// The chaos suite's checker, then the proxy's records against the rail's statement.
@@ -165,6 +167,25 @@ where
 
 /// Opens 8 funded accounts `{prefix}-00`… and writes the batch `{prefix}-batch` of `n` payouts
 /// over them.
+/// A stack on pg (the rail answering in 20 ms) with `role` in the namespace, the one whose link
+/// to paydb the test cuts.
+fn paydb_client_in_netns(role: Role) -> Chaos {
+    Chaos(
+        net_stack(Backend::Pg, &[("rail.stub.latency-ms", "20")], 1_000)
+            .in_netns(&[role])
+            .start(),
+    )
+}
+
+/// The batch of 120 payouts on `prefix`'s 8 accounts, and one executor paying it (and its log),
+/// 25 of them posted.
+async fn paying(stack: &Chaos, prefix: &str) -> (PathBuf, ManagedChild, PathBuf) {
+    let batch = batch_of(stack, prefix, 120).await;
+    let (executor, log) = stack.executor(&batch, &format!("executor-{prefix}"), &[]);
+    progress(stack, 25).await;
+    (batch, executor, log)
+}
+
 async fn batch_of(stack: &Chaos, prefix: &str, n: usize) -> PathBuf {
     stack.accounts(prefix, 8, 10_000_000).await;
     stack.batch(&format!("{prefix}-batch"), prefix, 8, n)
@@ -296,14 +317,8 @@ async fn cutting_the_rail_proxy_from_the_rail_mid_forward_leaves_payouts_ambiguo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an_intent() {
-    let stack = Chaos(
-        net_stack(Backend::Pg, &[("rail.stub.latency-ms", "20")], 1_000)
-            .in_netns(&[Role::RailProxy])
-            .start(),
-    );
-    let batch = batch_of(&stack, "ppay", 120).await;
-    let (a, a_log) = stack.executor(&batch, "executor-ppay", &[]);
-    progress(&stack, 25).await;
+    let stack = paydb_client_in_netns(Role::RailProxy);
+    let (_, a, a_log) = paying(&stack, "ppay").await;
     let cut = cut_from(&stack, stack.pg_peer());
     // A submission while paydb is silent is refused (503) or never answered: no intent, no
     // forward. It names a payout and an account that exist nowhere, so it can change nothing.
@@ -367,14 +382,8 @@ async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cutting_the_payment_resource_from_paydb_mid_batch_pays_nobody_twice() {
-    let stack = Chaos(
-        net_stack(Backend::Pg, &[("rail.stub.latency-ms", "20")], 1_000)
-            .in_netns(&[Role::PaymentResource])
-            .start(),
-    );
-    let batch = batch_of(&stack, "pres", 120).await;
-    let (a, a_log) = stack.executor(&batch, "executor-pres", &[]);
-    progress(&stack, 25).await;
+    let stack = paydb_client_in_netns(Role::PaymentResource);
+    let (batch, a, a_log) = paying(&stack, "pres").await;
     let cut = cut_from(&stack, stack.pg_peer());
     let payment = stack.payment_client();
     let probe = tokio::time::timeout(Duration::from_secs(4), payment.get_account("pres-00"));

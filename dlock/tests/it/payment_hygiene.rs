@@ -359,14 +359,8 @@ async fn fence_advances_and_resolutions_record_the_authenticated_identity() {
     assert_eq!(a["identity"], OPERATOR_IDENTITY);
 
     let payout = stack.payout("acct-i", 100, "EUR").await;
-    stack
-        .claim(payout, stack.token(), "PENDING")
-        .await
-        .expect("claim", 200, None);
-    stack.psql(&format!(
-        "UPDATE payouts SET state = 'SUBMITTING' WHERE payout_id = '{payout}'; \
-         UPDATE payouts SET state = 'RAIL_AMBIGUOUS' WHERE payout_id = '{payout}'"
-    ));
+    stack.claimed(payout).await;
+    stack.make_ambiguous(payout);
     let resolve =
         json!({ "outcome": "FAILED", "operator": "bob", "evidence": "not on the statement" });
     let r = stack

@@ -237,12 +237,7 @@ impl RailWorld {
     }
 
     pub async fn state(&self, payout: Uuid) -> String {
-        let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE payout_id = $1")
-            .bind(payout)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        state
+        crate::payment::payout_state(&self.pool, payout).await
     }
 
     pub async fn submissions(&self, payout: Uuid) -> Vec<(String, i64)> {

@@ -18,20 +18,15 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::harness::{BOTH, Backend, LockStack, client, eventually, port, raw};
+use crate::harness::{
+    BOTH, Backend, LockStack, client, eventually, hold, on_both_backends, party, port, raw,
+    release, session,
+};
 
 const JSON: &str = "application/json; charset=utf-8";
 
 fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode> {
     result.as_ref().err().and_then(ClientError::code)
-}
-
-async fn session(client: &LockClient, ttl: i64) -> Uuid {
-    client
-        .create_session(Some(ttl))
-        .await
-        .unwrap_or_else(|e| panic!("{}: {e}", client.owner_id()))
-        .session_id
 }
 
 async fn waiter_count(client: &LockClient, key: &str) -> i64 {
@@ -55,6 +50,13 @@ async fn await_waiters(client: &LockClient, key: &str, n: i64, what: &str) {
 
 type Waiting = tokio::task::JoinHandle<Result<dlock_contract::lock::LockGrant, ClientError>>;
 
+/// What a waiting acquire ended with.
+async fn joined(waiting: Waiting) -> Result<dlock_contract::lock::LockGrant, ClientError> {
+    waiting
+        .await
+        .unwrap_or_else(|e| panic!("the waiting task: {e}"))
+}
+
 fn wait_for(client: &LockClient, key: &str, session: Uuid, wait_ms: i64) -> Waiting {
     let client = client.clone();
     let key = key.to_owned();
@@ -71,19 +73,11 @@ fn wait_for(client: &LockClient, key: &str, session: Uuid, wait_ms: i64) -> Wait
 async fn cancelled_waiter_leaves_the_head(backend: Backend) {
     let mut stack = LockStack::backend(backend, &[]);
     let url = stack.serve().await;
-    let holder = client(&url, "holder");
-    let quitter = client(&url, "quitter");
-    let next = client(&url, "next");
-    let (h, q, n) = (
-        session(&holder, 60_000).await,
-        session(&quitter, 60_000).await,
-        session(&next, 60_000).await,
-    );
+    let (holder, h) = party(&url, "holder", 60_000).await;
+    let (quitter, q) = party(&url, "quitter", 60_000).await;
+    let (next, n) = party(&url, "next", 60_000).await;
     let key = "wait:cancel";
-    let grant = holder
-        .acquire(key, h, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = hold(&holder, key, h, 60_000).await;
 
     const WAIT_MS: i64 = 20_000;
     let quitting = wait_for(&quitter, key, q, WAIT_MS);
@@ -97,13 +91,9 @@ async fn cancelled_waiter_leaves_the_head(backend: Backend) {
     let waiting = wait_for(&next, key, n, WAIT_MS);
     await_waiters(&holder, key, 1, "the next waiter queued").await;
     let released = Instant::now();
-    holder
-        .release(key, h, grant.fencing_token)
+    release(&holder, key, h, grant.fencing_token).await;
+    let granted = joined(waiting)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let granted = waiting
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: the next waiter was not granted: {e}"));
     let granted_after = released.elapsed();
     eprintln!(
@@ -124,31 +114,18 @@ async fn cancelled_waiter_leaves_the_head(backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_waiter_whose_client_hangs_up_leaves_the_head_at_once_on_both_backends() {
-    for backend in BOTH {
-        cancelled_waiter_leaves_the_head(backend).await;
-    }
-}
+on_both_backends!(a_waiter_whose_client_hangs_up_leaves_the_head_at_once_on_both_backends => cancelled_waiter_leaves_the_head);
 
 /// Item 11: with a cap of 3 places, one session's second concurrent wait for the key is
 /// CONTENTION_EXCEEDED, and another session still gets a place; FIFO order holds.
 async fn a_session_holds_its_share_only(backend: Backend) {
     let mut stack = LockStack::backend(backend, &[("lock.waiters.max-per-key", "3")]);
     let url = stack.serve().await;
-    let holder = client(&url, "holder");
-    let greedy = client(&url, "greedy");
-    let other = client(&url, "other");
-    let (h, g, o) = (
-        session(&holder, 60_000).await,
-        session(&greedy, 60_000).await,
-        session(&other, 60_000).await,
-    );
+    let (holder, h) = party(&url, "holder", 60_000).await;
+    let (greedy, g) = party(&url, "greedy", 60_000).await;
+    let (other, o) = party(&url, "other", 60_000).await;
     let key = "wait:share";
-    let grant = holder
-        .acquire(key, h, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = hold(&holder, key, h, 60_000).await;
 
     let first = wait_for(&greedy, key, g, 20_000);
     await_waiters(&holder, key, 1, "greedy's first wait queued").await;
@@ -176,45 +153,28 @@ async fn a_session_holds_its_share_only(backend: Backend) {
     let second = wait_for(&other, key, o, 20_000);
     await_waiters(&holder, key, 2, "the other session queued").await;
 
-    holder
-        .release(key, h, grant.fencing_token)
+    release(&holder, key, h, grant.fencing_token).await;
+    let g1 = joined(first)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let g1 = first
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: greedy's wait: {e}"));
     assert_eq!(g1.owner_id, "greedy", "FIFO: the first waiter first");
-    greedy
-        .release(key, g, g1.fencing_token)
+    release(&greedy, key, g, g1.fencing_token).await;
+    let o1 = joined(second)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let o1 = second
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: other's wait: {e}"));
     assert_eq!(o1.owner_id, "other");
     assert!(o1.fencing_token > g1.fencing_token);
     // Its wait over, the session may wait again.
     let again = wait_for(&greedy, key, g, 20_000);
     await_waiters(&holder, key, 1, "greedy queued again").await;
-    other
-        .release(key, o, o1.fencing_token)
+    release(&other, key, o, o1.fencing_token).await;
+    let g2 = joined(again)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let g2 = again
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: greedy's second wait: {e}"));
     assert!(g2.fencing_token > o1.fencing_token);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_session_cannot_fill_a_keys_waiter_queue_on_both_backends() {
-    for backend in BOTH {
-        a_session_holds_its_share_only(backend).await;
-    }
-}
+on_both_backends!(one_session_cannot_fill_a_keys_waiter_queue_on_both_backends => a_session_holds_its_share_only);
 
 /// Item 11: a replica dies while two of its clients wait (SIGKILL: nothing dequeues them).
 /// One waiter's session is then ended, the other's expires. Neither may count towards the cap
@@ -228,13 +188,9 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
     let mut doomed = stack.spawn_process(doomed_port, &dir.path().join("doomed.log"));
     let doomed_url = format!("http://127.0.0.1:{doomed_port}");
 
-    let holder = client(&url, "holder");
-    let h = session(&holder, 60_000).await;
+    let (holder, h) = party(&url, "holder", 60_000).await;
     let key = "wait:dead";
-    let grant = holder
-        .acquire(key, h, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = hold(&holder, key, h, 60_000).await;
     // Two waiters through the doomed replica: one whose session will be ended, one whose
     // session (TTL 5 s, never heartbeaten) will expire.
     let ended = client(&doomed_url, "ended");
@@ -248,8 +204,7 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
     doomed.kill();
     let _ = (w1.await, w2.await);
     // Positive control: the dead replica's waiters still fill the queue while their sessions live.
-    let live = client(&url, "live");
-    let l = session(&live, 60_000).await;
+    let (live, l) = party(&url, "live", 60_000).await;
     let full = live.acquire(key, l, Some(30_000), Some(5_000)).await;
     assert_eq!(
         code(&full),
@@ -283,20 +238,15 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
     );
 
     // Both places are free for live sessions.
-    let late = client(&url, "late");
-    let t = session(&late, 60_000).await;
+    let (late, t) = party(&url, "late", 60_000).await;
     let first = wait_for(&live, key, l, 20_000);
     await_waiters(&holder, key, 1, "the live waiter queued").await;
     let second = wait_for(&late, key, t, 20_000);
     await_waiters(&holder, key, 2, "the late waiter queued").await;
     let released = Instant::now();
-    holder
-        .release(key, h, grant.fencing_token)
+    release(&holder, key, h, grant.fencing_token).await;
+    let granted = joined(first)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let granted = first
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: the live waiter: {e}"));
     let after = released.elapsed();
     eprintln!(
@@ -308,22 +258,14 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
         after < Duration::from_secs(2),
         "{backend:?}: a dead waiter held the head for {after:?}"
     );
-    live.release(key, l, granted.fencing_token)
+    release(&live, key, l, granted.fencing_token).await;
+    let granted = joined(second)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let granted = second
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{backend:?}: the late waiter: {e}"));
     assert_eq!(granted.owner_id, "late");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn waiters_of_dead_sessions_neither_fill_the_cap_nor_hold_the_head_on_both_backends() {
-    for backend in BOTH {
-        dead_sessions_waiters_do_not_count(backend).await;
-    }
-}
+on_both_backends!(waiters_of_dead_sessions_neither_fill_the_cap_nor_hold_the_head_on_both_backends => dead_sessions_waiters_do_not_count);
 
 /// Item 11 (etcd): twelve sessions join a queue of 2 places at once, through two replicas. The
 /// cap is a transaction against the whole queue, so exactly 2 are queued and 10 are refused.
@@ -332,13 +274,9 @@ async fn the_waiter_cap_holds_under_a_burst_of_enqueues_on_both_backends() {
     for backend in BOTH {
         let mut stack = LockStack::backend(backend, &[("lock.waiters.max-per-key", "2")]);
         let urls = [stack.serve().await, stack.serve().await];
-        let holder = client(&urls[0], "holder");
-        let h = session(&holder, 60_000).await;
+        let (holder, h) = party(&urls[0], "holder", 60_000).await;
         let key = "wait:burst";
-        let grant = holder
-            .acquire(key, h, Some(60_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let grant = hold(&holder, key, h, 60_000).await;
         let mut sessions = Vec::new();
         for i in 0..12 {
             let c = client(&urls[i % 2], &format!("burst-{i}"));
@@ -367,10 +305,7 @@ async fn the_waiter_cap_holds_under_a_burst_of_enqueues_on_both_backends() {
         .await;
         assert_eq!(refused, 10, "{backend:?}");
         assert_eq!(waiter_count(&holder, key).await, 2, "{backend:?}");
-        holder
-            .release(key, h, grant.fencing_token)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        release(&holder, key, h, grant.fencing_token).await;
         let mut granted = 0;
         let mut contention_exceeded = 0;
         for task in tasks {
@@ -489,6 +424,12 @@ async fn open_session(
     .await
 }
 
+/// `POST /v1/sessions` as `auth`, the owner `owner` named in the body only.
+async fn open_named(url: &str, auth: &str, owner: &str) -> (u16, String, Value) {
+    let body = json!({ "ownerId": owner, "ttlMillis": 5_000 });
+    open_session(url, auth, None, body).await
+}
+
 /// Item 13: `POST /v1/sessions` with the owner in the body only. The auth layer binds
 /// `X-Owner-Id`; the body's `ownerId` is bound by the same rule: a worker cannot open a session
 /// in another worker's name (403 FORBIDDEN, nothing stored); its own name, `<identity>/<worker>`
@@ -502,13 +443,7 @@ async fn body_owner_is_bound(backend: Backend) {
 
     let before = stored_sessions(&stack).await;
     for foreign in ["worker-b", "worker-ab", "worker-a-x/1"] {
-        let (status, content_type, body) = open_session(
-            &url,
-            WORKER,
-            None,
-            json!({ "ownerId": foreign, "ttlMillis": 5_000 }),
-        )
-        .await;
+        let (status, content_type, body) = open_named(&url, WORKER, foreign).await;
         assert_eq!(status, 403, "{backend:?}: {foreign}: {body}");
         assert_eq!(content_type, JSON);
         assert_eq!(body["code"], "FORBIDDEN", "{body}");
@@ -535,13 +470,7 @@ async fn body_owner_is_bound(backend: Backend) {
         (WORKER, "worker-a/pod-1"),
         (OPERATOR, "worker-b"),
     ] {
-        let (status, content_type, body) = open_session(
-            &url,
-            auth,
-            None,
-            json!({ "ownerId": owner, "ttlMillis": 5_000 }),
-        )
-        .await;
+        let (status, content_type, body) = open_named(&url, auth, owner).await;
         assert_eq!(status, 201, "{backend:?}: {owner}: {body}");
         assert_eq!(content_type, JSON);
         assert_eq!(body["ownerId"], owner);
@@ -549,12 +478,7 @@ async fn body_owner_is_bound(backend: Backend) {
     assert_eq!(stored_sessions(&stack).await.len(), before.len() + 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_session_body_owner_id_is_bound_to_the_credential_on_both_backends() {
-    for backend in BOTH {
-        body_owner_is_bound(backend).await;
-    }
-}
+on_both_backends!(a_session_body_owner_id_is_bound_to_the_credential_on_both_backends => body_owner_is_bound);
 
 /// The stored revocation record: (operator, revoked_by).
 async fn stored_revocation(stack: &LockStack, id: &str) -> (String, Option<String>) {
@@ -601,10 +525,7 @@ async fn revocation_records_identity(backend: Backend) {
         dlock_contract::auth::Credential::fixed("wrk-a-0123456789abcdef"),
     ));
     let s = session(&worker, 60_000).await;
-    let grant = worker
-        .acquire("audit:k", s, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = hold(&worker, "audit:k", s, 60_000).await;
     let (status, content_type, body) = raw(
         Method::POST,
         &format!("{url}/v1/locks/audit:k/revoke"),
@@ -630,8 +551,7 @@ async fn revocation_records_identity(backend: Backend) {
     // auth.mode = none: the record says no identity was proved.
     let mut open = LockStack::backend(backend, &[]);
     let url = open.serve().await;
-    let anyone = client(&url, "anyone");
-    let s = session(&anyone, 60_000).await;
+    let (anyone, s) = party(&url, "anyone", 60_000).await;
     anyone
         .acquire("audit:k", s, Some(60_000), None)
         .await
@@ -646,12 +566,7 @@ async fn revocation_records_identity(backend: Backend) {
     assert_eq!(revoked_by, None, "{backend:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_revocation_records_the_authenticated_identity_on_both_backends() {
-    for backend in BOTH {
-        revocation_records_identity(backend).await;
-    }
-}
+on_both_backends!(a_revocation_records_the_authenticated_identity_on_both_backends => revocation_records_identity);
 
 async fn status_of(client: &LockClient, key: &str) -> Option<ErrorCode> {
     code(&client.get(key).await)
@@ -672,21 +587,12 @@ async fn keys_seen_are_swept(backend: Backend) {
     let p = port();
     let mut server = stack.spawn_process(p, &dir.path().join("lock.log"));
     let url = format!("http://127.0.0.1:{p}");
-    let c = client(&url, "sweeper-test");
-    let s = session(&c, 60_000).await;
+    let (c, s) = party(&url, "sweeper-test", 60_000).await;
 
     // Held throughout, and granted first: its last grant is the oldest of all.
-    let held = c
-        .acquire("seen:held", s, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let old = c
-        .acquire("seen:old", s, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    c.release("seen:old", s, old.fencing_token)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let held = hold(&c, "seen:held", s, 60_000).await;
+    let old = hold(&c, "seen:old", s, 60_000).await;
+    release(&c, "seen:old", s, old.fencing_token).await;
     c.acquire("seen:revoked", s, Some(60_000), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -729,10 +635,7 @@ async fn keys_seen_are_swept(backend: Backend) {
 
     // The forgotten keys' next tokens are above everything issued before the sweep.
     for key in ["seen:old", "seen:revoked"] {
-        let again = c
-            .acquire(key, s, Some(60_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let again = hold(&c, key, s, 60_000).await;
         assert!(
             again.fencing_token > highest_before && again.fencing_token > old.fencing_token,
             "{backend:?}: {key} went backwards: {} after a floor of {highest_before}",
@@ -744,9 +647,4 @@ async fn keys_seen_are_swept(backend: Backend) {
     server.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn keys_seen_are_swept_after_their_retention_and_tokens_never_go_back_on_both_backends() {
-    for backend in BOTH {
-        keys_seen_are_swept(backend).await;
-    }
-}
+on_both_backends!(keys_seen_are_swept_after_their_retention_and_tokens_never_go_back_on_both_backends => keys_seen_are_swept);

@@ -62,14 +62,8 @@ async fn an_ambiguous_payout_keeps_its_hold() {
     let stack = PayStack::funded("acct-q", 100).await;
     let ambiguous = stack.payout("acct-q", 70, "EUR").await;
     let next = stack.payout("acct-q", 40, "EUR").await;
-    stack
-        .claim(ambiguous, stack.token(), "PENDING")
-        .await
-        .expect("claim", 200, None);
-    stack.psql(&format!(
-        "UPDATE payouts SET state = 'SUBMITTING' WHERE payout_id = '{ambiguous}'; \
-         UPDATE payouts SET state = 'RAIL_AMBIGUOUS' WHERE payout_id = '{ambiguous}'"
-    ));
+    stack.claimed(ambiguous).await;
+    stack.make_ambiguous(ambiguous);
     // Even if the ambiguous one was paid, the account must not go negative: 100 - 70 < 40.
     stack.claim(next, stack.token(), "PENDING").await.expect(
         "claim past an ambiguous hold",

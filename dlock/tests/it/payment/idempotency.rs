@@ -155,10 +155,7 @@ async fn expired_records_are_swept() {
     stack.account("acct-s", "EUR").await;
     stack.fund("acct-s", 500).await;
     let payout = stack.payout("acct-s", 100, "EUR").await;
-    stack
-        .claim(payout, stack.token(), "PENDING")
-        .await
-        .expect("claim", 200, None);
+    stack.claimed(payout).await;
     // Retention: 72 h for payout writes, 7 days for ledger postings.
     let claim_hours = stack.psql(&format!(
         "SELECT round(extract(epoch FROM expires_at - first_seen_at) / 3600) FROM idempotency_records WHERE route LIKE '%{payout}/claim'"

@@ -292,12 +292,25 @@ impl PayStack {
 
     /// The payout's state, read from paydb.
     pub async fn state_of(&self, payout: Uuid) -> String {
-        let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE payout_id = $1")
-            .bind(payout)
-            .fetch_one(&self.pool)
+        payout_state(&self.pool, payout).await
+    }
+
+    /// Claims `payout` (PENDING) under a fresh token, which must succeed; the token.
+    pub async fn claimed(&self, payout: Uuid) -> i64 {
+        let token = self.token();
+        self.claim(payout, token, "PENDING")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        state
+            .expect("claim", 200, None);
+        token
+    }
+
+    /// Moves a CLAIMED payout on to RAIL_AMBIGUOUS (through SUBMITTING), as a forward whose
+    /// outcome the rail proxy never learnt leaves it.
+    pub fn make_ambiguous(&self, payout: Uuid) {
+        self.psql(&format!(
+            "UPDATE payouts SET state = 'SUBMITTING' WHERE payout_id = '{payout}'; \
+             UPDATE payouts SET state = 'RAIL_AMBIGUOUS' WHERE payout_id = '{payout}'"
+        ));
     }
 
     pub async fn metrics(&self) -> String {
@@ -324,31 +337,41 @@ pub fn post_body(payout: Uuid) -> Value {
     json!({ "railReference": reference, "submissionId": submission, "railOutcome": "ACKED" })
 }
 
-pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
-    let (submission, reference) = rail_ids(payout);
-    let moved = sqlx::query(
-        "UPDATE payouts SET state = 'SUBMITTING', submission_id = $2 \
-         WHERE payout_id = $1 AND state = 'CLAIMED'",
-    )
-    .bind(payout)
-    .bind(submission)
-    .execute(pool)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .rows_affected();
-    assert_eq!(moved, 1, "payout {payout} was not CLAIMED");
-    sqlx::query(
-        "UPDATE payouts SET state = 'RAIL_ACKED', rail_reference = $2 \
-         WHERE payout_id = $1 AND state = 'SUBMITTING'",
-    )
-    .bind(payout)
-    .bind(reference)
-    .execute(pool)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+/// The payout's state, read from paydb.
+pub async fn payout_state(pool: &PgPool, payout: Uuid) -> String {
+    let (state,): (String,) = sqlx::query_as("SELECT state FROM payouts WHERE payout_id = $1")
+        .bind(payout)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    state
 }
 
-/// The value of one sample line of the Prometheus text (`name{labels} value`).
+pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
+    let (submission, reference) = rail_ids(payout);
+    for (step, value) in [
+        (
+            "UPDATE payouts SET state = 'SUBMITTING', submission_id = $2::uuid \
+             WHERE payout_id = $1 AND state = 'CLAIMED'",
+            submission.to_string(),
+        ),
+        (
+            "UPDATE payouts SET state = 'RAIL_ACKED', rail_reference = $2 \
+             WHERE payout_id = $1 AND state = 'SUBMITTING'",
+            reference,
+        ),
+    ] {
+        let moved = sqlx::query(step)
+            .bind(payout)
+            .bind(value)
+            .execute(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .rows_affected();
+        assert_eq!(moved, 1, "payout {payout}: {step}");
+    }
+}
+
 pub fn metric(text: &str, sample: &str) -> f64 {
     text.lines()
         .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())

@@ -88,14 +88,8 @@ async fn only_an_ambiguous_payout_is_resolved_and_posted_resolution_writes_two_r
     let unpaid = stack.payout("acct-a", 300, "EUR").await;
     let pending = stack.payout("acct-a", 50, "EUR").await;
     for id in [paid, unpaid] {
-        stack
-            .claim(id, stack.token(), "PENDING")
-            .await
-            .expect("claim", 200, None);
-        stack.psql(&format!(
-            "UPDATE payouts SET state = 'SUBMITTING' WHERE payout_id = '{id}'; \
-             UPDATE payouts SET state = 'RAIL_AMBIGUOUS' WHERE payout_id = '{id}'"
-        ));
+        stack.claimed(id).await;
+        stack.make_ambiguous(id);
     }
     assert_eq!(
         stack.psql("SELECT held_minor FROM accounts WHERE account_id = 'acct-a'"),
