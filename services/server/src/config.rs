@@ -213,33 +213,11 @@ impl RawConfig {
         default: i64,
         range: RangeInclusive<i64>,
     ) -> Result<i64, ConfigError> {
-        let Some((value, origin)) = self.lookup(key) else {
-            return Ok(default);
-        };
-        let parsed = match &value {
+        self.number(key, default, range, "an integer", |value| match value {
             toml::Value::Integer(n) => Some(*n),
             toml::Value::String(s) => s.trim().parse::<i64>().ok(),
             _ => None,
-        };
-        let Some(n) = parsed else {
-            return Err(Self::error(
-                key,
-                &origin,
-                format!("must be an integer, got {value}"),
-            ));
-        };
-        if !range.contains(&n) {
-            return Err(Self::error(
-                key,
-                &origin,
-                format!(
-                    "must be between {} and {}, got {n}",
-                    range.start(),
-                    range.end()
-                ),
-            ));
-        }
-        Ok(n)
+        })
     }
 
     /// A decimal number within `range`.
@@ -249,32 +227,38 @@ impl RawConfig {
         default: f64,
         range: RangeInclusive<f64>,
     ) -> Result<f64, ConfigError> {
-        let Some((value, origin)) = self.lookup(key) else {
-            return Ok(default);
-        };
-        let parsed = match &value {
+        // A finite range leaves infinities and NaN out of it.
+        debug_assert!(range.start().is_finite() && range.end().is_finite());
+        self.number(key, default, range, "a number", |value| match value {
             toml::Value::Float(f) => Some(*f),
             toml::Value::Integer(n) => Some(*n as f64),
             toml::Value::String(s) => s.trim().parse::<f64>().ok(),
             _ => None,
+        })
+    }
+
+    /// A number read by `parse` (none: not `kind`), within `range`.
+    fn number<T: PartialOrd + std::fmt::Display>(
+        &mut self,
+        key: &str,
+        default: T,
+        range: RangeInclusive<T>,
+        kind: &str,
+        parse: impl Fn(&toml::Value) -> Option<T>,
+    ) -> Result<T, ConfigError> {
+        let Some((value, origin)) = self.lookup(key) else {
+            return Ok(default);
         };
-        match parsed {
-            Some(f) if f.is_finite() && range.contains(&f) => Ok(f),
-            Some(f) => Err(Self::error(
-                key,
-                &origin,
-                format!(
-                    "must be between {} and {}, got {f}",
-                    range.start(),
-                    range.end()
-                ),
-            )),
-            None => Err(Self::error(
-                key,
-                &origin,
-                format!("must be a number, got {value}"),
-            )),
-        }
+        let message = match parse(&value) {
+            Some(n) if range.contains(&n) => return Ok(n),
+            Some(n) => format!(
+                "must be between {} and {}, got {n}",
+                range.start(),
+                range.end()
+            ),
+            None => format!("must be {kind}, got {value}"),
+        };
+        Err(Self::error(key, &origin, message))
     }
 
     /// A boolean: TOML `true`/`false`, or the strings `true`/`false` from the environment.

@@ -89,12 +89,8 @@ pub fn parse_keys_file(text: &str) -> Result<Keys, String> {
                 "line {number}: the key id must be 1 to {KEY_ID_LEN_MAX} characters of [a-zA-Z0-9_-]"
             ));
         }
-        if secret.len() < SECRET_LEN_MIN || !secret.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "line {number}: the secret of `{id}` must be at least {SECRET_LEN_MIN} printable \
-                 characters (e.g. `openssl rand -hex 32`)"
-            ));
-        }
+        let whose = format!("the secret of `{id}`");
+        crate::watch::check_secret(number, &whose, secret, SECRET_LEN_MIN)?;
         if keys.iter().any(|(known, _)| known == id) {
             return Err(format!("line {number}: key id `{id}` is listed twice"));
         }

@@ -137,6 +137,18 @@ pub fn pairs<'a>(text: &'a str, what: &str) -> Result<Vec<(usize, &'a str, &'a s
     Ok(pairs)
 }
 
+/// Refuses a secret of line `number` shorter than `min` or with other than printable ASCII;
+/// `whose` names it in the message ("the token of `ops`").
+pub fn check_secret(number: usize, whose: &str, secret: &str, min: usize) -> Result<(), String> {
+    if secret.len() < min || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "line {number}: {whose} must be at least {min} printable characters (e.g. `openssl \
+             rand -hex 32`)"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

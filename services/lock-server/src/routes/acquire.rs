@@ -11,7 +11,7 @@ use dlock_contract::lock::*;
 use uuid::Uuid;
 
 use super::AppState;
-use super::checks::{Checks, path_key, present, ttl};
+use super::checks::{Checks, lock_ttl, path_key, present};
 use super::errors::{contended, store_error};
 use crate::metrics::AcquireOutcome;
 use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicket};
@@ -26,13 +26,7 @@ pub(super) async fn acquire(
     let mut checks = Checks::default();
     checks.take(path_key(&key));
     let owner = checks.take(headers::owner_id(&headers));
-    let config = &state.config;
-    let ttl_ms = checks.take(ttl(
-        "ttlMillis",
-        body.ttl_millis,
-        config.lock_ttl_default_ms,
-        config.lock_ttl_max_ms,
-    ));
+    let ttl_ms = checks.take(lock_ttl(&state.config, body.ttl_millis));
     let wait_ms = checks.take(match body.wait_millis {
         None => Ok(0),
         Some(w) if (0..=WAIT_MS_MAX).contains(&w) => Ok(w),

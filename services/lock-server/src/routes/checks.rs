@@ -7,6 +7,8 @@ use dlock_contract::lock::*;
 pub(super) use dlock_server::checks::{Checks, present};
 use uuid::Uuid;
 
+use crate::config::LockServerConfig;
+
 pub(super) fn path_key(key: &str) -> Result<(), FieldError> {
     if key_is_valid(key) {
         Ok(())
@@ -22,19 +24,24 @@ pub(super) fn path_session(text: &str) -> Result<Uuid, FieldError> {
     Uuid::parse_str(text).map_err(|_| FieldError::new("sessionId", "must be a UUID"))
 }
 
+/// `ttlMillis` of a grant (L4, L5): `lock.default.ttl` when absent, at most `lock.ttl-max`.
+pub(super) fn lock_ttl(c: &LockServerConfig, asked: Option<i64>) -> Result<i64, FieldError> {
+    ttl(asked, c.lock_ttl_default_ms, c.lock_ttl_max_ms)
+}
+
+/// `ttlMillis` of a session (L1): `lock.session.ttl` when absent, at most `lock.session.ttl-max`.
+pub(super) fn session_ttl(c: &LockServerConfig, asked: Option<i64>) -> Result<i64, FieldError> {
+    ttl(asked, c.session_ttl_default_ms, c.session_ttl_max_ms)
+}
+
 /// A TTL from a request: outside the contract's range is an error; inside it, clamped down to
 /// the server's maximum.
-pub(super) fn ttl(
-    field: &str,
-    requested: Option<i64>,
-    default: i64,
-    max: i64,
-) -> Result<i64, FieldError> {
+fn ttl(requested: Option<i64>, default: i64, max: i64) -> Result<i64, FieldError> {
     match requested {
         None => Ok(default),
         Some(t) if (TTL_MS_MIN..=TTL_MS_MAX).contains(&t) => Ok(t.min(max)),
         Some(t) => Err(FieldError::new(
-            field,
+            "ttlMillis",
             format!("must be between {TTL_MS_MIN} and {TTL_MS_MAX} milliseconds, got {t}"),
         )),
     }

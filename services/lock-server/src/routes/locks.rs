@@ -11,7 +11,7 @@ use dlock_contract::lock::*;
 use serde::Deserialize;
 
 use super::AppState;
-use super::checks::{Checks, path_key, path_session, present, strict_query, ttl};
+use super::checks::{Checks, lock_ttl, path_key, path_session, present, strict_query};
 use super::errors::store_error;
 use crate::store::{Claim, Renewal, StoreError};
 
@@ -27,12 +27,7 @@ pub(super) async fn renew(
     let owner = checks.take(headers::owner_id(&headers));
     let ttl_ms = match body.ttl_millis {
         None => None,
-        requested => checks.take(ttl(
-            "ttlMillis",
-            requested,
-            state.config.lock_ttl_default_ms,
-            state.config.lock_ttl_max_ms,
-        )),
+        requested => checks.take(lock_ttl(&state.config, requested)),
     };
     checks.done()?;
     // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its

@@ -11,7 +11,7 @@ use dlock_contract::lock::*;
 use dlock_server::auth::Caller;
 
 use super::AppState;
-use super::checks::{Checks, path_session, present, ttl};
+use super::checks::{Checks, path_session, present, session_ttl};
 use super::errors::store_error;
 use crate::config::LockServerConfig;
 
@@ -41,13 +41,7 @@ pub(super) async fn create_session(
             "is required (in the body or as X-Owner-Id)",
         ));
     }
-    let config = &state.config;
-    let ttl_ms = checks.take(ttl(
-        "ttlMillis",
-        body.ttl_millis,
-        config.session_ttl_default_ms,
-        config.session_ttl_max_ms,
-    ));
+    let ttl_ms = checks.take(session_ttl(&state.config, body.ttl_millis));
     checks.done()?;
     let (owner, ttl_ms) = (present(owner)?, present(ttl_ms)?);
     // The auth layer binds X-Owner-Id to the credential, but it cannot see the body: an ownerId

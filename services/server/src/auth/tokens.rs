@@ -15,12 +15,8 @@ pub fn parse_tokens_file(text: &str) -> Result<Vec<(String, String)>, String> {
                 "line {number}: identity `{identity}` is longer than 64 characters (X-Owner-Id's limit)"
             ));
         }
-        if token.len() < TOKEN_LEN_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "line {number}: the token of `{identity}` must be at least {TOKEN_LEN_MIN} printable \
-                 characters (e.g. `openssl rand -hex 32`)"
-            ));
-        }
+        let whose = format!("the token of `{identity}`");
+        crate::watch::check_secret(number, &whose, token, TOKEN_LEN_MIN)?;
         if entries.iter().any(|(_, t)| t == token) {
             return Err(format!(
                 "line {number}: this token is already listed for another line; every token names one \
