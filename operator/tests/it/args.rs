@@ -16,23 +16,26 @@ fn env_of(flag: &str) -> String {
         .into_owned()
 }
 
+/// A file of the Helm chart, `charts/dlock/<path>`.
+fn chart_file(path: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/dlock")
+            .join(path),
+    )
+    .unwrap()
+}
+
 #[test]
 fn the_charts_lease_duration_reaches_the_operator() {
     let env = env_of("lease-duration-s");
     assert_eq!(env, "DLOCK_OPERATOR_LEASE_DURATION_S");
-    let template = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../charts/dlock/templates/deployment.yaml"),
-    )
-    .unwrap();
+    let template = chart_file("templates/deployment.yaml");
     let wired = format!(
         "- name: {env}\n              value: {{{{ .Values.leaderElection.durationSeconds | quote }}}}"
     );
     assert!(template.contains(&wired), "the chart does not set {env}");
-    let values = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dlock/values.yaml"),
-    )
-    .unwrap();
+    let values = chart_file("values.yaml");
     assert!(
         values.contains("durationSeconds: 15"),
         "the chart's default"
@@ -46,11 +49,7 @@ fn the_charts_lease_duration_reaches_the_operator() {
 fn the_charts_service_account_reaches_the_operator() {
     let env = env_of("service-account");
     assert_eq!(env, "DLOCK_OPERATOR_SERVICE_ACCOUNT");
-    let template = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../charts/dlock/templates/deployment.yaml"),
-    )
-    .unwrap();
+    let template = chart_file("templates/deployment.yaml");
     let wired = format!(
         "- name: {env}\n              value: {{{{ include \"dlock.serviceAccountName\" . }}}}"
     );
@@ -69,10 +68,7 @@ fn the_charts_service_account_reaches_the_operator() {
 /// Secret replaces it rather than failing the install.
 #[test]
 fn the_chart_gives_the_operator_a_projected_token_for_the_audience_dlock_by_default() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dlock");
-    let values: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(root.join("values.yaml")).unwrap())
-            .unwrap();
+    let values: serde_yaml_ng::Value = serde_yaml_ng::from_str(&chart_file("values.yaml")).unwrap();
     let projected = &values["operatorToken"]["projectedServiceAccountToken"];
     assert_eq!(projected["enabled"], serde_yaml_ng::Value::Bool(true));
     assert_eq!(
@@ -80,7 +76,7 @@ fn the_chart_gives_the_operator_a_projected_token_for_the_audience_dlock_by_defa
         Some(dlock_operator::build::job::TOKEN_AUDIENCE)
     );
     assert_eq!(values["operatorToken"]["existingSecret"].as_str(), Some(""));
-    let template = std::fs::read_to_string(root.join("templates/deployment.yaml")).unwrap();
+    let template = chart_file("templates/deployment.yaml");
     assert!(
         template.contains(
             "$projected := and .Values.operatorToken.projectedServiceAccountToken.enabled (not .Values.operatorToken.existingSecret)"

@@ -30,6 +30,16 @@ fn labels(component: &str, instance: &str) -> serde_json::Value {
     })
 }
 
+/// The metadata of an object named like the service custom resource (`kind`, `name`) it is made
+/// for.
+fn workload_meta(kind: &str, name: &str) -> serde_json::Value {
+    object_meta(
+        name,
+        labels(name, name),
+        owner(kind, name, &format!("uid-{name}")),
+    )
+}
+
 /// The metadata of an object the operator makes for a custom resource in `default`.
 fn object_meta(
     name: &str,
@@ -63,7 +73,7 @@ fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
         json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": object_meta("lock-server", labels("lock-server", "lock-server"), owner("LockServer", "lock-server", "uid-lock-server")),
+            "metadata": workload_meta("LockServer", "lock-server"),
             "spec": {
                 "selector": selector("lock-server", "lock-server"),
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"}],
@@ -81,7 +91,7 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
         json!({
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
-            "metadata": object_meta("payment-resource", labels("payment-resource", "payment-resource"), owner("PaymentResource", "payment-resource", "uid-payment-resource")),
+            "metadata": workload_meta("PaymentResource", "payment-resource"),
             "spec": {
                 "maxUnavailable": 1,
                 "selector": {"matchLabels": selector("payment-resource", "payment-resource")},
@@ -102,7 +112,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
         json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": object_meta("lock-server", labels("lock-server", "lock-server"), owner("LockServer", "lock-server", "uid-lock-server")),
+            "metadata": workload_meta("LockServer", "lock-server"),
             "data": {
                 "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n",
             },
@@ -740,7 +750,7 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
         json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": object_meta("payment-resource", labels("payment-resource", "payment-resource"), owner("PaymentResource", "payment-resource", "uid-payment-resource")),
+            "metadata": workload_meta("PaymentResource", "payment-resource"),
             "spec": {
                 "podSelector": {"matchLabels": selector("payment-resource", "payment-resource")},
                 "policyTypes": ["Ingress"],

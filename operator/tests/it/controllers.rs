@@ -212,6 +212,13 @@ async fn answer_fence_targets(api: &mut ApiServerVerifier) {
     reply_names(api.next().await, "railproxies", &["rail-proxy"]);
 }
 
+/// The fake services, a context whose client talks to a mocked API server, and that server.
+fn world(services: FakeServices) -> (Arc<FakeServices>, Arc<Context>, ApiServerVerifier) {
+    let services = Arc::new(services);
+    let (ctx, api) = context(services.clone());
+    (services, ctx, api)
+}
+
 fn context(services: Arc<FakeServices>) -> (Arc<Context>, ApiServerVerifier) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(mock, "default");
@@ -254,6 +261,22 @@ impl Call {
         );
         assert_eq!(self.content_type, "application/apply-patch+yaml", "{path}");
     }
+    /// Sent under the field manager `manager` (one per owner of a set of fields).
+    fn expect_field_manager(&self, manager: &str) {
+        assert!(
+            self.query.contains(&format!("fieldManager={manager}&"))
+                || self.query.ends_with(&format!("fieldManager={manager}")),
+            "{}",
+            self.query
+        );
+    }
+    /// The status conditions sent.
+    fn conditions(&self) -> Vec<Value> {
+        self.body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
     fn reply(self, status: u16, body: &Value) {
         self.respond.send_response(
             Response::builder()
@@ -272,6 +295,46 @@ impl Call {
 struct ApiServerVerifier(Handle);
 
 impl ApiServerVerifier {
+    /// The next call, which must be `method path`; unanswered.
+    async fn expect(&mut self, method: Method, path: &str) -> Call {
+        let call = self.next().await;
+        call.expect(method, path);
+        call
+    }
+
+    /// The next call, which must be a JSON patch of `path` (a finalizer added or removed);
+    /// unanswered.
+    async fn expect_json_patch(&mut self, path: &str) -> Call {
+        let call = self.expect(Method::PATCH, path).await;
+        assert_eq!(call.content_type, "application/json-patch+json", "{path}");
+        call
+    }
+
+    /// The next call, which must be a server-side apply of `path`; unanswered.
+    async fn expect_apply(&mut self, path: &str) -> Call {
+        let call = self.next().await;
+        call.expect_apply(path);
+        call
+    }
+
+    /// The next calls, which must be server-side applies of `paths` in order; each answered
+    /// with the body it was sent.
+    async fn echo_applies(&mut self, paths: impl IntoIterator<Item = String>) {
+        for path in paths {
+            self.expect_apply(&path).await.echo();
+        }
+    }
+
+    /// The next call, which must be an Event with `reason` (and `type_`, when given); answered.
+    async fn event(&mut self, reason: &str, type_: Option<&str>) {
+        let call = self.expect(Method::POST, EVENTS).await;
+        assert_eq!(call.body["reason"], reason, "{}", call.body);
+        if let Some(type_) = type_ {
+            assert_eq!(call.body["type"], type_, "{}", call.body);
+        }
+        call.echo();
+    }
+
     async fn next(&mut self) -> Call {
         let (request, respond) =
             tokio::time::timeout(Duration::from_secs(1), self.0.next_request())
@@ -319,6 +382,15 @@ const POLICY: &str = "/apis/policy/v1/namespaces/default";
 const DLOCK: &str = "/apis/dlock.io/v1alpha1/namespaces/default";
 const NETWORKING: &str = "/apis/networking.k8s.io/v1/namespaces/default";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+/// What a service gets applied after its Deployment: the PodDisruptionBudget, then the
+/// NetworkPolicy of its ingress (executors, reconcilers and the operator only).
+fn after_deployment(name: &str) -> [String; 2] {
+    [
+        format!("{POLICY}/poddisruptionbudgets/{name}"),
+        format!("{NETWORKING}/networkpolicies/{name}"),
+    ]
+}
 
 fn ready_deployment(mut body: Value, replicas: i64) -> Value {
     body["metadata"]["generation"] = json!(1);
@@ -371,38 +443,48 @@ fn ready_lock_server(ready_message: &str) -> dlock_operator::crd::LockServer {
 /// Service, Deployment with all 3 replicas ready, PodDisruptionBudget, NetworkPolicy), and returns
 /// the status apply that follows, unanswered.
 async fn answer_ready_lock_server_objects(api: &mut ApiServerVerifier) -> Call {
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
-    call.echo();
+    api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await
+        .echo();
     for kind in ["configmaps", "services"] {
-        let call = api.next().await;
-        call.expect_apply(&format!("{NS}/{kind}/lock-server"));
-        call.echo();
+        api.expect_apply(&format!("{NS}/{kind}/lock-server"))
+            .await
+            .echo();
     }
-    let call = api.next().await;
-    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    let call = api
+        .expect_apply(&format!("{APPS}/deployments/lock-server"))
+        .await;
     assert_eq!(
         call.body["spec"]["replicas"], 3,
         "the update reaches the Deployment"
     );
     let body = ready_deployment(call.body.clone(), 3);
     call.reply(200, &body);
-    let call = api.next().await;
-    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
-    call.echo();
-    // The service's ingress: executors, reconcilers and the operator only.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
-    call
+    api.echo_applies(after_deployment("lock-server")).await;
+    api.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
+        .await
+}
+
+/// Answers the mirror of one held lock: the Lock's apply (answered as generation 1), then its
+/// status apply under the mirror's own field manager. Returns the Lock as applied and the status
+/// sent.
+async fn answer_lock_mirror(api: &mut ApiServerVerifier, name: &str) -> (Value, Value) {
+    let call = api.expect_apply(&format!("{DLOCK}/locks/{name}")).await;
+    let mut applied = call.body.clone();
+    applied["metadata"]["generation"] = json!(1);
+    call.reply(200, &applied);
+    let call = api
+        .expect_apply(&format!("{DLOCK}/locks/{name}/status"))
+        .await;
+    call.expect_field_manager("dlock-operator-lock-mirror");
+    let status = call.body["status"].clone();
+    call.reply(200, &applied);
+    (applied, status)
 }
 
 #[tokio::test]
 async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_and_an_event() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let object = Arc::new(fixtures::lock_server());
     let expected_deployment = {
         let workload =
@@ -412,16 +494,18 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(object, ctx));
 
     // The services' service account comes first, before any pod that runs as it.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"));
+    let call = api
+        .expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await;
     assert_eq!(call.body["kind"], "ServiceAccount");
     assert!(
         call.body["metadata"].get("ownerReferences").is_none(),
         "shared by the namespace's services: no owner"
     );
     call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/configmaps/lock-server"));
+    let call = api
+        .expect_apply(&format!("{NS}/configmaps/lock-server"))
+        .await;
     assert_eq!(call.body["kind"], "ConfigMap");
     assert!(
         call.body["data"]["config.toml"]
@@ -431,22 +515,18 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
         "authentication is on by default"
     );
     call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/services/lock-server"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{APPS}/deployments/lock-server"));
+    api.expect_apply(&format!("{NS}/services/lock-server"))
+        .await
+        .echo();
+    let call = api
+        .expect_apply(&format!("{APPS}/deployments/lock-server"))
+        .await;
     assert_eq!(call.body, expected_deployment);
     call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/lock-server"));
-    call.echo();
-    // The service's ingress: executors, reconcilers and the operator only.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NETWORKING}/networkpolicies/lock-server"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    api.echo_applies(after_deployment("lock-server")).await;
+    let call = api
+        .expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
+        .await;
     assert_eq!(
         call.body,
         json!({
@@ -466,8 +546,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
         })
     );
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "RollingOut");
     assert_eq!(call.body["type"], "Normal");
     assert_eq!(call.body["regarding"]["name"], "lock-server");
@@ -490,11 +569,10 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
 /// Event (events only on transitions).
 #[tokio::test]
 async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_locks() {
-    let services = Arc::new(FakeServices {
+    let (services, ctx, mut api) = world(FakeServices {
         held: vec![held_lock()],
         ..FakeServices::default()
     });
-    let (ctx, mut api) = context(services.clone());
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
         Arc::new(ready_lock_server("2/2 replicas ready")),
         ctx,
@@ -506,33 +584,19 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
 
     // The mirror.
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/{name}"));
+    let (applied, status) = answer_lock_mirror(&mut api, &name).await;
     assert_eq!(
-        call.body["spec"],
+        applied["spec"],
         json!({"key": "payout:acct-17", "lockServer": "lock-server", "accountId": "acct-17"})
     );
-    let mut applied = call.body.clone();
-    applied["metadata"]["generation"] = json!(1);
-    call.reply(200, &applied.clone());
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/{name}/status"));
-    // Only the mirror's own fields, under its own field manager: a revocation result or the
-    // conditions the Lock controller wrote are never sent (and so never erased).
-    assert!(
-        call.query
-            .contains("fieldManager=dlock-operator-lock-mirror"),
-        "{}",
-        call.query
-    );
+    // Only the mirror's own fields: a revocation result or the conditions the Lock controller
+    // wrote are never sent (and so never erased).
     assert_eq!(
-        call.body["status"],
+        status,
         json!({"holder": "executor-7", "token": 42, "acquiredAt": "2026-12-02T16:59:00Z",
                "expiresAt": "2026-12-02T17:00:10Z"})
     );
-    call.reply(200, &applied);
-    let call = api.next().await;
-    call.expect(Method::GET, &format!("{DLOCK}/locks"));
+    let call = api.expect(Method::GET, &format!("{DLOCK}/locks")).await;
     assert!(
         call.query
             .contains("labelSelector=dlock.io%2Flock-server%3Dlock-server"),
@@ -542,15 +606,13 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     let mut stale = serde_json::to_value(fixtures::lock()).unwrap();
     stale["metadata"]["name"] = json!("released-key-00000000");
     call.reply(200, &json!({"apiVersion": "dlock.io/v1alpha1", "kind": "LockList", "metadata": {}, "items": [applied, stale]}));
-    let call = api.next().await;
-    call.expect(
-        Method::DELETE,
-        &format!("{DLOCK}/locks/released-key-00000000"),
-    );
-    call.reply(
-        200,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
-    );
+    let call = api
+        .expect(
+            Method::DELETE,
+            &format!("{DLOCK}/locks/released-key-00000000"),
+        )
+        .await;
+    call.reply(200, &success());
 
     reconcile.await.unwrap().unwrap();
     api.done().await;
@@ -560,8 +622,7 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
 /// Incident handling: `dlock.io/reconcile: paused` stops the controller from changing anything.
 #[tokio::test]
 async fn a_paused_object_gets_no_call_at_all() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, api) = context(services.clone());
+    let (services, ctx, api) = world(FakeServices::default());
     controller::workloads::reconcile_lock_server(
         Arc::new(fixtures::paused(fixtures::lock_server())),
         ctx.clone(),
@@ -586,8 +647,7 @@ async fn a_paused_object_gets_no_call_at_all() {
 /// and the error is permanent: the controller waits for the spec to change.
 #[tokio::test]
 async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services);
+    let (_, ctx, mut api) = world(FakeServices::default());
     let mut object = fixtures::lock_server();
     object.spec.backend.etcd = fixtures::etcd_backend().etcd;
     let object = Arc::new(object);
@@ -595,16 +655,16 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
         object.clone(),
         ctx.clone(),
     ));
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
+        .await;
     assert_eq!(call.body["status"]["conditions"][2]["status"], "True");
     assert_eq!(
         call.body["status"]["conditions"][2]["reason"],
         "InvalidSpec"
     );
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["type"], "Warning");
     call.echo();
     let error = reconcile.await.unwrap().unwrap_err();
@@ -621,8 +681,7 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
 /// name, the result lands in status and an Event; the same annotation value never runs again.
 #[tokio::test]
 async fn the_revoke_annotations_run_the_revocation_once_per_value() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let reason = "worker wedged past its lease";
     let lock = fixtures::with_annotations(
         fixtures::lock(),
@@ -636,8 +695,9 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         ctx.clone(),
     ));
     answer_fence_targets(&mut api).await;
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"))
+        .await;
     let revocation = call.body["status"]["revocation"].clone();
     assert_eq!(
         revocation,
@@ -654,12 +714,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
     );
     // Only the Lock controller's own fields, under its own field manager: the mirror's holder,
     // token and times are never sent (and so never overwritten from a cached copy).
-    assert!(
-        call.query
-            .contains("fieldManager=dlock-operator-lock-revoke"),
-        "{}",
-        call.query
-    );
+    call.expect_field_manager("dlock-operator-lock-revoke");
     let mut fields: Vec<&str> = call.body["status"]
         .as_object()
         .unwrap()
@@ -669,13 +724,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
     fields.sort();
     assert_eq!(fields, ["conditions", "observedGeneration", "revocation"]);
     call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("Revoked"), &json!("Normal"))
-    );
-    call.echo();
+    api.event("Revoked", Some("Normal")).await;
     reconcile.await.unwrap().unwrap();
 
     let fence = json!({
@@ -719,11 +768,10 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
 /// with back-off, and the retry pushes only the missing fence with the same floor and id.
 #[tokio::test]
 async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
-    let services = Arc::new(FakeServices {
+    let (_, ctx, mut api) = world(FakeServices {
         rail_down: true,
         ..FakeServices::default()
     });
-    let (ctx, mut api) = context(services.clone());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(
         Arc::new(lock.clone()),
@@ -736,14 +784,11 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
     assert_eq!(call.body["status"]["revocation"]["railFenced"], false);
     let revocation = call.body["status"]["revocation"].clone();
     call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
-    let call = api.next().await;
-    assert_eq!(call.body["reason"], "RevocationIncomplete");
-    call.echo();
+    api.event("RevocationIncomplete", None).await;
     let error = reconcile.await.unwrap().unwrap_err();
     assert!(!error.is_permanent());
 
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let mut retry = lock;
     retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
@@ -763,19 +808,13 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
 /// `accepted: true` in status (from which on its payouts are immutable) and an Event.
 #[tokio::test]
 async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services);
+    let (_, ctx, mut api) = world(FakeServices::default());
     let batch = fixtures::payout_batch();
     let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
         Arc::new(batch.clone()),
         ctx.clone(),
     ));
-    let call = api.next().await;
-    call.expect(
-        Method::PATCH,
-        &format!("{DLOCK}/payoutbatches/payroll-2026-12"),
-    );
-    assert_eq!(call.content_type, "application/json-patch+json");
+    let call = api.expect_json_patch(BATCH).await;
     assert!(
         call.body.to_string().contains("dlock.io/executor-drained"),
         "{}",
@@ -792,32 +831,33 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     ));
     // The batch's RailProxy says how long a submit may wait; it reaches the executor through
     // the manifest ConfigMap.
-    let call = api.next().await;
-    call.expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"));
+    let call = api
+        .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
+        .await;
     let mut proxy = serde_json::to_value(fixtures::rail_proxy()).unwrap();
     proxy["spec"]["readTimeoutMs"] = json!(12_000);
     call.reply(200, &proxy);
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    let call = api
+        .expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
+        .await;
     assert_eq!(
         call.body["data"]["rail-read-timeout-ms"], "12000",
         "{}",
         call.body
     );
     call.echo();
-    let call = api.next().await;
-    call.expect(Method::GET, JOB);
+    let call = api.expect(Method::GET, JOB).await;
     call.reply(404, &not_found());
-    let call = api.next().await;
-    call.expect_apply(JOB);
+    let call = api.expect_apply(JOB).await;
     // The worker count is the manifest's: a Job's pod template is immutable.
     let args = call.body["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     assert!(!args.to_string().contains("--workers"), "{args}");
     let mut job = call.body.clone();
     job["status"] = json!({"active": 1});
     call.reply(200, &job);
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"))
+        .await;
     assert_eq!(call.body["status"]["accepted"], true);
     assert_eq!(call.body["status"]["jobName"], "payroll-2026-12-executor");
     // Counts per state from paydb, and the ambiguous payouts by id (the executor's uuid5 ids).
@@ -853,18 +893,18 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
         200,
         &serde_json::to_value(fixtures::payout_batch()).unwrap(),
     );
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("RailAmbiguous"), &json!("Warning"))
-    );
-    call.echo();
+    api.event("RailAmbiguous", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
 }
 
+const BATCH: &str = "/apis/dlock.io/v1alpha1/namespaces/default/payoutbatches/payroll-2026-12";
 const JOB: &str = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
+
+/// What the API server answers a successful delete with.
+fn success() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}})
+}
 
 fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
@@ -877,8 +917,7 @@ fn not_found() -> Value {
 /// condition and an Event.
 #[tokio::test]
 async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services);
+    let (_, ctx, mut api) = world(FakeServices::default());
     let mut batch = fixtures::payout_batch();
     batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
     let validated = dlock_operator::validate::payout_batch(&batch, &fixtures::settings()).unwrap();
@@ -894,11 +933,13 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
         ctx,
     ));
     // No RailProxy by that name: the executor waits the default read timeout.
-    let call = api.next().await;
-    call.expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"));
+    let call = api
+        .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
+        .await;
     call.reply(404, &not_found());
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"));
+    let call = api
+        .expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
+        .await;
     assert_eq!(
         call.body["data"]["rail-read-timeout-ms"], "8000",
         "{}",
@@ -913,12 +954,12 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
         call.body
     );
     call.echo();
-    let call = api.next().await;
-    call.expect(Method::GET, JOB);
+    let call = api.expect(Method::GET, JOB).await;
     call.reply(200, &running);
     // No Job patch: the next call is the status.
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"))
+        .await;
     let current = &call.body["status"]["conditions"][3];
     assert_eq!(current["type"], "JobTemplateCurrent");
     assert_eq!(current["status"], "False");
@@ -928,17 +969,8 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
         200,
         &serde_json::to_value(fixtures::payout_batch()).unwrap(),
     );
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "JobTemplateOutdated");
-    call.echo();
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("RailAmbiguous"), &json!("Warning"))
-    );
-    call.echo();
+    api.event("JobTemplateOutdated", None).await;
+    api.event("RailAmbiguous", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
 
@@ -962,8 +994,7 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
 /// (ABANDONED), then the finalizer is removed.
 #[tokio::test]
 async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let mut batch = fixtures::payout_batch();
     batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
     batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
@@ -972,18 +1003,12 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
         ctx,
     ));
     let job_path = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
-    let call = api.next().await;
-    call.expect(Method::DELETE, job_path);
+    let call = api.expect(Method::DELETE, job_path).await;
     assert_eq!(call.body["propagationPolicy"], "Foreground");
-    call.reply(
-        200,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
-    );
-    let call = api.next().await;
-    call.expect(Method::GET, job_path);
-    call.reply(404, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found", "metadata": {}}));
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    call.reply(200, &success());
+    let call = api.expect(Method::GET, job_path).await;
+    call.reply(404, &not_found());
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "ExecutorDrained");
     // Only after the executor is gone: the cancel of every payout of the batch, under the
     // namespace's services.
@@ -995,8 +1020,7 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
         "nothing cancelled while the executor may run"
     );
     call.echo();
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "PayoutsCancelled");
     let cancels: Vec<_> = services
         .calls()
@@ -1015,12 +1039,7 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
         "the PayoutBatch default/payroll-2026-12 was deleted"
     );
     call.echo();
-    let call = api.next().await;
-    call.expect(
-        Method::PATCH,
-        &format!("{DLOCK}/payoutbatches/payroll-2026-12"),
-    );
-    assert_eq!(call.content_type, "application/json-patch+json");
+    let call = api.expect_json_patch(BATCH).await;
     assert!(call.body.to_string().contains("remove"), "{}", call.body);
     batch.metadata.finalizers = None;
     call.reply(200, &serde_json::to_value(&batch).unwrap());
@@ -1056,8 +1075,7 @@ async fn transient_errors_back_off_exponentially() {
 /// own reconcile, permanently until it changes, and never reaches the API or the services.
 #[tokio::test]
 async fn a_malformed_object_fails_alone_behind_the_deserialize_guard() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, api) = context(services.clone());
+    let (services, ctx, api) = world(FakeServices::default());
     let mut raw = serde_json::to_value(fixtures::lock_server()).unwrap();
     raw["spec"]["backend"]["type"] = json!("redis");
     let guard: kube::core::DeserializeGuard<dlock_operator::crd::LockServer> =
@@ -1079,8 +1097,7 @@ async fn a_malformed_object_fails_alone_behind_the_deserialize_guard() {
 /// is refused before a single call, and recorded.
 #[tokio::test]
 async fn a_lock_that_names_no_account_is_refused_without_a_call() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let mut lock = fixtures::lock();
     lock.spec.key = "batch:payroll".to_owned();
     lock.spec.account_id = String::new();
@@ -1089,12 +1106,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
     call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
-    let call = api.next().await;
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("RevocationRefused"), &json!("Warning"))
-    );
-    call.echo();
+    api.event("RevocationRefused", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
     assert!(services.calls().is_empty());
@@ -1103,29 +1115,26 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
 /// A scheduled Reconciliation becomes a CronJob, then a Ready status and an Event.
 #[tokio::test]
 async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services);
+    let (_, ctx, mut api) = world(FakeServices::default());
     let object = fixtures::reconciliation(Some("0 * * * *"));
     let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
         Arc::new(object.clone()),
         ctx,
     ));
-    let call = api.next().await;
-    call.expect_apply("/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile");
+    let call = api
+        .expect_apply("/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile")
+        .await;
     assert_eq!(call.body["spec"]["concurrencyPolicy"], "Forbid");
     call.echo();
-    let call = api.next().await;
-    call.expect(Method::GET, &format!("{NS}/pods"));
+    let call = api.expect(Method::GET, &format!("{NS}/pods")).await;
     call.reply(200, &pod_list(vec![]));
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"))
+        .await;
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["lastRunJob"], "hourly-reconcile");
     call.reply(200, &serde_json::to_value(&object).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "Ready");
-    call.echo();
+    api.event("Ready", None).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
 }
@@ -1135,12 +1144,11 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
 /// deleted — an unlisted key may well be held.
 #[tokio::test]
 async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
-    let services = Arc::new(FakeServices {
+    let (services, ctx, mut api) = world(FakeServices {
         held: vec![held_lock()],
         truncated: true,
         ..FakeServices::default()
     });
-    let (ctx, mut api) = context(services.clone());
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
         Arc::new(ready_lock_server("3/3 replicas ready")),
         ctx,
@@ -1149,21 +1157,12 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
 
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/{name}"));
-    let mut applied = call.body.clone();
-    applied["metadata"]["generation"] = json!(1);
-    call.reply(200, &applied.clone());
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/{name}/status"));
-    call.reply(200, &applied);
+    answer_lock_mirror(&mut api, &name).await;
 
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"));
-    let conditions = call.body["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let call = api
+        .expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
+        .await;
+    let conditions = call.conditions();
     assert_eq!(conditions.len(), 4, "{conditions:?}");
     assert_eq!(conditions[0]["type"], "Ready");
     assert_eq!(conditions[3]["type"], "LocksMirrored");
@@ -1174,13 +1173,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
         "the rest of status is kept"
     );
     call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("LockMirrorTruncated"), &json!("Warning"))
-    );
-    call.echo();
+    api.event("LockMirrorTruncated", Some("Warning")).await;
 
     reconcile.await.unwrap().unwrap();
     // No list of Locks, no delete.
@@ -1192,8 +1185,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
 /// account: the revocation is refused before anything is sent, and says to name one.
 #[tokio::test]
 async fn a_revocation_with_several_payment_resources_is_refused_without_a_call() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
@@ -1218,8 +1210,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
 /// The fence targets are the namespace's own objects, whatever their names.
 #[tokio::test]
 async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     reply_names(api.next().await, "paymentresources", &["payments-eu"]);
@@ -1248,8 +1239,7 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
     use dlock_operator::crd::{
         LockRevocation, LockRevocationSpec, LockRevocationStatus, RevocationResult,
     };
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (services, ctx, mut api) = world(FakeServices::default());
     let reason = "worker wedged past its lease";
     let object = LockRevocation {
         metadata: fixtures::meta("revoke-acct-17", "uid-revocation"),
@@ -1283,8 +1273,9 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
     ));
     // Only the lock server's name is looked up; the lock itself is not (it is gone).
     reply_names(api.next().await, "lockservers", &["lock-server"]);
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/lockrevocations/revoke-acct-17/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/lockrevocations/revoke-acct-17/status"))
+        .await;
     let result = &call.body["status"]["result"];
     assert_eq!(result["outcome"], "Complete");
     assert_eq!(
@@ -1296,10 +1287,7 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
         (&json!(true), &json!(true))
     );
     call.reply(200, &serde_json::to_value(&object).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "Revoked");
-    call.echo();
+    api.event("Revoked", None).await;
     reconcile.await.unwrap().unwrap();
     // No DELETE of the LockRevocation, ever: the API server saw every call above.
     api.done().await;
@@ -1323,14 +1311,10 @@ async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
         Arc::new(lock.clone()),
         ctx.clone(),
     ));
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"));
-    assert!(
-        call.query
-            .contains("fieldManager=dlock-operator-lock-revoke"),
-        "{}",
-        call.query
-    );
+    let call = api
+        .expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"))
+        .await;
+    call.expect_field_manager("dlock-operator-lock-revoke");
     assert_eq!(
         call.body["status"],
         json!({"observedGeneration": 1, "conditions": [
@@ -1380,26 +1364,19 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
         Arc::new(object.clone()),
         ctx,
     ));
-    let call = api.next().await;
-    call.expect(
-        Method::DELETE,
-        "/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile",
-    );
+    let call = api
+        .expect(
+            Method::DELETE,
+            "/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile",
+        )
+        .await;
     assert_eq!(call.body["propagationPolicy"], "Background");
-    call.reply(
-        200,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
-    );
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(call.body["reason"], "ScheduleRemoved");
-    call.echo();
+    call.reply(200, &success());
+    api.event("ScheduleRemoved", None).await;
     let job_path = "/apis/batch/v1/namespaces/default/jobs/hourly-reconcile";
-    let call = api.next().await;
-    call.expect(Method::GET, job_path);
+    let call = api.expect(Method::GET, job_path).await;
     call.reply(404, &not_found());
-    let call = api.next().await;
-    call.expect_apply(job_path);
+    let call = api.expect_apply(job_path).await;
     let container = &call.body["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
         container["terminationMessagePolicy"],
@@ -1415,8 +1392,7 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
     job["status"] = json!({"conditions": [{"type": "Failed", "status": "True",
                                            "message": "BackoffLimitExceeded"}]});
     call.reply(200, &job);
-    let call = api.next().await;
-    call.expect(Method::GET, &format!("{NS}/pods"));
+    let call = api.expect(Method::GET, &format!("{NS}/pods")).await;
     assert!(
         call.query
             .contains("app.kubernetes.io%2Fcomponent%3Dreconciler")
@@ -1442,8 +1418,9 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
             ),
         ]),
     );
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"));
+    let call = api
+        .expect_apply(&format!("{DLOCK}/reconciliations/hourly/status"))
+        .await;
     let status = &call.body["status"];
     assert_eq!(
         status["findings"],
@@ -1462,13 +1439,7 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
     );
     assert_eq!(status["lastRunJob"], "hourly-reconcile");
     call.reply(200, &serde_json::to_value(&object).unwrap());
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
-    assert_eq!(
-        (&call.body["reason"], &call.body["type"]),
-        (&json!("CriticalFindings"), &json!("Warning"))
-    );
-    call.echo();
+    api.event("CriticalFindings", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
 }
@@ -1478,8 +1449,7 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
 /// every reconcile publishes a Warning Event, not only the first.
 #[tokio::test]
 async fn a_payment_resource_without_authentication_is_applied_with_a_condition_and_a_warning() {
-    let services = Arc::new(FakeServices::default());
-    let (ctx, mut api) = context(services.clone());
+    let (_, ctx, mut api) = world(FakeServices::default());
     let mut object = fixtures::payment_resource();
     object.spec.service.auth = Some(dlock_operator::crd::ServiceAuth {
         mode: Some(dlock_operator::crd::AuthMode::None),
@@ -1489,36 +1459,30 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         ctx,
     ));
 
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/configmaps/payment-resource"));
+    let call = api
+        .expect_apply(&format!("{NS}/configmaps/payment-resource"))
+        .await;
     assert_eq!(
         call.body["data"]["config.toml"],
         "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n"
     );
     call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{NS}/services/payment-resource"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{APPS}/deployments/payment-resource"));
+    api.expect_apply(&format!("{NS}/services/payment-resource"))
+        .await
+        .echo();
+    let call = api
+        .expect_apply(&format!("{APPS}/deployments/payment-resource"))
+        .await;
     let pod = &call.body["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod.get("serviceAccountName").is_none());
     let body = ready_deployment(call.body.clone(), 3);
     call.reply(200, &body);
-    let call = api.next().await;
-    call.expect_apply(&format!("{POLICY}/poddisruptionbudgets/payment-resource"));
-    call.echo();
-    // The service's ingress: executors, reconcilers and the operator only.
-    let call = api.next().await;
-    call.expect_apply(&format!("{NETWORKING}/networkpolicies/payment-resource"));
-    call.echo();
-    let call = api.next().await;
-    call.expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"));
-    let conditions = call.body["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .clone();
+    api.echo_applies(after_deployment("payment-resource")).await;
+    let call = api
+        .expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
+        .await;
+    let conditions = call.conditions();
     assert_eq!(conditions.len(), 4, "{conditions:?}");
     assert_eq!(
         conditions[3],
@@ -1533,12 +1497,10 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         200,
         &serde_json::to_value(fixtures::payment_resource()).unwrap(),
     );
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "Ready", "the Ready transition");
     call.echo();
-    let call = api.next().await;
-    call.expect(Method::POST, EVENTS);
+    let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "AuthenticationDisabled");
     assert_eq!(call.body["type"], "Warning");
     assert_eq!(call.body["regarding"]["name"], "payment-resource");

@@ -2,6 +2,7 @@
 //! committed `crds/` current, and the CEL rules evaluated offline (kube-cel).
 
 use dlock_operator::crd::{self, Lock, LockRevocation, LockServer, PayoutBatch, RailProxy};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceColumnDefinition;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
@@ -115,15 +116,19 @@ fn every_crd_schema_is_structural_with_known_formats_only() {
     }
 }
 
+/// The printer columns of the Lock CRD.
+fn lock_columns() -> Vec<CustomResourceColumnDefinition> {
+    Lock::crd().spec.versions[0]
+        .additional_printer_columns
+        .clone()
+        .unwrap_or_default()
+}
+
 /// `kubectl get locks` shows KEY, HOLDER, TOKEN, EXPIRES, AGE (READY and the revocation only with
 /// `-o wide`).
 #[test]
 fn kubectl_get_locks_shows_key_holder_token_expires_age() {
-    let crd = Lock::crd();
-    let columns = crd.spec.versions[0]
-        .additional_printer_columns
-        .clone()
-        .unwrap_or_default();
+    let columns = lock_columns();
     let default: Vec<(String, String)> = columns
         .iter()
         .filter(|c| c.priority.unwrap_or(0) == 0)
@@ -238,11 +243,7 @@ fn a_lock_revocation_is_immutable() {
 /// every lock's expiry is in the future, so EXPIRES is the RFC 3339 timestamp as a string.
 #[test]
 fn the_expires_column_is_readable_for_a_future_time() {
-    let crd = Lock::crd();
-    let columns = crd.spec.versions[0]
-        .additional_printer_columns
-        .clone()
-        .unwrap_or_default();
+    let columns = lock_columns();
     let expires = columns
         .iter()
         .find(|c| c.name.eq_ignore_ascii_case("expires"))
