@@ -31,27 +31,23 @@ dlock_kind! {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
     /// The last revocation, keyed by the annotation value that asked for it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<RevocationResult>,
 }
 
 /// What a revocation did (D-3): the grant ended, the floor and whether it reached both fences.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationResult {
@@ -60,15 +56,11 @@ pub struct RevocationResult {
     /// `Complete` (both fences reached), `Incomplete` (retried) or `Refused` (waits for a new
     /// request).
     pub outcome: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_token: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_token_floor: Option<i64>,
     pub payment_fenced: bool,
     pub rail_fenced: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }
 
@@ -99,30 +91,25 @@ dlock_kind! {
         pub revoked_by: String,
         /// Revoke only the grant with this fencing token (L8's `expectedToken`); the lock server
         /// refuses when another grant holds the key.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schemars(range(min = 1))]
         pub expected_token: Option<i64>,
         /// The LockServer; defaults to the only one in the namespace.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub lock_server: Option<String>,
         /// The PaymentResource whose account fence is advanced; defaults to the only one in the
         /// namespace (with none or several the revocation is refused).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub payment_resource: Option<String>,
         /// The RailProxy whose high-water mark is advanced; defaults to the only one in the
         /// namespace (with none or several the revocation is refused).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rail_proxy: Option<String>,
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockRevocationStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<RevocationResult>,
 }

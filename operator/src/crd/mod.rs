@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 pub use dlock_contract::payout_batch::PayoutItem;
 
 /// Declares one `dlock.io/v1alpha1` kind on its spec struct (which follows, with its own derives
-/// and docs): namespaced, in the `dlock` category, with the given printer columns and then `Age`.
+/// and docs): namespaced, in the `dlock` category, with the given printer columns and then `Age`;
+/// an absent optional field is left out when serialized, as on every CRD type here.
 /// A column is `Ready` (the Ready condition's status), `Ready(priority = n)`, or
 /// `(name, type, JSONPath)` with an optional `, priority = n`.
 macro_rules! dlock_kind {
@@ -47,6 +48,7 @@ macro_rules! dlock_kind {
         @columns [$(($name:tt, $type_:tt, $path:tt $(, priority = $priority:tt)?))*] []
         ($kind:tt, $status:tt, $short:tt, [$($validation:tt)*]) $($item:tt)*
     ) => {
+        #[serde_with::skip_serializing_none]
         #[derive(kube::CustomResource)]
         #[kube(
             group = "dlock.io",
@@ -95,6 +97,7 @@ pub struct SecretKeyRef {
 
 /// The optional Cloud SQL Auth Proxy sidecar: the database URL in the Secret then points at
 /// `127.0.0.1:5432`.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CloudSql {
@@ -102,7 +105,6 @@ pub struct CloudSql {
     #[schemars(regex(pattern = r"^[^:]+:[^:]+:[^:]+$"))]
     pub instance_connection_name: String,
     /// The proxy image; the operator's default when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }
 
@@ -120,15 +122,16 @@ pub enum AuthMode {
 }
 
 /// `spec.auth`: authentication is on unless turned off here, explicitly.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAuth {
     /// `tokenreview` when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<AuthMode>,
 }
 
 /// One status condition (`Ready`, `Progressing`, `Degraded`).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
@@ -140,28 +143,23 @@ pub struct Condition {
     #[serde(default)]
     pub message: String,
     /// RFC 3339; changes only when `status` changes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
 
 /// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Ready replicas of the main Deployment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
     /// `ready/desired`, for `kubectl get`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// The in-cluster URL of the Service.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
 }
 

@@ -26,7 +26,6 @@ dlock_kind! {
     #[serde(rename_all = "camelCase")]
     pub struct PayoutBatchSpec {
         /// Concurrent workers of the executor.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schemars(range(min = 1, max = 256))]
         pub workers: Option<i32>,
         /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
@@ -39,28 +38,22 @@ dlock_kind! {
         pub payouts: Vec<PayoutItem>,
         /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
         /// kind in the namespace's conventional name (`lock-server`, `payment-resource`, `rail-proxy`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub lock_server: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub payment_resource: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rail_proxy: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image: Option<String>,
         /// How the executor authenticates to the services. Absent: a projected service-account
         /// token of the `default` service account (audience `dlock`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub executor: Option<ExecutorSpec>,
         /// Requests and limits of the main container; the operator's defaults when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub resources: Option<ResourceRequirements>,
         /// Secrets for pulling the image (`[{name: regcred}]`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
     }
 }
 
 /// The executor's credential. `dlock run -f` ignores this section.
+#[serde_with::skip_serializing_none]
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.credentialSecret) || has(self.identity)").message("spec.executor.credentialSecret needs spec.executor.identity, the identity its token authenticates as"))]
@@ -68,28 +61,24 @@ pub struct ExecutorSpec {
     /// The identity the credential authenticates as; the workers' `X-Owner-Id` is
     /// `<identity>/<batch>`. Without `credentialSecret` it is the service account's
     /// (`system:serviceaccount:<namespace>:<serviceAccountName>`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64))]
     pub identity: Option<String>,
     /// A Secret key holding the bearer token (services with `auth.mode = "tokens"`). Absent: a
     /// projected service-account token with audience `dlock` (`auth.mode = "tokenreview"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_secret: Option<SecretKeyRef>,
     /// The executor pod's service account (default `default`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutBatchStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Set once the executor Job exists; from then on `spec.payouts` is immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<bool>,
     /// Payouts per state, from paydb.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -97,12 +86,8 @@ pub struct PayoutBatchStatus {
     /// Payout ids in RAIL_AMBIGUOUS, for an operator to resolve.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ambiguous: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ambiguous_count: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_out: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }

@@ -20,36 +20,28 @@ dlock_kind! {
         /// paydb (the payouts, the ledger and the rail proxy's intents).
         pub database_url_secret: SecretKeyRef,
         /// The rail whose statement is compared; defaults to the stub of `railProxy`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rail_url: Option<String>,
         /// A cron schedule; absent runs once.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub schedule: Option<String>,
         /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rail_proxy: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image: Option<String>,
         /// Requests and limits of the main container; the operator's defaults when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub resources: Option<ResourceRequirements>,
         /// Secrets for pulling the image (`[{name: regcred}]`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReconciliationStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run_job: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }

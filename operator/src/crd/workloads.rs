@@ -22,7 +22,6 @@ dlock_kind! {
         #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
         pub backend: LockBackend,
         /// The `dlock` image; the operator's own image when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image: Option<String>,
         // Replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
@@ -37,15 +36,14 @@ pub enum BackendType {
     Etcd,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.type == 'pg' ? has(self.pg) && !has(self.etcd) : has(self.etcd) && !has(self.pg)").message("set exactly the section that spec.backend.type names"))]
 pub struct LockBackend {
     #[serde(rename = "type")]
     pub type_: BackendType,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pg: Option<PgBackend>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdBackend>,
 }
 
@@ -57,6 +55,7 @@ pub struct PgBackend {
 }
 
 /// etcd is referenced, never deployed.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackend {
@@ -68,10 +67,8 @@ pub struct EtcdBackend {
     /// `tls.key` (the lock server's client certificate and key). Mounted read-only at
     /// `/etc/dlock/etcd-tls` and named by `lock.etcd.ca-file`, `cert-file` and `key-file`; a
     /// renewed certificate is picked up without a restart.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_secret: Option<String>,
     /// etcd's own authentication (`lock.etcd.username`, `lock.etcd.password-file`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<EtcdAuth>,
 }
 
@@ -88,27 +85,22 @@ pub struct EtcdAuth {
 
 /// What every service's spec has (flattened into it): replicas, the pod's settings, callers'
 /// authentication and the fencing-token proof keys.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSettings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub replicas: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_sql: Option<CloudSql>,
     /// Requests and limits of the main container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Secrets for pulling the image (`[{name: regcred}]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
     /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<ServiceAuth>,
     /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
     /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
     /// PaymentResource and RailProxy of a namespace must name the same Secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof_keys_secret: Option<SecretKeyRef>,
 }
 
@@ -125,9 +117,7 @@ dlock_kind! {
         /// The paydb URL.
         pub database_url_secret: SecretKeyRef,
         /// The credential of operator-only calls (fence advance, resolution).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub operator_token_secret: Option<SecretKeyRef>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image: Option<String>,
         // Replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
@@ -149,38 +139,30 @@ dlock_kind! {
         /// paydb, where the high-water marks and the intents live.
         pub database_url_secret: SecretKeyRef,
         /// The rail's URL; absent when `stub` is set.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub rail_url: Option<String>,
         /// `rail.proxy.read-timeout-ms`; the pods' termination grace is set above it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schemars(range(min = 100, max = 120000))]
         pub read_timeout_ms: Option<i64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub operator_token_secret: Option<SecretKeyRef>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub image: Option<String>,
         // Replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
         pub service: ServiceSettings,
         /// Deploys the rail stub and points the proxy at it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub stub: Option<RailStubSpec>,
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailStubSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 600000))]
     pub latency_ms: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub failure_rate: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub duplicate_ack_rate: Option<f64>,
     /// Requests and limits of the stub's container; the operator's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 }
