@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, Sec
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::crd::SecretKeyRef;
+use crate::crd::{PodOptions, SecretKeyRef};
 
 /// Every dlock service listens here inside its pod.
 pub const PORT: i32 = 8080;
@@ -133,6 +133,15 @@ impl PodSettings {
             resources: resources.cloned().unwrap_or(default),
             image_pull_secrets: image_pull_secrets.cloned().unwrap_or_default(),
         }
+    }
+
+    /// What a spec's [`PodOptions`] say, with `default` resources when it names none.
+    pub fn from_options(options: &PodOptions, default: ResourceRequirements) -> Self {
+        Self::from_spec(
+            options.resources.as_ref(),
+            options.image_pull_secrets.as_ref(),
+            default,
+        )
     }
 
     /// `imagePullSecrets` of the pod spec: absent when there are none.

@@ -11,6 +11,7 @@
 // duplicated-attributes lint mistakes for repeated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -106,6 +107,18 @@ pub struct CloudSql {
     pub instance_connection_name: String,
     /// The proxy image; the operator's default when absent.
     pub image: Option<String>,
+}
+
+/// What a pod-running spec says about its pods (flattened into it): the main container's
+/// requests and limits, and the image pull Secrets.
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOptions {
+    /// Requests and limits of the main container; the operator's defaults when absent.
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets for pulling the image (`[{name: regcred}]`).
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
 }
 
 /// How a service checks its callers (`auth.mode`).

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, PayoutItem, SecretKeyRef};
+use super::{Condition, PayoutItem, PodOptions, SecretKeyRef};
 
 dlock_kind! {
     kind: "PayoutBatch", status: "PayoutBatchStatus", shortname: "pb",
@@ -45,10 +44,9 @@ dlock_kind! {
         /// How the executor authenticates to the services. Absent: a projected service-account
         /// token of the `default` service account (audience `dlock`).
         pub executor: Option<ExecutorSpec>,
-        /// Requests and limits of the main container; the operator's defaults when absent.
-        pub resources: Option<ResourceRequirements>,
-        /// Secrets for pulling the image (`[{name: regcred}]`).
-        pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+        // The main container's resources and the image pull Secrets.
+        #[serde(flatten)]
+        pub pod: PodOptions,
     }
 }
 

@@ -1,10 +1,9 @@
 //! Reconciliation: the reconciler run once, or on a schedule.
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, SecretKeyRef};
+use super::{Condition, PodOptions, SecretKeyRef};
 
 dlock_kind! {
     kind: "Reconciliation", status: "ReconciliationStatus", shortname: "recon",
@@ -26,10 +25,9 @@ dlock_kind! {
         /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
         pub rail_proxy: Option<String>,
         pub image: Option<String>,
-        /// Requests and limits of the main container; the operator's defaults when absent.
-        pub resources: Option<ResourceRequirements>,
-        /// Secrets for pulling the image (`[{name: regcred}]`).
-        pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+        // The main container's resources and the image pull Secrets.
+        #[serde(flatten)]
+        pub pod: PodOptions,
     }
 }
 

@@ -1,11 +1,11 @@
 //! LockServer, PaymentResource and RailProxy: the long-running services.
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CloudSql, SecretKeyRef, ServiceAuth, WorkloadStatus};
+use super::{CloudSql, PodOptions, SecretKeyRef, ServiceAuth, WorkloadStatus};
 
 dlock_kind! {
     kind: "LockServer", status: "WorkloadStatus", shortname: "ls",
@@ -92,10 +92,9 @@ pub struct ServiceSettings {
     #[schemars(range(min = 1, max = 16))]
     pub replicas: Option<i32>,
     pub cloud_sql: Option<CloudSql>,
-    /// Requests and limits of the main container; the operator's defaults when absent.
-    pub resources: Option<ResourceRequirements>,
-    /// Secrets for pulling the image (`[{name: regcred}]`).
-    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    // The main container's resources and the image pull Secrets.
+    #[serde(flatten)]
+    pub pod: PodOptions,
     /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
     pub auth: Option<ServiceAuth>,
     /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,

@@ -130,11 +130,7 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
     let credential = executor_credential(spec.executor.as_ref(), &namespace, &name)?;
     Ok(ValidatedBatch {
         credential,
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
+        pod: PodSettings::from_options(&spec.pod, service_resources()),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         workers,
         manifest_yaml,
@@ -189,11 +185,7 @@ pub fn reconciliation(
         )
     });
     Ok(ValidatedReconciliation {
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
+        pod: PodSettings::from_options(&spec.pod, service_resources()),
         name: object.name_any(),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         schedule: spec.schedule.clone(),

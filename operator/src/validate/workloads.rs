@@ -217,11 +217,7 @@ fn service<K: Resource<DynamicType = ()>>(
         service_account: service_account(auth),
         auth_disabled: auth == AuthMode::None,
         fencing_proof_keys_secret,
-        pod: PodSettings::from_spec(
-            spec.resources.as_ref(),
-            spec.image_pull_secrets.as_ref(),
-            service_resources(),
-        ),
+        pod: PodSettings::from_options(&spec.pod, service_resources()),
         owner: owner_of(object)?,
         name,
     };
@@ -445,7 +441,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             fencing_proof_keys_secret: None,
             pod: PodSettings::from_spec(
                 stub.resources.as_ref(),
-                spec.service.image_pull_secrets.as_ref(),
+                spec.service.pod.image_pull_secrets.as_ref(),
                 small_resources(),
             ),
             ..proxy.clone()

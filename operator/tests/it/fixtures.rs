@@ -84,16 +84,20 @@ pub fn payment_resource() -> PaymentResource {
                     image: None,
                 }),
                 // From the spec: requests and limits as given, and the pull secrets.
-                resources: Some(
-                    serde_json::from_value(serde_json::json!({
-                        "requests": {"cpu": "250m", "memory": "256Mi"},
-                        "limits": {"cpu": "1", "memory": "1Gi"},
-                    }))
-                    .unwrap(),
-                ),
-                image_pull_secrets: Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
-                    name: "regcred".to_owned(),
-                }]),
+                pod: PodOptions {
+                    resources: Some(
+                        serde_json::from_value(serde_json::json!({
+                            "requests": {"cpu": "250m", "memory": "256Mi"},
+                            "limits": {"cpu": "1", "memory": "1Gi"},
+                        }))
+                        .unwrap(),
+                    ),
+                    image_pull_secrets: Some(vec![
+                        k8s_openapi::api::core::v1::LocalObjectReference {
+                            name: "regcred".to_owned(),
+                        },
+                    ]),
+                },
                 ..ServiceSettings::default()
             },
         },
@@ -146,8 +150,7 @@ pub fn payout_batch() -> PayoutBatch {
             rail_proxy: None,
             image: None,
             executor: None,
-            resources: None,
-            image_pull_secrets: None,
+            pod: PodOptions::default(),
         },
         status: None,
     }
@@ -236,8 +239,7 @@ pub fn reconciliation(schedule: Option<&str>) -> Reconciliation {
             schedule: schedule.map(str::to_owned),
             rail_proxy: None,
             image: None,
-            resources: None,
-            image_pull_secrets: None,
+            pod: PodOptions::default(),
         },
         status: None,
     }
