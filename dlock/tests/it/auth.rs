@@ -12,14 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{ManagedChild, free_port, spawn_logged};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::Row;
 
-use crate::harness::{eventually, raw};
+use crate::harness::{eventually, loopback, open_account, raw, until_ready};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
@@ -131,6 +130,15 @@ impl DevStack {
             .to_owned()
     }
 
+    /// The URLs of the lock server, the payment resource and the rail proxy.
+    pub(crate) fn services(&self) -> (String, String, String) {
+        (
+            self.url("lockServer"),
+            self.url("paymentResource"),
+            self.url("railProxy"),
+        )
+    }
+
     pub(crate) fn token(&self, who: &str) -> String {
         self.line["credentials"][who]
             .as_str()
@@ -198,36 +206,14 @@ fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_nothing() {
     let stack = DevStack::up().await;
-    let lock = stack.url("lockServer");
-    let payment = stack.url("paymentResource");
-    let proxy = stack.url("railProxy");
+    let (lock, payment, proxy) = stack.services();
     let stub = stack.url("railStub");
     let executor = stack.token("executor");
     let operator = stack.token("operator");
 
     // Some state to protect: an account with funds, opened by the executor identity.
     let client = stack.executor_payments();
-    client
-        .create_account(
-            "open-acct-a",
-            &CreateAccountRequest {
-                account_id: "acct-a".into(),
-                currency: "EUR".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    client
-        .fund(
-            "acct-a",
-            "fund-acct-a",
-            &FundRequest {
-                amount_minor: 100_000,
-                reference: "seed".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    open_account(&client, "acct-a", 100_000).await;
     let before = stack.snapshot().await;
 
     let session = "0195e3b4-0000-7000-8000-000000000001";
@@ -601,10 +587,7 @@ async fn tokenreview_names_the_service_account_caches_the_answer_and_fails_close
     };
     let own_token = dir.path().join("sa-token");
     std::fs::write(&own_token, &api.service_token).unwrap_or_else(|e| panic!("{e}"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let api_addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let (listener, api_addr) = loopback().await;
     let app = axum::Router::new()
         .route(
             "/apis/authentication.k8s.io/v1/tokenreviews",
@@ -642,13 +625,7 @@ async fn tokenreview_names_the_service_account_caches_the_answer_and_fails_close
     ];
     let _stub = serve("rail-stub", env, &dir.path().join("stub.log"));
     let url = format!("http://127.0.0.1:{port}");
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    eventually(
-        "the stub is ready",
-        Duration::from_secs(30),
-        || async move { (dlock_devstack::http_status(addr, "/readyz") == Some(200)).then_some(()) },
-    )
-    .await;
+    until_ready("the stub", port).await;
     let submit = |token: &'static str, n: u32| {
         let url = format!("{url}/submit");
         async move {

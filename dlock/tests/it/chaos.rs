@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::{
-    CreateAccountRequest, CreatePayoutRequest, FundRequest, PayoutState,
-};
+use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
 use dlock_devstack::stack::{LockBackend, Role, Stack, StackBuilder};
@@ -21,7 +19,7 @@ use dlock_executor::manifest::{idempotency_key, payout_id};
 
 use uuid::Uuid;
 
-use crate::harness::{Backend, eventually};
+use crate::harness::{Backend, eventually, open_account};
 
 pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_dlock");
@@ -118,23 +116,7 @@ impl Chaos {
     pub(crate) async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
         let payment = self.payment_client();
         for i in 0..n {
-            let account = format!("{prefix}-{i:02}");
-            let body = CreateAccountRequest {
-                account_id: account.clone(),
-                currency: "EUR".into(),
-            };
-            payment
-                .create_account(&format!("open-{account}"), &body)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let fund = FundRequest {
-                amount_minor: funds,
-                reference: format!("seed-{account}"),
-            };
-            payment
-                .fund(&account, &format!("fund-{account}"), &fund)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            open_account(&payment, &format!("{prefix}-{i:02}"), funds).await;
         }
     }
 

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+use crate::harness::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::stack::{Role, Stack};
@@ -172,27 +172,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
 
     let client =
         PaymentClient::new(&stack.payment().url(), "deadline").unwrap_or_else(|e| panic!("{e}"));
-    client
-        .create_account(
-            "open-acct-1",
-            &CreateAccountRequest {
-                account_id: "acct-1".into(),
-                currency: "EUR".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    client
-        .fund(
-            "acct-1",
-            "fund-acct-1",
-            &FundRequest {
-                amount_minor: 10_000,
-                reference: "seed-acct-1".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    open_account(&client, "acct-1", 10_000).await;
 
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {

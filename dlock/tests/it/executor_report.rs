@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+use crate::harness::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::stack::Stack;
 use dlock_executor::executor::{Endpoints, RunOptions, execute};
@@ -79,27 +79,7 @@ async fn the_final_report_says_what_paydb_says_whether_a_state_was_answered_or_r
     let client =
         PaymentClient::new(&stack.payment().url(), "report").unwrap_or_else(|e| panic!("{e}"));
     for (account, funds) in [("rich", 10_000), ("poor", 500)] {
-        client
-            .create_account(
-                &format!("open-{account}"),
-                &CreateAccountRequest {
-                    account_id: account.into(),
-                    currency: "EUR".into(),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        client
-            .fund(
-                account,
-                &format!("fund-{account}"),
-                &FundRequest {
-                    amount_minor: funds,
-                    reference: format!("seed-{account}"),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        open_account(&client, account, funds).await;
     }
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {

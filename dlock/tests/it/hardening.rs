@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::auth::DevStack;
-use crate::harness::eventually;
+use crate::harness::{eventually, until_ready};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
@@ -151,9 +151,7 @@ async fn bad_path_segments_and_bad_bodies_get_the_envelope_on_every_service() {
     let token = stack.token("executor");
     let bearer = format!("Bearer {token}");
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
-    let lock = stack.url("lockServer");
-    let payment = stack.url("paymentResource");
-    let proxy = stack.url("railProxy");
+    let (lock, payment, proxy) = stack.services();
     let stub = stack.url("railStub");
 
     // A path segment whose percent-encoding is not UTF-8, on every route family with one.
@@ -270,13 +268,7 @@ async fn an_unreachable_api_server_and_a_flood_of_unknown_tokens_get_503_that_na
     let log = dir.path().join("stub.log");
     let _stub = serve("rail-stub", env, &log);
     let url = format!("http://127.0.0.1:{port}");
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    eventually(
-        "the stub is ready",
-        Duration::from_secs(30),
-        || async move { (dlock_devstack::http_status(addr, "/readyz") == Some(200)).then_some(()) },
-    )
-    .await;
+    until_ready("the stub", port).await;
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let mut answers = Vec::new();
     for n in 0..12 {

@@ -133,18 +133,13 @@ impl LockStack {
 
     /// Starts one more lock-server replica in this process on a real port; returns its URL.
     pub async fn serve(&mut self) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (listener, addr) = loopback().await;
         let config = self.config(addr);
         let store = open_store(&config)
             .await
             .unwrap_or_else(|e| panic!("open store: {e:#}"));
         let state = AppState::new(store, std::sync::Arc::new(config));
-        self.servers.push(tokio::spawn(async move {
-            let _ = dlock_server::http::serve(listener, app(state), std::future::pending()).await;
-        }));
+        self.servers.push(serve_in_task(listener, app(state)));
         format!("http://{addr}")
     }
 
@@ -207,6 +202,60 @@ pub async fn release(client: &LockClient, key: &str, session: uuid::Uuid, token:
         .release(key, session, token)
         .await
         .unwrap_or_else(|e| panic!("{} releases {key}: {e}", client.owner_id()));
+}
+
+/// Opens the EUR account `account` through the payment resource (key `open-{account}`) and funds
+/// it with `funds` (key `fund-{account}`, reference `seed-{account}`).
+pub async fn open_account(
+    client: &dlock_contract::payment_client::PaymentClient,
+    account: &str,
+    funds: i64,
+) {
+    use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+    let body = CreateAccountRequest {
+        account_id: account.into(),
+        currency: "EUR".into(),
+    };
+    client
+        .create_account(&format!("open-{account}"), &body)
+        .await
+        .unwrap_or_else(|e| panic!("opening {account}: {e}"));
+    let fund = FundRequest {
+        amount_minor: funds,
+        reference: format!("seed-{account}"),
+    };
+    client
+        .fund(account, &format!("fund-{account}"), &fund)
+        .await
+        .unwrap_or_else(|e| panic!("funding {account}: {e}"));
+}
+
+/// Waits until the service on loopback `port` answers `/readyz` with 200; `what` names it.
+pub async fn until_ready(what: &str, port: u16) {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    eventually(what, Duration::from_secs(30), || async move {
+        (http_status(addr, "/readyz") == Some(200)).then_some(())
+    })
+    .await;
+}
+
+/// A listener on a free loopback port, and its address.
+pub async fn loopback() -> (tokio::net::TcpListener, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    (listener, addr)
+}
+
+/// Serves `app` on `listener` in a task of its own, until the task is aborted.
+pub fn serve_in_task(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = dlock_server::http::serve(listener, app, std::future::pending()).await;
+    })
 }
 
 pub fn port() -> u16 {

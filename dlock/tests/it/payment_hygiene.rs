@@ -142,9 +142,7 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
 
 #[tokio::test]
 async fn a_payout_out_of_attempts_is_abandoned_by_the_claim_that_finds_it_so() {
-    let stack = PayStack::start_with(&[("payment.payout.max-attempts", "2")]).await;
-    stack.account("acct-a", "EUR").await;
-    stack.fund("acct-a", 500).await;
+    let stack = PayStack::funded_with(&[("payment.payout.max-attempts", "2")], "acct-a", 500).await;
     let payout = stack.payout("acct-a", 100, "EUR").await;
     let (t0, t1, t2, t3) = (stack.token(), stack.token(), stack.token(), stack.token());
     // Positive control: claims up to the bound are claims.
@@ -204,11 +202,7 @@ async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rai
     );
     // A payout whose attempt reached the rail proxy can never be abandoned, record or not.
     let submitted = stack.payout("acct-g", 100, "EUR").await;
-    let token = stack.token();
-    stack
-        .claim(submitted, token, "PENDING")
-        .await
-        .expect("claim", 200, None);
+    let token = stack.claimed(submitted).await;
     sqlx::query(
         "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, \
          idempotency_key) VALUES ($1, $2, 'acct-g', $3, 'k')",
@@ -316,11 +310,7 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
         .expect("stale token", 409, Some("FENCED_OUT"));
     // A payout past the rail proxy is not cancellable: the state says so.
     let claimed = stack.payout("acct-x", 100, "EUR").await;
-    let t = stack.token();
-    stack
-        .claim(claimed, t, "PENDING")
-        .await
-        .expect("claim", 200, None);
+    stack.claimed(claimed).await;
     stack.rail_ack(claimed).await;
     let claimed_body = json!({
         "expectedState": "CLAIMED", "operator": "alice", "reason": "batch deleted by its owner",

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+use crate::harness::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::certs::TestCa;
@@ -66,27 +66,7 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
     // A lock cycle on lockdb and money-moving writes on paydb, over TLS.
     assert!(lock_cycle(&lock_url, "payout:pg-tls").await > 0);
     let payment = PaymentClient::new(&payment_url, "pg-tls").unwrap_or_else(|e| panic!("{e}"));
-    payment
-        .create_account(
-            "open-pg-tls",
-            &CreateAccountRequest {
-                account_id: "pg-tls".into(),
-                currency: "EUR".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    payment
-        .fund(
-            "pg-tls",
-            "fund-pg-tls",
-            &FundRequest {
-                amount_minor: 12_345,
-                reference: "seed-pg-tls".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    open_account(&payment, "pg-tls", 12_345).await;
     let balance = pg
         .psql(
             "paydb",

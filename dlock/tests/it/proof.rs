@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest, FundRequest};
+use dlock_contract::payment::CreatePayoutRequest;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::auth::DevStack;
 use crate::conformance::assert_envelope;
-use crate::harness::raw;
+use crate::harness::{hold, loopback, open_account, raw, serve_in_task, session};
 use crate::payment::PayStack;
 
 const FORGED: i64 = i64::MAX;
@@ -87,30 +87,6 @@ async fn write(
     raw(Method::POST, url, &headers, Some(&body.to_string())).await
 }
 
-async fn open_account(client: &PaymentClient, account: &str, funds: i64) {
-    client
-        .create_account(
-            &format!("open-{account}"),
-            &CreateAccountRequest {
-                account_id: account.into(),
-                currency: "EUR".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    client
-        .fund(
-            account,
-            &format!("fund-{account}"),
-            &FundRequest {
-                amount_minor: funds,
-                reference: format!("seed-{account}"),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-}
-
 async fn register(client: &PaymentClient, account: &str) -> Uuid {
     let id = Uuid::new_v4();
     client
@@ -140,9 +116,7 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
         std::fs::read_to_string(stack.url("proofKeysFile")).is_ok_and(|t| t.contains("dev ")),
         "dev up writes a proof keys file"
     );
-    let lock = stack.url("lockServer");
-    let payment = stack.url("paymentResource");
-    let proxy = stack.url("railProxy");
+    let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
     let client = stack.executor_payments();
     open_account(&client, "acct-p", 1_000_000).await;
@@ -156,15 +130,8 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     let locks = LockClient::new(&lock, "executor/test")
         .unwrap_or_else(|e| panic!("{e}"))
         .with_credential(Some(Credential::fixed(&executor)));
-    let session = locks
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .session_id;
-    let other = locks
-        .acquire("payout:acct-q", session, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let session = session(&locks, 30_000).await;
+    let other = hold(&locks, "payout:acct-q", session, 30_000).await;
     let other_proof = other
         .fencing_proof
         .clone()
@@ -270,9 +237,7 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_held() {
     let stack = DevStack::up().await;
-    let lock = stack.url("lockServer");
-    let payment = stack.url("paymentResource");
-    let proxy = stack.url("railProxy");
+    let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
     let operator = stack.token("operator");
     let client = stack.executor_payments();
@@ -308,15 +273,8 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     let worker = LockClient::new(&lock, "executor/worker")
         .unwrap_or_else(|e| panic!("{e}"))
         .with_credential(Some(Credential::fixed(&executor)));
-    let worker_session = worker
-        .create_session(Some(60_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .session_id;
-    let held = worker
-        .acquire("payout:acct-r", worker_session, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let worker_session = session(&worker, 60_000).await;
+    let held = hold(&worker, "payout:acct-r", worker_session, 60_000).await;
     let held_proof = held.fencing_proof.clone().unwrap_or_default();
     let lower_account = format!("{payment}/v1/accounts/acct-r/fence/lower");
     let lower_rail = format!("{proxy}/v1/rail/high-water/acct-r/lower");
@@ -342,11 +300,7 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     let ops = LockClient::new(&lock, "ops-console")
         .unwrap_or_else(|e| panic!("{e}"))
         .with_credential(Some(Credential::fixed(&operator)));
-    let ops_session = ops
-        .create_session(Some(60_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .session_id;
+    let ops_session = session(&ops, 60_000).await;
     let contended = ops
         .acquire("payout:acct-r", ops_session, Some(60_000), None)
         .await;
@@ -392,10 +346,7 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let grant = ops
-        .acquire("payout:acct-r", ops_session, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = hold(&ops, "payout:acct-r", ops_session, 60_000).await;
     let proof = grant.fencing_proof.clone().unwrap_or_default();
     assert!(grant.fencing_token > held.fencing_token);
     for (url, resource) in [(&lower_account, "account"), (&lower_rail, "rail")] {
@@ -487,10 +438,7 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
         .pg
         .create_database("lockdb")
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let (listener, addr) = loopback().await;
     let env = [
         ("server.listen", addr.to_string()),
         ("lock.backend", "pg".to_owned()),
@@ -507,21 +455,10 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     let state = dlock_lock_server::AppState::new(store, Arc::new(config));
-    let server = tokio::spawn(async move {
-        let _ = dlock_server::http::serve(
-            listener,
-            dlock_lock_server::app(state),
-            std::future::pending(),
-        )
-        .await;
-    });
+    let server = serve_in_task(listener, dlock_lock_server::app(state));
     let locks =
         LockClient::new(&format!("http://{addr}"), "worker-1").unwrap_or_else(|e| panic!("{e}"));
-    let session = locks
-        .create_session(Some(30_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .session_id;
+    let session = session(&locks, 30_000).await;
 
     stack.account("acct-a", "EUR").await;
     stack.account("acct-b", "EUR").await;
@@ -529,14 +466,8 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
     stack.fund("acct-b", 10_000).await;
     let pa = stack.payout("acct-a", 100, "EUR").await;
     let pb = stack.payout("acct-b", 100, "EUR").await;
-    let a = locks
-        .acquire("payout:acct-a", session, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let b = locks
-        .acquire("payout:acct-b", session, Some(30_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let a = hold(&locks, "payout:acct-a", session, 30_000).await;
+    let b = hold(&locks, "payout:acct-b", session, 30_000).await;
     let proof_a = a.fencing_proof.clone().unwrap_or_default();
     assert!(
         proof_a.starts_with("new."),

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::conformance::assert_envelope;
-use crate::harness::{eventually, port, raw};
+use crate::harness::{eventually, loopback, port, raw, serve_in_task};
 
 fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
@@ -74,10 +74,7 @@ impl RailWorld {
 
     /// A rail stub in this process; returns its URL.
     pub async fn stub(&mut self, name: &str, settings: &[(&str, &str)]) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (listener, addr) = loopback().await;
         let mut pairs = vec![
             ("server.listen", addr.to_string()),
             (
@@ -93,14 +90,8 @@ impl RailWorld {
         let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw_config(&pairs))
             .unwrap_or_else(|e| panic!("{e}"));
         let state = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
-        self.servers.push(tokio::spawn(async move {
-            let _ = dlock_server::http::serve(
-                listener,
-                dlock_rail_stub::app(state),
-                std::future::pending(),
-            )
-            .await;
-        }));
+        self.servers
+            .push(serve_in_task(listener, dlock_rail_stub::app(state)));
         format!("http://{addr}")
     }
 
@@ -126,10 +117,7 @@ impl RailWorld {
 
     /// A rail proxy in this process; returns its URL.
     pub async fn proxy(&mut self, rail: &str, settings: &[(&str, &str)]) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (listener, addr) = loopback().await;
         let pairs = self.proxy_pairs(addr, rail, settings);
         let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw_config(&pairs))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -138,14 +126,8 @@ impl RailWorld {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let state = dlock_rail_proxy::AppState::new(pool, Arc::new(config))
             .unwrap_or_else(|e| panic!("{e:#}"));
-        self.servers.push(tokio::spawn(async move {
-            let _ = dlock_server::http::serve(
-                listener,
-                dlock_rail_proxy::app(state),
-                std::future::pending(),
-            )
-            .await;
-        }));
+        self.servers
+            .push(serve_in_task(listener, dlock_rail_proxy::app(state)));
         format!("http://{addr}")
     }
 

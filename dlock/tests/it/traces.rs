@@ -214,11 +214,7 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
         ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_http.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ]);
-    let (lock, payment, proxy) = (
-        stack.url("lockServer"),
-        stack.url("paymentResource"),
-        stack.url("railProxy"),
-    );
+    let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
 
     // One account, funded, and a batch of one payout.

@@ -57,16 +57,11 @@ fn with(base: &Value, field: &str, value: Option<Value>) -> String {
 
 #[tokio::test]
 async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
-    let stack = PayStack::start_with(&[("server.body-limit-bytes", "4096")]).await;
-    stack.account("acct-b", "EUR").await;
-    stack.fund("acct-b", 1_000).await;
+    let stack =
+        PayStack::funded_with(&[("server.body-limit-bytes", "4096")], "acct-b", 1_000).await;
     let payout = stack.payout("acct-b", 100, "EUR").await;
     let claimed = stack.payout("acct-b", 100, "EUR").await;
-    let token = stack.token();
-    stack
-        .claim(claimed, token, "PENDING")
-        .await
-        .expect("claim", 200, None);
+    let token = stack.claimed(claimed).await;
 
     let account = json!({ "accountId": "acct-new", "currency": "EUR" });
     let fund = json!({ "amountMinor": 10, "reference": "wire-new" });

@@ -9,11 +9,7 @@ async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_fun
     let first = stack.payout("acct-h", 60, "EUR").await;
     let second = stack.payout("acct-h", 60, "EUR").await;
 
-    let t1 = stack.token();
-    stack
-        .claim(first, t1, "PENDING")
-        .await
-        .expect("first claim", 200, None);
+    let t1 = stack.claimed(first).await;
     let account = stack.get("/v1/accounts/acct-h").await;
     let a = account.expect("P5", 200, None);
     assert_eq!(a["balanceMinor"], 100);

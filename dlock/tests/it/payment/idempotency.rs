@@ -106,9 +106,12 @@ async fn twenty_concurrent_identical_claims_run_the_effect_once() {
 
 #[tokio::test]
 async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
-    let stack = PayStack::start_with(&[("payment.idempotency.in-progress-wait-ms", "200")]).await;
-    stack.account("acct-w", "EUR").await;
-    stack.fund("acct-w", 500).await;
+    let stack = PayStack::funded_with(
+        &[("payment.idempotency.in-progress-wait-ms", "200")],
+        "acct-w",
+        500,
+    )
+    .await;
     let payout = stack.payout("acct-w", 100, "EUR").await;
     let token = stack.token();
     // Another transaction holds the record, as an identical request still running would.
@@ -151,9 +154,12 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
 
 #[tokio::test]
 async fn expired_records_are_swept() {
-    let stack = PayStack::start_with(&[("payment.idempotency.sweep-interval-ms", "50")]).await;
-    stack.account("acct-s", "EUR").await;
-    stack.fund("acct-s", 500).await;
+    let stack = PayStack::funded_with(
+        &[("payment.idempotency.sweep-interval-ms", "50")],
+        "acct-s",
+        500,
+    )
+    .await;
     let payout = stack.payout("acct-s", 100, "EUR").await;
     stack.claimed(payout).await;
     // Retention: 72 h for payout writes, 7 days for ledger postings.

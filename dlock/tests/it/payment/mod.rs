@@ -10,6 +10,7 @@ mod rows;
 mod schema;
 mod workload;
 
+use crate::harness::{loopback, serve_in_task};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -90,10 +91,7 @@ impl PayStack {
         let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
         pg.create_database("paydb")
             .unwrap_or_else(|e| panic!("create paydb: {e:#}"));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (listener, addr) = loopback().await;
         let mut pairs: Vec<(String, String)> = vec![
             ("server.listen".into(), addr.to_string()),
             ("payment.pg.url".into(), pg.url("paydb")),
@@ -126,9 +124,7 @@ impl PayStack {
         let pool = store.pool().clone();
         let state = AppState::new(store, Arc::new(config));
         let served = state.clone();
-        let server = tokio::spawn(async move {
-            let _ = dlock_server::http::serve(listener, app(served), std::future::pending()).await;
-        });
+        let server = serve_in_task(listener, app(served));
         Self {
             pg,
             pool,
@@ -232,7 +228,12 @@ impl PayStack {
 
     /// A stack with one EUR account `id` holding `amount`.
     pub async fn funded(id: &str, amount: i64) -> Self {
-        let stack = Self::start().await;
+        Self::funded_with(&[], id, amount).await
+    }
+
+    /// A stack with `extra` settings and the EUR account `id` funded with `amount`.
+    pub async fn funded_with(extra: &[(&str, &str)], id: &str, amount: i64) -> Self {
+        let stack = Self::start_with(extra).await;
         stack.account(id, "EUR").await;
         stack.fund(id, amount).await;
         stack

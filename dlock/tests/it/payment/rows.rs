@@ -244,11 +244,7 @@ async fn fenced_out_carries_the_five_details_the_log_event_and_the_counter() {
     let first = stack.payout("acct-f", 100, "EUR").await;
     let second = stack.payout("acct-f", 100, "EUR").await;
     let old = stack.token();
-    let new = stack.token();
-    stack
-        .claim(first, new, "PENDING")
-        .await
-        .expect("newer holder claims", 200, None);
+    let new = stack.claimed(first).await;
 
     // A stale holder claims: FENCED_OUT, resource account, nothing changed.
     let before = stack.psql(
@@ -277,11 +273,7 @@ async fn fenced_out_carries_the_five_details_the_log_event_and_the_counter() {
 
     // A stale post: FENCED_OUT, resource ledger, no entries.
     stack.rail_ack(first).await;
-    let newest = stack.token();
-    stack
-        .claim(second, newest, "PENDING")
-        .await
-        .expect("newest claims", 200, None);
+    let newest = stack.claimed(second).await;
     let stale_post = stack.post(first, new).await;
     let body = stale_post.expect("stale post", 409, Some("FENCED_OUT"));
     assert_eq!(body["details"]["resourceType"], "ledger");
