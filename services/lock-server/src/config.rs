@@ -1,16 +1,14 @@
 //! The lock server's configuration (DESIGN §7 keys plus the server's own limits).
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::config::{ConfigError, RawConfig, Served};
 use dlock_server::http::HttpLimits;
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
-use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct EtcdSettings {
@@ -138,7 +136,8 @@ pub enum BackendSettings {
 
 #[derive(Debug, Clone)]
 pub struct LockServerConfig {
-    pub listen: SocketAddr,
+    /// `server.*` and `auth.*`. L8 (revoke) needs an operator identity once auth is on.
+    pub served: Served,
     pub backend: BackendSettings,
     /// `lock.session.ttl`: a session's TTL when the request names none.
     pub session_ttl_default_ms: i64,
@@ -169,11 +168,6 @@ pub struct LockServerConfig {
     /// `auth.owner-binding`, which the server applies to the body's `ownerId` of L1 too (the
     /// auth layer sees only the `X-Owner-Id` header).
     pub owner_binding: bool,
-    pub http: HttpLimits,
-    /// `server.tls.*`: TLS on the listener when set.
-    pub tls: Option<TlsSettings>,
-    /// `auth.*`: who may call. L8 (revoke) needs an operator identity once auth is on.
-    pub auth: Authenticator,
     /// `fencing.proof-keys-file`: the keys that sign every grant (DESIGN D-8). Unset: grants
     /// carry no proof, and the enforcement points cannot tell a forged token from a real one.
     pub proof_keys: Option<ProofKeys>,
@@ -203,18 +197,18 @@ impl LockServerConfig {
                     user,
                     endpoints,
                     prefix: raw.string("lock.etcd.prefix", "/dlock")?,
-                    connect_timeout: Duration::from_millis(raw.integer(
+                    connect_timeout: raw.millis(
                         "lock.etcd.connect-timeout-ms",
                         2_000,
                         100..=60_000,
-                    )? as u64),
+                    )?,
                     // Below the callers' 2 s write timeout (C3 §3.8): a write stalled by an
                     // election is answered 503 NOT_LEADER before the caller gives up on it.
-                    request_timeout: Duration::from_millis(raw.integer(
+                    request_timeout: raw.millis(
                         "lock.etcd.request-timeout-ms",
                         1_500,
                         100..=60_000,
-                    )? as u64),
+                    )?,
                 })
             }
             _ => BackendSettings::Pg(PgSettings::from_raw(
@@ -234,19 +228,19 @@ impl LockServerConfig {
         let http = HttpLimits {
             body_bytes_max: raw.integer("server.body-limit-bytes", 64 * 1024, 1024..=16 << 20)?
                 as usize,
-            request_timeout: Duration::from_millis(raw.integer(
+            request_timeout: raw.millis(
                 "server.request-timeout-ms",
                 WAIT_MS_MAX + 10_000,
                 WAIT_MS_MAX + 1_000..=600_000,
-            )? as u64),
+            )?,
         };
-        let tls = TlsSettings::from_raw(raw)?;
         let auth_settings = AuthSettings::from_raw(raw)?;
         let auth = Authenticator::new(&auth_settings, None, OperatorWithoutAuth::Open)?;
+        let served = Served::read(raw, listen, http, auth)?;
         let proof_keys = ProofKeys::from_raw(raw)?;
         let waiters_per_key_max = raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?;
         Ok(Self {
-            listen,
+            served,
             backend,
             session_ttl_default_ms,
             session_ttl_max_ms,
@@ -278,9 +272,6 @@ impl LockServerConfig {
                 1_000..=366 * 86_400_000,
             )?,
             owner_binding: auth_settings.owner_binding,
-            http,
-            tls,
-            auth,
             proof_keys,
         })
     }

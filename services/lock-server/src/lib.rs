@@ -33,9 +33,7 @@ pub async fn open_store(config: &LockServerConfig) -> anyhow::Result<Store> {
 /// pod never serves against an old schema.
 pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
     let store = open_store(&config).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    let listener = config.served.bind().await?;
     let state = AppState::new(store.clone(), Arc::new(config.clone()));
     let retention = store::SweepRetention {
         expired_sessions_ms: config.expired_session_retention_ms,
@@ -53,11 +51,12 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
         event = "lock_server_started",
         listen = %listener.local_addr()?,
         backend = config.backend_name(),
-        tls = config.tls.is_some(),
+        tls = config.served.tls.is_some(),
         "lock server is serving"
     );
-    dlock_server::announce("lock-server", &config.auth, config.proof_keys.as_ref());
-    dlock_server::http::serve_until_signal(listener, config.tls.as_ref(), app(state))
+    let proof_keys = config.proof_keys.as_ref();
+    (config.served)
+        .serve("lock-server", proof_keys, listener, app(state))
         .await
         .context("the HTTP server failed")?;
     sweeper.abort();

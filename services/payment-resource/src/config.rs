@@ -1,16 +1,13 @@
 //! The payment resource's configuration: one TOML file plus `DLOCK_*` overrides, validated whole
 //! at start (DESIGN §7).
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::config::{ConfigError, RawConfig, Served};
 use dlock_server::http::HttpLimits;
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
-use dlock_server::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
@@ -30,8 +27,8 @@ pub struct IdempotencySettings {
 
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
-    /// `server.listen`.
-    pub listen: SocketAddr,
+    /// `server.*` and `auth.*`; `payment.operator.token` is one more operator credential.
+    pub served: Served,
     pub pg: PgSettings,
     /// `payment.operator.token`: the credential of fence advances and resolutions. Without it,
     /// those endpoints refuse everybody.
@@ -40,11 +37,6 @@ pub struct PaymentConfig {
     /// `payment.payout.max-attempts`: how many claims a payout gets. A claim that finds it
     /// claimed this many times abandons it instead (ABANDONED, DESIGN §2).
     pub max_attempts: i32,
-    pub http: HttpLimits,
-    /// `server.tls.*`: TLS on the listener when set.
-    pub tls: Option<TlsSettings>,
-    /// `auth.*`: who may call; `payment.operator.token` is one more operator credential.
-    pub auth: Authenticator,
     /// `fencing.proof-keys-file` (DESIGN D-8): when set, claim and post need the lock server's
     /// `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is possible.
     pub proof_keys: Option<ProofKeys>,
@@ -119,28 +111,21 @@ impl PaymentConfig {
         let http = HttpLimits {
             body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
                 as usize,
-            request_timeout: Duration::from_millis(raw.integer(
-                "server.request-timeout-ms",
-                10_000,
-                1_000..=120_000,
-            )? as u64),
+            request_timeout: raw.millis("server.request-timeout-ms", 10_000, 1_000..=120_000)?,
         };
-        let tls = TlsSettings::from_raw(raw)?;
         let auth = Authenticator::new(
             &AuthSettings::from_raw(raw)?,
             operator_token.as_deref(),
             OperatorWithoutAuth::Refused,
         )?;
+        let served = Served::read(raw, listen, http, auth)?;
         let proof_keys = ProofKeys::from_raw(raw)?;
         Ok(Self {
-            listen,
+            served,
             pg,
             operator_token,
             idempotency,
             max_attempts,
-            http,
-            tls,
-            auth,
             proof_keys,
         })
     }

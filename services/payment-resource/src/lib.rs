@@ -30,14 +30,14 @@ pub async fn open_store(config: &PaymentConfig) -> anyhow::Result<PayStore> {
 /// pod never serves against an old schema.
 pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
     let store = open_store(&config).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    let listener = config.served.bind().await?;
     let sweeper = tokio::spawn(sweep_forever(
         store.clone(),
         Duration::from_millis(config.idempotency.sweep_interval_ms),
     ));
-    if config.operator_token.is_none() && config.auth.mode() == dlock_server::auth::AuthMode::None {
+    if config.operator_token.is_none()
+        && config.served.auth.mode() == dlock_server::auth::AuthMode::None
+    {
         tracing::warn!(
             event = "operator_credential_missing",
             "neither auth.mode nor payment.operator.token is set; fence advances and resolutions are refused"
@@ -49,13 +49,10 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
         listen = %listener.local_addr()?,
         "payment resource is serving"
     );
-    dlock_server::announce(
-        "payment-resource",
-        &state.config.auth,
-        state.config.proof_keys.as_ref(),
-    );
-    let tls = state.config.tls.clone();
-    dlock_server::http::serve_until_signal(listener, tls.as_ref(), app(state))
+    let config = state.config.clone();
+    let proof_keys = config.proof_keys.as_ref();
+    (config.served)
+        .serve("payment-resource", proof_keys, listener, app(state))
         .await
         .context("the HTTP server failed")?;
     sweeper.abort();

@@ -1,20 +1,19 @@
 //! The rail proxy's configuration.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::config::{ConfigError, RawConfig, Served};
 use dlock_server::http::HttpLimits;
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
-use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {
-    pub listen: SocketAddr,
+    /// `server.*` and `auth.*`; `rail.proxy.operator-token` is one more operator credential.
+    pub served: Served,
     /// `rail.proxy.pg.*`: paydb, where the high-water marks and the intents live.
     pub pg: PgSettings,
     /// `rail.proxy.rail-url`: the rail (the stub in development).
@@ -34,15 +33,10 @@ pub struct RailProxyConfig {
     pub fenced_retention: Duration,
     /// `rail.proxy.operator-token`: the credential of operator-only calls (high-water advance).
     pub operator_token: Option<String>,
-    pub http: HttpLimits,
     /// `rail.proxy.rail-credential-file`: the bearer token this proxy presents to the rail.
     pub rail_credential: Option<Credential>,
     /// `rail.proxy.rail-ca-file`: the CA bundle of an HTTPS rail (the system's roots otherwise).
     pub rail_ca_file: Option<PathBuf>,
-    /// `server.tls.*`: TLS on the listener when set.
-    pub tls: Option<TlsSettings>,
-    /// `auth.*`: who may call; `rail.proxy.operator-token` is one more operator credential.
-    pub auth: Authenticator,
     /// `fencing.proof-keys-file` (DESIGN D-8): when set, a submission needs the lock server's
     /// `X-Fencing-Proof` of its token on `payout:{accountId}`, and high-water recovery is possible.
     pub proof_keys: Option<ProofKeys>,
@@ -64,37 +58,33 @@ impl RailProxyConfig {
         let rail_url = raw.string_required("rail.proxy.rail-url", "http://rail-stub:7090")?;
         let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
         let operator_token = raw.string_optional("rail.proxy.operator-token")?;
+        let http = HttpLimits {
+            body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
+                as usize,
+            // A forward may take the whole read timeout; the request must outlive it.
+            request_timeout: Duration::from_millis(read_ms as u64 + 5_000),
+        };
+        let auth = Authenticator::new(
+            &AuthSettings::from_raw(raw)?,
+            operator_token.as_deref(),
+            OperatorWithoutAuth::Refused,
+        )?;
         let config = Self {
-            listen,
             pg,
             rail_url,
-            rail_connect_timeout: Duration::from_millis(raw.integer(
+            rail_connect_timeout: raw.millis(
                 "rail.proxy.connect-timeout-ms",
                 1_000,
                 10..=60_000,
-            )? as u64),
+            )?,
             rail_read_timeout: Duration::from_millis(read_ms as u64),
-            unresolved_margin: Duration::from_millis(raw.integer(
-                "rail.proxy.unresolved-margin-ms",
-                2_000,
-                0..=600_000,
-            )? as u64),
-            sweep_interval: Duration::from_millis(raw.integer(
-                "rail.proxy.sweep-interval-ms",
-                5_000,
-                50..=600_000,
-            )? as u64),
-            fenced_retention: Duration::from_millis(raw.integer(
+            unresolved_margin: raw.millis("rail.proxy.unresolved-margin-ms", 2_000, 0..=600_000)?,
+            sweep_interval: raw.millis("rail.proxy.sweep-interval-ms", 5_000, 50..=600_000)?,
+            fenced_retention: raw.millis(
                 "rail.proxy.fenced-retention-ms",
                 30 * 24 * 3_600_000,
                 1_000..=365 * 24 * 3_600_000,
-            )? as u64),
-            http: HttpLimits {
-                body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
-                    as usize,
-                // A forward may take the whole read timeout; the request must outlive it.
-                request_timeout: Duration::from_millis(read_ms as u64 + 5_000),
-            },
+            )?,
             rail_credential: match raw.string_optional("rail.proxy.rail-credential-file")? {
                 None => None,
                 Some(path) => Some(Credential::from_file(Path::new(&path)).map_err(|message| {
@@ -108,12 +98,7 @@ impl RailProxyConfig {
             rail_ca_file: raw
                 .string_optional("rail.proxy.rail-ca-file")?
                 .map(PathBuf::from),
-            tls: TlsSettings::from_raw(raw)?,
-            auth: Authenticator::new(
-                &AuthSettings::from_raw(raw)?,
-                operator_token.as_deref(),
-                OperatorWithoutAuth::Refused,
-            )?,
+            served: Served::read(raw, listen, http, auth)?,
             operator_token,
             proof_keys: ProofKeys::from_raw(raw)?,
         };

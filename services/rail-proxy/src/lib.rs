@@ -78,7 +78,7 @@ pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.http;
+    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/rail/submissions", post(submit))
         .route(
@@ -91,7 +91,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text));
-    let auth = &state.config.auth;
+    let auth = &state.config.served.auth;
     dlock_server::http::service(routes, state.clone(), openapi::document, auth, limits)
 }
 
@@ -103,13 +103,12 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     let state = AppState::new(pool, config.clone())?;
     expire_unresolved(&state).await;
     let sweeper = tokio::spawn(sweep_forever(state.clone()));
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (server.listen)", config.listen))?;
+    let listener = config.served.bind().await?;
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
-    dlock_server::announce("rail-proxy", &config.auth, config.proof_keys.as_ref());
-    dlock_server::http::serve_until_signal(listener, config.tls.as_ref(), app(state))
+    let proof_keys = config.proof_keys.as_ref();
+    (config.served)
+        .serve("rail-proxy", proof_keys, listener, app(state))
         .await
         .context("the HTTP server failed")?;
     sweeper.abort();

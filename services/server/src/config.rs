@@ -12,6 +12,63 @@ use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
+/// What every service reads alike and serves with: where it listens, the limits of a request,
+/// TLS on the listener and who may call.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// `server.listen`.
+    pub listen: SocketAddr,
+    /// `server.body-limit-bytes` and `server.request-timeout-ms`.
+    pub http: crate::http::HttpLimits,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<crate::tls::TlsSettings>,
+    /// `auth.*`: who may call.
+    pub auth: crate::auth::Authenticator,
+}
+
+impl Served {
+    /// Reads `server.tls.*` for a service that listens on `listen` with `http` and `auth`.
+    pub fn read(
+        raw: &mut RawConfig,
+        listen: SocketAddr,
+        http: crate::http::HttpLimits,
+        auth: crate::auth::Authenticator,
+    ) -> Result<Self, ConfigError> {
+        let tls = crate::tls::TlsSettings::from_raw(raw)?;
+        Ok(Self {
+            listen,
+            http,
+            tls,
+            auth,
+        })
+    }
+
+    /// Opens the listener on `server.listen`.
+    pub async fn bind(&self) -> std::io::Result<tokio::net::TcpListener> {
+        let listen = self.listen;
+        tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {listen} (server.listen): {e}"),
+            )
+        })
+    }
+
+    /// Says once what `service` checks (see [`crate::announce`]), then serves `app` on
+    /// `listener`, over TLS when configured, until SIGINT or SIGTERM; then drains in-flight
+    /// requests.
+    pub async fn serve(
+        &self,
+        service: &str,
+        proof_keys: Option<&crate::proof::ProofKeys>,
+        listener: tokio::net::TcpListener,
+        app: axum::Router,
+    ) -> std::io::Result<()> {
+        crate::announce(service, &self.auth, proof_keys);
+        crate::http::serve_until_signal(listener, self.tls.as_ref(), app).await
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("configuration key `{key}`{origin}: {message}")]
 pub struct ConfigError {
@@ -218,6 +275,17 @@ impl RawConfig {
             toml::Value::String(s) => s.trim().parse::<i64>().ok(),
             _ => None,
         })
+    }
+
+    /// A duration in milliseconds within `range` (a key ending in `-ms`).
+    pub fn millis(
+        &mut self,
+        key: &str,
+        default: i64,
+        range: RangeInclusive<i64>,
+    ) -> Result<std::time::Duration, ConfigError> {
+        let ms = self.integer(key, default, range)?;
+        Ok(std::time::Duration::from_millis(ms.max(0) as u64))
     }
 
     /// A decimal number within `range`.

@@ -80,7 +80,7 @@ impl AppState {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.http;
+    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
@@ -95,7 +95,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/locks/{key}", get(lock_info).delete(release))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
-    let auth = &state.config.auth;
+    let auth = &state.config.served.auth;
     dlock_server::http::service(routes, state.clone(), document, auth, limits)
 }
 

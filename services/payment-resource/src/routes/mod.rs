@@ -50,7 +50,7 @@ impl AppState {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.http;
+    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/accounts", post(create_account))
         .route("/v1/accounts/{account_id}", get(get_account))
@@ -65,7 +65,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/cancel", post(cancel))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
-    let auth = &state.config.auth;
+    let auth = &state.config.served.auth;
     dlock_server::http::service(routes, state.clone(), document, auth, limits)
 }
 
