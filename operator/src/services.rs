@@ -91,11 +91,17 @@ pub trait Services: Send + Sync {
     /// grant per account: they become ABANDONED (a deleted PayoutBatch).
     fn cancel_unfinished<'a>(
         &'a self,
-        lock_server_url: &'a str,
-        payment_resource_url: &'a str,
-        payouts: &'a [(uuid::Uuid, String)],
-        reason: &'a str,
+        cancel: Cancel<'a>,
     ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>>;
+}
+
+/// A deleted batch's cancel: its services, its payouts (id, account) and why.
+#[derive(Clone, Copy, Debug)]
+pub struct Cancel<'a> {
+    pub lock_server_url: &'a str,
+    pub payment_resource_url: &'a str,
+    pub payouts: &'a [(uuid::Uuid, String)],
+    pub reason: &'a str,
 }
 
 /// The real calls: the contract's clients with the operator's owner id and credential.
@@ -220,18 +226,15 @@ impl Services for ContractServices {
 
     fn cancel_unfinished<'a>(
         &'a self,
-        lock_server_url: &'a str,
-        payment_resource_url: &'a str,
-        payouts: &'a [(uuid::Uuid, String)],
-        reason: &'a str,
+        cancel: Cancel<'a>,
     ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
         Box::pin(async move {
             dlock_executor::cancel::cancel_unfinished(
-                &self.lock(lock_server_url),
-                &self.payment(payment_resource_url),
-                payouts,
+                &self.lock(cancel.lock_server_url),
+                &self.payment(cancel.payment_resource_url),
+                cancel.payouts,
                 &self.owner_id,
-                reason,
+                cancel.reason,
             )
             .await
             .map_err(|e| ServiceError::from_client("lock-server or payment-resource", &e))

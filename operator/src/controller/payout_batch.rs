@@ -450,12 +450,12 @@ async fn cancel_unfinished(object: &PayoutBatch, ctx: &Context) -> Result<()> {
     );
     let cancelled = ctx
         .services
-        .cancel_unfinished(
-            &batch.lock_server_url,
-            &batch.payment_resource_url,
-            &payouts,
-            &reason,
-        )
+        .cancel_unfinished(crate::services::Cancel {
+            lock_server_url: &batch.lock_server_url,
+            payment_resource_url: &batch.payment_resource_url,
+            payouts: &payouts,
+            reason: &reason,
+        })
         .await?;
     let left: Vec<String> = cancelled
         .left

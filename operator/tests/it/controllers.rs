@@ -13,7 +13,7 @@ use dlock_contract::revoke::{RevokeSteps, StepFuture};
 use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
-use dlock_operator::services::{HeldList, ServiceError, Services};
+use dlock_operator::services::{Cancel, HeldList, ServiceError, Services};
 use dlock_operator::validate::RevocationTarget;
 use futures::future::BoxFuture;
 use http::{Method, Request, Response};
@@ -88,13 +88,16 @@ impl Services for FakeServices {
     }
     fn cancel_unfinished<'a>(
         &'a self,
-        lock_url: &'a str,
-        payment_url: &'a str,
-        payouts: &'a [(uuid::Uuid, String)],
-        reason: &'a str,
+        cancel: Cancel<'a>,
     ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
+        let Cancel {
+            lock_server_url,
+            payment_resource_url,
+            payouts,
+            reason,
+        } = cancel;
         self.record(
-            format!("CANCEL {lock_url} {payment_url}"),
+            format!("CANCEL {lock_server_url} {payment_resource_url}"),
             json!({"payouts": payouts.iter().map(|(id, a)| format!("{id} {a}")).collect::<Vec<_>>(), "reason": reason}),
         );
         Box::pin(async move {
