@@ -57,6 +57,61 @@ async fn joined(waiting: Waiting) -> Result<dlock_contract::lock::LockGrant, Cli
         .unwrap_or_else(|e| panic!("the waiting task: {e}"))
 }
 
+/// `key`'s waiter queue, as its holder sees it.
+struct Queue<'a> {
+    holder: &'a LockClient,
+    key: &'a str,
+}
+
+impl<'a> Queue<'a> {
+    fn of(holder: &'a LockClient, key: &'a str) -> Self {
+        Self { holder, key }
+    }
+
+    /// `waiter` waits on `session` up to `wait_ms`; returns once the queue holds `place` waiters.
+    async fn join(
+        &self,
+        waiter: &LockClient,
+        session: Uuid,
+        wait_ms: i64,
+        place: i64,
+        what: &str,
+    ) -> Waiting {
+        let waiting = wait_for(waiter, self.key, session, wait_ms);
+        await_waiters(self.holder, self.key, place, what).await;
+        waiting
+    }
+
+    /// `from` releases its grant (`session`, `token`); what `to` then ends with.
+    async fn pass(
+        &self,
+        from: &LockClient,
+        session: Uuid,
+        token: i64,
+        to: Waiting,
+    ) -> Result<dlock_contract::lock::LockGrant, ClientError> {
+        release(from, self.key, session, token).await;
+        joined(to).await
+    }
+
+    /// The holder releases its grant (`session`, `token`); what `waiting` ended with and how long
+    /// after the release.
+    async fn hand_over(
+        &self,
+        session: Uuid,
+        token: i64,
+        waiting: Waiting,
+    ) -> (
+        Result<dlock_contract::lock::LockGrant, ClientError>,
+        Duration,
+    ) {
+        let released = Instant::now();
+        release(self.holder, self.key, session, token).await;
+        let granted = joined(waiting).await;
+        (granted, released.elapsed())
+    }
+}
+
 fn wait_for(client: &LockClient, key: &str, session: Uuid, wait_ms: i64) -> Waiting {
     let client = client.clone();
     let key = key.to_owned();
@@ -78,24 +133,24 @@ async fn cancelled_waiter_leaves_the_head(backend: Backend) {
     let (next, n) = party(&url, "next", 60_000).await;
     let key = "wait:cancel";
     let grant = hold(&holder, key, h, 60_000).await;
+    let queue = Queue::of(&holder, key);
 
     const WAIT_MS: i64 = 20_000;
-    let quitting = wait_for(&quitter, key, q, WAIT_MS);
-    await_waiters(&holder, key, 1, "the quitter queued").await;
+    let quitting = queue
+        .join(&quitter, q, WAIT_MS, 1, "the quitter queued")
+        .await;
     let hung_up = Instant::now();
     quitting.abort();
     let _ = quitting.await;
     await_waiters(&holder, key, 0, "the cancelled waiter left the queue").await;
     let left_after = hung_up.elapsed();
 
-    let waiting = wait_for(&next, key, n, WAIT_MS);
-    await_waiters(&holder, key, 1, "the next waiter queued").await;
-    let released = Instant::now();
-    release(&holder, key, h, grant.fencing_token).await;
-    let granted = joined(waiting)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: the next waiter was not granted: {e}"));
-    let granted_after = released.elapsed();
+    let waiting = queue
+        .join(&next, n, WAIT_MS, 1, "the next waiter queued")
+        .await;
+    let (granted, granted_after) = queue.hand_over(h, grant.fencing_token, waiting).await;
+    let granted =
+        granted.unwrap_or_else(|e| panic!("{backend:?}: the next waiter was not granted: {e}"));
     eprintln!(
         "{backend:?}: cancelled waiter (waitMillis {WAIT_MS}) left the queue {} ms after its client hung up; \
          the next waiter was granted {} ms after the release",
@@ -126,9 +181,11 @@ async fn a_session_holds_its_share_only(backend: Backend) {
     let (other, o) = party(&url, "other", 60_000).await;
     let key = "wait:share";
     let grant = hold(&holder, key, h, 60_000).await;
+    let queue = Queue::of(&holder, key);
 
-    let first = wait_for(&greedy, key, g, 20_000);
-    await_waiters(&holder, key, 1, "greedy's first wait queued").await;
+    let first = queue
+        .join(&greedy, g, 20_000, 1, "greedy's first wait queued")
+        .await;
     // The same session again, twice: over its share, whatever the free places.
     for _ in 0..2 {
         let (status, content_type, body) = raw(
@@ -150,27 +207,23 @@ async fn a_session_holds_its_share_only(backend: Backend) {
     }
     assert_eq!(waiter_count(&holder, key).await, 1, "{backend:?}");
     // Another session still gets a place.
-    let second = wait_for(&other, key, o, 20_000);
-    await_waiters(&holder, key, 2, "the other session queued").await;
+    let second = queue
+        .join(&other, o, 20_000, 2, "the other session queued")
+        .await;
 
-    release(&holder, key, h, grant.fencing_token).await;
-    let g1 = joined(first)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: greedy's wait: {e}"));
+    let g1 = queue.pass(&holder, h, grant.fencing_token, first).await;
+    let g1 = g1.unwrap_or_else(|e| panic!("{backend:?}: greedy's wait: {e}"));
     assert_eq!(g1.owner_id, "greedy", "FIFO: the first waiter first");
-    release(&greedy, key, g, g1.fencing_token).await;
-    let o1 = joined(second)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: other's wait: {e}"));
+    let o1 = queue.pass(&greedy, g, g1.fencing_token, second).await;
+    let o1 = o1.unwrap_or_else(|e| panic!("{backend:?}: other's wait: {e}"));
     assert_eq!(o1.owner_id, "other");
     assert!(o1.fencing_token > g1.fencing_token);
     // Its wait over, the session may wait again.
-    let again = wait_for(&greedy, key, g, 20_000);
-    await_waiters(&holder, key, 1, "greedy queued again").await;
-    release(&other, key, o, o1.fencing_token).await;
-    let g2 = joined(again)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: greedy's second wait: {e}"));
+    let again = queue
+        .join(&greedy, g, 20_000, 1, "greedy queued again")
+        .await;
+    let g2 = queue.pass(&other, o, o1.fencing_token, again).await;
+    let g2 = g2.unwrap_or_else(|e| panic!("{backend:?}: greedy's second wait: {e}"));
     assert!(g2.fencing_token > o1.fencing_token);
 }
 
@@ -191,16 +244,31 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
     let (holder, h) = party(&url, "holder", 60_000).await;
     let key = "wait:dead";
     let grant = hold(&holder, key, h, 60_000).await;
+    let queue = Queue::of(&holder, key);
     // Two waiters through the doomed replica: one whose session will be ended, one whose
     // session (TTL 5 s, never heartbeaten) will expire.
     let ended = client(&doomed_url, "ended");
     let expiring = client(&doomed_url, "expiring");
     let e_session = session(&ended, 60_000).await;
     let x_session = session(&expiring, 5_000).await;
-    let w1 = wait_for(&ended, key, e_session, 20_000);
-    await_waiters(&holder, key, 1, "the first doomed waiter queued").await;
-    let w2 = wait_for(&expiring, key, x_session, 20_000);
-    await_waiters(&holder, key, 2, "the second doomed waiter queued").await;
+    let w1 = queue
+        .join(
+            &ended,
+            e_session,
+            20_000,
+            1,
+            "the first doomed waiter queued",
+        )
+        .await;
+    let w2 = queue
+        .join(
+            &expiring,
+            x_session,
+            20_000,
+            2,
+            "the second doomed waiter queued",
+        )
+        .await;
     doomed.kill();
     let _ = (w1.await, w2.await);
     // Positive control: the dead replica's waiters still fill the queue while their sessions live.
@@ -239,16 +307,14 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
 
     // Both places are free for live sessions.
     let (late, t) = party(&url, "late", 60_000).await;
-    let first = wait_for(&live, key, l, 20_000);
-    await_waiters(&holder, key, 1, "the live waiter queued").await;
-    let second = wait_for(&late, key, t, 20_000);
-    await_waiters(&holder, key, 2, "the late waiter queued").await;
-    let released = Instant::now();
-    release(&holder, key, h, grant.fencing_token).await;
-    let granted = joined(first)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: the live waiter: {e}"));
-    let after = released.elapsed();
+    let first = queue
+        .join(&live, l, 20_000, 1, "the live waiter queued")
+        .await;
+    let second = queue
+        .join(&late, t, 20_000, 2, "the late waiter queued")
+        .await;
+    let (granted, after) = queue.hand_over(h, grant.fencing_token, first).await;
+    let granted = granted.unwrap_or_else(|e| panic!("{backend:?}: the live waiter: {e}"));
     eprintln!(
         "{backend:?}: with two dead sessions' waiters ahead, the live waiter was granted {} ms after the release",
         after.as_millis()
@@ -258,10 +324,8 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
         after < Duration::from_secs(2),
         "{backend:?}: a dead waiter held the head for {after:?}"
     );
-    release(&live, key, l, granted.fencing_token).await;
-    let granted = joined(second)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?}: the late waiter: {e}"));
+    let granted = queue.pass(&live, l, granted.fencing_token, second).await;
+    let granted = granted.unwrap_or_else(|e| panic!("{backend:?}: the late waiter: {e}"));
     assert_eq!(granted.owner_id, "late");
 }
 
