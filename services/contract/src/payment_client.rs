@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::client::{ClientError, Hop, expect_body, send};
@@ -19,11 +20,33 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Read timeout for advisory reads.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The headers that make a write idempotent and, for claim and post, fenced.
-#[derive(Debug, Clone)]
+/// The headers that make a write idempotent and, for claim, post and cancel, fenced: the
+/// grant's token and, when the service checks proofs, its proof.
+#[derive(Debug, Clone, Copy)]
 pub struct WriteHeaders<'a> {
     pub idempotency_key: &'a str,
     pub fencing_token: Option<i64>,
+    pub fencing_proof: Option<&'a str>,
+}
+
+impl<'a> WriteHeaders<'a> {
+    /// An idempotent write that no token fences.
+    pub fn unfenced(idempotency_key: &'a str) -> Self {
+        Self {
+            idempotency_key,
+            fencing_token: None,
+            fencing_proof: None,
+        }
+    }
+
+    /// An idempotent write fenced by `token` (with its `proof`, if any).
+    pub fn fenced(idempotency_key: &'a str, token: i64, proof: Option<&'a str>) -> Self {
+        Self {
+            idempotency_key,
+            fencing_token: Some(token),
+            fencing_proof: proof,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -42,18 +65,26 @@ pub(crate) fn with_proof(req: RequestBuilder, proof: Option<&str>) -> RequestBui
 crate::client::hop_client!(PaymentClient, plain);
 
 impl PaymentClient {
-    fn write<B: Serialize>(
+    /// POSTs `body` to `path` with the write's headers, once; the answer's body.
+    async fn write<B: Serialize, R: DeserializeOwned>(
         &self,
         path: &str,
-        write: &WriteHeaders<'_>,
+        write: WriteHeaders<'_>,
         body: &B,
-    ) -> (String, RequestBuilder) {
+    ) -> Result<R, ClientError> {
         let (url, mut builder) = self.request(Method::POST, path, WRITE_TIMEOUT);
         builder = builder.header(headers::IDEMPOTENCY_KEY, write.idempotency_key);
         if let Some(token) = write.fencing_token {
             builder = builder.header(headers::FENCING_TOKEN, token.to_string());
         }
-        (url, Hop::json(builder, body))
+        let builder = with_proof(Hop::json(builder, body), write.fencing_proof);
+        expect_body(&url, send(&url, builder).await?)
+    }
+
+    /// GETs `path`, advisory, once.
+    async fn read<R: DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
+        let (url, req) = self.request(Method::GET, path, READ_TIMEOUT);
+        expect_body(&url, send(&url, req).await?)
     }
 
     pub async fn create_account(
@@ -61,12 +92,8 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &CreateAccountRequest,
     ) -> Result<Account, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: None,
-        };
-        let (url, req) = self.write("/v1/accounts", &write, body);
-        expect_body(&url, send(&url, req).await?)
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write("/v1/accounts", write, body).await
     }
 
     pub async fn fund(
@@ -75,12 +102,9 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &FundRequest,
     ) -> Result<FundResponse, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: None,
-        };
-        let (url, req) = self.write(&format!("/v1/accounts/{account_id}/fund"), &write, body);
-        expect_body(&url, send(&url, req).await?)
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write(&format!("/v1/accounts/{account_id}/fund"), write, body)
+            .await
     }
 
     pub async fn create_payout(
@@ -88,12 +112,8 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &CreatePayoutRequest,
     ) -> Result<Payout, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: None,
-        };
-        let (url, req) = self.write("/v1/payouts", &write, body);
-        expect_body(&url, send(&url, req).await?)
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write("/v1/payouts", write, body).await
     }
 
     /// P1, advisory.
@@ -145,16 +165,10 @@ impl PaymentClient {
         idempotency_key: &str,
         expected_state: PayoutState,
     ) -> Result<ClaimResponse, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: Some(token),
-        };
-        let (url, req) = self.write(
-            &format!("/v1/payouts/{payout_id}/claim"),
-            &write,
-            &ClaimRequest { expected_state },
-        );
-        expect_body(&url, send(&url, with_proof(req, proof)).await?)
+        let write = WriteHeaders::fenced(idempotency_key, token, proof);
+        let body = ClaimRequest { expected_state };
+        self.write(&format!("/v1/payouts/{payout_id}/claim"), write, &body)
+            .await
     }
 
     /// P3 without a proof (a service without `fencing.proof-keys-file`).
@@ -187,31 +201,24 @@ impl PaymentClient {
         rail_reference: &str,
         submission_id: Uuid,
     ) -> Result<PostResponse, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: Some(token),
-        };
+        let write = WriteHeaders::fenced(idempotency_key, token, proof);
         let body = PostRequest {
             rail_reference: rail_reference.to_owned(),
             submission_id,
             rail_outcome: RailOutcome::Acked,
         };
-        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/post"), &write, &body);
-        expect_body(&url, send(&url, with_proof(req, proof)).await?)
+        self.write(&format!("/v1/payouts/{payout_id}/post"), write, &body)
+            .await
     }
 
     /// P4, advisory: never a basis for deciding that a submit is safe.
     pub async fn get_payout(&self, payout_id: Uuid) -> Result<Payout, ClientError> {
-        let path = format!("/v1/payouts/{payout_id}");
-        let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
-        expect_body(&url, send(&url, req).await?)
+        self.read(&format!("/v1/payouts/{payout_id}")).await
     }
 
     /// P5, advisory.
     pub async fn get_account(&self, account_id: &str) -> Result<Account, ClientError> {
-        let path = format!("/v1/accounts/{account_id}");
-        let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
-        expect_body(&url, send(&url, req).await?)
+        self.read(&format!("/v1/accounts/{account_id}")).await
     }
 
     /// D-3: needs [`Self::as_operator`].
@@ -221,12 +228,9 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &FenceRequest,
     ) -> Result<FenceResponse, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: None,
-        };
-        let (url, req) = self.write(&format!("/v1/accounts/{account_id}/fence"), &write, body);
-        expect_body(&url, send(&url, req).await?)
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write(&format!("/v1/accounts/{account_id}/fence"), write, body)
+            .await
     }
 
     /// Out-of-band resolution of a RAIL_AMBIGUOUS payout: needs [`Self::as_operator`].
@@ -236,12 +240,9 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &ResolveRequest,
     ) -> Result<ResolveResponse, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: None,
-        };
-        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/resolve"), &write, body);
-        expect_body(&url, send(&url, req).await?)
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write(&format!("/v1/payouts/{payout_id}/resolve"), write, body)
+            .await
     }
 
     /// Cancels a payout that never reached the rail (PENDING or CLAIMED → ABANDONED): operator
@@ -254,11 +255,8 @@ impl PaymentClient {
         idempotency_key: &str,
         body: &CancelRequest,
     ) -> Result<Cancelled, ClientError> {
-        let write = WriteHeaders {
-            idempotency_key,
-            fencing_token: Some(token),
-        };
-        let (url, req) = self.write(&format!("/v1/payouts/{payout_id}/cancel"), &write, body);
-        expect_body(&url, send(&url, with_proof(req, proof)).await?)
+        let write = WriteHeaders::fenced(idempotency_key, token, proof);
+        self.write(&format!("/v1/payouts/{payout_id}/cancel"), write, body)
+            .await
     }
 }
