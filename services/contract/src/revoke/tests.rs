@@ -87,15 +87,15 @@ impl RevokeSteps for Fake {
         idempotency_key: &'a str,
         request: &'a FenceRequest,
     ) -> StepFuture<'a, FenceResponse> {
-        let call = format!(
-            "fence {account_id} key={idempotency_key} floor={} id={}",
-            request.floor, request.revocation_id
-        );
+        let (fence, revocation_id) = (request.floor, request.revocation_id);
+        let call =
+            format!("fence {account_id} key={idempotency_key} floor={fence} id={revocation_id}");
+        let account_id = account_id.to_owned();
         let fenced = FenceResponse {
-            account_id: account_id.to_owned(),
+            account_id,
             previous_fence: 3,
-            fence: request.floor,
-            revocation_id: request.revocation_id,
+            fence,
+            revocation_id,
         };
         self.answer(call, &self.fence, fenced)
     }
