@@ -142,21 +142,19 @@ pub(super) struct ReviewAnswer {
     pub(super) status: ReviewStatus,
 }
 
+/// Every field may be missing (a refusal carries no user); missing is empty.
 #[derive(Deserialize, Default)]
+#[serde(default)]
 pub(super) struct ReviewStatus {
-    #[serde(default)]
     pub(super) authenticated: bool,
-    #[serde(default)]
     pub(super) user: ReviewUser,
-    #[serde(default)]
     pub(super) audiences: Vec<String>,
-    #[serde(default)]
     pub(super) error: String,
 }
 
 #[derive(Deserialize, Default)]
+#[serde(default)]
 pub(super) struct ReviewUser {
-    #[serde(default)]
     pub(super) username: String,
 }
 
