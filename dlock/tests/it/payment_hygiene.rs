@@ -380,10 +380,7 @@ async fn fence_advances_and_resolutions_record_the_authenticated_identity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rail_high_water_advance_records_the_authenticated_identity() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
-    let proxy = w.proxy(&stub, &[]).await;
-    w.account("acct-h", 10_000).await;
+    let (w, _, proxy) = RailWorld::with_proxy("acct-h").await;
     let (status, _, body) = raw(
         Method::POST,
         &format!("{proxy}/v1/rail/high-water/acct-h"),

@@ -51,6 +51,16 @@ impl Drop for RailWorld {
 }
 
 impl RailWorld {
+    /// A world with a plain stub and one proxy in front of it (their URLs), and `account` holding
+    /// 10 000.
+    pub async fn with_proxy(account: &str) -> (Self, String, String) {
+        let mut w = Self::new().await;
+        let stub = w.stub("stub", &[]).await;
+        let proxy = w.proxy(&stub, &[]).await;
+        w.account(account, 10_000).await;
+        (w, stub, proxy)
+    }
+
     pub async fn new() -> Self {
         let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
         pg.create_database("paydb")
@@ -448,10 +458,7 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_reaches_the_rail() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
-    let proxy = w.proxy(&stub, &[]).await;
-    w.account("acct-b", 10_000).await;
+    let (mut w, stub, proxy) = RailWorld::with_proxy("acct-b").await;
     let payout = w.claimed("acct-b", 500, 7).await;
     w.pg.kill();
     let (status, body) = submit(&proxy, "acct-b", payout, 500, "7").await;
@@ -562,10 +569,7 @@ async fn a_stale_token_sent_to_another_replica_is_fenced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
-    let proxy = w.proxy(&stub, &[]).await;
-    w.account("acct-e", 10_000).await;
+    let (w, _, proxy) = RailWorld::with_proxy("acct-e").await;
     let payout = w.claimed("acct-e", 100, 5).await;
     let advance = |auth: Option<&'static str>| {
         let proxy = proxy.clone();

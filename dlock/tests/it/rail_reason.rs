@@ -10,10 +10,7 @@ use crate::rail::RailWorld;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_high_water_reason_over_4096_characters_is_validation_failed_not_a_500() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
-    let proxy = w.proxy(&stub, &[]).await;
-    w.account("acct-r", 10_000).await;
+    let (_world, _, proxy) = RailWorld::with_proxy("acct-r").await;
     let advance = |reason: String| {
         let proxy = proxy.clone();
         async move {
