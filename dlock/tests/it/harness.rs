@@ -50,16 +50,27 @@ macro_rules! on_each_backend {
 pub(crate) use on_each_backend;
 
 pub struct LockStack {
+    /// First: the servers stop before their backend does.
+    servers: Servers,
     pub backend: Backend,
     pub pg: Option<PgServer>,
     pub etcd: Option<EtcdServer>,
     pub extra: Vec<(String, String)>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Drop for LockStack {
+/// Servers running in tasks of this process; aborted on drop.
+#[derive(Default)]
+pub struct Servers(Vec<tokio::task::JoinHandle<()>>);
+
+impl Servers {
+    pub fn push(&mut self, server: tokio::task::JoinHandle<()>) {
+        self.0.push(server);
+    }
+}
+
+impl Drop for Servers {
     fn drop(&mut self) {
-        for server in &self.servers {
+        for server in &self.0 {
             server.abort();
         }
     }
@@ -88,7 +99,7 @@ impl LockStack {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            servers: Vec::new(),
+            servers: Servers::default(),
         }
     }
 

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::conformance::assert_envelope;
-use crate::harness::{eventually, loopback, port, raw, serve_in_task};
+use crate::harness::{Servers, eventually, loopback, port, raw, serve_in_task};
 
 fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
@@ -36,18 +36,11 @@ pub struct Rails {
 }
 
 pub struct RailWorld {
+    /// First: the servers stop before their database does.
+    servers: Servers,
     pub pg: PgServer,
     pub pool: PgPool,
     dir: tempfile::TempDir,
-    servers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for RailWorld {
-    fn drop(&mut self) {
-        for s in &self.servers {
-            s.abort();
-        }
-    }
 }
 
 impl RailWorld {
@@ -78,7 +71,7 @@ impl RailWorld {
             pg,
             pool,
             dir: tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")),
-            servers: Vec::new(),
+            servers: Servers::default(),
         }
     }
 
