@@ -2,7 +2,7 @@
 //! content type.
 
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{PayStack, metric, post_body};
@@ -43,39 +43,43 @@ async fn accounts_fund_payouts_claim_post_and_read_back() {
         .await;
     let funded = funded.expect("fund", 200, None).clone();
     assert_eq!(funded["balanceMinor"], 1_000);
-    let entries = funded["entries"].as_array().cloned().unwrap_or_default();
-    assert_eq!(entries.len(), 2, "{funded}");
-    assert_eq!(entries[0]["direction"], "CREDIT");
-    assert_eq!(entries[0]["accountId"], "acct-1");
-    assert_eq!(entries[1]["direction"], "DEBIT");
-    assert_eq!(entries[1]["accountId"], "funding-EUR");
+    legs(&funded, [("CREDIT", "acct-1"), ("DEBIT", "funding-EUR")]);
     // The same reference again (another key) changes nothing; with another amount it conflicts.
-    stack
-        .write("/v1/accounts/acct-1/fund", "k-fund-1b", None, &fund)
-        .await
-        .expect("same reference", 200, None);
-    stack
-        .write(
-            "/v1/accounts/acct-1/fund",
+    let refund = json!({ "amountMinor": 5, "reference": "wire-1" });
+    let system = json!({ "amountMinor": 5, "reference": "wire-9" });
+    for (path, key, body, step, status, code) in [
+        ("acct-1", "k-fund-1b", &fund, "same reference", 200, None),
+        (
+            "acct-1",
             "k-fund-1c",
-            None,
-            &json!({ "amountMinor": 5, "reference": "wire-1" }),
-        )
-        .await
-        .expect("reference re-used", 422, Some("IDEMPOTENCY_CONFLICT"));
-    stack
-        .write("/v1/accounts/nobody/fund", "k-fund-2", None, &fund)
-        .await
-        .expect("fund unknown account", 404, Some("NOT_FOUND"));
-    stack
-        .write(
-            "/v1/accounts/funding-EUR/fund",
+            &refund,
+            "reference re-used",
+            422,
+            Some("IDEMPOTENCY_CONFLICT"),
+        ),
+        (
+            "nobody",
+            "k-fund-2",
+            &fund,
+            "fund unknown account",
+            404,
+            Some("NOT_FOUND"),
+        ),
+        (
+            "funding-EUR",
             "k-fund-3",
-            None,
-            &json!({ "amountMinor": 5, "reference": "wire-9" }),
-        )
-        .await
-        .expect("fund a system account", 400, Some("VALIDATION_FAILED"));
+            &system,
+            "fund a system account",
+            400,
+            Some("VALIDATION_FAILED"),
+        ),
+    ] {
+        let path = format!("/v1/accounts/{path}/fund");
+        stack
+            .write(&path, key, None, body)
+            .await
+            .expect(step, status, code);
+    }
     assert_eq!(stack.psql("SELECT count(*) FROM ledger_entries"), "2");
 
     // POST /v1/payouts: 201 PENDING; same id and body replays; same id, other body conflicts.
@@ -95,32 +99,40 @@ async fn accounts_fund_payouts_claim_post_and_read_back() {
     assert!(again.replayed);
     let mut other = create.clone();
     other["amountMinor"] = json!(301);
-    stack
-        .write("/v1/payouts", "k-p1-other-key", None, &other)
-        .await
-        .expect("same id, other body", 422, Some("IDEMPOTENCY_CONFLICT"));
-    stack
-        .write("/v1/payouts", "k-p1", None, &other)
-        .await
-        .expect("same key, other body", 422, Some("IDEMPOTENCY_CONFLICT"));
     let mut usd = create.clone();
     usd["payoutId"] = json!(Uuid::new_v4());
     usd["currency"] = json!("USD");
-    stack
-        .write("/v1/payouts", "k-p-usd", None, &usd)
-        .await
-        .expect(
-            "currency of another account",
-            400,
-            Some("VALIDATION_FAILED"),
-        );
     let mut unknown = create.clone();
     unknown["payoutId"] = json!(Uuid::new_v4());
     unknown["accountId"] = json!("nobody");
-    stack
-        .write("/v1/payouts", "k-p-unknown", None, &unknown)
-        .await
-        .expect("unknown account", 404, Some("NOT_FOUND"));
+    let conflict = Some("IDEMPOTENCY_CONFLICT");
+    for (key, body, step, status, code) in [
+        (
+            "k-p1-other-key",
+            &other,
+            "same id, other body",
+            422,
+            conflict,
+        ),
+        ("k-p1", &other, "same key, other body", 422, conflict),
+        (
+            "k-p-usd",
+            &usd,
+            "currency of another account",
+            400,
+            Some("VALIDATION_FAILED"),
+        ),
+        (
+            "k-p-unknown",
+            &unknown,
+            "unknown account",
+            404,
+            Some("NOT_FOUND"),
+        ),
+    ] {
+        let answer = stack.write("/v1/payouts", key, None, body).await;
+        answer.expect(step, status, code);
+    }
 
     // P2 claim.
     let t1 = stack.token();
@@ -187,12 +199,7 @@ async fn accounts_fund_payouts_claim_post_and_read_back() {
     let p = posted.expect("post", 200, None).clone();
     assert_eq!(p["state"], "POSTED");
     assert_eq!(p["balanceMinor"], 700);
-    let entries = p["entries"].as_array().cloned().unwrap_or_default();
-    assert_eq!(entries.len(), 2, "{p}");
-    assert_eq!(entries[0]["direction"], "DEBIT");
-    assert_eq!(entries[0]["accountId"], "acct-1");
-    assert_eq!(entries[1]["direction"], "CREDIT");
-    assert_eq!(entries[1]["accountId"], "rail-settlement-EUR");
+    let entries = legs(&p, [("DEBIT", "acct-1"), ("CREDIT", "rail-settlement-EUR")]);
     for entry in &entries {
         assert_eq!(entry["amountMinor"], 300);
         assert_eq!(entry["fence"], t1);
@@ -395,4 +402,15 @@ async fn recovery_reclaim_lists_pages_and_health() {
         .await
         .expect("wrong method", 405, Some("METHOD_NOT_ALLOWED"));
     let _ = post_body;
+}
+
+/// The two ledger entries of `answer`, which must be `(direction, accountId)` in this order.
+fn legs(answer: &Value, expected: [(&str, &str); 2]) -> Vec<Value> {
+    let entries = answer["entries"].as_array().cloned().unwrap_or_default();
+    assert_eq!(entries.len(), 2, "{answer}");
+    for (entry, (direction, account)) in entries.iter().zip(expected) {
+        assert_eq!(entry["direction"], direction, "{answer}");
+        assert_eq!(entry["accountId"], account, "{answer}");
+    }
+    entries
 }
