@@ -127,6 +127,13 @@ fn order(expected: Option<i64>) -> RevokeOrder {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The flow resumed from `progress` against steps that all answer; its report and the calls made.
+async fn resume(progress: &Progress) -> (RevokeReport, Vec<String>) {
+    let fake = Fake::default();
+    let report = run(&fake, &order(None), Some(progress)).await;
+    (report, fake.calls())
+}
+
 #[tokio::test]
 async fn the_whole_flow_revokes_then_fences_both_points_with_a_stable_key() {
     let fake = Fake::default();
@@ -170,20 +177,18 @@ async fn an_unanswered_fence_is_incomplete_and_the_resume_pushes_only_it() {
     let progress = report.progress.unwrap_or_else(|| panic!("no progress"));
     assert!(progress.payment_fenced && !progress.rail_fenced);
 
-    let fake = Fake::default();
-    let report = run(&fake, &order(None), Some(&progress)).await;
+    let (report, calls) = resume(&progress).await;
     assert_eq!(report.outcome, Outcome::Complete);
     assert_eq!(report.lock, LockStep::Resumed);
     assert_eq!(report.account_fence, FenceStep::AlreadyDone);
     assert_eq!(
-        fake.calls(),
-        vec![format!("high-water acct-17 floor=42 id=Some({ID})")]
+        calls,
+        [format!("high-water acct-17 floor=42 id=Some({ID})")]
     );
 }
 
 #[tokio::test]
 async fn a_resumed_fence_reuses_the_recorded_floor_id_and_key() {
-    let fake = Fake::default();
     let recorded = Progress {
         revocation_id: id(),
         new_token_floor: 99,
@@ -191,11 +196,11 @@ async fn a_resumed_fence_reuses_the_recorded_floor_id_and_key() {
         payment_fenced: false,
         rail_fenced: true,
     };
-    let report = run(&fake, &order(None), Some(&recorded)).await;
+    let (report, calls) = resume(&recorded).await;
     assert_eq!(report.outcome, Outcome::Complete);
     assert_eq!(
-        fake.calls(),
-        vec![format!("fence acct-17 key=revoke-{ID} floor=99 id={ID}")]
+        calls,
+        [format!("fence acct-17 key=revoke-{ID} floor=99 id={ID}")]
     );
 }
 
