@@ -56,10 +56,9 @@ pub async fn run(config: LockServerConfig) -> anyhow::Result<()> {
     );
     let proof_keys = config.proof_keys.as_ref();
     (config.served)
-        .serve("lock-server", proof_keys, listener, app(state))
+        .serve("lock-server", proof_keys, listener, app(state), sweeper)
         .await
         .context("the HTTP server failed")?;
-    sweeper.abort();
     tracing::info!(event = "lock_server_stopped", "lock server stopped");
     Ok(())
 }

@@ -52,10 +52,15 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
     let config = state.config.clone();
     let proof_keys = config.proof_keys.as_ref();
     (config.served)
-        .serve("payment-resource", proof_keys, listener, app(state))
+        .serve(
+            "payment-resource",
+            proof_keys,
+            listener,
+            app(state),
+            sweeper,
+        )
         .await
         .context("the HTTP server failed")?;
-    sweeper.abort();
     tracing::info!(
         event = "payment_resource_stopped",
         "payment resource stopped"

@@ -78,7 +78,6 @@ pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/rail/submissions", post(submit))
         .route(
@@ -88,11 +87,11 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/rail/high-water/{account_id}/lower",
             post(lower_high_water),
-        )
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text));
-    let auth = &state.config.served.auth;
-    dlock_server::http::service(routes, state.clone(), openapi::document, auth, limits)
+        );
+    let config = state.config.clone();
+    config
+        .served
+        .app(routes, state, openapi::document, readyz, metrics_text)
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a
@@ -108,10 +107,9 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
     let proof_keys = config.proof_keys.as_ref();
     (config.served)
-        .serve("rail-proxy", proof_keys, listener, app(state))
+        .serve("rail-proxy", proof_keys, listener, app(state), sweeper)
         .await
         .context("the HTTP server failed")?;
-    sweeper.abort();
     Ok(())
 }
 

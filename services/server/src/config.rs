@@ -54,18 +54,45 @@ impl Served {
         })
     }
 
+    /// A service's router: its `routes`, then `GET /readyz` and `GET /metrics` answered by
+    /// `readyz` and `metrics`, then the tail of [`crate::http::service`] with this listener's
+    /// credential check and limits.
+    pub fn app<S, R, RT, M, MT>(
+        &self,
+        routes: axum::Router<S>,
+        state: S,
+        document: fn() -> utoipa::openapi::OpenApi,
+        readyz: R,
+        metrics: M,
+    ) -> axum::Router
+    where
+        S: Clone + Send + Sync + 'static,
+        R: axum::handler::Handler<RT, S>,
+        M: axum::handler::Handler<MT, S>,
+        RT: 'static,
+        MT: 'static,
+    {
+        let routes = routes
+            .route("/readyz", axum::routing::get(readyz))
+            .route("/metrics", axum::routing::get(metrics));
+        crate::http::service(routes, state, document, &self.auth, self.http)
+    }
+
     /// Says once what `service` checks (see [`crate::announce`]), then serves `app` on
     /// `listener`, over TLS when configured, until SIGINT or SIGTERM; then drains in-flight
-    /// requests.
+    /// requests and stops the service's background `sweeper`.
     pub async fn serve(
         &self,
         service: &str,
         proof_keys: Option<&crate::proof::ProofKeys>,
         listener: tokio::net::TcpListener,
         app: axum::Router,
+        sweeper: tokio::task::JoinHandle<()>,
     ) -> std::io::Result<()> {
         crate::announce(service, &self.auth, proof_keys);
-        crate::http::serve_until_signal(listener, self.tls.as_ref(), app).await
+        crate::http::serve_until_signal(listener, self.tls.as_ref(), app).await?;
+        sweeper.abort();
+        Ok(())
     }
 }
 

@@ -80,7 +80,6 @@ impl AppState {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/sessions", post(create_session))
         .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
@@ -92,11 +91,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/locks/{key}/acquire", post(acquire))
         .route("/v1/locks/{key}/renew", post(renew))
         .route("/v1/locks/{key}/revoke", post(revoke))
-        .route("/v1/locks/{key}", get(lock_info).delete(release))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics));
-    let auth = &state.config.served.auth;
-    dlock_server::http::service(routes, state.clone(), document, auth, limits)
+        .route("/v1/locks/{key}", get(lock_info).delete(release));
+    let config = state.config.clone();
+    config.served.app(routes, state, document, readyz, metrics)
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

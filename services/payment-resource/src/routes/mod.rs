@@ -50,7 +50,6 @@ impl AppState {
 }
 
 pub fn app(state: AppState) -> Router {
-    let limits = state.config.served.http;
     let routes = Router::new()
         .route("/v1/accounts", post(create_account))
         .route("/v1/accounts/{account_id}", get(get_account))
@@ -62,11 +61,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/claim", post(claim))
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/payouts/{payout_id}/resolve", post(resolve))
-        .route("/v1/payouts/{payout_id}/cancel", post(cancel))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics));
-    let auth = &state.config.served.auth;
-    dlock_server::http::service(routes, state.clone(), document, auth, limits)
+        .route("/v1/payouts/{payout_id}/cancel", post(cancel));
+    let config = state.config.clone();
+    config.served.app(routes, state, document, readyz, metrics)
 }
 
 // ---------------------------------------------------------------------------------------------
