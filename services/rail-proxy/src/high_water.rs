@@ -24,8 +24,7 @@ pub(crate) async fn advance_high_water(
     headers: HeaderMap,
     Json(body): Json<AdvanceRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    caller.require_operator("the high-water advance")?;
-    let identity = identity_of(&caller);
+    let identity = caller.operator("the high-water advance")?;
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
     check_advance(&account_id, &body)?;
     if !store::account_exists(&state.pool, &account_id)
@@ -34,12 +33,7 @@ pub(crate) async fn advance_high_water(
     {
         return Err(account_not_found(&account_id));
     }
-    let audit = Audit {
-        operator: body.operator.trim(),
-        identity: &identity,
-        owner_id: &owner,
-        reason: body.reason.trim(),
-    };
+    let audit = Audit::new(&body.operator, &body.reason, &identity, &owner);
     let (previous, new) = store::advance_high_water(
         &state.pool,
         &account_id,
@@ -113,13 +107,6 @@ fn account_not_found(account_id: &str) -> ApiError {
     ApiError::not_found(format!("account {account_id} does not exist"))
 }
 
-/// What the caller's credential authenticated as, recorded beside the typed-in operator.
-fn identity_of(caller: &dlock_server::auth::Caller) -> String {
-    caller
-        .identity()
-        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
-}
-
 /// DESIGN D-8 recovery: lowers a high-water mark poisoned by a forged token to the token of the
 /// operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
 /// nobody else holds the key, above every token issued before). Operator only, needs proof
@@ -131,7 +118,7 @@ pub(crate) async fn lower_high_water(
     headers: HeaderMap,
     Json(body): Json<FenceLowerRequest>,
 ) -> Result<Json<FenceLowered>, ApiError> {
-    caller.require_operator("lowering the high-water mark")?;
+    let identity = caller.operator("lowering the high-water mark")?;
     let Some(keys) = &state.config.proof_keys else {
         return Err(dlock_server::proof::recovery_disabled());
     };
@@ -142,13 +129,7 @@ pub(crate) async fn lower_high_water(
         &dlock_contract::proof::payout_lock_key(&account_id),
         token,
     )?;
-    let identity = identity_of(&caller);
-    let audit = Audit {
-        operator: body.operator.trim(),
-        identity: &identity,
-        owner_id: &owner,
-        reason: body.reason.trim(),
-    };
+    let audit = Audit::new(&body.operator, &body.reason, &identity, &owner);
     let outcome = store::lower_high_water(&state.pool, &account_id, token, &audit)
         .await
         .map_err(ApiError::internal)?;

@@ -230,12 +230,7 @@ impl LowerRow {
 }
 
 /// Who raises or lowers a high-water mark and why, for its audit row.
-pub struct Audit<'a> {
-    pub operator: &'a str,
-    pub identity: &'a str,
-    pub owner_id: &'a str,
-    pub reason: &'a str,
-}
+pub use dlock_server::pg::Audit;
 
 /// Admission (C3 §3.5 steps 1–3), written once in `rail_admit`: the mark, one attempt per
 /// payout, the intent row, committed before the forward. `canonical` is the request as
@@ -368,18 +363,9 @@ pub async fn lower_high_water(
     to: i64,
     audit: &Audit<'_>,
 ) -> Result<LowerOutcome, StoreError> {
-    let row: LowerRow = sqlx::query_as(
-        "SELECT outcome, previous_token, highest_token, recovery_id \
-         FROM rail_lower_high_water($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(account_id)
-    .bind(to)
-    .bind(audit.operator)
-    .bind(audit.identity)
-    .bind(audit.owner_id)
-    .bind(audit.reason)
-    .fetch_one(pool)
-    .await?;
+    let sql = "SELECT outcome, previous_token, highest_token, recovery_id \
+               FROM rail_lower_high_water($1, $2, $3, $4, $5, $6)";
+    let row: LowerRow = audit.lowering(sql, account_id, to).fetch_one(pool).await?;
     row.into_outcome()
 }
 

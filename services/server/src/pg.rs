@@ -9,6 +9,49 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::config::{ConfigError, RawConfig};
 
+/// Who makes an operator write and why, for its audit row: the operator as typed, what the
+/// caller's credential authenticated as, the owner the write names, and the reason.
+#[derive(Debug, Clone, Copy)]
+pub struct Audit<'a> {
+    pub operator: &'a str,
+    pub identity: &'a str,
+    pub owner_id: &'a str,
+    pub reason: &'a str,
+}
+
+impl<'a> Audit<'a> {
+    /// The audit of a write whose body carries `operator` and `reason`, both trimmed.
+    pub fn new(operator: &'a str, reason: &'a str, identity: &'a str, owner_id: &'a str) -> Self {
+        Self {
+            operator: operator.trim(),
+            identity,
+            owner_id,
+            reason: reason.trim(),
+        }
+    }
+
+    /// A DESIGN D-8 recovery, `sql` (`SELECT … FROM <function>($1, …, $6)`), bound with the key
+    /// whose fence or mark it lowers, the token it lowers to, then the operator, the identity,
+    /// the owner and the reason.
+    pub fn lowering<O>(
+        self,
+        sql: &'static str,
+        key: &'a str,
+        to: i64,
+    ) -> sqlx::query::QueryAs<'a, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_as(sql)
+            .bind(key)
+            .bind(to)
+            .bind(self.operator)
+            .bind(self.identity)
+            .bind(self.owner_id)
+            .bind(self.reason)
+    }
+}
+
 /// A pooled connection idle this long is pinged before it is used.
 pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 

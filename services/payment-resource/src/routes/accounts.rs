@@ -9,8 +9,7 @@ use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_contract::payment::{
-    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, OPERATOR_LEN_MAX, REASON_LEN_MAX,
-    REASON_LEN_MIN, SETTLEMENT_PREFIX,
+    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, SETTLEMENT_PREFIX,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use serde::{Deserialize, Serialize};
@@ -20,9 +19,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::checks::{
-    Checks, WriteHeaders, check_account_id, check_currency, check_text, checked_write, identity_of,
+    Checks, WriteHeaders, check_account_id, check_currency, check_operator_reason, checked_write,
 };
-use super::errors::{account_not_found, missing, store_error};
+use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
 use crate::store::{
     AdvanceOutcome, Audit, CreateAccountOutcome, FenceMove, LowerOutcome, PayStore,
@@ -69,11 +68,7 @@ async fn create_account_effect(
             .with_details(json!({ "accountId": body.account_id, "currency": currency })));
         }
     }
-    let account = PayStore::account(conn, &body.account_id)
-        .await
-        .map_err(store_error)?
-        .ok_or_else(|| missing("account"))?;
-    Reply::json(StatusCode::CREATED, &account)
+    Reply::created(PayStore::account(conn, &body.account_id).await, "account")
 }
 
 pub(super) async fn get_account(
@@ -101,19 +96,11 @@ pub(super) async fn advance_fence(
     headers: HeaderMap,
     Json(body): Json<FenceRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require_operator("the fence advance")?;
-    let identity = identity_of(&caller);
+    let identity = caller.operator("the fence advance")?;
     let write = checked_write(&headers, |checks| {
         check_account_id(checks, "accountId", &account_id);
         checks.check(body.floor > 0, "floor", "must be a token greater than 0");
-        check_text(checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
-        check_text(
-            checks,
-            "reason",
-            &body.reason,
-            REASON_LEN_MIN,
-            REASON_LEN_MAX,
-        );
+        check_operator_reason(checks, &body.operator, &body.reason);
     })?;
     let route = format!("POST /v1/accounts/{account_id}/fence");
     let scope = state.scope(route, &write, 0, &body, true)?;
@@ -185,7 +172,7 @@ pub(super) async fn lower_fence(
     headers: HeaderMap,
     Json(body): Json<FenceLowerRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require_operator("lowering a fence")?;
+    let identity = caller.operator("lowering a fence")?;
     let Some(keys) = &state.config.proof_keys else {
         return Err(dlock_server::proof::recovery_disabled());
     };
@@ -201,7 +188,6 @@ pub(super) async fn lower_fence(
         &dlock_contract::proof::payout_lock_key(&account_id),
         token,
     )?;
-    let identity = identity_of(&caller);
     let route = format!("POST /v1/accounts/{account_id}/fence/lower");
     let scope = state.scope(route, &write, token, &body, true)?;
     Ok(idempotent!(&state, scope, |conn| {
@@ -217,12 +203,7 @@ async fn lower_fence_effect(
     identity: &str,
     write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
-    let audit = Audit {
-        operator: body.operator.trim(),
-        identity,
-        owner_id: &write.owner_id,
-        reason: body.reason.trim(),
-    };
+    let audit = Audit::new(&body.operator, &body.reason, identity, &write.owner_id);
     let (moved, recovery_id, lowered) = match PayStore::lower_fence(conn, account_id, token, &audit)
         .await
         .map_err(store_error)?

@@ -5,8 +5,8 @@ use axum::http::HeaderMap;
 use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::payment::{
-    ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, PayoutState, REFERENCE_LEN_MAX, account_id_is_valid,
-    currency_is_valid, reference_is_valid,
+    ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX,
+    REASON_LEN_MIN, REFERENCE_LEN_MAX, account_id_is_valid, currency_is_valid, reference_is_valid,
 };
 pub(super) use dlock_server::checks::{Checks, present};
 use uuid::Uuid;
@@ -54,6 +54,12 @@ pub(super) fn check_text(checks: &mut Checks, field: &str, text: &str, min: usiz
     );
 }
 
+/// The typed-in operator and reason of an operator write (a fence advance, a cancel).
+pub(super) fn check_operator_reason(checks: &mut Checks, operator: &str, reason: &str) {
+    check_text(checks, "operator", operator, 1, OPERATOR_LEN_MAX);
+    check_text(checks, "reason", reason, REASON_LEN_MIN, REASON_LEN_MAX);
+}
+
 /// A claim or a cancel expects its payout PENDING or CLAIMED; `reason` says why to the caller.
 pub(super) fn check_expected_state(checks: &mut Checks, expected: PayoutState, reason: &str) {
     checks.check(
@@ -80,13 +86,6 @@ pub(super) fn write_headers(checks: &mut Checks, headers: &HeaderMap) -> Option<
         owner_id: owner_id?,
         key: key?,
     })
-}
-
-/// What the caller's credential authenticated as, for the audit rows (issue 13, item 13).
-pub(super) fn identity_of(caller: &dlock_server::auth::Caller) -> String {
-    caller
-        .identity()
-        .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
 }
 
 /// The checks of a write: its headers, then what `body` checks. Nothing is written unless all

@@ -32,6 +32,15 @@ impl Reply {
             .map_err(|e| ApiError::internal(format!("response did not serialize: {e}")))
     }
 
+    /// The answer of a create: 201 with the `what` it read back in its transaction.
+    pub(super) fn created<T: Serialize>(
+        read: StoreResult<Option<T>>,
+        what: &str,
+    ) -> Result<Self, ApiError> {
+        let row = read.map_err(store_error)?.ok_or_else(|| missing(what))?;
+        Self::json(StatusCode::CREATED, &row)
+    }
+
     fn into_response(self, replayed: bool) -> Response {
         let mut response = (self.status, self.body).into_response();
         let headers = response.headers_mut();

@@ -5,23 +5,18 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
-use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::payment::{
     FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
 };
 use serde_json::json;
 use sqlx::PgConnection;
-use uuid::Uuid;
 
 use super::AppState;
-use super::checks::{
-    WriteHeaders, check_account_id, check_amount, check_reference, checked_payout_write,
-    checked_write,
-};
-use super::errors::{PayoutWrite, account_not_found, refused, store_error};
+use super::checks::{check_account_id, check_amount, check_reference, checked_write};
+use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
-use super::payouts::prove;
+use super::payouts::Fenced;
 use crate::metrics::Resource;
 use crate::store::{FundOutcome, PayStore, PostOutcome};
 
@@ -90,20 +85,20 @@ pub(super) async fn post_payout(
     headers: HeaderMap,
     Json(body): Json<PostRequest>,
 ) -> Result<Response, ApiError> {
-    let token = headers::fencing_token(&headers)?;
-    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+    let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_reference(checks, "railReference", &body.rail_reference);
-    })?;
-    prove(&state, &headers, payout_id, token).await?;
+    })
+    .await?;
+    let payout_id = on.payout_id;
     let route = format!("POST /v1/payouts/{payout_id}/post");
-    let scope = state.scope(route, &write, token, &body, true)?;
+    let scope = state.scope(route, &on.write, on.token, &body, true)?;
     // One round trip: the idempotency record, the post and its entries in one call (paydb 0007).
     let post = |tx, wait| {
         let (reference, submission) = (&body.rail_reference, body.submission_id);
         PayStore::post_once(tx, &scope, wait, payout_id, reference, submission)
     };
     let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
-        post_effect(&state, outcome, entries, payout_id, token, &write)
+        post_effect(&state, outcome, entries, &on)
     };
     Ok(state.once(&scope, post, answer).await)
 }
@@ -112,10 +107,9 @@ fn post_effect(
     state: &AppState,
     outcome: PostOutcome,
     entries: Vec<LedgerEntry>,
-    payout_id: Uuid,
-    token: i64,
-    write: &WriteHeaders,
+    on: &Fenced,
 ) -> Result<Reply, ApiError> {
+    let (payout_id, token, write) = (on.payout_id, on.token, &on.write);
     match outcome {
         PostOutcome::Posted { balance_minor } => {
             // The database wrote one balanced pair under this token; check what it answered.
@@ -144,17 +138,9 @@ fn post_effect(
                 "must match the submission the rail acknowledged",
             ),
         ])),
-        PostOutcome::Refused(refusal) => Err(refused(
-            state,
-            refusal,
-            &PayoutWrite {
-                resource: Resource::ledger,
-                payout_id,
-                token,
-                wanted: "RAIL_ACKED",
-                write,
-            },
-        )),
+        PostOutcome::Refused(refusal) => {
+            Err(on.refused(state, refusal, Resource::ledger, "RAIL_ACKED"))
+        }
     }
 }
 
@@ -177,6 +163,7 @@ fn entries_are_one_balanced_pair(entries: &[LedgerEntry], token: i64) -> bool {
 mod tests {
     use super::*;
     use dlock_contract::payment::Direction;
+    use uuid::Uuid;
 
     fn entry(direction: Direction, amount_minor: i64, fence: i64) -> LedgerEntry {
         LedgerEntry {

@@ -11,7 +11,7 @@ use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
-    OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, REASON_LEN_MIN, Resolution, ResolveRequest,
+    OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -21,17 +21,17 @@ use uuid::Uuid;
 use super::AppState;
 use super::checks::{
     Checks, WriteHeaders, check_account_id, check_amount, check_currency, check_expected_state,
-    check_reference, check_text, checked_payout_write, checked_write, identity_of, path_payout,
-    present,
+    check_operator_reason, check_reference, check_text, checked_payout_write, checked_write,
+    path_payout, present,
 };
 use super::cursor::{ListQuery, query_error};
 use super::errors::{
-    PayoutWrite, account_not_found, missing, not_claimable, payout_not_found, refused, store_error,
+    PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
 use super::idempotency::{Reply, idempotent};
 use crate::metrics::Resource;
 use crate::store::{
-    AbandonOutcome, Audit, ClaimOutcome, CreatePayoutOutcome, PayStore, ResolveOutcome,
+    AbandonOutcome, Audit, ClaimOutcome, CreatePayoutOutcome, PayStore, Refusal, ResolveOutcome,
 };
 
 pub(super) async fn create_payout(
@@ -85,11 +85,7 @@ async fn create_payout_effect(
             ));
         }
     }
-    let payout = PayStore::payout(conn, body.payout_id)
-        .await
-        .map_err(store_error)?
-        .ok_or_else(|| missing("payout"))?;
-    Reply::json(StatusCode::CREATED, &payout)
+    Reply::created(PayStore::payout(conn, body.payout_id).await, "payout")
 }
 
 pub(super) async fn list_payouts(
@@ -134,7 +130,7 @@ pub(super) async fn get_payout(
 /// its token on `payout:{accountId}` of the payout's account. Checked before the idempotency
 /// record and before any fence, so a refused write leaves nothing behind. A payout that does
 /// not exist is 404, as the write itself would answer.
-pub(super) async fn prove(
+async fn prove(
     state: &AppState,
     headers: &HeaderMap,
     payout_id: Uuid,
@@ -156,40 +152,85 @@ pub(super) async fn prove(
     )
 }
 
+/// A fenced write on the payout of the path (a claim, a post, a cancel): its checked headers,
+/// its payout and the token it presents, proven as [`prove`] asks.
+pub(super) struct Fenced {
+    pub(super) write: WriteHeaders,
+    pub(super) payout_id: Uuid,
+    pub(super) token: i64,
+}
+
+impl Fenced {
+    /// The write's token, its checks (`body` checks its body) and its proof, in that order.
+    pub(super) async fn check(
+        state: &AppState,
+        headers: &HeaderMap,
+        path: &str,
+        body: impl FnOnce(&mut Checks),
+    ) -> Result<Self, ApiError> {
+        let token = headers::fencing_token(headers)?;
+        let (write, payout_id) = checked_payout_write(headers, path, body)?;
+        prove(state, headers, payout_id, token).await?;
+        Ok(Self {
+            write,
+            payout_id,
+            token,
+        })
+    }
+
+    /// The answer when paydb refused the write: the payout was not `wanted`, or `resource`'s
+    /// fence stands above the token.
+    pub(super) fn refused(
+        &self,
+        state: &AppState,
+        refusal: Refusal,
+        resource: Resource,
+        wanted: &str,
+    ) -> ApiError {
+        let on = PayoutWrite {
+            resource,
+            payout_id: self.payout_id,
+            token: self.token,
+            wanted,
+            write: &self.write,
+        };
+        refused(state, refusal, &on)
+    }
+}
+
 pub(super) async fn claim(
     State(state): State<AppState>,
     Path(payout_id): Path<String>,
     headers: HeaderMap,
     Json(body): Json<ClaimRequest>,
 ) -> Result<Response, ApiError> {
-    let token = headers::fencing_token(&headers)?;
-    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+    let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_expected_state(
             checks,
             body.expected_state,
             "must be PENDING, or CLAIMED for a recovery re-claim",
         );
-    })?;
-    prove(&state, &headers, payout_id, token).await?;
+    })
+    .await?;
+    let payout_id = on.payout_id;
     let route = format!("POST /v1/payouts/{payout_id}/claim");
-    let scope = state.scope(route, &write, token, &body, false)?;
+    let scope = state.scope(route, &on.write, on.token, &body, false)?;
     let max_attempts = state.config.max_attempts;
     let expected = body.expected_state;
     // One round trip: the idempotency record and the claim in one call (paydb 0007).
     let claim =
         |tx, wait| PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts);
-    let answer = |outcome| claim_effect(&state, outcome, payout_id, token, expected, &write);
+    let answer = |outcome| claim_effect(&state, outcome, &on, expected);
     Ok(state.once(&scope, claim, answer).await)
 }
 
 fn claim_effect(
     state: &AppState,
     outcome: ClaimOutcome,
-    payout_id: Uuid,
-    token: i64,
+    on: &Fenced,
     expected_state: PayoutState,
-    write: &WriteHeaders,
 ) -> Result<Reply, ApiError> {
+    let (payout_id, token, write) = (on.payout_id, on.token, &on.write);
     match outcome {
         ClaimOutcome::Claimed {
             account_id,
@@ -227,17 +268,9 @@ fn claim_effect(
                 "availableMinor": available_minor, "amountMinor": amount_minor,
             })))
         }
-        ClaimOutcome::Refused(refusal) => Err(refused(
-            state,
-            refusal,
-            &PayoutWrite {
-                resource: Resource::account,
-                payout_id,
-                token,
-                wanted: expected_state.as_str(),
-                write,
-            },
-        )),
+        ClaimOutcome::Refused(refusal) => {
+            Err(on.refused(state, refusal, Resource::account, expected_state.as_str()))
+        }
     }
 }
 
@@ -282,8 +315,7 @@ pub(super) async fn resolve(
     headers: HeaderMap,
     Json(body): Json<ResolveRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require_operator("resolution")?;
-    let identity = identity_of(&caller);
+    let identity = caller.operator("resolution")?;
     let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
         match (&body.outcome, &body.rail_reference) {
             (_, Some(reference)) => check_reference(checks, "railReference", reference),
@@ -384,47 +416,32 @@ pub(super) async fn cancel(
     headers: HeaderMap,
     Json(body): Json<CancelRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require_operator("cancelling a payout")?;
-    let token = headers::fencing_token(&headers)?;
-    let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
+    let identity = caller.operator("cancelling a payout")?;
+    let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_expected_state(
             checks,
             body.expected_state,
             "must be PENDING or CLAIMED: only a payout that never reached the rail can be cancelled",
         );
-        check_text(checks, "operator", &body.operator, 1, OPERATOR_LEN_MAX);
-        check_text(
-            checks,
-            "reason",
-            &body.reason,
-            REASON_LEN_MIN,
-            REASON_LEN_MAX,
-        );
-    })?;
-    prove(&state, &headers, payout_id, token).await?;
-    let identity = identity_of(&caller);
-    let route = format!("POST /v1/payouts/{payout_id}/cancel");
-    let scope = state.scope(route, &write, token, &body, false)?;
+        check_operator_reason(checks, &body.operator, &body.reason);
+    })
+    .await?;
+    let route = format!("POST /v1/payouts/{}/cancel", on.payout_id);
+    let scope = state.scope(route, &on.write, on.token, &body, false)?;
     Ok(idempotent!(&state, scope, |conn| {
-        cancel_effect(&state, conn, payout_id, token, &body, &write, &identity).await
+        cancel_effect(&state, conn, &on, &body, &identity).await
     }))
 }
 
 async fn cancel_effect(
     state: &AppState,
     conn: &mut PgConnection,
-    payout_id: Uuid,
-    token: i64,
+    on: &Fenced,
     body: &CancelRequest,
-    write: &WriteHeaders,
     identity: &str,
 ) -> Result<Reply, ApiError> {
-    let audit = Audit {
-        operator: body.operator.trim(),
-        identity,
-        owner_id: &write.owner_id,
-        reason: body.reason.trim(),
-    };
+    let (payout_id, token, write) = (on.payout_id, on.token, &on.write);
+    let audit = Audit::new(&body.operator, &body.reason, identity, &write.owner_id);
     let outcome = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
         .await
         .map_err(store_error)?;
@@ -445,16 +462,11 @@ async fn cancel_effect(
             tracing::warn!(event = "payout_abandoned", %payout_id, account_id = %account_id, token, owner = %write.owner_id, operator = %audit.operator, identity, cause = "cancelled", "a payout was cancelled; it is ABANDONED and nothing will pay it");
             Reply::json(StatusCode::OK, &response)
         }
-        AbandonOutcome::Refused(refusal) => Err(refused(
+        AbandonOutcome::Refused(refusal) => Err(on.refused(
             state,
             refusal,
-            &PayoutWrite {
-                resource: Resource::account,
-                payout_id,
-                token,
-                wanted: body.expected_state.as_str(),
-                write,
-            },
+            Resource::account,
+            body.expected_state.as_str(),
         )),
     }
 }

@@ -13,13 +13,7 @@ use super::outcome::{
 use super::{PayStore, StoreResult, map_sqlx};
 
 /// Who makes an operator write (a fence lowering, a cancel) and why, for its audit row.
-#[derive(Debug, Clone, Copy)]
-pub struct Audit<'a> {
-    pub operator: &'a str,
-    pub identity: &'a str,
-    pub owner_id: &'a str,
-    pub reason: &'a str,
-}
+pub use dlock_server::pg::Audit;
 
 impl PayStore {
     pub async fn create_account(
@@ -213,19 +207,13 @@ impl PayStore {
         to: i64,
         audit: &Audit<'_>,
     ) -> StoreResult<LowerOutcome> {
-        let row: LowerRow = sqlx::query_as(
-            "SELECT outcome, previous_fence, fence, recovery_id \
-             FROM pay_lower_fence($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(account_id)
-        .bind(to)
-        .bind(audit.operator)
-        .bind(audit.identity)
-        .bind(audit.owner_id)
-        .bind(audit.reason)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+        let sql = "SELECT outcome, previous_fence, fence, recovery_id \
+                   FROM pay_lower_fence($1, $2, $3, $4, $5, $6)";
+        let row: LowerRow = audit
+            .lowering(sql, account_id, to)
+            .fetch_one(conn)
+            .await
+            .map_err(map_sqlx)?;
         row.into_outcome()
     }
 }

@@ -225,6 +225,20 @@ impl Caller {
         self.identity.as_ref()
     }
 
+    /// What the caller's credential authenticated as, recorded in the audit rows beside the
+    /// typed-in operator; `anonymous` without one.
+    pub fn audit_identity(&self) -> String {
+        self.identity
+            .as_ref()
+            .map_or_else(|| "anonymous".to_owned(), |i| i.name.clone())
+    }
+
+    /// [`Self::require_operator`], then [`Self::audit_identity`]: who made an operator write.
+    pub fn operator(&self, what: &str) -> Result<String, ApiError> {
+        self.require_operator(what)?;
+        Ok(self.audit_identity())
+    }
+
     /// `Ok` when the caller may run an operator-only operation (`what` names it in the error).
     pub fn require_operator(&self, what: &str) -> Result<(), ApiError> {
         let verdict = self.operator_verdict(what);
