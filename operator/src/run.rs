@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
@@ -29,6 +30,9 @@ use crate::services::ContractServices;
 use crate::validate::Settings;
 use dlock_contract::auth::Credential;
 
+/// The image of the operator's pods when neither `--image` nor its environment variable is set.
+pub const DEFAULT_IMAGE: &str = "ghcr.io/dlock/dlock:latest";
+
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct OperatorArgs {
@@ -36,11 +40,7 @@ pub struct OperatorArgs {
     #[arg(long, env = "DLOCK_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// The image the operator's pods run when a spec names none (the operator's own image).
-    #[arg(
-        long,
-        env = "DLOCK_OPERATOR_IMAGE",
-        default_value = "ghcr.io/dlock/dlock:latest"
-    )]
+    #[arg(long, env = "DLOCK_OPERATOR_IMAGE", default_value = DEFAULT_IMAGE)]
     pub image: String,
     /// The Lease of the leader election.
     #[arg(long, env = "DLOCK_OPERATOR_LEASE", default_value = "dlock-operator")]
@@ -135,25 +135,51 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let (mut leader, lease_task) = manager.watch().await;
     tracing::info!(event = "waiting_for_leadership", lease = %args.lease_name);
     let signal = shutdown_signal().shared();
-    let elected = tokio::select! {
-        _ = signal.clone() => false,
-        became = leader.wait_for(|is_leader| *is_leader) => {
-            became.context("the leader election stopped")?;
-            true
-        }
-    };
-    if !elected {
-        let _ = stop_tx.send(true);
-        drop(leader);
-        let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
-        let _ = http.await;
+    if !elected(&mut leader, signal.clone()).await? {
+        step_down(stop_tx, leader, lease_task, http).await;
         return Ok(());
     }
     tracing::info!(event = "leading", identity = %args.identity);
 
-    // Stop when signalled or when the lease is lost: a former leader must not keep writing.
-    let mut lost = leader.clone();
-    let stop = async move {
+    let stop = signalled_or_lost(signal, leader.clone());
+
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        services,
+        settings(&args),
+        metrics.clone(),
+        controller::system_clock(),
+    ));
+    run_controllers(&client, &ctx, stop).await;
+    let still_leader = *leader.borrow();
+    step_down(stop_tx, leader, lease_task, http).await;
+    if !still_leader {
+        anyhow::bail!("lost the leader-election lease; restarting to campaign again");
+    }
+    tracing::info!(event = "stopped");
+    Ok(())
+}
+
+/// Waits until this replica leads (true) or a shutdown signal comes first (false).
+async fn elected(
+    leader: &mut tokio::sync::watch::Receiver<bool>,
+    signal: impl Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    Ok(tokio::select! {
+        _ = signal => false,
+        became = leader.wait_for(|is_leader| *is_leader) => {
+            became.context("the leader election stopped")?;
+            true
+        }
+    })
+}
+
+/// Stop when signalled or when the lease is lost: a former leader must not keep writing.
+fn signalled_or_lost(
+    signal: impl Future<Output = ()> + Send + 'static,
+    mut lost: tokio::sync::watch::Receiver<bool>,
+) -> Shared<BoxFuture<'static, ()>> {
+    async move {
         tokio::select! {
             _ = signal => {}
             _ = lost.wait_for(|is_leader| !*is_leader) => {
@@ -162,22 +188,27 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }
     }
     .boxed()
-    .shared();
+    .shared()
+}
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        services,
-        Settings {
-            image: args.image.clone(),
-            operator_namespace: args.lease_namespace.clone(),
-            operator_identity: crate::validate::service_account_identity(
-                &args.lease_namespace,
-                &args.service_account,
-            ),
-        },
-        metrics.clone(),
-        controller::system_clock(),
-    ));
+/// What the controllers build with, from the operator's arguments.
+fn settings(args: &OperatorArgs) -> Settings {
+    Settings {
+        image: args.image.clone(),
+        operator_namespace: args.lease_namespace.clone(),
+        operator_identity: crate::validate::service_account_identity(
+            &args.lease_namespace,
+            &args.service_account,
+        ),
+    }
+}
+
+/// Runs every controller until `stop`.
+async fn run_controllers(
+    client: &Client,
+    ctx: &Arc<Context>,
+    stop: Shared<BoxFuture<'static, ()>>,
+) {
     // One controller per kind: the kind, what it owns (watched by the managed label) and its
     // reconcile, behind the deserialize guard, stopping with the lease.
     macro_rules! controller {
@@ -225,16 +256,20 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         locks,
         revocations
     );
-    let still_leader = *leader.borrow();
-    let _ = stop_tx.send(true);
+}
+
+/// Stops `/healthz` and `/metrics`, gives up the lease (dropping the leader watch ends the
+/// election, given 5 s) and waits for the HTTP server to end.
+async fn step_down<T>(
+    stop_http: tokio::sync::watch::Sender<bool>,
+    leader: tokio::sync::watch::Receiver<bool>,
+    lease_task: tokio::task::JoinHandle<T>,
+    http: tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let _ = stop_http.send(true);
     drop(leader);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     let _ = http.await;
-    if !still_leader {
-        anyhow::bail!("lost the leader-election lease; restarting to campaign again");
-    }
-    tracing::info!(event = "stopped");
-    Ok(())
 }
 
 /// The deserialize guard: an object that does not parse fails its own reconcile (permanently,

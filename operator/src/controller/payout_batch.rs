@@ -22,7 +22,7 @@ use super::{
     Context, Error, Result, apply, apply_status, paused, publish, reconciled, report_failure,
 };
 use crate::build::job::{self, ValidatedBatch};
-use crate::crd::{PayoutBatch, PayoutBatchStatus, RailProxy};
+use crate::crd::{Condition, PayoutBatch, PayoutBatchStatus, RailProxy};
 use crate::validate;
 
 pub const FINALIZER: &str = "dlock.io/executor-drained";
@@ -188,27 +188,7 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     let mut batch = match validate::payout_batch(&object, &ctx.settings) {
         Ok(batch) => batch,
         Err(invalid) => {
-            let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
-            let status = PayoutBatchStatus {
-                observed_generation: object.metadata.generation,
-                conditions: conditions.render(
-                    &previous.conditions,
-                    object.metadata.generation,
-                    &ctx.now(),
-                ),
-                ..previous.clone()
-            };
-            apply_status(&ctx.client, object.as_ref(), &status).await?;
-            if ready_of(&previous.conditions) != ready_of(&status.conditions) {
-                publish(
-                    &ctx,
-                    object.as_ref(),
-                    EventType::Warning,
-                    "InvalidSpec",
-                    invalid.to_string(),
-                )
-                .await;
-            }
+            write_invalid_spec(&object, &ctx, &previous, &invalid).await?;
             return Err(Error::Invalid(invalid));
         }
     };
@@ -221,92 +201,37 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
         }
     };
     let mut status = batch_status(&object, &batch, &applied_job, &ctx.now());
-    let template_current = template_condition(&applied_job, &built);
-    let was_current = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == JOB_TEMPLATE_CURRENT)
-        .is_none_or(|c| c.status == "True");
-    status.conditions.push(condition(
+    let outdated = add_template_condition(
+        &mut status,
         &previous.conditions,
-        JOB_TEMPLATE_CURRENT,
-        &template_current,
-        object.metadata.generation,
-        &ctx.now(),
-    ));
+        &object,
+        &ctx,
+        &applied_job,
+        &built,
+    );
     if object.spec.payouts.len() <= COUNTED_PAYOUTS_MAX {
-        // The same ids the executor derives: uuid5 of the batch name and the item key.
-        let ids: Vec<String> = object
-            .spec
-            .payouts
-            .iter()
-            .map(|p| dlock_contract::payout_batch::payout_id(&batch.name, &p.key).to_string())
-            .collect();
-        match ctx
-            .services
-            .payout_states(&batch.payment_resource_url, &ids)
-            .await
-        {
-            Ok(states) => {
-                let (counts, ambiguous) = tally(&ids, &states);
-                status.ambiguous_count = Some(ambiguous.len() as i64);
-                status.summary = Some(summarize(&counts, object.spec.payouts.len()));
-                status.counts = counts;
-                status.ambiguous = ambiguous;
-            }
-            Err(error) => {
-                tracing::warn!(event = "payout_states_unavailable", batch = %batch.name, error = %error);
-            }
-        }
+        count_payouts(&object, &batch, &ctx, &mut status).await;
     }
-    let running = matches!(job_phase(&applied_job), JobPhase::Running { .. });
+    let phase = job_phase(&applied_job);
+    let running = matches!(phase, JobPhase::Running { .. });
     // Ambiguous payouts left the automated path: the batch is Degraded and names them until a
     // reconciliation classifies them (the batch is looked at again every resync for that).
-    let ambiguous_left =
-        !status.ambiguous.is_empty() && !matches!(job_phase(&applied_job), JobPhase::Failed { .. });
+    let ambiguous_left = !status.ambiguous.is_empty() && !matches!(phase, JobPhase::Failed { .. });
     if ambiguous_left {
-        let mut observed =
-            Conditions::degraded(RAIL_AMBIGUOUS, ambiguous_message(&status.ambiguous));
-        if running {
-            observed.progressing = Observed::new(
-                true,
-                "Executing",
-                "the executor is still working on the other payouts",
-            );
-        }
-        let mut conditions =
-            observed.render(&previous.conditions, object.metadata.generation, &ctx.now());
-        conditions.extend(
-            status
-                .conditions
-                .iter()
-                .filter(|c| c.type_ == JOB_TEMPLATE_CURRENT)
-                .cloned(),
-        );
-        status.conditions = conditions;
+        degrade_for_ambiguous(&mut status, &previous.conditions, &object, &ctx, running);
     }
     apply_status(&ctx.client, object.as_ref(), &status).await?;
-    if was_current && !template_current.status {
+    if let Some(message) = outdated {
         publish(
             &ctx,
             object.as_ref(),
             EventType::Normal,
             "JobTemplateOutdated",
-            template_current.message.clone(),
+            message,
         )
         .await;
     }
-    if ready_of(&previous.conditions) != ready_of(&status.conditions)
-        && let Some(ready) = status.conditions.first()
-    {
-        let (type_, reason) = match job_phase(&applied_job) {
-            _ if ambiguous_left => (EventType::Warning, RAIL_AMBIGUOUS),
-            JobPhase::Succeeded => (EventType::Normal, "Completed"),
-            JobPhase::Running { .. } => (EventType::Normal, "Executing"),
-            JobPhase::Failed { .. } => (EventType::Warning, "ExecutorFailed"),
-        };
-        publish(&ctx, object.as_ref(), type_, reason, ready.message.clone()).await;
-    }
+    publish_ready_event(&ctx, &object, &previous, &status, &phase, ambiguous_left).await;
     reconciled(&ctx, object.as_ref());
     ctx.metrics.count("PayoutBatch", "ok");
     Ok(if running {
@@ -316,6 +241,143 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     } else {
         Action::await_change()
     })
+}
+
+/// Writes Degraded with the reason InvalidSpec for a spec the operator refuses, and a Warning
+/// Event when that changes Ready.
+async fn write_invalid_spec(
+    object: &PayoutBatch,
+    ctx: &Context,
+    previous: &PayoutBatchStatus,
+    invalid: &validate::Invalid,
+) -> Result<()> {
+    let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
+    let status = PayoutBatchStatus {
+        observed_generation: object.metadata.generation,
+        conditions: conditions.render(&previous.conditions, object.metadata.generation, &ctx.now()),
+        ..previous.clone()
+    };
+    apply_status(&ctx.client, object, &status).await?;
+    if ready_of(&previous.conditions) != ready_of(&status.conditions) {
+        publish(
+            ctx,
+            object,
+            EventType::Warning,
+            "InvalidSpec",
+            invalid.to_string(),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Adds [`JOB_TEMPLATE_CURRENT`] to `status`. Returns the message of the Event to publish when
+/// the Job's template went out of date with this reconcile (it was current, or not recorded).
+fn add_template_condition(
+    status: &mut PayoutBatchStatus,
+    previous: &[Condition],
+    object: &PayoutBatch,
+    ctx: &Context,
+    applied_job: &Job,
+    built: &Job,
+) -> Option<String> {
+    let template_current = template_condition(applied_job, built);
+    let was_current = previous
+        .iter()
+        .find(|c| c.type_ == JOB_TEMPLATE_CURRENT)
+        .is_none_or(|c| c.status == "True");
+    status.conditions.push(condition(
+        previous,
+        JOB_TEMPLATE_CURRENT,
+        &template_current,
+        object.metadata.generation,
+        &ctx.now(),
+    ));
+    (was_current && !template_current.status).then_some(template_current.message)
+}
+
+/// Puts the payouts' states from the payment resource into `status`: the counts, the summary
+/// and the ambiguous ids. A payment resource that does not answer leaves them as they were.
+async fn count_payouts(
+    object: &PayoutBatch,
+    batch: &ValidatedBatch,
+    ctx: &Context,
+    status: &mut PayoutBatchStatus,
+) {
+    // The same ids the executor derives: uuid5 of the batch name and the item key.
+    let ids: Vec<String> = object
+        .spec
+        .payouts
+        .iter()
+        .map(|p| dlock_contract::payout_batch::payout_id(&batch.name, &p.key).to_string())
+        .collect();
+    match ctx
+        .services
+        .payout_states(&batch.payment_resource_url, &ids)
+        .await
+    {
+        Ok(states) => {
+            let (counts, ambiguous) = tally(&ids, &states);
+            status.ambiguous_count = Some(ambiguous.len() as i64);
+            status.summary = Some(summarize(&counts, object.spec.payouts.len()));
+            status.counts = counts;
+            status.ambiguous = ambiguous;
+        }
+        Err(error) => {
+            tracing::warn!(event = "payout_states_unavailable", batch = %batch.name, error = %error);
+        }
+    }
+}
+
+/// Replaces the Job's conditions in `status` with Degraded for the RAIL_AMBIGUOUS payouts
+/// (Progressing while the executor still runs), keeping [`JOB_TEMPLATE_CURRENT`].
+fn degrade_for_ambiguous(
+    status: &mut PayoutBatchStatus,
+    previous: &[Condition],
+    object: &PayoutBatch,
+    ctx: &Context,
+    running: bool,
+) {
+    let mut observed = Conditions::degraded(RAIL_AMBIGUOUS, ambiguous_message(&status.ambiguous));
+    if running {
+        observed.progressing = Observed::new(
+            true,
+            "Executing",
+            "the executor is still working on the other payouts",
+        );
+    }
+    let mut conditions = observed.render(previous, object.metadata.generation, &ctx.now());
+    conditions.extend(
+        status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == JOB_TEMPLATE_CURRENT)
+            .cloned(),
+    );
+    status.conditions = conditions;
+}
+
+/// Publishes an Event when Ready changed: a Warning while payouts are ambiguous or the executor
+/// failed, else the Job's phase.
+async fn publish_ready_event(
+    ctx: &Context,
+    object: &PayoutBatch,
+    previous: &PayoutBatchStatus,
+    status: &PayoutBatchStatus,
+    phase: &JobPhase,
+    ambiguous_left: bool,
+) {
+    if ready_of(&previous.conditions) != ready_of(&status.conditions)
+        && let Some(ready) = status.conditions.first()
+    {
+        let (type_, reason) = match phase {
+            _ if ambiguous_left => (EventType::Warning, RAIL_AMBIGUOUS),
+            JobPhase::Succeeded => (EventType::Normal, "Completed"),
+            JobPhase::Running { .. } => (EventType::Normal, "Executing"),
+            JobPhase::Failed { .. } => (EventType::Warning, "ExecutorFailed"),
+        };
+        publish(ctx, object, type_, reason, ready.message.clone()).await;
+    }
 }
 
 /// The reason of a batch Degraded by RAIL_AMBIGUOUS payouts.

@@ -147,6 +147,10 @@ pub async fn reconcile_reconciliation(
     outcome
 }
 
+/// What the reconciler's last run calls for: the conditions, the Job to show and what the
+/// controller does next.
+type RunState = (Conditions, Option<String>, Result<Action>);
+
 /// Applies the reconciler's CronJob or Job and reads its last run: the conditions, the Job to
 /// show and what the controller does next.
 async fn run_reconciler(
@@ -155,73 +159,96 @@ async fn run_reconciler(
     valid: &ValidatedReconciliation,
     findings: &mut Vec<String>,
     summary: &mut Option<String>,
-) -> Result<(Conditions, Option<String>, Result<Action>)> {
+) -> Result<RunState> {
     let name = reconciler::object_name(valid);
     match &valid.schedule {
-        Some(schedule) => {
-            let cron: CronJob = apply(
-                &ctx.client,
-                &reconciler::reconciler_cron_job(valid, schedule),
-            )
-            .await?;
-            let last = cron
-                .status
-                .as_ref()
-                .and_then(|s| s.last_successful_time.as_ref())
-                .map(|t| format!("last success {}", t.0));
-            let prefix = format!(
-                "scheduled {schedule}; {}; ",
-                last.unwrap_or_else(|| "no run yet".to_owned())
-            );
-            let run = last_run(&reconciler_pods(ctx, valid).await?);
-            let conditions = match &run {
-                Some(run) => {
-                    record(run, findings, summary);
-                    run_conditions(run, &prefix)
-                }
-                None => Conditions::ready(prefix.trim_end_matches("; ").to_owned()),
-            };
-            let job = run.and_then(|r| r.job).or(Some(name));
-            Ok((conditions, job, Ok(Action::requeue(super::RESYNC))))
-        }
+        Some(schedule) => run_scheduled(ctx, valid, schedule, name, (findings, summary)).await,
         None => {
             // A schedule that was removed leaves no CronJob behind.
             delete_cron_job(ctx, object, &valid.namespace, &name).await?;
-            // A Job's pod template is immutable: create it once, never patch it.
-            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &valid.namespace);
-            let job = match jobs.get_opt(&name).await.map_err(|source| Error::Read {
-                what: "the reconciler Job",
-                source,
-            })? {
-                Some(job) => job,
-                None => apply(&ctx.client, &reconciler::reconciler_job(valid)).await?,
-            };
-            let running = matches!(job_phase(&job), JobPhase::Running { .. });
-            let conditions = if running {
-                Conditions::progressing("Running", "the reconciler is running")
-            } else {
-                match last_run(&reconciler_pods(ctx, valid).await?) {
-                    Some(run) => {
-                        record(&run, findings, summary);
-                        run_conditions(&run, "")
-                    }
-                    None => match job_phase(&job) {
-                        JobPhase::Failed { message } => Conditions::degraded(
-                            "ReconcilerFailed",
-                            format!("the reconciler failed (see the Job's log): {message}"),
-                        ),
-                        _ => Conditions::ready("the reconciler finished"),
-                    },
-                }
-            };
-            let action = if running {
-                Action::requeue(super::payout_batch::RUNNING_RESYNC)
-            } else {
-                Action::await_change()
-            };
-            Ok((conditions, Some(name), Ok(action)))
+            run_once(ctx, valid, name, (findings, summary)).await
         }
     }
+}
+
+/// Where a run's findings and summary go in status.
+type Record<'a> = (&'a mut Vec<String>, &'a mut Option<String>);
+
+/// Applies the reconciler's CronJob; Ready with the schedule and the last success, and the
+/// last run's findings.
+async fn run_scheduled(
+    ctx: &Context,
+    valid: &ValidatedReconciliation,
+    schedule: &str,
+    name: String,
+    (findings, summary): Record<'_>,
+) -> Result<RunState> {
+    let cron: CronJob = apply(
+        &ctx.client,
+        &reconciler::reconciler_cron_job(valid, schedule),
+    )
+    .await?;
+    let last = cron
+        .status
+        .as_ref()
+        .and_then(|s| s.last_successful_time.as_ref())
+        .map(|t| format!("last success {}", t.0));
+    let prefix = format!(
+        "scheduled {schedule}; {}; ",
+        last.unwrap_or_else(|| "no run yet".to_owned())
+    );
+    let run = last_run(&reconciler_pods(ctx, valid).await?);
+    let conditions = match &run {
+        Some(run) => {
+            record(run, findings, summary);
+            run_conditions(run, &prefix)
+        }
+        None => Conditions::ready(prefix.trim_end_matches("; ").to_owned()),
+    };
+    let job = run.and_then(|r| r.job).or(Some(name));
+    Ok((conditions, job, Ok(Action::requeue(super::RESYNC))))
+}
+
+/// Creates the reconciler's Job once and reads how its run went; looked at again while it runs.
+async fn run_once(
+    ctx: &Context,
+    valid: &ValidatedReconciliation,
+    name: String,
+    (findings, summary): Record<'_>,
+) -> Result<RunState> {
+    // A Job's pod template is immutable: create it once, never patch it.
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &valid.namespace);
+    let job = match jobs.get_opt(&name).await.map_err(|source| Error::Read {
+        what: "the reconciler Job",
+        source,
+    })? {
+        Some(job) => job,
+        None => apply(&ctx.client, &reconciler::reconciler_job(valid)).await?,
+    };
+    let running = matches!(job_phase(&job), JobPhase::Running { .. });
+    let conditions = if running {
+        Conditions::progressing("Running", "the reconciler is running")
+    } else {
+        match last_run(&reconciler_pods(ctx, valid).await?) {
+            Some(run) => {
+                record(&run, findings, summary);
+                run_conditions(&run, "")
+            }
+            None => match job_phase(&job) {
+                JobPhase::Failed { message } => Conditions::degraded(
+                    "ReconcilerFailed",
+                    format!("the reconciler failed (see the Job's log): {message}"),
+                ),
+                _ => Conditions::ready("the reconciler finished"),
+            },
+        }
+    };
+    let action = if running {
+        Action::requeue(super::payout_batch::RUNNING_RESYNC)
+    } else {
+        Action::await_change()
+    };
+    Ok((conditions, Some(name), Ok(action)))
 }
 
 /// Puts a run's findings and summary into status.

@@ -125,17 +125,7 @@ where
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(invalid) => {
-            let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
-            let status = WorkloadStatus {
-                observed_generation: object.meta().generation,
-                conditions: conditions.render(
-                    &previous_conditions,
-                    object.meta().generation,
-                    &ctx.now(),
-                ),
-                ..WorkloadStatus::default()
-            };
-            write_status(object, &previous_conditions, status, ctx).await?;
+            write_invalid_spec(object, &previous_conditions, &invalid, ctx).await?;
             return Err(Error::Invalid(invalid));
         }
     };
@@ -160,18 +150,40 @@ where
     write_status(object, &previous_conditions, status.clone(), ctx).await?;
     if auth_disabled {
         // Every time such a spec is applied, not only on a transition: nobody should miss it.
-        publish(
-            ctx,
-            object,
-            EventType::Warning,
-            AUTHENTICATION_DISABLED,
-            AUTHENTICATION_DISABLED_MESSAGE.to_owned(),
-        )
-        .await;
+        warn_auth_disabled(object, ctx).await;
     }
     reconciled(ctx, object);
     ctx.metrics.count(kind_label(&kind), "ok");
     Ok((ready, status))
+}
+
+/// Writes Degraded with the reason InvalidSpec for a spec the operator refuses (the other
+/// status fields cleared), with an Event when that changes Ready.
+async fn write_invalid_spec<K: Namespaced>(
+    object: &K,
+    previous: &[crate::crd::Condition],
+    invalid: &validate::Invalid,
+    ctx: &Context,
+) -> Result<()> {
+    let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
+    let status = WorkloadStatus {
+        observed_generation: object.meta().generation,
+        conditions: conditions.render(previous, object.meta().generation, &ctx.now()),
+        ..WorkloadStatus::default()
+    };
+    write_status(object, previous, status, ctx).await
+}
+
+/// The Warning Event of a workload whose service checks no caller.
+async fn warn_auth_disabled<K: Namespaced>(object: &K, ctx: &Context) {
+    publish(
+        ctx,
+        object,
+        EventType::Warning,
+        AUTHENTICATION_DISABLED,
+        AUTHENTICATION_DISABLED_MESSAGE.to_owned(),
+    )
+    .await;
 }
 
 fn kind_label(kind: &str) -> &'static str {
@@ -228,19 +240,46 @@ pub fn workload_status(
         auth_disabled,
     } = applied;
     let rollouts: Vec<Rollout> = deployments.iter().map(rollout).collect();
-    let (ready_total, desired_total) =
-        deployments
+    let (ready_total, desired_total) = replicas(deployments, &rollouts);
+    let conditions = rollout_conditions(&rollouts, ready_total, desired_total);
+    // The three conditions, then any other kept as it was (the lock mirror's LocksMirrored).
+    let mut rendered = conditions.render(previous, generation, now);
+    rendered.extend(
+        previous
             .iter()
-            .zip(&rollouts)
-            .fold((0, 0), |(ready, desired), (d, r)| {
-                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                let have = match r {
-                    Rollout::Available { ready } | Rollout::RollingOut { ready, .. } => *ready,
-                    Rollout::Stuck { .. } => 0,
-                };
-                (ready + have, desired + want)
-            });
-    let conditions = if let Some(Rollout::Stuck { message }) =
+            .filter(|c| {
+                ![READY, PROGRESSING, DEGRADED, AUTHENTICATION_DISABLED].contains(&c.type_.as_str())
+            })
+            .cloned(),
+    );
+    rendered.extend(auth_condition(previous, *auth_disabled, generation, now));
+    WorkloadStatus {
+        observed_generation: generation,
+        conditions: rendered,
+        ready_replicas: Some(ready_total),
+        summary: Some(format!("{ready_total}/{desired_total}")),
+        url: Some(url.clone()),
+    }
+}
+
+/// The ready and the desired replicas over every Deployment (a stuck one counts none ready).
+fn replicas(deployments: &[Deployment], rollouts: &[Rollout]) -> (i32, i32) {
+    deployments
+        .iter()
+        .zip(rollouts)
+        .fold((0, 0), |(ready, desired), (d, r)| {
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let have = match r {
+                Rollout::Available { ready } | Rollout::RollingOut { ready, .. } => *ready,
+                Rollout::Stuck { .. } => 0,
+            };
+            (ready + have, desired + want)
+        })
+}
+
+/// Degraded when a rollout is stuck, Ready when every one is available, else Progressing.
+fn rollout_conditions(rollouts: &[Rollout], ready_total: i32, desired_total: i32) -> Conditions {
+    if let Some(Rollout::Stuck { message }) =
         rollouts.iter().find(|r| matches!(r, Rollout::Stuck { .. }))
     {
         Conditions::degraded("RolloutStuck", message.clone())
@@ -254,45 +293,37 @@ pub fn workload_status(
             "RollingOut",
             format!("{ready_total}/{desired_total} replicas ready"),
         )
-    };
-    // The three conditions, then any other kept as it was (the lock mirror's LocksMirrored).
-    let mut rendered = conditions.render(previous, generation, now);
-    rendered.extend(
-        previous
-            .iter()
-            .filter(|c| {
-                ![READY, PROGRESSING, DEGRADED, AUTHENTICATION_DISABLED].contains(&c.type_.as_str())
-            })
-            .cloned(),
-    );
-    // AuthenticationDisabled: True while spec.auth.mode is none; once set, it stays and flips to
-    // False when authentication is back on.
+    }
+}
+
+/// AuthenticationDisabled: True while spec.auth.mode is none; once set, it stays and flips to
+/// False when authentication is back on.
+fn auth_condition(
+    previous: &[crate::crd::Condition],
+    auth_disabled: bool,
+    generation: Option<i64>,
+    now: &str,
+) -> Option<crate::crd::Condition> {
     let had = previous.iter().any(|c| c.type_ == AUTHENTICATION_DISABLED);
-    if *auth_disabled || had {
-        let observed = if *auth_disabled {
-            Observed::new(true, "AuthModeNone", AUTHENTICATION_DISABLED_MESSAGE)
-        } else {
-            Observed::new(
-                false,
-                "TokenReview",
-                "callers are checked with TokenReview (audience dlock)",
-            )
-        };
-        rendered.push(condition(
-            previous,
-            AUTHENTICATION_DISABLED,
-            &observed,
-            generation,
-            now,
-        ));
+    if !(auth_disabled || had) {
+        return None;
     }
-    WorkloadStatus {
-        observed_generation: generation,
-        conditions: rendered,
-        ready_replicas: Some(ready_total),
-        summary: Some(format!("{ready_total}/{desired_total}")),
-        url: Some(url.clone()),
-    }
+    let observed = if auth_disabled {
+        Observed::new(true, "AuthModeNone", AUTHENTICATION_DISABLED_MESSAGE)
+    } else {
+        Observed::new(
+            false,
+            "TokenReview",
+            "callers are checked with TokenReview (audience dlock)",
+        )
+    };
+    Some(condition(
+        previous,
+        AUTHENTICATION_DISABLED,
+        &observed,
+        generation,
+        now,
+    ))
 }
 
 /// Writes the status, then publishes an Event if Ready changed (only on transitions).
@@ -421,42 +452,66 @@ async fn try_mirror_locks(
             apply_status_as(&ctx.client, &applied, &status, LOCK_MIRROR_MANAGER).await?;
         }
     }
-    if let Some(conditions) = mirror_conditions(
-        &status.conditions,
-        list.truncated,
-        held.len(),
-        object.metadata.generation,
-        &ctx.now(),
-    ) {
-        apply_status(
-            &ctx.client,
-            object,
-            &WorkloadStatus {
-                conditions,
-                ..status
-            },
-        )
-        .await?;
-        if list.truncated {
-            publish(
-                ctx,
-                object,
-                EventType::Warning,
-                "LockMirrorTruncated",
-                format!(
-                    "the lock server listed {} held locks and holds more; no Lock is removed \
-                     until a list is complete",
-                    held.len()
-                ),
-            )
-            .await;
-        }
-    }
+    record_mirror_condition(object, status, list.truncated, held.len(), ctx).await?;
     if list.truncated {
         tracing::warn!(event = "lock_mirror_truncated", lock_server = %name, listed = held.len());
         return Ok(());
     }
-    let api: Api<crate::crd::Lock> = Api::namespaced(ctx.client.clone(), &namespace);
+    remove_released_locks(ctx, &namespace, &name, &keep).await
+}
+
+/// Sets the LockServer's `LocksMirrored` condition from the last list when it changes, with a
+/// Warning Event when the list was truncated.
+async fn record_mirror_condition(
+    object: &LockServer,
+    status: WorkloadStatus,
+    truncated: bool,
+    listed: usize,
+    ctx: &Context,
+) -> Result<()> {
+    let Some(conditions) = mirror_conditions(
+        &status.conditions,
+        truncated,
+        listed,
+        object.metadata.generation,
+        &ctx.now(),
+    ) else {
+        return Ok(());
+    };
+    apply_status(
+        &ctx.client,
+        object,
+        &WorkloadStatus {
+            conditions,
+            ..status
+        },
+    )
+    .await?;
+    if truncated {
+        publish(
+            ctx,
+            object,
+            EventType::Warning,
+            "LockMirrorTruncated",
+            format!(
+                "the lock server listed {listed} held locks and holds more; no Lock is removed \
+                 until a list is complete"
+            ),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Deletes the lock server's Locks whose keys are no longer held (`keep` names the held ones),
+/// except paused Locks and Locks whose revocation is unfinished.
+async fn remove_released_locks(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    keep: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    let api: Api<crate::crd::Lock> = Api::namespaced(ctx.client.clone(), namespace);
     let listed = api
         .list(&ListParams::default().labels(&format!("{}={name}", lock::LOCK_SERVER_LABEL)))
         .await

@@ -242,13 +242,15 @@ fn secret_env(
     env
 }
 
-/// The section `spec.backend.type` names (`type_`), which must be set while the `other` is not.
+/// The section `spec.backend.type` names (`section`), which must be set while the other is not.
 fn backend_section<'a, T>(
-    type_: &str,
+    backend: &crate::crd::LockBackend,
     section: Option<&'a T>,
-    other: &str,
-    other_set: bool,
 ) -> Result<&'a T, Invalid> {
+    let (type_, other, other_set) = match backend.type_ {
+        BackendType::Pg => ("pg", "etcd", backend.etcd.is_some()),
+        BackendType::Etcd => ("etcd", "pg", backend.pg.is_some()),
+    };
     let section = section.ok_or_else(|| {
         invalid(
             &format!("spec.backend.{type_}"),
@@ -271,12 +273,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
     let mut etcd = None;
     let backend = match spec.backend.type_ {
         BackendType::Pg => {
-            let pg = backend_section(
-                "pg",
-                spec.backend.pg.as_ref(),
-                "etcd",
-                spec.backend.etcd.is_some(),
-            )?;
+            let pg = backend_section(&spec.backend, spec.backend.pg.as_ref())?;
             secret_env.push(SecretEnv {
                 name: "DLOCK_LOCK_PG_URL".to_owned(),
                 secret: pg.url_secret.clone(),
@@ -284,12 +281,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
             config::LockBackend::Pg
         }
         BackendType::Etcd => {
-            let backend = backend_section(
-                "etcd",
-                spec.backend.etcd.as_ref(),
-                "pg",
-                spec.backend.pg.is_some(),
-            )?;
+            let backend = backend_section(&spec.backend, spec.backend.etcd.as_ref())?;
             if backend.endpoints.is_empty() {
                 return Err(invalid(
                     "spec.backend.etcd.endpoints",
