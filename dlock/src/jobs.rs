@@ -97,6 +97,31 @@ pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {
 
 pub async fn run(args: RunArgs) -> Result<()> {
     let batch = read_batch(&args.file)?;
+    let options = run_options(&args, &batch)?;
+    eprintln!(
+        "running batch {} ({} payouts) with {} workers as {}",
+        batch.metadata.name,
+        batch.spec.payouts.len(),
+        options.workers,
+        options.owner_id
+    );
+    let metrics_server = args
+        .metrics_listen
+        .map(|addr| serve_run_metrics(addr, options.metrics.clone()));
+    let report = dlock_executor::execute(&batch, &args.endpoints(), options).await?;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
+    println!("{}", report.table());
+    print_run_summary(&args, &report);
+    if !report.complete {
+        bail!("the batch stopped before every payout was terminal or RAIL_AMBIGUOUS; run it again");
+    }
+    Ok(())
+}
+
+/// The executor's options from the arguments and the manifest.
+fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
     // A cycle must outlast a rail that takes its whole read timeout, or a slow success is
     // posted only by a later cycle: the TTLs follow the read timeout unless given.
     let lock_ttl_ms = args.lock_ttl_ms.unwrap_or_else(|| {
@@ -121,32 +146,29 @@ pub async fn run(args: RunArgs) -> Result<()> {
         progress: true,
         ..RunOptions::default()
     };
-    eprintln!(
-        "running batch {} ({} payouts) with {} workers as {}",
-        batch.metadata.name,
-        batch.spec.payouts.len(),
-        options.workers,
-        options.owner_id
-    );
-    let metrics_server = args.metrics_listen.map(|addr| {
-        let metrics = options.metrics.clone();
-        tokio::spawn(async move {
-            if let Err(error) = metrics.serve(addr).await {
-                tracing::warn!(
-                    event = "metrics_listen_failed",
-                    %addr,
-                    error = format!("{error:#}"),
-                    "the executor's /metrics is not served (the batch runs on): free the \
-                     address or pick another --metrics-listen"
-                );
-            }
-        })
-    });
-    let report = dlock_executor::execute(&batch, &args.endpoints(), options).await?;
-    if let Some(server) = metrics_server {
-        server.abort();
-    }
-    println!("{}", report.table());
+    Ok(options)
+}
+
+/// Serves this run's `/metrics` at `addr` while it runs; a failure to listen is a warning only.
+fn serve_run_metrics(
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<dlock_executor::metrics::Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = metrics.serve(addr).await {
+            tracing::warn!(
+                event = "metrics_listen_failed",
+                %addr,
+                error = format!("{error:#}"),
+                "the executor's /metrics is not served (the batch runs on): free the \
+                 address or pick another --metrics-listen"
+            );
+        }
+    })
+}
+
+/// Prints the [`summary`] of a run, with the services' and the run's own `/metrics`.
+fn print_run_summary(args: &RunArgs, report: &Report) {
     let endpoints = args.endpoints();
     let metrics = args
         .metrics_listen
@@ -154,7 +176,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     print!(
         "{}",
         summary(
-            &report,
+            report,
             &[
                 ("lock server", endpoints.lock_server.as_str()),
                 ("payment resource", endpoints.payment_resource.as_str()),
@@ -163,10 +185,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
             metrics.as_deref(),
         )
     );
-    if !report.complete {
-        bail!("the batch stopped before every payout was terminal or RAIL_AMBIGUOUS; run it again");
-    }
-    Ok(())
 }
 
 /// Up to this many quarantined payouts, the summary prints each one's resolve commands.
@@ -178,8 +196,18 @@ const SUMMARY_IDS_SHOWN: usize = 5;
 /// what to do next (the exact commands) and where the metrics are. `services` are
 /// (name, base URL) pairs; `run_metrics` is this run's own `/metrics`, if it served one.
 pub fn summary(report: &Report, services: &[(&str, &str)], run_metrics: Option<&str>) -> String {
-    let n = |state: &str| report.states.get(state).copied().unwrap_or(0);
     let mut out = String::from("summary:\n");
+    let ambiguous = summarize_states(report, &mut out);
+    if ambiguous > 0 {
+        out.push_str(&next_steps(&report.ambiguous));
+    }
+    out.push_str(&metrics_line(services, run_metrics));
+    out
+}
+
+/// The lines of the summary per outcome; returns how many payouts are quarantined.
+fn summarize_states(report: &Report, out: &mut String) -> usize {
+    let n = |state: &str| report.states.get(state).copied().unwrap_or(0);
     out.push_str(&format!(
         "  paid         {:>6}  POSTED: the rail took them and the ledger has them\n",
         n("POSTED")
@@ -231,37 +259,47 @@ pub fn summary(report: &Report, services: &[(&str, &str)], run_metrics: Option<&
             report.fenced_out
         ));
     }
-    if ambiguous > 0 {
-        out.push_str(
-            "next:\n  dlock reconcile     classifies each quarantined payout against the rail's \
-             statement (DLOCK_PAYDB, DLOCK_RAIL)\n",
-        );
-        let mut ids = report.ambiguous.clone();
-        ids.sort();
-        if ids.len() <= SUMMARY_COMMANDS_SHOWN {
-            for id in &ids {
-                out.push_str(&format!(
-                    "  dlock resolve {id} --posted --rail-reference REF --operator YOU --evidence TEXT   (on the statement)\n  \
-                     dlock resolve {id} --failed --operator YOU --evidence TEXT   (not on it after the rail's settlement window)\n"
-                ));
-            }
-        } else {
-            out.push_str(
-                "  then for each: dlock resolve ID --posted --rail-reference REF --operator YOU --evidence TEXT   (on the statement)\n  \
-                 or:            dlock resolve ID --failed --operator YOU --evidence TEXT   (not on it after the rail's settlement window)\n",
-            );
-            let shown: Vec<String> = ids
-                .iter()
-                .take(SUMMARY_IDS_SHOWN)
-                .map(Uuid::to_string)
-                .collect();
+    ambiguous
+}
+
+/// What to do about the quarantined payouts: reconcile, then resolve each (the commands for a
+/// few, else the pattern and some of the ids).
+fn next_steps(ambiguous: &[Uuid]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "next:\n  dlock reconcile     classifies each quarantined payout against the rail's \
+         statement (DLOCK_PAYDB, DLOCK_RAIL)\n",
+    );
+    let mut ids = ambiguous.to_vec();
+    ids.sort();
+    if ids.len() <= SUMMARY_COMMANDS_SHOWN {
+        for id in &ids {
             out.push_str(&format!(
-                "  quarantined: {}, and {} more (GET /v1/payouts?state=RAIL_AMBIGUOUS lists them)\n",
-                shown.join(", "),
-                ids.len() - shown.len()
+                "  dlock resolve {id} --posted --rail-reference REF --operator YOU --evidence TEXT   (on the statement)\n  \
+                 dlock resolve {id} --failed --operator YOU --evidence TEXT   (not on it after the rail's settlement window)\n"
             ));
         }
+    } else {
+        out.push_str(
+            "  then for each: dlock resolve ID --posted --rail-reference REF --operator YOU --evidence TEXT   (on the statement)\n  \
+             or:            dlock resolve ID --failed --operator YOU --evidence TEXT   (not on it after the rail's settlement window)\n",
+        );
+        let shown: Vec<String> = ids
+            .iter()
+            .take(SUMMARY_IDS_SHOWN)
+            .map(Uuid::to_string)
+            .collect();
+        out.push_str(&format!(
+            "  quarantined: {}, and {} more (GET /v1/payouts?state=RAIL_AMBIGUOUS lists them)\n",
+            shown.join(", "),
+            ids.len() - shown.len()
+        ));
     }
+    out
+}
+
+/// Where the metrics are: this run's own `/metrics` first, then the services'.
+fn metrics_line(services: &[(&str, &str)], run_metrics: Option<&str>) -> String {
     let mut metrics: Vec<String> = services
         .iter()
         .map(|(name, base)| format!("{}/metrics ({name})", base.trim_end_matches('/')))
@@ -269,10 +307,11 @@ pub fn summary(report: &Report, services: &[(&str, &str)], run_metrics: Option<&
     if let Some(run) = run_metrics {
         metrics.insert(0, format!("{run} (this run, while it runs)"));
     }
-    if !metrics.is_empty() {
-        out.push_str(&format!("metrics: {}\n", metrics.join(", ")));
+    if metrics.is_empty() {
+        String::new()
+    } else {
+        format!("metrics: {}\n", metrics.join(", "))
     }
-    out
 }
 
 #[derive(Debug, Args)]

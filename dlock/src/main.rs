@@ -208,24 +208,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         let done: anyhow::Result<()> = match cli.command {
-            Command::Serve { service } => match service {
-                Service::LockServer { config } => {
-                    let config = dlock_lock_server::LockServerConfig::load(config.as_deref())?;
-                    dlock_lock_server::run(config).await
-                }
-                Service::PaymentResource { config } => {
-                    let config = dlock_payment_resource::PaymentConfig::load(config.as_deref())?;
-                    dlock_payment_resource::run(config).await
-                }
-                Service::RailProxy { config } => {
-                    let config = dlock_rail_proxy::RailProxyConfig::load(config.as_deref())?;
-                    dlock_rail_proxy::run(config).await
-                }
-                Service::RailStub { config } => {
-                    let config = dlock_rail_stub::RailStubConfig::load(config.as_deref())?;
-                    dlock_rail_stub::run(config).await
-                }
-            },
+            Command::Serve { service } => serve(service).await,
             Command::Dev { command } => match command {
                 DevCommand::Up(args) => dev::up(args).await,
                 DevCommand::Down(args) => dev::down(&args),
@@ -267,6 +250,35 @@ fn main() -> std::process::ExitCode {
             eprintln!("dlock: {error:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+impl Service {
+    /// The configuration file given with `--config`.
+    fn config_file(&self) -> Option<&std::path::Path> {
+        match self {
+            Service::LockServer { config }
+            | Service::PaymentResource { config }
+            | Service::RailProxy { config }
+            | Service::RailStub { config } => config.as_deref(),
+        }
+    }
+}
+
+/// Loads a service's configuration (the file, then the environment over it) and runs it.
+async fn serve(service: Service) -> anyhow::Result<()> {
+    use dlock_lock_server::LockServerConfig;
+    use dlock_payment_resource::PaymentConfig;
+    use dlock_rail_proxy::RailProxyConfig;
+    use dlock_rail_stub::RailStubConfig;
+    let file = service.config_file();
+    match &service {
+        Service::LockServer { .. } => dlock_lock_server::run(LockServerConfig::load(file)?).await,
+        Service::PaymentResource { .. } => {
+            dlock_payment_resource::run(PaymentConfig::load(file)?).await
+        }
+        Service::RailProxy { .. } => dlock_rail_proxy::run(RailProxyConfig::load(file)?).await,
+        Service::RailStub { .. } => dlock_rail_stub::run(RailStubConfig::load(file)?).await,
     }
 }
 

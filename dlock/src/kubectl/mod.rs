@@ -335,6 +335,14 @@ impl Kube {
         Ok(items)
     }
 
+    /// `--operator` when given, else [`Kube::whoami`].
+    async fn operator(&self, given: Option<&str>) -> String {
+        match given {
+            Some(o) => o.to_owned(),
+            None => self.whoami().await,
+        }
+    }
+
     /// The user the API server knows this context as (`kubectl auth whoami`), else `$USER`.
     async fn whoami(&self) -> String {
         use k8s_openapi::api::authentication::v1::SelfSubjectReview;

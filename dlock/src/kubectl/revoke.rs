@@ -65,10 +65,7 @@ pub fn revocation_steps(
 
 pub(super) async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Result<()> {
     let ns = kube.namespace.clone();
-    let operator = match &args.operator {
-        Some(o) => o.clone(),
-        None => kube.whoami().await,
-    };
+    let operator = kube.operator(args.operator.as_deref()).await;
     // The contract's own checks (key, account, reason length), before anything is created.
     let order = dlock_contract::revoke::RevokeOrder::for_key(
         &args.key,
@@ -79,7 +76,56 @@ pub(super) async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Res
     .map_err(|e| anyhow!("{e}; nothing was created"))?;
     let locks = kube.list::<Lock>("locks.dlock.io").await?;
     let mirrored = locks.iter().find(|l| l.spec.key == args.key);
-    let expected_token = match (args.expected_token, args.any_holder, mirrored) {
+    let expected_token = expected_token(&args, mirrored, &ns)?;
+    let revocation = revocation(&ns, &order, mirrored, expected_token);
+    let account = revocation.spec.account_id.clone();
+    let api = kube.api::<LockRevocation>();
+    let created = api
+        .create(&PostParams::default(), &revocation)
+        .await
+        .map_err(|e| kube.explain(e, "create", "lockrevocations.dlock.io", None))?;
+    let name = created.name_any();
+    // Steps go to stderr when stdout carries a document for a script.
+    let say = |line: &str| {
+        if output == Output::Table {
+            println!("{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    };
+    let guard = match expected_token {
+        Some(t) => format!("only the grant with token {t}"),
+        None => "whichever grant holds it".to_owned(),
+    };
+    say(&format!(
+        "lockrevocation.dlock.io/{name} created: {} by {}, {guard}",
+        args.key, order.operator,
+    ));
+    let watched = Watched {
+        name: &name,
+        ns: &ns,
+        timeout: args.timeout,
+    };
+    let (verdict, last) = watch_until_settled(api, &watched, &account, say).await;
+    if output != Output::Table {
+        print_document(
+            output,
+            &RevokeView {
+                name,
+                namespace: ns,
+                key: args.key.clone(),
+                expected_token,
+                result: last,
+            },
+        )?;
+    }
+    verdict
+}
+
+/// The token the revocation is guarded by: `--expected-token`, none with `--any-holder`, else
+/// the token of the Lock that mirrors the key (an error when there is none to take).
+fn expected_token(args: &RevokeArgs, mirrored: Option<&Lock>, ns: &str) -> Result<Option<i64>> {
+    Ok(match (args.expected_token, args.any_holder, mirrored) {
         (Some(token), _, _) => Some(token),
         (None, true, _) => None,
         (None, false, Some(lock)) => Some(lock.status.as_ref().and_then(|s| s.token).ok_or_else(|| {
@@ -95,11 +141,20 @@ pub(super) async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Res
              --any-holder to revoke whichever grant holds it",
             args.key
         ),
-    };
-    let revocation = LockRevocation {
+    })
+}
+
+/// The LockRevocation to create for `order`, on the lock server of the mirrored Lock if any.
+fn revocation(
+    ns: &str,
+    order: &dlock_contract::revoke::RevokeOrder,
+    mirrored: Option<&Lock>,
+    expected_token: Option<i64>,
+) -> LockRevocation {
+    LockRevocation {
         metadata: ObjectMeta {
-            generate_name: Some(revocation_prefix(&args.key)),
-            namespace: Some(ns.clone()),
+            generate_name: Some(revocation_prefix(&order.key)),
+            namespace: Some(ns.to_owned()),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/managed-by".to_owned(),
                 PLUGIN_NAME.to_owned(),
@@ -118,55 +173,33 @@ pub(super) async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Res
             rail_proxy: None,
         },
         status: None,
-    };
-    let account = revocation.spec.account_id.clone();
-    let api = kube.api::<LockRevocation>();
-    let created = api
-        .create(&PostParams::default(), &revocation)
-        .await
-        .map_err(|e| kube.explain(e, "create", "lockrevocations.dlock.io", None))?;
-    let name = created.name_any();
-    // Steps go to stderr when stdout carries a document for a script.
-    let say = |line: &str| {
-        if output == Output::Table {
-            println!("{line}");
-        } else {
-            eprintln!("{line}");
-        }
-    };
-    say(&format!(
-        "lockrevocation.dlock.io/{name} created: {} by {}, {}",
-        args.key,
-        order.operator,
-        match expected_token {
-            Some(t) => format!("only the grant with token {t}"),
-            None => "whichever grant holds it".to_owned(),
-        }
-    ));
+    }
+}
+
+/// The LockRevocation being watched, for messages.
+struct Watched<'a> {
+    name: &'a str,
+    ns: &'a str,
+    timeout: Duration,
+}
+
+/// Watches the LockRevocation and says each step until it is Complete (Ok), Refused, deleted
+/// or out of time; with the last result the operator wrote.
+async fn watch_until_settled(
+    api: Api<LockRevocation>,
+    watched: &Watched<'_>,
+    account: &str,
+    say: impl Fn(&str),
+) -> (Result<()>, Option<RevocationResult>) {
+    let Watched { name, ns, .. } = *watched;
     let mut last: Option<RevocationResult> = None;
-    let watch = kube::runtime::watcher::watch_object(api, &name).default_backoff();
+    let watch = kube::runtime::watcher::watch_object(api, name).default_backoff();
     let mut watch = std::pin::pin!(watch);
     let mut failures = 0;
-    let deadline = tokio::time::Instant::now() + args.timeout;
+    let deadline = tokio::time::Instant::now() + watched.timeout;
     let verdict: Result<()> = loop {
         let event = match tokio::time::timeout_at(deadline, watch.next()).await {
-            Err(_) => {
-                break Err(match &last {
-                    Some(r) => anyhow!(
-                        "timed out after {:?}: the revocation is {} ({}); the operator keeps retrying, watch it with \
-                         `kubectl get lockrevocation {name} -n {ns} -w`",
-                        args.timeout,
-                        r.outcome,
-                        r.summary.clone().unwrap_or_default()
-                    ),
-                    None => anyhow!(
-                        "timed out after {:?}: the operator has not answered LockRevocation {name}; is it running, \
-                         and does it watch namespace {ns}? (`kubectl get pods -n dlock-system`, \
-                         `kubectl describe lockrevocation {name} -n {ns}`)",
-                        args.timeout
-                    ),
-                });
-            }
+            Err(_) => break Err(timed_out(watched, last.as_ref())),
             Ok(None) => break Err(anyhow!("the watch on LockRevocation {name} ended")),
             Ok(Some(Err(e))) => {
                 failures += 1;
@@ -191,37 +224,56 @@ pub(super) async fn revoke(kube: &Kube, args: RevokeArgs, output: Output) -> Res
         let Some(result) = event.status.and_then(|s| s.result) else {
             continue;
         };
-        for line in revocation_steps(last.as_ref(), &result, &account) {
+        for line in revocation_steps(last.as_ref(), &result, account) {
             say(&line);
         }
-        let outcome = result.outcome.clone();
-        let summary = result.summary.clone().unwrap_or_default();
+        let settled = settled(&result, watched, &say);
         last = Some(result);
-        match outcome.as_str() {
-            "Complete" => {
-                say(&format!("done: {summary}"));
-                break Ok(());
-            }
-            "Refused" => {
-                break Err(anyhow!(
-                    "the revocation was refused: {summary} (LockRevocation {name} stays as the record; \
-                     `kubectl describe lockrevocation {name} -n {ns}`)"
-                ));
-            }
-            _ => {}
+        if let Some(verdict) = settled {
+            break verdict;
         }
     };
-    if output != Output::Table {
-        print_document(
-            output,
-            &RevokeView {
-                name,
-                namespace: ns,
-                key: args.key.clone(),
-                expected_token,
-                result: last,
-            },
-        )?;
+    (verdict, last)
+}
+
+/// The verdict on a Complete (said) or Refused revocation; `None` while it goes on.
+fn settled(
+    result: &RevocationResult,
+    watched: &Watched<'_>,
+    say: impl Fn(&str),
+) -> Option<Result<()>> {
+    let Watched { name, ns, .. } = *watched;
+    let summary = result.summary.clone().unwrap_or_default();
+    match result.outcome.as_str() {
+        "Complete" => {
+            say(&format!("done: {summary}"));
+            Some(Ok(()))
+        }
+        "Refused" => Some(Err(anyhow!(
+            "the revocation was refused: {summary} (LockRevocation {name} stays as the record; \
+             `kubectl describe lockrevocation {name} -n {ns}`)"
+        ))),
+        _ => None,
     }
-    verdict
+}
+
+/// What a revocation that did not settle in time is: where it stands, or that the operator has
+/// not answered.
+fn timed_out(watched: &Watched<'_>, last: Option<&RevocationResult>) -> anyhow::Error {
+    let Watched { name, ns, timeout } = *watched;
+    match last {
+        Some(r) => anyhow!(
+            "timed out after {:?}: the revocation is {} ({}); the operator keeps retrying, watch it with \
+             `kubectl get lockrevocation {name} -n {ns} -w`",
+            timeout,
+            r.outcome,
+            r.summary.clone().unwrap_or_default()
+        ),
+        None => anyhow!(
+            "timed out after {:?}: the operator has not answered LockRevocation {name}; is it running, \
+             and does it watch namespace {ns}? (`kubectl get pods -n dlock-system`, \
+             `kubectl describe lockrevocation {name} -n {ns}`)",
+            timeout
+        ),
+    }
 }

@@ -70,6 +70,20 @@ pub(super) fn conditions_of<S>(
     status.as_ref().map(|s| get(s).clone()).unwrap_or_default()
 }
 
+/// The rows of one kind's objects, from their status conditions (every dlock status has a
+/// `conditions` list, in a type of its own per kind).
+macro_rules! resource_views {
+    ($kind:literal, $objects:expr) => {
+        $objects.iter().map(|o| {
+            resource_view(
+                $kind,
+                o.name_any(),
+                &conditions_of(&o.status, |s| &s.conditions),
+            )
+        })
+    };
+}
+
 pub async fn status_view(kube: &Kube) -> Result<StatusView> {
     let (
         lock_servers,
@@ -88,64 +102,37 @@ pub async fn status_view(kube: &Kube) -> Result<StatusView> {
         kube.list::<LockRevocation>("lockrevocations.dlock.io"),
         kube.list::<Lock>("locks.dlock.io"),
     )?;
-    let mut resources = Vec::new();
-    for o in &lock_servers {
-        resources.push(resource_view(
-            "LockServer",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    for o in &payment_resources {
-        resources.push(resource_view(
-            "PaymentResource",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    for o in &rail_proxies {
-        resources.push(resource_view(
-            "RailProxy",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    for o in &batches {
-        resources.push(resource_view(
-            "PayoutBatch",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    for o in &reconciliations {
-        resources.push(resource_view(
-            "Reconciliation",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    for o in &revocations {
-        resources.push(resource_view(
-            "LockRevocation",
-            o.name_any(),
-            &conditions_of(&o.status, |s| &s.conditions),
-        ));
-    }
-    let locks = locks
-        .iter()
-        .map(|l| {
-            let status = l.status.clone().unwrap_or_default();
-            LockView {
-                name: l.name_any(),
-                key: l.spec.key.clone(),
-                account_id: l.spec.account_id.clone(),
-                holder: status.holder,
-                token: status.token,
-                expires_at: status.expires_at,
-            }
-        })
+    let resources = resource_views!("LockServer", lock_servers)
+        .chain(resource_views!("PaymentResource", payment_resources))
+        .chain(resource_views!("RailProxy", rail_proxies))
+        .chain(resource_views!("PayoutBatch", batches))
+        .chain(resource_views!("Reconciliation", reconciliations))
+        .chain(resource_views!("LockRevocation", revocations))
         .collect();
-    let ambiguous_payouts = batches
+    Ok(StatusView {
+        context: kube.context.clone(),
+        namespace: kube.namespace.clone(),
+        resources,
+        locks: locks.iter().map(lock_view).collect(),
+        ambiguous_payouts: ambiguous_payouts(&batches),
+    })
+}
+
+fn lock_view(lock: &Lock) -> LockView {
+    let status = lock.status.clone().unwrap_or_default();
+    LockView {
+        name: lock.name_any(),
+        key: lock.spec.key.clone(),
+        account_id: lock.spec.account_id.clone(),
+        holder: status.holder,
+        token: status.token,
+        expires_at: status.expires_at,
+    }
+}
+
+/// The RAIL_AMBIGUOUS payouts the batches list in their status.
+fn ambiguous_payouts(batches: &[PayoutBatch]) -> Vec<AmbiguousView> {
+    batches
         .iter()
         .flat_map(|b| {
             let batch = b.name_any();
@@ -157,84 +144,75 @@ pub async fn status_view(kube: &Kube) -> Result<StatusView> {
                     payout_id,
                 })
         })
-        .collect();
-    Ok(StatusView {
-        context: kube.context.clone(),
-        namespace: kube.namespace.clone(),
-        resources,
-        locks,
-        ambiguous_payouts,
-    })
+        .collect()
 }
 
 pub fn status_table(view: &StatusView) -> String {
     let ns = &view.namespace;
-    let mut out = String::new();
-    if view.resources.is_empty() {
-        out.push_str(&format!("No dlock resources found in {ns} namespace.\n"));
-    } else {
-        let rows: Vec<Vec<String>> = view
-            .resources
-            .iter()
-            .map(|r| {
-                vec![
-                    r.kind.clone(),
-                    r.name.clone(),
-                    r.ready.clone(),
-                    r.degraded.clone(),
-                    r.reason.clone(),
-                    cell(&r.message, 100),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["kind", "name", "ready", "degraded", "reason", "message"],
-            &rows,
-        ));
-    }
+    let mut out = section(
+        &["kind", "name", "ready", "degraded", "reason", "message"],
+        view.resources.iter().map(resource_row).collect(),
+        format!("No dlock resources found in {ns} namespace.\n"),
+    );
     out.push('\n');
-    if view.locks.is_empty() {
-        out.push_str(&format!("No held locks in {ns} namespace.\n"));
-    } else {
-        let rows: Vec<Vec<String>> = view
-            .locks
-            .iter()
-            .map(|l| {
-                vec![
-                    l.name.clone(),
-                    l.key.clone(),
-                    l.holder.clone().unwrap_or_default(),
-                    l.token.map(|t| t.to_string()).unwrap_or_default(),
-                    l.expires_at.clone().unwrap_or_default(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["lock", "key", "holder", "token", "expires"],
-            &rows,
-        ));
-    }
+    out.push_str(&section(
+        &["lock", "key", "holder", "token", "expires"],
+        view.locks.iter().map(lock_row).collect(),
+        format!("No held locks in {ns} namespace.\n"),
+    ));
     out.push('\n');
-    if view.ambiguous_payouts.is_empty() {
-        out.push_str(&format!("No RAIL_AMBIGUOUS payouts in {ns} namespace.\n"));
-    } else {
-        let rows: Vec<Vec<String>> = view
-            .ambiguous_payouts
-            .iter()
-            .map(|a| {
-                vec![
-                    a.batch.clone(),
-                    a.payout_id.clone(),
-                    "RAIL_AMBIGUOUS".to_owned(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(&["batch", "payout", "state"], &rows));
+    let ambiguous = view
+        .ambiguous_payouts
+        .iter()
+        .map(|a| {
+            vec![
+                a.batch.clone(),
+                a.payout_id.clone(),
+                "RAIL_AMBIGUOUS".to_owned(),
+            ]
+        })
+        .collect();
+    out.push_str(&section(
+        &["batch", "payout", "state"],
+        ambiguous,
+        format!("No RAIL_AMBIGUOUS payouts in {ns} namespace.\n"),
+    ));
+    if !view.ambiguous_payouts.is_empty() {
         out.push_str(&format!(
             "\nResolve each after checking the rail: kubectl dlock resolve PAYOUT -n {ns} --posted --rail-reference R | --failed --evidence TEXT\n"
         ));
     }
     out
+}
+
+/// A table of `rows` under `headers`, or `none` when there are no rows.
+fn section(headers: &[&str], rows: Vec<Vec<String>>, none: String) -> String {
+    if rows.is_empty() {
+        none
+    } else {
+        table(headers, &rows)
+    }
+}
+
+fn resource_row(r: &ResourceView) -> Vec<String> {
+    vec![
+        r.kind.clone(),
+        r.name.clone(),
+        r.ready.clone(),
+        r.degraded.clone(),
+        r.reason.clone(),
+        cell(&r.message, 100),
+    ]
+}
+
+fn lock_row(l: &LockView) -> Vec<String> {
+    vec![
+        l.name.clone(),
+        l.key.clone(),
+        l.holder.clone().unwrap_or_default(),
+        l.token.map(|t| t.to_string()).unwrap_or_default(),
+        l.expires_at.clone().unwrap_or_default(),
+    ]
 }
 
 pub(super) async fn status(kube: &Kube, output: Output) -> Result<()> {
