@@ -224,18 +224,20 @@ fn service<K: Resource<DynamicType = ()>>(
     Ok((workload, auth_config(settings, auth), fencing))
 }
 
-/// The Secret env of a service: its database URL and, when given, the operator's token.
+/// The Secret env of a service: its database URL (`<prefix>_PG_URL`) and, when given, the
+/// operator's token (`<prefix>_OPERATOR_TOKEN`).
 fn secret_env(
-    database_url: (&str, &crate::crd::SecretKeyRef),
-    operator_token: (&str, Option<&crate::crd::SecretKeyRef>),
+    prefix: &str,
+    database_url: &crate::crd::SecretKeyRef,
+    operator_token: Option<&crate::crd::SecretKeyRef>,
 ) -> Vec<SecretEnv> {
     let mut env = vec![SecretEnv {
-        name: database_url.0.to_owned(),
-        secret: database_url.1.clone(),
+        name: format!("{prefix}_PG_URL"),
+        secret: database_url.clone(),
     }];
-    if let (name, Some(token)) = operator_token {
+    if let Some(token) = operator_token {
         env.push(SecretEnv {
-            name: name.to_owned(),
+            name: format!("{prefix}_OPERATOR_TOKEN"),
             secret: token.clone(),
         });
     }
@@ -343,11 +345,9 @@ pub fn payment_resource(
             fencing,
         })?,
         secret_env: secret_env(
-            ("DLOCK_PAYMENT_PG_URL", &spec.database_url_secret),
-            (
-                "DLOCK_PAYMENT_OPERATOR_TOKEN",
-                spec.operator_token_secret.as_ref(),
-            ),
+            "DLOCK_PAYMENT",
+            &spec.database_url_secret,
+            spec.operator_token_secret.as_ref(),
         ),
         ..workload
     })
@@ -396,11 +396,9 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             fencing,
         })?,
         secret_env: secret_env(
-            ("DLOCK_RAIL_PROXY_PG_URL", &spec.database_url_secret),
-            (
-                "DLOCK_RAIL_PROXY_OPERATOR_TOKEN",
-                spec.operator_token_secret.as_ref(),
-            ),
+            "DLOCK_RAIL_PROXY",
+            &spec.database_url_secret,
+            spec.operator_token_secret.as_ref(),
         ),
         // A rollout must never cut a forward in flight: the pod gets the whole read timeout,
         // rounded up, plus room to answer and drain.
