@@ -97,119 +97,12 @@ pub fn deployment(workload: &Workload) -> Deployment {
         .collect();
     env.push(super::env("DLOCK_LOG_FORMAT", "json"));
 
-    let (config_mount, config_volume) = super::config_volume("config", workload.name.clone());
-    let mut volume_mounts = vec![config_mount];
-    let mut volumes = vec![config_volume];
-    if workload.data_volume {
-        volume_mounts.push(VolumeMount {
-            name: "data".to_owned(),
-            mount_path: "/data".to_owned(),
-            ..VolumeMount::default()
-        });
-        volumes.push(Volume {
-            name: "data".to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        });
-    }
-    // The etcd TLS and password Secrets, as directories (never a subPath): kubelet updates
-    // them when cert-manager renews the certificate or the password changes, and the lock
-    // server re-reads the files every 10 s and reconnects with them.
-    for (volume, dir, secret) in [
-        ("etcd-tls", ETCD_TLS_DIR, &workload.etcd_tls_secret),
-        ("etcd-auth", ETCD_AUTH_DIR, &workload.etcd_password_secret),
-    ] {
-        let Some(secret) = secret else { continue };
-        volume_mounts.push(VolumeMount {
-            name: volume.to_owned(),
-            mount_path: dir.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-        volumes.push(Volume {
-            name: volume.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.clone()),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
-    }
-
-    if let Some(secret) = &workload.fencing_proof_keys_secret {
-        // A directory, never a subPath: kubelet updates a directory mount when the Secret
-        // changes, and the service re-reads the file within 2 s (key rotation without a restart).
-        volume_mounts.push(VolumeMount {
-            name: "fencing-proof-keys".to_owned(),
-            mount_path: FENCING_PROOF_KEYS_DIR.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-        volumes.push(Volume {
-            name: "fencing-proof-keys".to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.clone()),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
-    }
-
-    let main = Container {
-        name: workload.component.as_str().to_owned(),
-        image: Some(workload.image.clone()),
-        args: Some(vec![
-            "serve".to_owned(),
-            workload.component.as_str().to_owned(),
-            "--config".to_owned(),
-            format!("/config/{CONFIG_FILE}"),
-        ]),
-        env: Some(env),
-        env_from: Some(super::telemetry_env_from()),
-        ports: Some(vec![ContainerPort {
-            name: Some("http".to_owned()),
-            container_port: PORT,
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
-        readiness_probe: Some(http_probe("/readyz", 5, 3)),
-        liveness_probe: Some(Probe {
-            initial_delay_seconds: Some(10),
-            ..http_probe("/healthz", 10, 6)
-        }),
-        volume_mounts: Some(volume_mounts),
-        resources: Some(workload.pod.resources.clone()),
-        security_context: Some(restricted_security_context()),
-        ..Container::default()
-    };
-
-    let init_containers = workload.cloud_sql.as_ref().map(|cloud_sql| {
-        vec![Container {
-            name: "cloud-sql-proxy".to_owned(),
-            image: Some(cloud_sql.image.clone()),
-            args: Some(vec![
-                "--port=5432".to_owned(),
-                "--structured-logs".to_owned(),
-                "--health-check".to_owned(),
-                "--http-address=0.0.0.0".to_owned(),
-                cloud_sql.instance_connection_name.clone(),
-            ]),
-            restart_policy: Some("Always".to_owned()),
-            resources: Some(crate::workload::small_resources()),
-            startup_probe: Some(Probe {
-                http_get: Some(HTTPGetAction {
-                    path: Some("/startup".to_owned()),
-                    port: IntOrString::Int(9090),
-                    ..HTTPGetAction::default()
-                }),
-                period_seconds: Some(1),
-                failure_threshold: Some(60),
-                ..Probe::default()
-            }),
-            security_context: Some(restricted_security_context()),
-            ..Container::default()
-        }]
-    });
+    let (volume_mounts, volumes) = volumes(workload);
+    let main = service_container(workload, env, volume_mounts);
+    let init_containers = workload
+        .cloud_sql
+        .as_ref()
+        .map(|cloud_sql| vec![cloud_sql_proxy(cloud_sql)]);
 
     Deployment {
         metadata: super::workload_meta(workload, workload.name.clone()),
@@ -254,5 +147,130 @@ pub fn deployment(workload: &Workload) -> Deployment {
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
+    }
+}
+
+/// The service's mounts and volumes: its configuration, the data directory when it keeps one,
+/// and the Secrets it reads as files.
+fn volumes(workload: &Workload) -> (Vec<VolumeMount>, Vec<Volume>) {
+    let (config_mount, config_volume) = super::config_volume("config", workload.name.clone());
+    let mut volume_mounts = vec![config_mount];
+    let mut volumes = vec![config_volume];
+    if workload.data_volume {
+        volume_mounts.push(VolumeMount {
+            name: "data".to_owned(),
+            mount_path: "/data".to_owned(),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "data".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    // The etcd TLS and password Secrets, as directories (never a subPath): kubelet updates
+    // them when cert-manager renews the certificate or the password changes, and the lock
+    // server re-reads the files every 10 s and reconnects with them.
+    for (volume, dir, secret) in [
+        ("etcd-tls", ETCD_TLS_DIR, &workload.etcd_tls_secret),
+        ("etcd-auth", ETCD_AUTH_DIR, &workload.etcd_password_secret),
+    ] {
+        let Some(secret) = secret else { continue };
+        let (mount, volume) = secret_directory(volume, dir, secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
+
+    if let Some(secret) = &workload.fencing_proof_keys_secret {
+        // A directory, never a subPath: kubelet updates a directory mount when the Secret
+        // changes, and the service re-reads the file within 2 s (key rotation without a restart).
+        let (mount, volume) =
+            secret_directory("fencing-proof-keys", FENCING_PROOF_KEYS_DIR, secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
+    (volume_mounts, volumes)
+}
+
+/// A Secret mounted read-only as the directory `dir`.
+fn secret_directory(name: &str, dir: &str, secret: &str) -> (VolumeMount, Volume) {
+    let mount = VolumeMount {
+        name: name.to_owned(),
+        mount_path: dir.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let volume = Volume {
+        name: name.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_owned()),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    (mount, volume)
+}
+
+/// The service's own container: `dlock serve <component>` on its configuration file.
+fn service_container(
+    workload: &Workload,
+    env: Vec<EnvVar>,
+    volume_mounts: Vec<VolumeMount>,
+) -> Container {
+    Container {
+        name: workload.component.as_str().to_owned(),
+        image: Some(workload.image.clone()),
+        args: Some(vec![
+            "serve".to_owned(),
+            workload.component.as_str().to_owned(),
+            "--config".to_owned(),
+            format!("/config/{CONFIG_FILE}"),
+        ]),
+        env: Some(env),
+        env_from: Some(super::telemetry_env_from()),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_owned()),
+            container_port: PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(10),
+            ..http_probe("/healthz", 10, 6)
+        }),
+        volume_mounts: Some(volume_mounts),
+        resources: Some(workload.pod.resources.clone()),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
+    }
+}
+
+/// The Cloud SQL Auth Proxy sidecar.
+fn cloud_sql_proxy(cloud_sql: &crate::workload::ValidCloudSql) -> Container {
+    Container {
+        name: "cloud-sql-proxy".to_owned(),
+        image: Some(cloud_sql.image.clone()),
+        args: Some(vec![
+            "--port=5432".to_owned(),
+            "--structured-logs".to_owned(),
+            "--health-check".to_owned(),
+            "--http-address=0.0.0.0".to_owned(),
+            cloud_sql.instance_connection_name.clone(),
+        ]),
+        restart_policy: Some("Always".to_owned()),
+        resources: Some(crate::workload::small_resources()),
+        startup_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/startup".to_owned()),
+                port: IntOrString::Int(9090),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(60),
+            ..Probe::default()
+        }),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
     }
 }
