@@ -169,7 +169,50 @@ pub fn template_hash(job: &Job) -> String {
 /// the worker count comes from the manifest ConfigMap (`dlock run` uses `spec.workers` when
 /// `--workers` is absent), and the controller creates the Job once and never patches it.
 pub fn executor_job(batch: &ValidatedBatch) -> Job {
-    let env = [
+    let (volume_mounts, volumes) = executor_volumes(batch);
+    let mut job = Job {
+        metadata: super::owned_meta(
+            batch.job_name(),
+            &batch.namespace,
+            batch_labels(&batch.name),
+            &batch.owner,
+        ),
+        spec: Some(JobSpec {
+            backoff_limit: Some(EXECUTOR_BACKOFF_LIMIT),
+            parallelism: Some(1),
+            completions: Some(1),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(batch_labels(&batch.name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".to_owned()),
+                    service_account_name: Some(batch.credential.service_account_name.clone()),
+                    // The API token stays out: the executor calls the dlock services only.
+                    automount_service_account_token: Some(false),
+                    containers: vec![executor_container(batch, volume_mounts)],
+                    volumes: Some(volumes),
+                    image_pull_secrets: batch.pod.pull_secrets(),
+                    security_context: Some(pod_security_context(false)),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    };
+    job.metadata.annotations = Some(BTreeMap::from([(
+        TEMPLATE_HASH_ANNOTATION.to_owned(),
+        template_hash(&job),
+    )]));
+    job
+}
+
+/// The executor's environment: the services' URLs, its identity and credential, and the rail's
+/// read timeout from the manifest ConfigMap.
+fn executor_env(batch: &ValidatedBatch) -> Vec<EnvVar> {
+    [
         ("DLOCK_LOCK_SERVER", &batch.lock_server_url),
         ("DLOCK_PAYMENT_RESOURCE", &batch.payment_resource_url),
         ("DLOCK_RAIL_PROXY", &batch.rail_proxy_url),
@@ -197,7 +240,12 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
             ..EnvVar::default()
         },
     ])
-    .collect();
+    .collect()
+}
+
+/// The executor's mounts and volumes: the manifest and, for a projected service-account token,
+/// the credential.
+fn executor_volumes(batch: &ValidatedBatch) -> (Vec<VolumeMount>, Vec<Volume>) {
     let (manifest_mount, manifest_volume) = super::config_volume("manifest", batch.manifest_name());
     let mut volume_mounts = vec![manifest_mount];
     let mut volumes = vec![manifest_volume];
@@ -224,69 +272,38 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
             ..Volume::default()
         });
     }
-    let mut job = Job {
-        metadata: super::owned_meta(
-            batch.job_name(),
-            &batch.namespace,
-            batch_labels(&batch.name),
-            &batch.owner,
-        ),
-        spec: Some(JobSpec {
-            backoff_limit: Some(EXECUTOR_BACKOFF_LIMIT),
-            parallelism: Some(1),
-            completions: Some(1),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(batch_labels(&batch.name)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
-                    service_account_name: Some(batch.credential.service_account_name.clone()),
-                    // The API token stays out: the executor calls the dlock services only.
-                    automount_service_account_token: Some(false),
-                    containers: vec![Container {
-                        name: "executor".to_owned(),
-                        image: Some(batch.image.clone()),
-                        args: Some(vec![
-                            "run".to_owned(),
-                            "-f".to_owned(),
-                            format!("/config/{MANIFEST_FILE}"),
-                            "--owner-id".to_owned(),
-                            batch.credential.owner_id.clone(),
-                            // The executor's own metrics (cycles by outcome, backlog age) for
-                            // the chart's PodMonitor, on the port named like the services'.
-                            "--metrics-listen".to_owned(),
-                            format!("0.0.0.0:{EXECUTOR_METRICS_PORT}"),
-                        ]),
-                        ports: Some(vec![ContainerPort {
-                            name: Some("http".to_owned()),
-                            container_port: EXECUTOR_METRICS_PORT,
-                            protocol: Some("TCP".to_owned()),
-                            ..ContainerPort::default()
-                        }]),
-                        env: Some(env),
-                        env_from: Some(super::telemetry_env_from()),
-                        volume_mounts: Some(volume_mounts),
-                        resources: Some(batch.pod.resources.clone()),
-                        security_context: Some(restricted_security_context()),
-                        ..Container::default()
-                    }],
-                    volumes: Some(volumes),
-                    image_pull_secrets: batch.pod.pull_secrets(),
-                    security_context: Some(pod_security_context(false)),
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        ..Job::default()
-    };
-    job.metadata.annotations = Some(BTreeMap::from([(
-        TEMPLATE_HASH_ANNOTATION.to_owned(),
-        template_hash(&job),
-    )]));
-    job
+    (volume_mounts, volumes)
+}
+
+/// The executor container: `dlock run -f` on the manifest, serving its metrics.
+fn executor_container(batch: &ValidatedBatch, volume_mounts: Vec<VolumeMount>) -> Container {
+    Container {
+        name: "executor".to_owned(),
+        image: Some(batch.image.clone()),
+        args: Some(vec![
+            "run".to_owned(),
+            "-f".to_owned(),
+            format!("/config/{MANIFEST_FILE}"),
+            "--owner-id".to_owned(),
+            batch.credential.owner_id.clone(),
+            // The executor's own metrics (cycles by outcome, backlog age) for
+            // the chart's PodMonitor, on the port named like the services'.
+            "--metrics-listen".to_owned(),
+            format!("0.0.0.0:{EXECUTOR_METRICS_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_owned()),
+            container_port: EXECUTOR_METRICS_PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        env: Some(executor_env(batch)),
+        env_from: Some(super::telemetry_env_from()),
+        volume_mounts: Some(volume_mounts),
+        resources: Some(batch.pod.resources.clone()),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
+    }
 }
 
 #[cfg(test)]
