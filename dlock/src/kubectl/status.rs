@@ -161,20 +161,9 @@ pub fn status_table(view: &StatusView) -> String {
         format!("No held locks in {ns} namespace.\n"),
     ));
     out.push('\n');
-    let ambiguous = view
-        .ambiguous_payouts
-        .iter()
-        .map(|a| {
-            vec![
-                a.batch.clone(),
-                a.payout_id.clone(),
-                "RAIL_AMBIGUOUS".to_owned(),
-            ]
-        })
-        .collect();
     out.push_str(&section(
         &["batch", "payout", "state"],
-        ambiguous,
+        view.ambiguous_payouts.iter().map(ambiguous_row).collect(),
         format!("No RAIL_AMBIGUOUS payouts in {ns} namespace.\n"),
     ));
     if !view.ambiguous_payouts.is_empty() {
@@ -203,6 +192,11 @@ fn resource_row(r: &ResourceView) -> Vec<String> {
         r.reason.clone(),
         cell(&r.message, 100),
     ]
+}
+
+fn ambiguous_row(a: &AmbiguousView) -> Vec<String> {
+    let state = "RAIL_AMBIGUOUS".to_owned();
+    vec![a.batch.clone(), a.payout_id.clone(), state]
 }
 
 fn lock_row(l: &LockView) -> Vec<String> {
