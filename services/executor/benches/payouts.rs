@@ -195,81 +195,8 @@ async fn lock_cycles(url: &str, run_for: Duration) -> f64 {
     total as f64 / run_for.as_secs_f64()
 }
 
-/// Span timings: every `payout cycle` span (one per payout cycle) and every server `request`
-/// span (by route), recorded from creation to close, for p50/p99 and the per-hop breakdown.
-mod spans {
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-    use std::time::{Duration, Instant};
-
-    use tracing::span::{Attributes, Id};
-    use tracing::subscriber::Interest;
-    use tracing::{Metadata, Subscriber};
-    use tracing_subscriber::layer::Context;
-    use tracing_subscriber::registry::LookupSpan;
-
-    pub static TIMES: Mutex<BTreeMap<String, Vec<Duration>>> = Mutex::new(BTreeMap::new());
-
-    struct Started(Instant, String);
-
-    pub struct Timing;
-
-    #[derive(Default)]
-    struct Name(Option<String>);
-
-    impl tracing::field::Visit for Name {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "otel.name" {
-                self.0 = Some(format!("{value:?}"));
-            }
-        }
-    }
-
-    impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Timing {
-        fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
-            if meta.is_span() && matches!(meta.name(), "payout cycle" | "request") {
-                Interest::always()
-            } else {
-                Interest::never()
-            }
-        }
-
-        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-            let mut name = Name::default();
-            attrs.record(&mut name);
-            let name = name.0.unwrap_or_else(|| attrs.metadata().name().to_owned());
-            // Concrete paths name one payout: keep the route's shape only.
-            let name = name
-                .split('/')
-                .map(|seg| if seg.len() > 30 { "{id}" } else { seg })
-                .collect::<Vec<_>>()
-                .join("/");
-            if let Some(span) = ctx.span(id) {
-                span.extensions_mut().insert(Started(Instant::now(), name));
-            }
-        }
-
-        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-            if let Some(span) = ctx.span(&id)
-                && let Some(Started(at, name)) = span.extensions_mut().remove::<Started>()
-            {
-                let mut times = TIMES.lock().unwrap_or_else(|e| e.into_inner());
-                times.entry(name).or_default().push(at.elapsed());
-            }
-        }
-    }
-
-    pub fn take() -> BTreeMap<String, Vec<Duration>> {
-        std::mem::take(&mut *TIMES.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
-        if sorted.is_empty() {
-            return Duration::ZERO;
-        }
-        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-    }
-}
+#[path = "payouts/spans.rs"]
+mod spans;
 
 /// Commits/s of the same PostgreSQL: one conditional `UPDATE` per transaction (autocommit,
 /// synchronous commit as configured), from `clients` connections over `rows` rows.
