@@ -3,8 +3,6 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
-
 dlock_kind! {
     kind: "Lock", status: "LockStatus", shortname: "lk",
     columns: [
@@ -31,19 +29,15 @@ dlock_kind! {
     }
 }
 
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LockStatus {
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    pub holder: Option<String>,
-    pub token: Option<i64>,
-    pub acquired_at: Option<String>,
-    pub expires_at: Option<String>,
-    /// The last revocation, keyed by the annotation value that asked for it.
-    pub revocation: Option<RevocationResult>,
+kind_status! {
+    pub struct LockStatus {
+        pub holder: Option<String>,
+        pub token: Option<i64>,
+        pub acquired_at: Option<String>,
+        pub expires_at: Option<String>,
+        /// The last revocation, keyed by the annotation value that asked for it.
+        pub revocation: Option<RevocationResult>,
+    }
 }
 
 /// What a revocation did (D-3): the grant ended, the floor and whether it reached both fences.
@@ -104,12 +98,8 @@ dlock_kind! {
     }
 }
 
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LockRevocationStatus {
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    pub result: Option<RevocationResult>,
+kind_status! {
+    pub struct LockRevocationStatus {
+        pub result: Option<RevocationResult>,
+    }
 }

@@ -69,6 +69,27 @@ macro_rules! dlock_kind {
     };
 }
 
+/// Declares a kind's status struct: `observedGeneration` and the conditions, which every kind
+/// reports, and then the kind's own fields. Like every CRD type here it defaults, and an absent
+/// optional field is left out when serialized.
+macro_rules! kind_status {
+    ($(#[$attr:meta])* pub struct $name:ident { $($field:tt)* }) => {
+        $(#[$attr])*
+        #[serde_with::skip_serializing_none]
+        #[derive(
+            Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize,
+            schemars::JsonSchema,
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct $name {
+            pub observed_generation: Option<i64>,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub conditions: Vec<$crate::crd::Condition>,
+            $($field)*
+        }
+    };
+}
+
 mod lock;
 mod payout_batch;
 mod reconciliation;
@@ -160,20 +181,16 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
-/// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkloadStatus {
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// Ready replicas of the main Deployment.
-    pub ready_replicas: Option<i32>,
-    /// `ready/desired`, for `kubectl get`.
-    pub summary: Option<String>,
-    /// The in-cluster URL of the Service.
-    pub url: Option<String>,
+kind_status! {
+    /// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
+    pub struct WorkloadStatus {
+        /// Ready replicas of the main Deployment.
+        pub ready_replicas: Option<i32>,
+        /// `ready/desired`, for `kubectl get`.
+        pub summary: Option<String>,
+        /// The in-cluster URL of the Service.
+        pub url: Option<String>,
+    }
 }
 
 /// Every CRD with the file name `dlock crdgen` writes it under.

@@ -6,7 +6,7 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, PayoutItem, PodOptions, SecretKeyRef};
+use super::{PayoutItem, PodOptions, SecretKeyRef};
 
 dlock_kind! {
     kind: "PayoutBatch", status: "PayoutBatchStatus", shortname: "pb",
@@ -69,23 +69,19 @@ pub struct ExecutorSpec {
     pub service_account_name: Option<String>,
 }
 
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PayoutBatchStatus {
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// Set once the executor Job exists; from then on `spec.payouts` is immutable.
-    pub accepted: Option<bool>,
-    /// Payouts per state, from paydb.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub counts: BTreeMap<String, i64>,
-    /// Payout ids in RAIL_AMBIGUOUS, for an operator to resolve.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ambiguous: Vec<String>,
-    pub ambiguous_count: Option<i64>,
-    pub fenced_out: Option<i64>,
-    pub job_name: Option<String>,
-    pub summary: Option<String>,
+kind_status! {
+    pub struct PayoutBatchStatus {
+        /// Set once the executor Job exists; from then on `spec.payouts` is immutable.
+        pub accepted: Option<bool>,
+        /// Payouts per state, from paydb.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub counts: BTreeMap<String, i64>,
+        /// Payout ids in RAIL_AMBIGUOUS, for an operator to resolve.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub ambiguous: Vec<String>,
+        pub ambiguous_count: Option<i64>,
+        pub fenced_out: Option<i64>,
+        pub job_name: Option<String>,
+        pub summary: Option<String>,
+    }
 }

@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, PodOptions, SecretKeyRef};
+use super::{PodOptions, SecretKeyRef};
 
 dlock_kind! {
     kind: "Reconciliation", status: "ReconciliationStatus", shortname: "recon",
@@ -31,15 +31,11 @@ dlock_kind! {
     }
 }
 
-#[serde_with::skip_serializing_none]
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ReconciliationStatus {
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    pub last_run_job: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub findings: Vec<String>,
-    pub summary: Option<String>,
+kind_status! {
+    pub struct ReconciliationStatus {
+        pub last_run_job: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub findings: Vec<String>,
+        pub summary: Option<String>,
+    }
 }
