@@ -210,7 +210,7 @@ async fn run_controllers(
     stop: Shared<BoxFuture<'static, ()>>,
 ) {
     // One controller per kind: the kind, what it owns (watched by the managed label) and its
-    // reconcile, behind the deserialize guard, stopping with the lease.
+    // reconcile, behind the deserialize guard and the pause, stopping with the lease.
     macro_rules! controller {
         ($kind:ty, [$($owned:ty),*], $reconcile:path) => {
             Controller::new(
@@ -222,7 +222,11 @@ async fn run_controllers(
                 watcher::Config::default().labels(MANAGED_SELECTOR),
             ))*
             .graceful_shutdown_on(stop.clone())
-            .run(|o, c| guarded(o, c, $reconcile), error_policy, ctx.clone())
+            .run(
+                |o, c| guarded(o, c, stringify!($kind), $reconcile),
+                error_policy,
+                ctx.clone(),
+            )
             .for_each(log_result)
         };
     }
@@ -272,11 +276,14 @@ async fn step_down<T>(
     let _ = http.await;
 }
 
-/// The deserialize guard: an object that does not parse fails its own reconcile (permanently,
-/// until it changes) instead of wedging the watcher for every other object.
+/// What every reconcile runs behind. The deserialize guard: an object that does not parse fails
+/// its own reconcile (permanently, until it changes) instead of wedging the watcher for every
+/// other object. The pause: a paused object of `kind` is not reconciled at all
+/// ([`controller::paused`]).
 pub async fn guarded<K, F, Fut>(
     object: Arc<DeserializeGuard<K>>,
     ctx: Arc<Context>,
+    kind: &'static str,
     reconcile: F,
 ) -> Result<Action, Error>
 where
@@ -285,7 +292,10 @@ where
     Fut: Future<Output = Result<Action, Error>>,
 {
     match &object.0 {
-        Ok(inner) => reconcile(Arc::new(inner.clone()), ctx).await,
+        Ok(inner) => match controller::paused(inner, &ctx, kind) {
+            Some(action) => Ok(action),
+            None => reconcile(Arc::new(inner.clone()), ctx).await,
+        },
         Err(invalid) => {
             tracing::warn!(
                 event = "malformed_object",

@@ -14,6 +14,7 @@ use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::RailClient;
 use dlock_contract::revoke::{RevokeClients, RevokeSteps};
+use dlock_executor::cancel::CancelReport;
 use futures::future::BoxFuture;
 
 use crate::build::lock::HeldLock;
@@ -70,29 +71,27 @@ pub struct HeldList {
 /// The most held locks one list asks for (the lock server's maximum).
 pub const HELD_LIST_LIMIT: u32 = 1_000;
 
+/// The answer of one services call, as [`dlock_contract::revoke::StepFuture`] is of one
+/// revocation step.
+pub type ServiceFuture<'a, T> = BoxFuture<'a, Result<T, ServiceError>>;
+
+/// One target's revocation steps.
+pub type Steps<'a> = Box<dyn RevokeSteps + 'a>;
+
 pub trait Services: Send + Sync {
     /// The states of the given payouts, in order.
     fn payout_states<'a>(
         &'a self,
         payment_resource_url: &'a str,
         payout_ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<PayoutState>, ServiceError>>;
-    fn held_locks<'a>(
-        &'a self,
-        lock_server_url: &'a str,
-    ) -> BoxFuture<'a, Result<HeldList, ServiceError>>;
+    ) -> ServiceFuture<'a, Vec<PayoutState>>;
+    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldList>;
     /// The revocation flow's three calls (L8, the account fence, the high-water mark) against
     /// one target's services: the contract's own clients ([`RevokeClients`]) for real.
-    fn revoke_steps<'a>(
-        &'a self,
-        target: &'a RevocationTarget,
-    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError>;
+    fn revoke_steps<'a>(&'a self, target: &'a RevocationTarget) -> Result<Steps<'a>, ServiceError>;
     /// Cancels the payouts (id, account) still PENDING or CLAIMED, under the operator's own
     /// grant per account: they become ABANDONED (a deleted PayoutBatch).
-    fn cancel_unfinished<'a>(
-        &'a self,
-        cancel: Cancel<'a>,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>>;
+    fn cancel_unfinished<'a>(&'a self, cancel: Cancel<'a>) -> ServiceFuture<'a, CancelReport>;
 }
 
 /// A deleted batch's cancel: its services, its payouts (id, account) and why.
@@ -158,7 +157,7 @@ impl Services for ContractServices {
         &'a self,
         payment_resource_url: &'a str,
         payout_ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<PayoutState>, ServiceError>> {
+    ) -> ServiceFuture<'a, Vec<PayoutState>> {
         Box::pin(async move {
             let client = self.payment(payment_resource_url);
             let mut states = Vec::with_capacity(payout_ids.len());
@@ -180,10 +179,7 @@ impl Services for ContractServices {
         })
     }
 
-    fn held_locks<'a>(
-        &'a self,
-        lock_server_url: &'a str,
-    ) -> BoxFuture<'a, Result<HeldList, ServiceError>> {
+    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldList> {
         Box::pin(async move {
             let held = self
                 .lock(lock_server_url)
@@ -210,10 +206,7 @@ impl Services for ContractServices {
         })
     }
 
-    fn revoke_steps<'a>(
-        &'a self,
-        target: &'a RevocationTarget,
-    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError> {
+    fn revoke_steps<'a>(&'a self, target: &'a RevocationTarget) -> Result<Steps<'a>, ServiceError> {
         Ok(Box::new(RevokeClients {
             lock: self.lock(&target.lock_server_url),
             payment: self.payment(&target.payment_resource_url),
@@ -224,10 +217,7 @@ impl Services for ContractServices {
         }))
     }
 
-    fn cancel_unfinished<'a>(
-        &'a self,
-        cancel: Cancel<'a>,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
+    fn cancel_unfinished<'a>(&'a self, cancel: Cancel<'a>) -> ServiceFuture<'a, CancelReport> {
         Box::pin(async move {
             dlock_executor::cancel::cancel_unfinished(
                 &self.lock(cancel.lock_server_url),

@@ -10,8 +10,7 @@ use kube::runtime::events::EventType;
 use super::revoke::{self, COMPLETE, REFUSED};
 use super::status::Conditions;
 use super::{
-    Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, paused, publish,
-    reconciled,
+    Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, publish, reconciled,
 };
 use crate::crd::{
     Lock, LockRevocation, LockRevocationStatus, LockServer, LockStatus, PaymentResource, RailProxy,
@@ -55,9 +54,6 @@ fn event_of(result: &RevocationResult) -> (EventType, &'static str) {
 }
 
 pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "Lock") {
-        return Ok(action);
-    }
     let previous = object.status.clone().unwrap_or_default();
     let Some((reason, revoked_by)) = requested(&object) else {
         // A mirrored Lock nobody asked to revoke: Ready, once (the conditions are this
@@ -235,9 +231,6 @@ pub async fn reconcile_lock_revocation(
     object: Arc<LockRevocation>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "LockRevocation") {
-        return Ok(action);
-    }
     // The spec is immutable (CEL): the request is the spec's own words.
     let request = request_key(&object.spec.reason, &object.spec.revoked_by);
     let previous = object.status.clone().unwrap_or_default();

@@ -18,9 +18,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::status::{Conditions, Observed, condition, ready_of};
-use super::{
-    Context, Error, Result, apply, apply_status, paused, publish, reconciled, report_failure,
-};
+use super::{Context, Error, Result, apply, apply_status, publish, reconciled, report_failure};
 use crate::build::job::{self, ValidatedBatch};
 use crate::crd::{Condition, PayoutBatch, PayoutBatchStatus, RailProxy};
 use crate::validate;
@@ -53,9 +51,6 @@ pub fn tally(
 pub const RUNNING_RESYNC: Duration = Duration::from_secs(10);
 
 pub async fn reconcile_payout_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "PayoutBatch") {
-        return Ok(action);
-    }
     let namespace = object.namespace().unwrap_or_default();
     let api: Api<PayoutBatch> = Api::namespaced(ctx.client.clone(), &namespace);
     let ctx2 = ctx.clone();

@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use super::payout_batch::{JobPhase, job_phase};
 use super::status::Conditions;
 use super::{
-    Context, Error, Result, apply, apply_status, paused, publish, publish_ready_change, reconciled,
+    Context, Error, Result, apply, apply_status, publish, publish_ready_change, reconciled,
     report_failure,
 };
 use crate::build::reconciler;
@@ -99,9 +99,6 @@ pub async fn reconcile_reconciliation(
     object: Arc<Reconciliation>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "Reconciliation") {
-        return Ok(action);
-    }
     let previous = object.status.clone().unwrap_or_default();
     let generation = object.metadata.generation;
     let mut findings = previous.findings.clone();

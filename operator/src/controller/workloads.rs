@@ -16,7 +16,7 @@ use super::status::{
 };
 use super::{
     Context, Error, LOCK_MIRROR_MANAGER, Namespaced, Result, apply, apply_status, apply_status_as,
-    is_paused, paused, publish, publish_ready_change, reconciled, report_failure,
+    is_paused, publish, publish_ready_change, reconciled, report_failure,
 };
 use crate::build::{config_map, deployment, lock, network_policy, pdb, service, service_account};
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
@@ -50,9 +50,6 @@ credential, so any pod that reaches it may create, fund, claim, post, submit and
 spec.auth to check callers with TokenReview";
 
 pub async fn reconcile_lock_server(object: Arc<LockServer>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "LockServer") {
-        return Ok(action);
-    }
     let prepared = validate::lock_server(&object, &ctx.settings).map(|w| Prepared {
         network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
@@ -70,9 +67,6 @@ pub async fn reconcile_payment_resource(
     object: Arc<PaymentResource>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "PaymentResource") {
-        return Ok(action);
-    }
     let prepared = validate::payment_resource(&object, &ctx.settings).map(|w| Prepared {
         network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
@@ -82,9 +76,6 @@ pub async fn reconcile_payment_resource(
 }
 
 pub async fn reconcile_rail_proxy(object: Arc<RailProxy>, ctx: Arc<Context>) -> Result<Action> {
-    if let Some(action) = paused(object.as_ref(), &ctx, "RailProxy") {
-        return Ok(action);
-    }
     let prepared = validate::rail_proxy(&object, &ctx.settings).map(|rail| {
         let mut network_policies = vec![service_policy(&rail.proxy, &ctx)];
         network_policies.extend(

@@ -10,12 +10,12 @@ use dlock_contract::lock::{Revocation, RevokeRequest};
 use dlock_contract::payment::{FenceRequest, FenceResponse};
 use dlock_contract::rail::{HighWater, HighWaterRequest};
 use dlock_contract::revoke::{RevokeSteps, StepFuture};
+use dlock_executor::cancel::CancelReport;
 use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
-use dlock_operator::services::{Cancel, HeldList, ServiceError, Services};
+use dlock_operator::services::{Cancel, HeldList, ServiceError, ServiceFuture, Services, Steps};
 use dlock_operator::validate::RevocationTarget;
-use futures::future::BoxFuture;
 use http::{Method, Request, Response};
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -50,7 +50,7 @@ impl Services for FakeServices {
         &'a self,
         url: &'a str,
         ids: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<String>>, ServiceError>> {
+    ) -> ServiceFuture<'a, Vec<Option<String>>> {
         self.record(
             format!("GET {url}/v1/payouts/{{id}} x{}", ids.len()),
             json!(ids),
@@ -68,7 +68,7 @@ impl Services for FakeServices {
             .collect();
         Box::pin(async move { Ok(states) })
     }
-    fn held_locks<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<HeldList, ServiceError>> {
+    fn held_locks<'a>(&'a self, url: &'a str) -> ServiceFuture<'a, HeldList> {
         self.record(format!("GET {url}/v1/locks"), Value::Null);
         Box::pin(async move {
             Ok(HeldList {
@@ -77,19 +77,13 @@ impl Services for FakeServices {
             })
         })
     }
-    fn revoke_steps<'a>(
-        &'a self,
-        target: &'a RevocationTarget,
-    ) -> Result<Box<dyn RevokeSteps + 'a>, ServiceError> {
+    fn revoke_steps<'a>(&'a self, target: &'a RevocationTarget) -> Result<Steps<'a>, ServiceError> {
         Ok(Box::new(FakeSteps {
             services: self,
             target,
         }))
     }
-    fn cancel_unfinished<'a>(
-        &'a self,
-        cancel: Cancel<'a>,
-    ) -> BoxFuture<'a, Result<dlock_executor::cancel::CancelReport, ServiceError>> {
+    fn cancel_unfinished<'a>(&'a self, cancel: Cancel<'a>) -> ServiceFuture<'a, CancelReport> {
         let Cancel {
             lock_server_url,
             payment_resource_url,
@@ -101,7 +95,7 @@ impl Services for FakeServices {
             json!({"payouts": payouts.iter().map(|(id, a)| format!("{id} {a}")).collect::<Vec<_>>(), "reason": reason}),
         );
         Box::pin(async move {
-            Ok(dlock_executor::cancel::CancelReport {
+            Ok(CancelReport {
                 abandoned: payouts.iter().map(|(id, _)| *id).collect(),
                 ..Default::default()
             })
@@ -626,24 +620,32 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
 #[tokio::test]
 async fn a_paused_object_gets_no_call_at_all() {
     let (services, ctx, api) = world(FakeServices::default());
-    controller::workloads::reconcile_lock_server(
-        Arc::new(fixtures::paused(fixtures::lock_server())),
-        ctx.clone(),
-    )
-    .await
-    .unwrap();
-    controller::payout_batch::reconcile_payout_batch(
-        Arc::new(fixtures::paused(fixtures::payout_batch())),
-        ctx.clone(),
-    )
-    .await
-    .unwrap();
-    let revoke = fixtures::revoke_asked(fixtures::paused(fixtures::lock()));
-    controller::lock::reconcile_lock(Arc::new(revoke), ctx)
-        .await
-        .unwrap();
+    let reconcile = controller::workloads::reconcile_lock_server;
+    reconcile_paused(fixtures::lock_server(), &ctx, "LockServer", reconcile).await;
+    let reconcile = controller::payout_batch::reconcile_payout_batch;
+    reconcile_paused(fixtures::payout_batch(), &ctx, "PayoutBatch", reconcile).await;
+    let lock = fixtures::revoke_asked(fixtures::lock());
+    reconcile_paused(lock, &ctx, "Lock", controller::lock::reconcile_lock).await;
     api.done().await;
     assert!(services.calls().is_empty());
+}
+
+/// Reconciles `object`, paused, as the operator's controllers run a reconcile: behind the
+/// deserialize guard and the pause.
+async fn reconcile_paused<K, F, Fut>(
+    object: K,
+    ctx: &Arc<Context>,
+    kind: &'static str,
+    reconcile: F,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<kube::runtime::controller::Action, controller::Error>>,
+{
+    let object = kube::core::DeserializeGuard(Ok(fixtures::paused(object)));
+    dlock_operator::run::guarded(Arc::new(object), ctx.clone(), kind, reconcile)
+        .await
+        .unwrap();
 }
 
 /// An invalid spec is reported in status (Degraded) with a Warning Event, nothing is applied,
@@ -1087,6 +1089,7 @@ async fn a_malformed_object_fails_alone_behind_the_deserialize_guard() {
     let error = dlock_operator::run::guarded(
         Arc::new(guard),
         ctx,
+        "LockServer",
         controller::workloads::reconcile_lock_server,
     )
     .await
