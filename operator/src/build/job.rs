@@ -3,14 +3,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PodSpec,
-    PodTemplateSpec, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use sha2::{Digest, Sha256};
 
-use super::deployment::{pod_security_context, restricted_security_context};
+use super::deployment::restricted_security_context;
 
 /// The manifest's file name inside `/config` of the executor pod.
 pub const MANIFEST_FILE: &str = "payoutbatch.yaml";
@@ -181,23 +180,16 @@ pub fn executor_job(batch: &ValidatedBatch) -> Job {
             backoff_limit: Some(EXECUTOR_BACKOFF_LIMIT),
             parallelism: Some(1),
             completions: Some(1),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(batch_labels(&batch.name)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
+            template: super::run_once_template(
+                batch_labels(&batch.name),
+                &batch.pod,
+                PodSpec {
                     service_account_name: Some(batch.credential.service_account_name.clone()),
-                    // The API token stays out: the executor calls the dlock services only.
-                    automount_service_account_token: Some(false),
                     containers: vec![executor_container(batch, volume_mounts)],
                     volumes: Some(volumes),
-                    image_pull_secrets: batch.pod.pull_secrets(),
-                    security_context: Some(pod_security_context(false)),
                     ..PodSpec::default()
-                }),
-            },
+                },
+            ),
             ..JobSpec::default()
         }),
         ..Job::default()

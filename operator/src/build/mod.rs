@@ -14,12 +14,13 @@ pub mod service_account;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, EnvVar, EnvVarSource, SecretKeySelector, Volume, VolumeMount,
+    ConfigMapVolumeSource, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, SecretKeySelector,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::crd::SecretKeyRef;
-use crate::workload::{Component, Workload};
+use crate::workload::{Component, PodSettings, Workload};
 
 pub const MANAGED_BY: &str = "dlock-operator";
 
@@ -28,6 +29,29 @@ pub const MANAGED_BY: &str = "dlock-operator";
 /// `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_RESOURCE_ATTRIBUTES`, …). Optional, so a namespace
 /// without it runs without export. Explicit `env` entries win over it.
 pub const TELEMETRY_CONFIG_MAP: &str = "dlock-telemetry";
+
+/// The pod template of a Job's run-once pod (the executor's, the reconciler's): `spec` with the
+/// labels, no restart, the pod's pull Secrets and the non-root pod security context. The API
+/// token stays out: these pods call the dlock services and databases only.
+pub fn run_once_template(
+    labels: BTreeMap<String, String>,
+    pod: &PodSettings,
+    spec: PodSpec,
+) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".to_owned()),
+            automount_service_account_token: Some(false),
+            image_pull_secrets: pod.pull_secrets(),
+            security_context: Some(deployment::pod_security_context(false)),
+            ..spec
+        }),
+    }
+}
 
 /// `envFrom` of every dlock container: the namespace's telemetry settings, if any.
 pub fn telemetry_env_from() -> Vec<k8s_openapi::api::core::v1::EnvFromSource> {

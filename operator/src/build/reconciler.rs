@@ -1,10 +1,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::deployment::{pod_security_context, restricted_security_context};
+use super::deployment::restricted_security_context;
 use crate::validate::ValidatedReconciliation;
 
 /// The reconciler's objects' and pods' labels. `app.kubernetes.io/component: reconciler`; the
@@ -34,14 +34,10 @@ pub fn object_name(reconciliation: &ValidatedReconciliation) -> String {
 fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
     JobSpec {
         backoff_limit: Some(0),
-        template: PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(reconciler_labels(&reconciliation.name)),
-                ..ObjectMeta::default()
-            }),
-            spec: Some(PodSpec {
-                restart_policy: Some("Never".to_owned()),
-                automount_service_account_token: Some(false),
+        template: super::run_once_template(
+            reconciler_labels(&reconciliation.name),
+            &reconciliation.pod,
+            PodSpec {
                 containers: vec![Container {
                     name: "reconciler".to_owned(),
                     image: Some(reconciliation.image.clone()),
@@ -59,11 +55,9 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     security_context: Some(restricted_security_context()),
                     ..Container::default()
                 }],
-                image_pull_secrets: reconciliation.pod.pull_secrets(),
-                security_context: Some(pod_security_context(false)),
                 ..PodSpec::default()
-            }),
-        },
+            },
+        ),
         ..JobSpec::default()
     }
 }
