@@ -5,9 +5,7 @@
 //! state of paydb, lockdb and the rail's statement is compared before and after: a refused
 //! request changes nothing.
 
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,14 +18,25 @@ use sqlx::Row;
 
 use crate::harness::{eventually, loopback, open_account, raw, until_ready};
 
+use shared::dev_up::DevUp;
+use shared::payouts::{Item, batch_manifest};
+
+/// What both test binaries use (dlock/tests/shared), made part of this one here.
+#[path = "../shared/mod.rs"]
+pub(crate) mod shared;
+
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
 
 /// `dlock dev up` as a process, its JSON line parsed; shared by the tests that need the stack.
-pub(crate) struct DevStack {
-    line: Value,
-    _child: ManagedChild,
-    _dir: tempfile::TempDir,
+pub(crate) struct DevStack(DevUp);
+
+impl std::ops::Deref for DevStack {
+    type Target = DevUp;
+
+    fn deref(&self) -> &DevUp {
+        &self.0
+    }
 }
 
 impl DevStack {
@@ -37,29 +46,7 @@ impl DevStack {
 
     /// The stack with extra environment for every process of it (e.g. an OTLP endpoint).
     pub(crate) fn start_with_env(env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let mut child = Command::new(EXE)
-            .args(["dev", "up", "--data-dir"])
-            .arg(dir.path())
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting dlock dev up: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let child = ManagedChild::new("dev-up", child);
-        let mut first = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut first)
-            .unwrap_or_else(|e| panic!("reading dev up's line: {e}"));
-        let line: Value = serde_json::from_str(&first)
-            .unwrap_or_else(|e| panic!("dev up's line is not JSON ({e}): {first}"));
-        Self {
-            line,
-            _child: child,
-            _dir: dir,
-        }
+        Self(DevUp::start(&[], env))
     }
 
     /// [`DevStack::start`], off the async runtime's threads.
@@ -82,15 +69,11 @@ impl DevStack {
     /// identity with its credential; whether it succeeded, and its log.
     pub(crate) async fn run_batch(&self, name: &str, account: &str, n: usize) -> (bool, String) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let mut text = format!(
-            "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 2\n  payouts:\n"
+        let text = batch_manifest(
+            name,
+            2,
+            (0..n).map(|i| Item::numbered(i, format!("item-{i:02}"), account, 100)),
         );
-        for i in 0..n {
-            text.push_str(&format!(
-                "    - key: item-{i:02}\n      accountId: {account}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
-                100 + i
-            ));
-        }
         let batch = dir.path().join("batch.yaml");
         std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
         let log = dir.path().join("run.log");
@@ -122,14 +105,6 @@ impl DevStack {
         )
     }
 
-    /// A string field of the line (a service URL, `paydb`, `proofKeysFile`).
-    pub(crate) fn url(&self, service: &str) -> String {
-        self.line[service]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {service} in {}", self.line))
-            .to_owned()
-    }
-
     /// The URLs of the lock server, the payment resource and the rail proxy.
     pub(crate) fn services(&self) -> (String, String, String) {
         (
@@ -139,20 +114,23 @@ impl DevStack {
         )
     }
 
-    pub(crate) fn token(&self, who: &str) -> String {
-        self.line["credentials"][who]
-            .as_str()
-            .unwrap_or_else(|| panic!("no credential {who}"))
-            .to_owned()
+    /// The credentials of the executor and the operator identity.
+    pub(crate) fn credentials(&self) -> (String, String) {
+        (self.token("executor"), self.token("operator"))
+    }
+
+    /// A connection pool on the stack's `db` (`paydb`, `lockdb`).
+    pub(crate) async fn pool(&self, db: &str) -> sqlx::PgPool {
+        sqlx::PgPool::connect(&self.url(db))
+            .await
+            .unwrap_or_else(|e| panic!("{db}: {e}"))
     }
 
     /// A digest of every row of every table of paydb and lockdb, and the rail's statement.
     async fn snapshot(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for db in ["paydb", "lockdb"] {
-            let pool = sqlx::PgPool::connect(&self.url(db))
-                .await
-                .unwrap_or_else(|e| panic!("{db}: {e}"));
+            let pool = self.pool(db).await;
             let tables: Vec<String> = sqlx::query_scalar(
                 "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
             )
@@ -208,8 +186,7 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     let stack = DevStack::up().await;
     let (lock, payment, proxy) = stack.services();
     let stub = stack.url("railStub");
-    let executor = stack.token("executor");
-    let operator = stack.token("operator");
+    let (executor, operator) = stack.credentials();
 
     // Some state to protect: an account with funds, opened by the executor identity.
     let client = stack.executor_payments();

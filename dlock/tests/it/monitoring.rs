@@ -8,11 +8,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, free_port, spawn_logged};
 use promql_parser::parser::Expr;
 use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::Value;
 
+use crate::auth::shared::process::wait_serving;
 use crate::chaos::{Chaos, EXE, OPERATOR_TOKEN, ScriptedHolder, register_one};
 use crate::harness::{Backend, eventually};
 
@@ -310,15 +311,14 @@ impl Prometheus {
         let mut child = spawn_logged("prometheus", &Self::binary(), &args, &[], Some(&log))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        wait_until("prometheus ready", Duration::from_secs(60), || {
-            !child.exited() && http_status(addr, "/-/ready") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        });
+        wait_serving(
+            "prometheus ready",
+            &mut child,
+            addr,
+            "/-/ready",
+            Duration::from_secs(60),
+            &log,
+        );
         Self {
             url: format!("http://{addr}"),
             _child: child,

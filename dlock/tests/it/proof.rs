@@ -7,14 +7,13 @@ use std::sync::Arc;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::CreatePayoutRequest;
-use dlock_contract::payment_client::PaymentClient;
 use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::DevStack;
+use crate::auth::shared::payouts::register_payout;
 use crate::conformance::assert_envelope;
 use crate::harness::{hold, loopback, open_account, raw, serve_in_task, session};
 use crate::payment::PayStack;
@@ -87,24 +86,6 @@ async fn write(
     raw(Method::POST, url, &headers, Some(&body.to_string())).await
 }
 
-async fn register(client: &PaymentClient, account: &str) -> Uuid {
-    let id = Uuid::new_v4();
-    client
-        .create_payout(
-            &format!("create-{id}"),
-            &CreatePayoutRequest {
-                payout_id: id,
-                account_id: account.into(),
-                amount_minor: 100,
-                currency: "EUR".into(),
-                beneficiary_ref: "ben-forged".into(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    id
-}
-
 /// On `dlock dev up` (proofs on): a claim and a submit with a forged huge token and no proof, a
 /// garbage proof, or another key's real proof are 400 INVALID_TOKEN (not retry-safe) and change
 /// nothing in paydb; grants carry a proof and the lock lists never show one; the executor pays a
@@ -121,10 +102,8 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     let client = stack.executor_payments();
     open_account(&client, "acct-p", 1_000_000).await;
     open_account(&client, "acct-q", 1_000_000).await;
-    let payout = register(&client, "acct-p").await;
-    let pool = sqlx::PgPool::connect(&stack.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let payout = register_payout(&client, "acct-p", 100, "ben-forged").await;
+    let pool = stack.pool("paydb").await;
 
     // A real grant on another account's key, with its proof.
     let locks = LockClient::new(&lock, "executor/test")
@@ -238,13 +217,10 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
 async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_held() {
     let stack = DevStack::up().await;
     let (lock, payment, proxy) = stack.services();
-    let executor = stack.token("executor");
-    let operator = stack.token("operator");
+    let (executor, operator) = stack.credentials();
     let client = stack.executor_payments();
     open_account(&client, "acct-r", 1_000_000).await;
-    let pool = sqlx::PgPool::connect(&stack.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let pool = stack.pool("paydb").await;
     for sql in [
         "UPDATE accounts SET fence = 9223372036854775807 WHERE account_id = 'acct-r'",
         "INSERT INTO rail_high_water (account_id, highest_token) \

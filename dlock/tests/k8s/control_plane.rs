@@ -109,18 +109,13 @@ async fn the_api_server_accepts_the_crds_the_chart_and_every_example_and_its_cel
     );
     let kept = world.get_json(&["lockserver", "lock-server", "-n", "ex-stack"]);
     assert_eq!(kept["spec"]["backend"]["type"], "pg");
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stack_becomes_ready_workloads_and_deleting_a_resource_collects_what_it_owned() {
-    let mut world = World::start().await;
     let ns = "shop";
-    world.namespace(ns);
-    world.start_operator(&[ns], &[]);
+    let world = World::with_operator(ns).await;
     world
         .apply(ns, &example("stack.yaml"))
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -131,16 +126,7 @@ async fn a_stack_becomes_ready_workloads_and_deleting_a_resource_collects_what_i
         "railproxy/rail-proxy",
     ];
     for kind in kinds {
-        if let Err(e) = world.try_kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            kind,
-            "-n",
-            ns,
-            "--timeout=120s",
-        ]) {
-            panic!("{kind} never became Ready: {e:#}{}", world.diagnostics());
-        }
+        world.wait_ready(kind, ns, "120s");
         let object = world.get_json(&[kind, "-n", ns]);
         let (generation, observed) = generations(&object);
         assert_eq!(observed, generation, "{kind}: observedGeneration");
@@ -268,8 +254,5 @@ async fn a_stack_becomes_ready_workloads_and_deleting_a_resource_collects_what_i
             "deployment.apps/rail-proxy-stub"
         ]
     );
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }

@@ -4,13 +4,10 @@
 
 use std::time::Duration;
 
-use dlock_contract::auth::Credential;
-use dlock_contract::client::LockClient;
-use dlock_contract::payment::CreateAccountRequest;
-use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::{free_port, wait_until};
+use dlock_devstack::free_port;
 use serde_json::Value;
 
+use crate::stack::{Held, hold, open_account, payments, rail_high_water};
 use crate::world::{SERVICE_PORT, World};
 
 const NS: &str = "gitops";
@@ -35,28 +32,18 @@ fn result(world: &World) -> Value {
 }
 
 fn wait_result(world: &World, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let mut last = Value::Null;
-    wait_until(what, Duration::from_secs(90), || {
-        last = result(world);
-        check(&last)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}: {last}{}", world.diagnostics()));
-    last
+    world.wait_for(what, Duration::from_secs(90), || result(world), check)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revokes_a_newer_holder()
 {
-    let mut world = World::start().await;
-    world.namespace(NS);
+    let mut world = World::with_namespace(NS).await;
     let services = world.services();
     let executor = services.token("executor");
     let lock_url = services.url("lockServer");
     let payment_url = services.url("paymentResource");
-    let paydb = services.line["paydb"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let paydb = services.url("paydb");
     // The first operator cannot reach the rail proxy (its address leads nowhere): the account
     // fence is pushed, the rail's is not.
     let nowhere = free_port().unwrap_or_else(|e| panic!("{e}"));
@@ -74,30 +61,14 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
         .join(",");
     let (first, _) = world.start_operator(&[NS], &[("DLOCK_SERVICE_ADDRESSES", &map)]);
     world.apply_stack_ready(NS);
-    PaymentClient::new(&payment_url, "executor/setup")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)))
-        .create_account(
-            "open-git",
-            &CreateAccountRequest {
-                account_id: ACCOUNT.to_owned(),
-                currency: "EUR".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let holder = LockClient::new(&lock_url, "executor/wedged")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
-    let session = holder
-        .create_session(Some(60_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let payment = payments(&payment_url, &executor, "executor/setup");
+    open_account(&payment, ACCOUNT, None).await;
     let key = format!("payout:{ACCOUNT}");
-    let grant = holder
-        .acquire(&key, session.session_id, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let Held {
+        client: holder,
+        grant,
+        ..
+    } = hold(&lock_url, &executor, "executor/wedged", &key).await;
 
     // kubectl apply -f lockrevocation.yaml, guarded by the wedged holder's token.
     world
@@ -118,16 +89,12 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
     assert!(!info.held, "the lock server revoked the grant: {info:?}");
 
     // The lock is gone from the mirror; the LockRevocation stays.
-    wait_until(
+    world.wait_kubectl(
         "the Lock leaves the mirror",
         Duration::from_secs(60),
-        || {
-            world
-                .try_kubectl(&["get", "locks", "-n", NS, "-o", "name"])
-                .is_ok_and(|t| t.trim().is_empty())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+        &["get", "locks", "-n", NS, "-o", "name"],
+        |t| t.trim().is_empty(),
+    );
     assert!(
         world
             .try_kubectl(&["get", "lockrevocation", NAME, "-n", NS])
@@ -151,30 +118,16 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
         complete["revocationId"], incomplete["revocationId"],
         "the same revocation, resumed"
     );
-    let pool = sqlx::PgPool::connect(&paydb)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (high,): (i64,) =
-        sqlx::query_as("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
-            .bind(ACCOUNT)
-            .fetch_one(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+    let high = rail_high_water(&paydb, ACCOUNT).await;
     assert!(high >= floor, "rail high-water {high} < floor {floor}");
 
     // A newer holder takes the key. The same manifest, deleted and re-created as a cluster
     // rebuilt from Git would, is refused by the token guard and leaves the newer holder alone.
-    let newer = LockClient::new(&lock_url, "executor/next")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
-    let next_session = newer
-        .create_session(Some(60_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let next = newer
-        .acquire(&key, next_session.session_id, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let Held {
+        client: newer,
+        session: next_session,
+        grant: next,
+    } = hold(&lock_url, &executor, "executor/next", &key).await;
     assert!(next.fencing_token > floor);
     world.kubectl(&["delete", "lockrevocation", NAME, "-n", NS, "--wait=true"]);
     world
@@ -200,6 +153,6 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
     eprintln!(
         "floor {floor}; refused: {}; scenario done in {} ms",
         refused["summary"],
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }

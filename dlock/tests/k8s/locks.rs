@@ -49,12 +49,19 @@ pub fn table(text: &str) -> Vec<std::collections::BTreeMap<String, String>> {
         .collect()
 }
 
+/// The rows of `kubectl get locks -n NS` (none while kubectl fails).
+pub fn lock_rows(world: &World, ns: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    table(
+        &world
+            .try_kubectl(&["get", "locks", "-n", ns])
+            .unwrap_or_default(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_get_locks_shows_the_real_holders_with_a_readable_expiry() {
-    let mut world = World::start().await;
     let ns = "locks";
-    world.namespace(ns);
-    world.start_operator(&[ns], &[]);
+    let mut world = World::with_operator(ns).await;
     world.apply_stack_ready(ns);
 
     // Two locks held through the real lock server, as the executor identity would hold them.
@@ -86,10 +93,7 @@ async fn kubectl_get_locks_shows_the_real_holders_with_a_readable_expiry() {
         "both locks in kubectl get locks",
         Duration::from_secs(60),
         || {
-            let text = world
-                .try_kubectl(&["get", "locks", "-n", ns])
-                .unwrap_or_default();
-            rows = table(&text);
+            rows = lock_rows(&world, ns);
             grants.iter().all(|g| {
                 rows.iter().any(|r| {
                     r.get("KEY") == Some(&g.key)
@@ -124,21 +128,11 @@ async fn kubectl_get_locks_shows_the_real_holders_with_a_readable_expiry() {
         .unwrap_or_else(|e| panic!("{e}"));
 
     // Released locks leave the mirror: the positive control that the view follows the server.
-    let gone = wait_until(
+    world.wait_kubectl(
         "the mirror drops released locks",
         Duration::from_secs(60),
-        || {
-            let text = world
-                .try_kubectl(&["get", "locks", "-n", ns, "-o", "name"])
-                .unwrap_or_else(|_| "error".to_owned());
-            text.trim().is_empty()
-        },
+        &["get", "locks", "-n", ns, "-o", "name"],
+        |text| text.trim().is_empty(),
     );
-    if let Err(e) = gone {
-        panic!("{e:#}{}", world.diagnostics());
-    }
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }

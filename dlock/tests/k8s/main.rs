@@ -16,4 +16,8 @@ mod plugin;
 mod reconciliation;
 mod revoke;
 mod service_auth;
+/// What both test binaries use (dlock/tests/shared).
+#[path = "../shared/mod.rs"]
+mod shared;
+mod stack;
 mod world;

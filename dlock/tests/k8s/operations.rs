@@ -29,6 +29,19 @@ fn reconciles(port: u16, kind: &str, outcome: &str) -> u64 {
         .sum()
 }
 
+/// `kubectl patch` of the LockServer's `spec.replicas` in `ns`.
+fn scale_lock_server(world: &World, ns: &str, replicas: u32) {
+    world.kubectl(&[
+        "patch",
+        "lockserver/lock-server",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#),
+    ]);
+}
+
 fn replicas(world: &World, ns: &str, deployment: &str) -> i64 {
     world
         .get_json(&["deployment", deployment, "-n", ns])
@@ -39,9 +52,8 @@ fn replicas(world: &World, ns: &str, deployment: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_lock_server_is_left_alone_until_the_annotation_goes() {
-    let mut world = World::start().await;
     let ns = "paused";
-    world.namespace(ns);
+    let mut world = World::with_namespace(ns).await;
     let (_, port) = world.start_operator(&[ns], &[]);
     world.apply_stack_ready(ns);
     assert_eq!(replicas(&world, ns, "lock-server"), 2);
@@ -53,30 +65,20 @@ async fn a_paused_lock_server_is_left_alone_until_the_annotation_goes() {
         ns,
         "dlock.io/reconcile=paused",
     ]);
-    wait_until(
+    world.wait_until(
         "the operator sees the pause",
         Duration::from_secs(60),
         || reconciles(port, "LockServer", "paused") >= 1,
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    );
     let seen = reconciles(port, "LockServer", "paused");
     let before = world.get_json(&["lockserver", "lock-server", "-n", ns]);
-    world.kubectl(&[
-        "patch",
-        "lockserver/lock-server",
-        "-n",
-        ns,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"replicas":3}}"#,
-    ]);
+    scale_lock_server(&world, ns, 3);
     // The operator reconciled the edit (one more paused reconcile) and changed nothing.
-    wait_until(
+    world.wait_until(
         "the operator reconciles the edit",
         Duration::from_secs(60),
         || reconciles(port, "LockServer", "paused") > seen,
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    );
     assert_eq!(replicas(&world, ns, "lock-server"), 2, "paused: untouched");
     let during = world.get_json(&["lockserver", "lock-server", "-n", ns]);
     assert_eq!(
@@ -92,16 +94,12 @@ async fn a_paused_lock_server_is_left_alone_until_the_annotation_goes() {
         ns,
         "dlock.io/reconcile-",
     ]);
-    wait_until(
+    world.wait_until(
         "the edit is applied once unpaused",
         Duration::from_secs(60),
         || replicas(&world, ns, "lock-server") == 3,
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
     );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }
 
 fn lease_holder(world: &World) -> String {
@@ -120,9 +118,8 @@ fn lease_holder(world: &World) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_over() {
-    let mut world = World::start().await;
     let ns = "ha";
-    world.namespace(ns);
+    let mut world = World::with_namespace(ns).await;
     let replicas_ports = [
         world.start_operator(&[ns], &[]),
         world.start_operator(&[ns], &[]),
@@ -152,28 +149,18 @@ async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_o
     world
         .operator_signal(leader_index, Signal::SIGKILL)
         .unwrap_or_else(|e| panic!("{e:#}"));
-    world.kubectl(&[
-        "patch",
-        "lockserver/lock-server",
-        "-n",
-        ns,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"replicas":3}}"#,
-    ]);
-    wait_until(
+    scale_lock_server(&world, ns, 3);
+    world.wait_until(
         "the standby holds the Lease",
         Duration::from_secs(60),
         || lease_holder(&world) == format!("dlock-operator-{standby_index}"),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    );
     let takeover = stopped.elapsed();
-    wait_until(
+    world.wait_until(
         "the new leader applies the edit",
         Duration::from_secs(60),
         || replicas(&world, ns, "lock-server") == 3,
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    );
     wait_until(
         "the new leader's reconcile ends ok",
         Duration::from_secs(30),
@@ -195,7 +182,7 @@ async fn of_two_operator_replicas_only_the_leader_writes_and_the_standby_takes_o
     eprintln!(
         "takeover after {} ms; scenario done in {} ms",
         takeover.as_millis(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }
 
@@ -210,9 +197,8 @@ fn warning_events(world: &World, ns: &str, name: &str, reason: &str) -> Vec<Valu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_by_itself() {
-    let mut world = World::start().await;
     let ns = "quota";
-    world.namespace(ns);
+    let mut world = World::with_namespace(ns).await;
     // The namespace admits no Deployment: the API server's quota admission refuses the
     // operator's apply of each service's Deployment.
     world
@@ -224,16 +210,12 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
     world.start_operator(&[ns], &[]);
     world.apply_stack(ns);
 
-    let mut refused = Value::Null;
-    wait_until(
+    let refused = world.wait_for(
         "the LockServer reports the refused apply",
         Duration::from_secs(90),
-        || {
-            refused = world.get_json(&["lockserver", "lock-server", "-n", ns]);
-            condition(&refused, "Ready").is_some_and(|c| c["reason"] == "ApplyFailed")
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+        || world.get_json(&["lockserver", "lock-server", "-n", ns]),
+        |refused| condition(refused, "Ready").is_some_and(|c| c["reason"] == "ApplyFailed"),
+    );
     let ready = condition(&refused, "Ready").cloned().unwrap_or_default();
     let degraded = condition(&refused, "Degraded").cloned().unwrap_or_default();
     assert_eq!(ready["status"], "False", "{ready}");
@@ -247,11 +229,10 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
     // The same failure as a Warning Event, where `kubectl describe` and `kubectl get events`
     // look.
     let mut events = Vec::new();
-    wait_until("the Warning Event", Duration::from_secs(30), || {
+    world.wait_until("the Warning Event", Duration::from_secs(30), || {
         events = warning_events(&world, ns, "lock-server", "ApplyFailed");
         !events.is_empty()
-    })
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    });
     let note = events[0]["message"].as_str().unwrap_or_default();
     assert!(note.contains("quota"), "{}", events[0]);
     assert!(
@@ -265,16 +246,7 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
     // conditions report the service Ready.
     let lifted = Instant::now();
     world.kubectl(&["delete", "resourcequota", "no-deployments", "-n", ns]);
-    if let Err(e) = world.try_kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "lockserver/lock-server",
-        "-n",
-        ns,
-        "--timeout=180s",
-    ]) {
-        panic!("{e:#}{}", world.diagnostics());
-    }
+    world.wait_ready("lockserver/lock-server", ns, "180s");
     let recovered = world.get_json(&["lockserver", "lock-server", "-n", ns]);
     let degraded = condition(&recovered, "Degraded")
         .cloned()
@@ -289,6 +261,6 @@ async fn an_apply_the_api_server_refuses_is_a_condition_and_an_event_and_clears_
     eprintln!(
         "Ready {} ms after the quota went; scenario done in {} ms",
         lifted.elapsed().as_millis(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }

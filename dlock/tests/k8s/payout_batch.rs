@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dlock_contract::auth::Credential;
-use dlock_contract::payment::{CreateAccountRequest, FundRequest, PayoutState};
+use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::wait_until;
 use serde_json::Value;
 
+use crate::shared::payouts::{Item, batch_manifest};
+use crate::stack::{open_account, payments};
 use crate::world::{World, condition, repo};
 
 const NS: &str = "payroll";
@@ -54,6 +55,28 @@ async fn statement(rail: &str) -> BTreeMap<String, usize> {
     out
 }
 
+/// The batch's four payouts, each in `state` (`why` says what that shows).
+async fn all_in(
+    payment: &PaymentClient,
+    accounts: &[&str],
+    state: PayoutState,
+    why: &str,
+) -> BTreeMap<String, PayoutState> {
+    let states = states(payment, accounts).await;
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(states.values().all(|s| *s == state), "{why}: {states:?}");
+    states
+}
+
+/// The rail's statement, on which each of `payouts` stands once.
+async fn paid_once(rail: &str, payouts: &BTreeMap<String, PayoutState>) -> BTreeMap<String, usize> {
+    let paid = statement(rail).await;
+    for id in payouts.keys() {
+        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
+    }
+    paid
+}
+
 fn job_done(world: &World) -> bool {
     let job = world
         .try_kubectl(&[
@@ -76,42 +99,27 @@ fn job_done(world: &World) -> bool {
     })
 }
 
-/// The payroll namespace, ready for a batch: the operator and the kubelet running, two funded
-/// accounts on the real payment resource, the stack applied and the executor's Secret in place.
-/// Returns the payment client, the rail's URL (for its statement) and the accounts.
-async fn payroll(world: &mut World) -> (PaymentClient, String, [&'static str; 2]) {
+/// A world with the payroll namespace, ready for a batch: the services started with
+/// `dlock dev up ARGS`, the operator and the kubelet running, two funded accounts on the real
+/// payment resource, the stack applied and the executor's Secret in place. Returns the world,
+/// the payment client, the rail's URL (for its statement) and the accounts.
+async fn payroll(args: &[&str]) -> (World, PaymentClient, String, [&'static str; 2]) {
+    let mut world = World::start().await;
+    world.start_services(args);
     world.namespace(NS);
     world.start_operator(&[NS], &[]);
     world.start_kubelet(&[NS]);
     let services = world.services();
     let executor_token = services.token("executor");
-    let payment = PaymentClient::new(&services.url("paymentResource"), "executor/setup")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor_token)));
+    let payment = payments(
+        &services.url("paymentResource"),
+        &executor_token,
+        "executor/setup",
+    );
     let rail = services.url("railStub");
     let accounts = ["acct-17", "acct-18"];
     for account in accounts {
-        payment
-            .create_account(
-                &format!("open-{account}"),
-                &CreateAccountRequest {
-                    account_id: account.to_owned(),
-                    currency: "EUR".to_owned(),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        payment
-            .fund(
-                account,
-                &format!("fund-{account}"),
-                &FundRequest {
-                    amount_minor: 1_000_000,
-                    reference: format!("seed-{account}"),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        open_account(&payment, account, Some(1_000_000)).await;
     }
     world.apply_stack(NS);
     let secret = format!(
@@ -119,7 +127,14 @@ async fn payroll(world: &mut World) -> (PaymentClient, String, [&'static str; 2]
          stringData:\n  token: {executor_token}\n"
     );
     world.apply(NS, &secret).unwrap_or_else(|e| panic!("{e:#}"));
-    (payment, rail, accounts)
+    (world, payment, rail, accounts)
+}
+
+/// `kubectl apply -f examples/payoutbatch.yaml` (with the executor's credential).
+fn apply_batch(world: &World) {
+    world
+        .apply(NS, &batch_yaml())
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Waits until the batch's executor Job has ended (diagnostics on failure).
@@ -135,13 +150,10 @@ fn wait_job_done(world: &World, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_and_recreate() {
-    let mut world = World::start().await;
-    let (payment, rail, accounts) = payroll(&mut world).await;
+    let (mut world, payment, rail, accounts) = payroll(&[]).await;
 
     // kubectl apply -f examples/payoutbatch.yaml
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    apply_batch(&world);
     // The operator creates the Job; the kubelet runs its pod; the Job controller completes it.
     wait_job_done(&world, "the executor Job ends");
     world.kubectl(&[
@@ -157,34 +169,30 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
     assert_eq!(ran[0].exit_code, Some(0));
     assert_eq!(ran[0].args.first().map(String::as_str), Some("run"));
 
-    let posted = states(&payment, &accounts).await;
-    assert_eq!(posted.len(), 4, "{posted:?}");
-    assert!(
-        posted.values().all(|s| *s == PayoutState::Posted),
-        "{posted:?}"
-    );
-    let paid = statement(&rail).await;
-    for id in posted.keys() {
-        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
-    }
+    let posted = all_in(
+        &payment,
+        &accounts,
+        PayoutState::Posted,
+        "every payout paid",
+    )
+    .await;
+    let paid = paid_once(&rail, &posted).await;
 
     // The batch's status, as kubectl shows it.
-    let summary = wait_until("the batch's status counts", Duration::from_secs(60), || {
-        world
-            .try_kubectl(&[
-                "get",
-                "payoutbatch",
-                BATCH,
-                "-n",
-                NS,
-                "-o",
-                "jsonpath={.status.summary}",
-            ])
-            .is_ok_and(|s| s.contains("4"))
-    });
-    if let Err(e) = summary {
-        panic!("{e:#}{}", world.diagnostics());
-    }
+    world.wait_kubectl(
+        "the batch's status counts",
+        Duration::from_secs(60),
+        &[
+            "get",
+            "payoutbatch",
+            BATCH,
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.status.summary}",
+        ],
+        |s| s.contains("4"),
+    );
     let table = world.kubectl(&["get", "payoutbatch", "-n", NS]);
     eprintln!("{table}");
     // Argo CD's health of each object as the API server holds it.
@@ -200,9 +208,7 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
     }
 
     // Re-apply: nothing changes, nobody is paid again.
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    apply_batch(&world);
     // A sync with another worker count: accepted (nothing immutable is patched), and the
     // batch stays Ready without paying anyone again.
     let edited = batch_yaml().replace("workers: 8", "workers: 3");
@@ -211,11 +217,10 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
     let generation = world.get_json(&["payoutbatch", BATCH, "-n", NS])["metadata"]["generation"]
         .as_i64()
         .unwrap_or_default();
-    wait_until("the edit is observed", Duration::from_secs(60), || {
+    world.wait_until("the edit is observed", Duration::from_secs(60), || {
         let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
         object["status"]["observedGeneration"].as_i64() == Some(generation)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    });
     let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
     let (status, message) = crate::world::argocd_health("PayoutBatch", &object);
     assert_eq!(status, "Healthy", "after the workers edit: {message}");
@@ -232,7 +237,7 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
             .clone()
     };
     let before_upgrade = job_image(&world);
-    wait_until(
+    world.wait_until(
         "the upgraded operator notices the older Job template",
         Duration::from_secs(60),
         || {
@@ -243,8 +248,7 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
                 .flatten()
                 .any(|c| c["type"] == "JobTemplateCurrent" && c["status"] == "False")
         },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    );
     assert_eq!(job_image(&world), before_upgrade, "the Job was not patched");
     let object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
     let (status, message) = crate::world::argocd_health("PayoutBatch", &object);
@@ -261,27 +265,15 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
         NS,
         "--timeout=120s",
     ]);
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let rerun = wait_until(
-        "the re-created batch's Job ends",
-        Duration::from_secs(180),
-        || job_done(&world),
-    );
-    if let Err(e) = rerun {
-        panic!("{e:#}{}", world.diagnostics());
-    }
+    apply_batch(&world);
+    wait_job_done(&world, "the re-created batch's Job ends");
     let ran = world.kubelet().ran();
     assert_eq!(ran.len(), 2, "the re-created batch ran again: {ran:?}");
     assert_eq!(ran[1].exit_code, Some(0));
     let again = statement(&rail).await;
     assert_eq!(again, paid, "the rail's statement did not change");
     assert_eq!(states(&payment, &accounts).await, posted);
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }
 
 /// A PayoutBatch of `items` payouts, each as large as the schema allows (and the contract's
@@ -295,18 +287,16 @@ fn largest_batch(name: &str, items: usize) -> String {
         }
         s
     };
-    let mut yaml = format!(
-        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 1\n  payouts:\n"
-    );
-    for i in 0..items {
-        yaml.push_str(&format!(
-            "    - key: {}\n      accountId: {}\n      amountMinor: {AMOUNT_MINOR_MAX}\n      currency: EUR\n      beneficiaryRef: {}\n",
-            long("k", i, dlock_contract::payout_batch::KEY_LEN_MAX),
-            long("a", i, ACCOUNT_ID_LEN_MAX),
-            long("b", i, REFERENCE_LEN_MAX)
-        ));
-    }
-    yaml
+    batch_manifest(
+        name,
+        1,
+        (0..items).map(|i| Item {
+            key: long("k", i, dlock_contract::payout_batch::KEY_LEN_MAX),
+            account: long("a", i, ACCOUNT_ID_LEN_MAX),
+            amount_minor: AMOUNT_MINOR_MAX,
+            beneficiary_ref: long("b", i, REFERENCE_LEN_MAX),
+        }),
+    )
 }
 
 /// The item limit really applies: the largest batch the schema admits goes through client-side
@@ -314,10 +304,8 @@ fn largest_batch(name: &str, items: usize) -> String {
 /// ConfigMap; one item more is refused by the API server itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_more_is_refused() {
-    let mut world = World::start().await;
     let ns = "big";
-    world.namespace(ns);
-    world.start_operator(&[ns], &[]);
+    let world = World::with_operator(ns).await;
     let crd = world.get_json(&["crd", "payoutbatches.dlock.io"]);
     let max = crd
         .pointer(
@@ -330,20 +318,20 @@ async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_
         .cluster
         .kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(&largest))
         .unwrap_or_else(|e| panic!("{max} of the largest items, client-side: {e:#}"));
-    wait_until("the manifest ConfigMap", Duration::from_secs(60), || {
-        world
-            .try_kubectl(&[
-                "get",
-                "configmap",
-                "largest-manifest",
-                "-n",
-                ns,
-                "-o",
-                "name",
-            ])
-            .is_ok()
-    })
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    world.wait_kubectl(
+        "the manifest ConfigMap",
+        Duration::from_secs(60),
+        &[
+            "get",
+            "configmap",
+            "largest-manifest",
+            "-n",
+            ns,
+            "-o",
+            "name",
+        ],
+        |_| true,
+    );
     let too_many = largest_batch("too-many", max as usize + 1);
     let refused = world
         .cluster
@@ -356,42 +344,36 @@ async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_
     eprintln!(
         "maxItems {max}: {} bytes of YAML accepted; scenario done in {} ms",
         largest.len(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payouts_and_pays_nobody_twice()
  {
-    let mut world = World::start().await;
     // Every transfer is taken by the rail, then answered with `307` (a gateway that redirects):
     // the proxy follows no redirect, so no payout's outcome can be read.
-    world.start_services(&["--rail-redirect-rate", "1"]);
-    let (payment, rail, accounts) = payroll(&mut world).await;
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (world, payment, rail, accounts) = payroll(&["--rail-redirect-rate", "1"]).await;
+    apply_batch(&world);
     wait_job_done(&world, "the executor Job ends");
 
-    let states = states(&payment, &accounts).await;
-    assert_eq!(states.len(), 4, "{states:?}");
-    assert!(
-        states.values().all(|s| *s == PayoutState::RailAmbiguous),
-        "every payout left the automated path: {states:?}"
-    );
+    let states = all_in(
+        &payment,
+        &accounts,
+        PayoutState::RailAmbiguous,
+        "every payout left the automated path",
+    )
+    .await;
     // The rail took each transfer once: no redirect was followed, nothing was sent again.
-    let paid = statement(&rail).await;
-    for id in states.keys() {
-        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
-    }
+    paid_once(&rail, &states).await;
 
     // The batch names its ambiguous payouts; Argo CD's health says Degraded with the same words.
-    let mut object = Value::Null;
-    wait_until("the batch is Degraded", Duration::from_secs(60), || {
-        object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
-        condition(&object, "Degraded").is_some_and(|c| c["status"] == "True")
-    })
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+    let object = world.wait_for(
+        "the batch is Degraded",
+        Duration::from_secs(60),
+        || world.get_json(&["payoutbatch", BATCH, "-n", NS]),
+        |object| condition(object, "Degraded").is_some_and(|c| c["status"] == "True"),
+    );
     let degraded = condition(&object, "Degraded").cloned().unwrap_or_default();
     assert_eq!(degraded["reason"], "RailAmbiguous", "{degraded}");
     assert_eq!(
@@ -432,24 +414,20 @@ async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payou
         events["items"].as_array().is_some_and(|i| !i.is_empty()),
         "a Warning Event: {events}"
     );
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_default() {
-    let mut world = World::start().await;
     // The rail answers after 11 s; the proxy waits up to 14 s for it. An executor that waited
     // only the default (8 s read timeout + 2 s) would give up first and record ambiguity.
-    world.start_services(&[
+    let (world, payment, rail, accounts) = payroll(&[
         "--rail-latency-ms",
         "9500",
         "--rail-read-timeout-ms",
         "14000",
-    ]);
-    let (payment, rail, accounts) = payroll(&mut world).await;
+    ])
+    .await;
     world.kubectl(&[
         "patch",
         "railproxy/rail-proxy",
@@ -460,18 +438,17 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
         r#"{"spec":{"readTimeoutMs":14000}}"#,
     ]);
     let started = std::time::Instant::now();
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    apply_batch(&world);
     wait_job_done(&world, "the executor Job ends");
     let took = started.elapsed();
 
-    let states = states(&payment, &accounts).await;
-    assert_eq!(states.len(), 4, "{states:?}");
-    assert!(
-        states.values().all(|s| *s == PayoutState::Posted),
-        "every slow answer was waited for: {states:?}"
-    );
+    let states = all_in(
+        &payment,
+        &accounts,
+        PayoutState::Posted,
+        "every slow answer was waited for",
+    )
+    .await;
     // One cycle per payout, each one settled: no submit gave up on its answer (a cycle that
     // did not get its answer ends otherwise and the payout takes another cycle to be re-read).
     let ran = world.kubelet().ran();
@@ -487,27 +464,20 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
         "{}",
         manifest["data"]
     );
-    let paid = statement(&rail).await;
-    for id in states.keys() {
-        assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
-    }
+    paid_once(&rail, &states).await;
     eprintln!(
         "4 payouts at 11 s each in {} ms; scenario done in {} ms",
         took.as_millis(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_a_running_batch_abandons_what_never_reached_the_rail_and_pays_nobody_twice() {
-    let mut world = World::start().await;
     // A slow rail keeps the executor mid-batch: one payout per account at the rail, the other
     // still PENDING behind it.
-    world.start_services(&["--rail-latency-ms", "3000"]);
-    let (payment, rail, accounts) = payroll(&mut world).await;
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (world, payment, rail, accounts) = payroll(&["--rail-latency-ms", "3000"]).await;
+    apply_batch(&world);
     let mut seen = BTreeMap::new();
     let mid_batch = async {
         for _ in 0..600 {
@@ -587,9 +557,7 @@ async fn deleting_a_running_batch_abandons_what_never_reached_the_rail_and_pays_
         "the Event counts the abandoned payouts: {events}"
     );
     // Re-applying the same file after the delete pays nothing that was abandoned.
-    world
-        .apply(NS, &batch_yaml())
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    apply_batch(&world);
     wait_job_done(&world, "the re-applied batch's Job ends");
     let again = statement(&rail).await;
     for id in &abandoned {
@@ -598,6 +566,6 @@ async fn deleting_a_running_batch_abandons_what_never_reached_the_rail_and_pays_
     eprintln!(
         "mid-batch {seen:?}; after the delete ({} ms): {after:?}; scenario done in {} ms",
         took.as_millis(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }

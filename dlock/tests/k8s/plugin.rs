@@ -8,17 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::auth::Credential;
-use dlock_contract::client::LockClient;
-use dlock_contract::payment::{
-    CreateAccountRequest, CreatePayoutRequest, FundRequest, PayoutState,
-};
-use dlock_contract::payment_client::PaymentClient;
-use dlock_devstack::wait_until;
+use dlock_contract::payment::PayoutState;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::locks::table;
+use crate::stack::{Held, Stale, hold, open_account, payments};
 use crate::world::{EXE, World, condition, repo};
 
 const NS: &str = "oncall";
@@ -141,6 +136,15 @@ impl Plugin {
         }
     }
 
+    /// `kubectl dlock ARGS` with `env`, which must fail saying every one of `words` on stderr.
+    async fn refuses(&self, args: &[&str], env: &[(&str, &str)], words: &[&str]) {
+        let ran = self.dlock(args, env).await;
+        assert!(
+            !ran.ok && words.iter().all(|w| ran.stderr.contains(w)),
+            "kubectl dlock {args:?} fails saying {words:?}: {ran}"
+        );
+    }
+
     async fn json(&self, args: &[&str]) -> Value {
         let ran = self.dlock(args, &[]).await;
         assert!(ran.ok, "{ran}");
@@ -160,36 +164,10 @@ fn sections(text: &str) -> Vec<Vec<BTreeMap<String, String>>> {
         .collect()
 }
 
-async fn post_json(
-    url: &str,
-    token: &str,
-    headers: &[(&str, String)],
-    body: Value,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        request = request.header(*k, v);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    (
-        status,
-        response.json::<Value>().await.unwrap_or(Value::Null),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_an_ambiguous_payout()
  {
-    let mut world = World::start().await;
-    world.namespace(NS);
+    let mut world = World::with_namespace(NS).await;
     // Every transfer is taken by the rail and answered `307`: each payout ends RAIL_AMBIGUOUS.
     world.start_services(&["--rail-redirect-rate", "1"]);
     world.start_operator(&[NS], &[]);
@@ -201,31 +179,9 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     let payment_url = services.url("paymentResource");
     let proxy_url = services.url("railProxy");
     let rail_url = services.url("railStub");
-    let payment = PaymentClient::new(&payment_url, "executor/setup")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
+    let payment = payments(&payment_url, &executor, "executor/setup");
     for account in ["acct-17", "acct-18", HELD_ACCOUNT] {
-        payment
-            .create_account(
-                &format!("open-{account}"),
-                &CreateAccountRequest {
-                    account_id: account.to_owned(),
-                    currency: "EUR".to_owned(),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        payment
-            .fund(
-                account,
-                &format!("fund-{account}"),
-                &FundRequest {
-                    amount_minor: 1_000_000,
-                    reference: format!("seed-{account}"),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        open_account(&payment, account, Some(1_000_000)).await;
     }
     world.apply_stack_ready(NS);
     let secret = format!(
@@ -234,18 +190,12 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     world.apply(NS, &secret).unwrap_or_else(|e| panic!("{e:#}"));
 
     // A holder at the real lock server (a wedged worker, say), mirrored as a Lock.
-    let holder = LockClient::new(&lock_url, "executor/wedged")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
-    let session = holder
-        .create_session(Some(60_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let key = format!("payout:{HELD_ACCOUNT}");
-    let grant = holder
-        .acquire(&key, session.session_id, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let Held {
+        client: holder,
+        session,
+        grant,
+    } = hold(&lock_url, &executor, "executor/wedged", &key).await;
 
     // kubectl apply -f examples/payoutbatch.yaml; its Job runs and leaves 4 RAIL_AMBIGUOUS.
     // `kubectl dlock batch -w` follows it from the start until its Job has ended.
@@ -261,19 +211,17 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     .kill_on_drop(true)
     .output();
     let watching = tokio::spawn(watching);
-    let mut object = Value::Null;
-    wait_until(
+    let object = world.wait_for(
         "the batch is Degraded with 4 ambiguous payouts",
         Duration::from_secs(120),
-        || {
-            object = world.get_json(&["payoutbatch", BATCH, "-n", NS]);
-            condition(&object, "Degraded").is_some_and(|c| c["status"] == "True")
+        || world.get_json(&["payoutbatch", BATCH, "-n", NS]),
+        |object| {
+            condition(object, "Degraded").is_some_and(|c| c["status"] == "True")
                 && object["status"]["ambiguous"]
                     .as_array()
                     .is_some_and(|a| a.len() == 4)
         },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}: {object}{}", world.diagnostics()));
+    );
     let watched = tokio::time::timeout(Duration::from_secs(60), watching)
         .await
         .unwrap_or_else(|_| panic!("batch -w did not end with its Job"))
@@ -296,16 +244,12 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .flatten()
         .filter_map(|v| v.as_str().map(str::to_owned))
         .collect();
-    wait_until(
+    world.wait_kubectl(
         "the held lock in the Lock mirror",
         Duration::from_secs(60),
-        || {
-            world
-                .try_kubectl(&["get", "locks", "-n", NS, "-o", "json"])
-                .is_ok_and(|t| t.contains(&format!("\"key\": \"{key}\"")))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}{}", world.diagnostics()));
+        &["get", "locks", "-n", NS, "-o", "json"],
+        |t| t.contains(&format!("\"key\": \"{key}\"")),
+    );
     // The grant outlives the rest of the scenario.
     holder
         .heartbeat(session.session_id)
@@ -412,13 +356,13 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     let yaml: Value = serde_yaml_ng::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {ran}"));
     assert_eq!(yaml["namespace"], NS, "the context's namespace: {ran}");
     assert_eq!(yaml["locks"], status["locks"], "{ran}");
-    let ran = plugin
-        .dlock(&["status", "--context", "no-such-context"], &[])
+    plugin
+        .refuses(
+            &["status", "--context", "no-such-context"],
+            &[],
+            &["kubectl config get-contexts"],
+        )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("kubectl config get-contexts"),
-        "{ran}"
-    );
 
     // batch: the counts add up to the batch's size.
     let batch = plugin.json(&["batch", BATCH, "-o", "json"]).await;
@@ -444,40 +388,34 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     eprintln!("{}", ran.stdout);
 
     // The errors a person meets say what happened and what to do.
-    let ran = plugin.dlock(&["batch", "no-such-batch"], &[]).await;
-    assert!(
-        !ran.ok && ran.stderr.contains("not found in namespace oncall"),
-        "{ran}"
-    );
-    let ran = plugin
-        .dlock(
+    plugin
+        .refuses(
+            &["batch", "no-such-batch"],
+            &[],
+            &["not found in namespace oncall"],
+        )
+        .await;
+    plugin
+        .refuses(
             &["status"],
             &[
                 ("KUBECONFIG", "/nonexistent/kubeconfig"),
                 ("HOME", "/nonexistent"),
             ],
+            &["no usable kubeconfig"],
         )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("no usable kubeconfig"),
-        "{ran}"
-    );
     world.kubectl(&["create", "serviceaccount", "nobody", "-n", NS]);
     let nobody = world.service_account_kubeconfig(NS, "nobody", "nobody.kubeconfig");
-    let ran = plugin
-        .dlock(
+    plugin
+        .refuses(
             &["status", "-n", NS],
             &[("KUBECONFIG", &nobody.display().to_string())],
+            &["forbidden: you may not list", "kubectl auth can-i"],
         )
         .await;
-    assert!(
-        !ran.ok
-            && ran.stderr.contains("forbidden: you may not list")
-            && ran.stderr.contains("kubectl auth can-i"),
-        "{ran}"
-    );
-    let ran = plugin
-        .dlock(
+    plugin
+        .refuses(
             &[
                 "revoke",
                 "payout:acct-nobody",
@@ -485,19 +423,16 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
                 "e2e: nobody holds it",
             ],
             &[],
+            &["no Lock in namespace oncall mirrors"],
         )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("no Lock in namespace oncall mirrors"),
-        "{ran}"
-    );
-    let ran = plugin
-        .dlock(&["revoke", &key, "--reason", "short"], &[])
+    plugin
+        .refuses(
+            &["revoke", &key, "--reason", "short"],
+            &[],
+            &["at least 8 characters"],
+        )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("at least 8 characters"),
-        "{ran}"
-    );
     let revocations = world.get_json(&["lockrevocations", "-n", NS]);
     assert_eq!(
         revocations["items"].as_array().map(Vec::len),
@@ -548,53 +483,19 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .unwrap_or_else(|| panic!("{created}"));
     assert!(floor > grant.fencing_token);
     // The revoked token, with the proof its grant carried, is FENCED_OUT at both points.
-    let stale = Uuid::new_v4();
-    payment
-        .create_payout(
-            &format!("create-{stale}"),
-            &CreatePayoutRequest {
-                payout_id: stale,
-                account_id: HELD_ACCOUNT.to_owned(),
-                amount_minor: 500,
-                currency: "EUR".to_owned(),
-                beneficiary_ref: "ben-stale".to_owned(),
-            },
+    let wedged = Stale {
+        owner: "executor/wedged",
+        token: grant.fencing_token,
+        proof: grant.fencing_proof.clone(),
+    };
+    wedged
+        .is_fenced_out_at_both_points(
+            &payment,
+            (&payment_url, &proxy_url),
+            &executor,
+            HELD_ACCOUNT,
         )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut headers = vec![
-        ("x-owner-id", "executor/wedged".to_owned()),
-        ("x-idempotency-key", format!("payout-{stale}")),
-        ("x-fencing-token", grant.fencing_token.to_string()),
-    ];
-    if let Some(proof) = &grant.fencing_proof {
-        headers.push((dlock_contract::headers::FENCING_PROOF, proof.clone()));
-    }
-    let (code, body) = post_json(
-        &format!("{payment_url}/v1/payouts/{stale}/claim"),
-        &executor,
-        &headers,
-        json!({"expectedState": "PENDING"}),
-    )
-    .await;
-    assert_eq!(
-        (code, body["code"].as_str()),
-        (409, Some("FENCED_OUT")),
-        "{body}"
-    );
-    let (code, body) = post_json(
-        &format!("{proxy_url}/v1/rail/submissions"),
-        &executor,
-        &headers,
-        json!({"payoutId": stale, "accountId": HELD_ACCOUNT, "amountMinor": 500,
-               "currency": "EUR", "beneficiaryRef": "ben-stale"}),
-    )
-    .await;
-    assert_eq!(
-        (code, body["code"].as_str()),
-        (409, Some("FENCED_OUT")),
-        "{body}"
-    );
+        .await;
 
     // resolve: the payment resource found from the PaymentResource, reached through the
     // address map, called with the operator credential.
@@ -616,22 +517,22 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         "--rail-reference",
         reference.as_str(),
     ];
-    let ran = plugin
-        .dlock(&resolve, &[("DLOCK_SERVICE_ADDRESSES", &addresses)])
+    // Without the operator credential.
+    plugin
+        .refuses(
+            &resolve,
+            &[("DLOCK_SERVICE_ADDRESSES", &addresses)],
+            &["DLOCK_OPERATOR_TOKEN"],
+        )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("DLOCK_OPERATOR_TOKEN"),
-        "no credential: {ran}"
-    );
-    let ran = plugin
-        .dlock(&resolve, &[("DLOCK_OPERATOR_TOKEN", &operator_token)])
+    // Without the address map the in-cluster address is unreachable here.
+    plugin
+        .refuses(
+            &resolve,
+            &[("DLOCK_OPERATOR_TOKEN", &operator_token)],
+            &["kubectl port-forward", "DLOCK_SERVICE_ADDRESSES"],
+        )
         .await;
-    assert!(
-        !ran.ok
-            && ran.stderr.contains("kubectl port-forward")
-            && ran.stderr.contains("DLOCK_SERVICE_ADDRESSES"),
-        "without the address map the in-cluster address is unreachable here: {ran}"
-    );
     let ran = plugin
         .dlock(
             &resolve,
@@ -677,19 +578,17 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .collect();
     assert_eq!(still.len(), 3, "{status}");
     assert!(!still.contains(&&json!(target)), "{status}");
-    let ran = plugin
-        .dlock(
+    // --failed needs evidence.
+    plugin
+        .refuses(
             &["resolve", &ambiguous[1], "--failed"],
             &[
                 ("DLOCK_SERVICE_ADDRESSES", &addresses),
                 ("DLOCK_OPERATOR_TOKEN", &operator_token),
             ],
+            &["--evidence"],
         )
         .await;
-    assert!(
-        !ran.ok && ran.stderr.contains("--evidence"),
-        "--failed needs evidence: {ran}"
-    );
     let other = payment
         .get_payout(ambiguous[1].parse().unwrap_or_else(|e| panic!("{e}")))
         .await
@@ -700,6 +599,6 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         "revoked token {}, floor {floor}; plugin steps in {} ms; scenario done in {} ms",
         grant.fencing_token,
         started.elapsed().as_millis(),
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }

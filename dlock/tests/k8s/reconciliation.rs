@@ -25,14 +25,9 @@ fn reconciliation(name: &str, schedule: Option<&str>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reconciliation_reports_its_findings_in_status_and_a_removed_schedule_leaves_no_cron_job()
 {
-    let mut world = World::start().await;
-    world.namespace(NS);
-    world.start_operator(&[NS], &[]);
+    let mut world = World::with_operator(NS).await;
     world.start_kubelet(&[NS]);
-    let paydb = world.services().line["paydb"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let paydb = world.services().url("paydb");
     world.apply_stack(NS);
     // The real paydb in place of the sample's URL.
     let secret = format!(
@@ -109,8 +104,5 @@ async fn a_reconciliation_reports_its_findings_in_status_and_a_removed_schedule_
             .is_ok_and(|t| t.trim().is_empty())
     })
     .unwrap_or_else(|e| panic!("{e:#}: was {cron}{}", world.diagnostics()));
-    eprintln!(
-        "scenario done in {} ms",
-        world.started.elapsed().as_millis()
-    );
+    eprintln!("scenario done in {} ms", world.elapsed_ms());
 }

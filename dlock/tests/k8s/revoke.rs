@@ -7,14 +7,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use dlock_contract::auth::Credential;
-use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest, FundRequest};
-use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{spawn_logged, wait_until};
-use serde_json::{Value, json};
-use uuid::Uuid;
+use serde_json::Value;
 
-use crate::locks::table;
+use crate::locks::lock_rows;
+use crate::shared::payouts::{Item, batch_manifest};
+use crate::stack::{Stale, open_account, payments, rail_high_water};
 use crate::world::{EXE, World};
 
 const NS: &str = "ops";
@@ -23,46 +21,16 @@ const ACCOUNT: &str = "acct-rev";
 const PAYOUTS: usize = 40;
 
 fn batch(name: &str) -> String {
-    let mut yaml = format!(
-        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: 1\n  payouts:\n"
-    );
-    for i in 0..PAYOUTS {
-        yaml.push_str(&format!(
-            "    - key: item-{i}\n      accountId: {ACCOUNT}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: ben-{i}\n",
-            1000 + i
-        ));
-    }
-    yaml
-}
-
-async fn post_json(
-    url: &str,
-    token: &str,
-    headers: &[(&str, String)],
-    body: Value,
-) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut request = client
-        .post(url)
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        request = request.header(*k, v);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    let body = response.json::<Value>().await.unwrap_or(Value::Null);
-    (status, body)
+    batch_manifest(
+        name,
+        1,
+        (0..PAYOUTS).map(|i| Item::numbered(i, format!("item-{i}"), ACCOUNT, 1000)),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_both_points() {
-    let mut world = World::start().await;
-    world.namespace(NS);
+    let mut world = World::with_namespace(NS).await;
     world.start_services(&["--rail-latency-ms", "1500"]);
     world.start_operator(&[NS], &[]);
     world.apply_stack_ready(NS);
@@ -71,10 +39,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     let payment_url = services.url("paymentResource");
     let proxy_url = services.url("railProxy");
     let rail_url = services.url("railStub");
-    let paydb = services.line["paydb"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let paydb = services.url("paydb");
     let proof_keys = services.line["proofKeysFile"]
         .as_str()
         .unwrap_or_else(|| panic!("dev up runs with fencing-token proofs: {}", services.line))
@@ -84,30 +49,8 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         ("DLOCK_PAYMENT_RESOURCE", payment_url.clone()),
         ("DLOCK_RAIL_PROXY", proxy_url.clone()),
     ];
-    let payment = PaymentClient::new(&payment_url, "executor/setup")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&executor)));
-    payment
-        .create_account(
-            "open-rev",
-            &CreateAccountRequest {
-                account_id: ACCOUNT.to_owned(),
-                currency: "EUR".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    payment
-        .fund(
-            ACCOUNT,
-            "fund-rev",
-            &FundRequest {
-                amount_minor: 1_000_000,
-                reference: "seed-rev".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let payment = payments(&payment_url, &executor, "executor/setup");
+    open_account(&payment, ACCOUNT, Some(1_000_000)).await;
 
     // A real executor: one worker, one payout after another on the account, each holding
     // payout:acct-rev for about the rail's 1.5 s.
@@ -139,20 +82,15 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     wait_until(
         "the executor's lock in kubectl get locks",
         Duration::from_secs(60),
-        || {
-            let text = world
-                .try_kubectl(&["get", "locks", "-n", NS])
-                .unwrap_or_default();
-            match table(&text)
-                .into_iter()
-                .find(|r| r.get("KEY") == Some(&key))
-            {
-                Some(found) => {
-                    row = found;
-                    true
-                }
-                None => false,
+        || match lock_rows(&world, NS)
+            .into_iter()
+            .find(|r| r.get("KEY") == Some(&key))
+        {
+            Some(found) => {
+                row = found;
+                true
             }
+            None => false,
         },
     )
     .unwrap_or_else(|e| {
@@ -172,22 +110,19 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         "dlock.io/revoke-reason=e2e: the worker looks stuck",
         "dlock.io/revoked-by=alice",
     ]);
-    let mut result = Value::Null;
-    wait_until(
+    let result = world.wait_for(
         "the Lock's status records the revocation",
         Duration::from_secs(60),
         || {
-            let lock = world
+            world
                 .try_kubectl(&["get", "lock", &name, "-n", NS, "-o", "json"])
                 .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok());
-            result = lock
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .map(|l| l["status"]["revocation"].clone())
-                .unwrap_or(Value::Null);
-            result["outcome"] == "Complete"
+                .unwrap_or(Value::Null)
         },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}: {result}{}", world.diagnostics()));
+        |result| result["outcome"] == "Complete",
+    );
     assert_eq!(result["paymentFenced"], true, "{result}");
     assert_eq!(result["railFenced"], true, "{result}");
     let revoked = result["revokedToken"]
@@ -208,32 +143,10 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         "account fence {} < floor {floor}",
         account.fence
     );
-    let pool = sqlx::PgPool::connect(&paydb)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (high,): (i64,) =
-        sqlx::query_as("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
-            .bind(ACCOUNT)
-            .fetch_one(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+    let high = rail_high_water(&paydb, ACCOUNT).await;
     assert!(high >= floor, "rail high-water {high} < floor {floor}");
 
     // A write with the revoked token is FENCED_OUT at the account and at the rail.
-    let stale = Uuid::new_v4();
-    payment
-        .create_payout(
-            &format!("create-{stale}"),
-            &CreatePayoutRequest {
-                payout_id: stale,
-                account_id: ACCOUNT.to_owned(),
-                amount_minor: 500,
-                currency: "EUR".to_owned(),
-                beneficiary_ref: "ben-stale".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     // The evicted worker still holds its grant: the revoked token and the lock server's proof of
     // it (signed here with the local stack's proof keys, as the grant carried it).
     let keys = dlock_server::proof::ProofKeys::load(Path::new(&proof_keys))
@@ -241,38 +154,15 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     let proof = keys
         .sign(&key, revoked)
         .unwrap_or_else(|| panic!("no signing key"));
-    let headers = [
-        ("x-owner-id", "executor/stale".to_owned()),
-        ("x-idempotency-key", format!("payout-{stale}")),
-        ("x-fencing-token", revoked.to_string()),
-        (dlock_contract::headers::FENCING_PROOF, proof),
-    ];
-    let (status, body) = post_json(
-        &format!("{payment_url}/v1/payouts/{stale}/claim"),
-        &executor,
-        &headers,
-        json!({"expectedState": "PENDING"}),
-    )
-    .await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (409, Some("FENCED_OUT")),
-        "{body}"
-    );
-    assert_eq!(body["details"]["resourceType"], "account", "{body}");
-    let (status, body) = post_json(
-        &format!("{proxy_url}/v1/rail/submissions"),
-        &executor,
-        &headers,
-        json!({"payoutId": stale, "accountId": ACCOUNT, "amountMinor": 500,
-               "currency": "EUR", "beneficiaryRef": "ben-stale"}),
-    )
-    .await;
-    assert_eq!(
-        (status, body["code"].as_str()),
-        (409, Some("FENCED_OUT")),
-        "{body}"
-    );
+    let stale = Stale {
+        owner: "executor/stale",
+        token: revoked,
+        proof: Some(proof),
+    };
+    let (stale, claim) = stale
+        .is_fenced_out_at_both_points(&payment, (&payment_url, &proxy_url), &executor, ACCOUNT)
+        .await;
+    assert_eq!(claim["details"]["resourceType"], "account", "{claim}");
 
     // The Event a person sees.
     let events = world.kubectl(&[
@@ -324,6 +214,6 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     eprintln!(
         "revoked token {revoked}, floor {floor}; executor exit {:?}; scenario done in {} ms",
         exit.0,
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
 }

@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, free_port, spawn_logged};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use serde_json::Value;
 
+use crate::shared::process::wait_serving;
 use crate::world::{EXE, World};
 
 const JSON: &str = "application/json; charset=utf-8";
@@ -65,16 +66,14 @@ fn start_stub(
     ];
     let mut child = spawn_logged(name, Path::new(EXE), &args, &[], Some(&log))
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let addr = ([127, 0, 0, 1], port).into();
-    wait_until(name, Duration::from_secs(30), || {
-        !child.exited() && http_status(addr, "/readyz") == Some(200)
-    })
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e:#}\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
+    wait_serving(
+        name,
+        &mut child,
+        ([127, 0, 0, 1], port).into(),
+        "/readyz",
+        Duration::from_secs(30),
+        &log,
+    );
     Stub {
         url: format!("http://127.0.0.1:{port}"),
         log,
@@ -376,7 +375,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
         "valid token after the flood: 200; tokenreviews {after_flood} -> {after_again} (+{}); \
          scenario {} ms",
         after_again - after_flood,
-        world.started.elapsed().as_millis()
+        world.elapsed_ms()
     );
     assert_eq!(after_again, after_flood, "the cached answer was used");
     assert_eq!(

@@ -3,16 +3,16 @@
 //! services (`dlock dev up`), the operator as a separate process under the chart's RBAC, and the
 //! kubelet that runs the pods of Jobs.
 
-use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock_devstack::kube::KubeCluster;
-use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, free_port, spawn_logged, wait_until};
 use serde_json::Value;
 
 use crate::kubelet::Kubelet;
+use crate::shared::process::wait_serving;
 
 pub const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 /// Where the chart is installed, as in the README (`helm install … -n dlock-system`).
@@ -27,63 +27,7 @@ pub fn repo() -> PathBuf {
 }
 
 /// `dlock dev up` as a process: the four services, PostgreSQL, authentication on.
-pub struct DevStack {
-    pub line: Value,
-    _child: ManagedChild,
-    _dir: tempfile::TempDir,
-}
-
-impl DevStack {
-    fn start(args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let log = std::fs::File::create(dir.path().join("dev-up.log"))
-            .unwrap_or_else(|e| panic!("dev up log: {e}"));
-        let mut child = Command::new(EXE)
-            .args(["dev", "up", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting dlock dev up: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let child = ManagedChild::new("dev-up", child);
-        let mut first = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut first)
-            .unwrap_or_else(|e| panic!("reading dev up's line: {e}"));
-        let line: Value = serde_json::from_str(&first).unwrap_or_else(|e| {
-            panic!(
-                "dev up's line is not JSON ({e}): {first}\n{}",
-                std::fs::read_to_string(dir.path().join("dev-up.log")).unwrap_or_default()
-            )
-        });
-        Self {
-            line,
-            _child: child,
-            _dir: dir,
-        }
-    }
-
-    pub fn url(&self, service: &str) -> String {
-        self.line[service]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {service} in {}", self.line))
-            .to_owned()
-    }
-
-    pub fn authority(&self, service: &str) -> String {
-        self.url(service).trim_start_matches("http://").to_owned()
-    }
-
-    pub fn token(&self, who: &str) -> String {
-        self.line["credentials"][who]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {who} credential in {}", self.line))
-            .to_owned()
-    }
-}
+pub use crate::shared::dev_up::DevUp as DevStack;
 
 pub struct World {
     pub cluster: KubeCluster,
@@ -144,6 +88,20 @@ impl World {
         world
     }
 
+    /// [`World::start`] with the namespace `ns` created.
+    pub async fn with_namespace(ns: &str) -> Self {
+        let world = Self::start().await;
+        world.namespace(ns);
+        world
+    }
+
+    /// [`World::with_namespace`] and an operator watching it.
+    pub async fn with_operator(ns: &str) -> Self {
+        let mut world = Self::with_namespace(ns).await;
+        world.start_operator(&[ns], &[]);
+        world
+    }
+
     /// `kubectl ARGS` as the admin; panics with kubectl's message on failure.
     pub fn kubectl(&self, args: &[&str]) -> String {
         self.cluster
@@ -192,16 +150,7 @@ impl World {
     /// `apply_stack`, then waits until the LockServer is Ready (diagnostics on failure).
     pub fn apply_stack_ready(&self, namespace: &str) {
         self.apply_stack(namespace);
-        if let Err(e) = self.try_kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            "lockserver/lock-server",
-            "-n",
-            namespace,
-            "--timeout=120s",
-        ]) {
-            panic!("{e:#}{}", self.diagnostics());
-        }
+        self.wait_ready("lockserver/lock-server", namespace, "120s");
     }
 
     pub fn namespace(&self, name: &str) {
@@ -224,7 +173,7 @@ impl World {
     /// `start_services` came first).
     pub fn services(&mut self) -> &DevStack {
         if self.stack.is_none() {
-            self.stack = Some(DevStack::start(&[]));
+            self.stack = Some(DevStack::start(&[], &[]));
         }
         self.stack.as_ref().unwrap_or_else(|| unreachable!())
     }
@@ -232,7 +181,7 @@ impl World {
     /// The real services with `dlock dev up` options (`--rail-latency-ms 1500`, …).
     pub fn start_services(&mut self, args: &[&str]) -> &DevStack {
         assert!(self.stack.is_none(), "the services are already running");
-        self.stack = Some(DevStack::start(args));
+        self.stack = Some(DevStack::start(args, &[]));
         self.stack.as_ref().unwrap_or_else(|| unreachable!())
     }
 
@@ -248,10 +197,8 @@ impl World {
                 ("rail-proxy", "railProxy"),
                 ("rail-proxy-stub", "railStub"),
             ] {
-                entries.push(format!(
-                    "{service}.{ns}.svc:{SERVICE_PORT}={}",
-                    stack.authority(key)
-                ));
+                let authority = stack.url(key).trim_start_matches("http://").to_owned();
+                entries.push(format!("{service}.{ns}.svc:{SERVICE_PORT}={authority}"));
             }
         }
         entries.join(",")
@@ -335,11 +282,14 @@ impl World {
             Some(&log),
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
-        let addr = ([127, 0, 0, 1], port).into();
-        wait_until("the operator's /healthz", Duration::from_secs(30), || {
-            !child.exited() && http_status(addr, "/healthz") == Some(200)
-        })
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.operator_log(index)));
+        wait_serving(
+            "the operator's /healthz",
+            &mut child,
+            ([127, 0, 0, 1], port).into(),
+            "/healthz",
+            Duration::from_secs(30),
+            &log,
+        );
         self.operators.push(child);
         (index, port)
     }
@@ -414,6 +364,63 @@ impl World {
             self.cluster.logs_dir().display()
         ));
         text
+    }
+
+    /// Waits up to `timeout` until `done` holds; panics with the diagnostics if it never does.
+    pub fn wait_until(&self, what: &str, timeout: Duration, done: impl FnMut() -> bool) {
+        wait_until(what, timeout, done).unwrap_or_else(|e| panic!("{e:#}{}", self.diagnostics()));
+    }
+
+    /// Waits up to `timeout` until `kubectl ARGS` succeeds with an output of which `done`
+    /// holds; panics with the diagnostics if it never does.
+    pub fn wait_kubectl(
+        &self,
+        what: &str,
+        timeout: Duration,
+        args: &[&str],
+        done: impl Fn(&str) -> bool,
+    ) {
+        self.wait_until(what, timeout, || {
+            self.try_kubectl(args).is_ok_and(|out| done(&out))
+        });
+    }
+
+    /// Reads with `read` until `done` holds of the reading (at most `timeout`) and returns that
+    /// reading; panics with the last one and the diagnostics if it never comes.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut read: impl FnMut() -> Value,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let mut last = Value::Null;
+        wait_until(what, timeout, || {
+            last = read();
+            done(&last)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}: {last}{}", self.diagnostics()));
+        last
+    }
+
+    /// `kubectl wait --for=condition=Ready RESOURCE -n NAMESPACE --timeout=TIMEOUT`; panics
+    /// with the diagnostics if it is not Ready by then.
+    pub fn wait_ready(&self, resource: &str, namespace: &str, timeout: &str) {
+        if let Err(e) = self.try_kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            resource,
+            "-n",
+            namespace,
+            &format!("--timeout={timeout}"),
+        ]) {
+            panic!("{e:#}{}", self.diagnostics());
+        }
+    }
+
+    /// Milliseconds since the control plane was started, for the line a scenario ends with.
+    pub fn elapsed_ms(&self) -> u128 {
+        self.started.elapsed().as_millis()
     }
 
     /// The API server as a pod in `namespace` reaches it: its URL, and the cluster's CA bundle

@@ -1,0 +1,175 @@
+//! What scenarios do at the real services of `dlock dev up`: accounts opened and funded, a lock
+//! held as a worker holds it, a revoked holder's writes refused at both fences, and the rail
+//! proxy's high-water mark read from paydb.
+
+use dlock_contract::auth::Credential;
+use dlock_contract::client::LockClient;
+use dlock_contract::lock::{LockGrant, Session};
+use dlock_contract::payment::{CreateAccountRequest, FundRequest};
+use dlock_contract::payment_client::PaymentClient;
+use serde_json::{Value, json};
+
+use crate::shared::payouts::register_payout;
+
+/// A payment client of the executor identity (its credential `executor`), calling as `owner`.
+pub fn payments(url: &str, executor: &str, owner: &str) -> PaymentClient {
+    PaymentClient::new(url, owner)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(executor)))
+}
+
+/// Opens `account` (EUR) at the payment resource, funded with `funds` minor units if given.
+pub async fn open_account(payment: &PaymentClient, account: &str, funds: Option<i64>) {
+    payment
+        .create_account(
+            &format!("open-{account}"),
+            &CreateAccountRequest {
+                account_id: account.to_owned(),
+                currency: "EUR".to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    if let Some(amount_minor) = funds {
+        payment
+            .fund(
+                account,
+                &format!("fund-{account}"),
+                &FundRequest {
+                    amount_minor,
+                    reference: format!("seed-{account}"),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A lock held at the real lock server as a worker holds it: a session and a grant of 60 s.
+pub struct Held {
+    pub client: LockClient,
+    pub session: Session,
+    pub grant: LockGrant,
+}
+
+/// `owner` (with the executor's credential) takes `key` at the lock server on `url`.
+pub async fn hold(url: &str, executor: &str, owner: &str, key: &str) -> Held {
+    let client = LockClient::new(url, owner)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(executor)));
+    let session = client
+        .create_session(Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let grant = client
+        .acquire(key, session.session_id, Some(60_000), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    Held {
+        client,
+        session,
+        grant,
+    }
+}
+
+/// A worker whose grant was revoked, writing on with it: its owner id, the revoked token and
+/// the proof the grant carried.
+pub struct Stale<'a> {
+    pub owner: &'a str,
+    pub token: i64,
+    pub proof: Option<String>,
+}
+
+impl Stale<'_> {
+    /// Registers a new payout on `account`, then claims it at the payment resource
+    /// (`payment_url`) and submits it at the rail proxy (`proxy_url`) as the stale worker, with
+    /// the executor's credential: both answers must be 409 FENCED_OUT. Returns the payout's id
+    /// and the claim's answer.
+    pub async fn is_fenced_out_at_both_points(
+        &self,
+        payment: &PaymentClient,
+        (payment_url, proxy_url): (&str, &str),
+        executor: &str,
+        account: &str,
+    ) -> (uuid::Uuid, Value) {
+        let stale = register_payout(payment, account, 500, "ben-stale").await;
+        let mut headers = vec![
+            ("x-owner-id", self.owner.to_owned()),
+            ("x-idempotency-key", format!("payout-{stale}")),
+            ("x-fencing-token", self.token.to_string()),
+        ];
+        if let Some(proof) = &self.proof {
+            headers.push((dlock_contract::headers::FENCING_PROOF, proof.clone()));
+        }
+        let claim = fenced_out(
+            post_json(
+                &format!("{payment_url}/v1/payouts/{stale}/claim"),
+                executor,
+                &headers,
+                json!({"expectedState": "PENDING"}),
+            )
+            .await,
+        );
+        fenced_out(
+            post_json(
+                &format!("{proxy_url}/v1/rail/submissions"),
+                executor,
+                &headers,
+                json!({"payoutId": stale, "accountId": account, "amountMinor": 500,
+                       "currency": "EUR", "beneficiaryRef": "ben-stale"}),
+            )
+            .await,
+        );
+        (stale, claim)
+    }
+}
+
+/// The body of a 409 FENCED_OUT answer; panics on any other.
+fn fenced_out((code, body): (u16, Value)) -> Value {
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("FENCED_OUT")),
+        "{body}"
+    );
+    body
+}
+
+/// A JSON POST with the bearer `token` and `headers`; the status and the body (null if none).
+async fn post_json(
+    url: &str,
+    token: &str,
+    headers: &[(&str, String)],
+    body: Value,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in headers {
+        request = request.header(*k, v);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json::<Value>().await.unwrap_or(Value::Null),
+    )
+}
+
+/// The rail proxy's high-water mark of `account`, read from paydb (`paydb` its URL).
+pub async fn rail_high_water(paydb: &str, account: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(paydb)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (high,): (i64,) =
+        sqlx::query_as("SELECT highest_token FROM rail_high_water WHERE account_id = $1")
+            .bind(account)
+            .fetch_one(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    high
+}

@@ -1,0 +1,64 @@
+//! Payouts as the tests write them: a PayoutBatch manifest, and one payout registered at the
+//! payment resource.
+
+use dlock_contract::payment::CreatePayoutRequest;
+use dlock_contract::payment_client::PaymentClient;
+use uuid::Uuid;
+
+/// One item of a PayoutBatch (in EUR).
+pub struct Item {
+    pub key: String,
+    pub account: String,
+    pub amount_minor: i64,
+    pub beneficiary_ref: String,
+}
+
+impl Item {
+    /// Item `i` of a batch on `account`: key `item-{i}`, `ben-{i}`, `base + i` minor units.
+    pub fn numbered(i: usize, key: String, account: &str, base: i64) -> Self {
+        Self {
+            key,
+            account: account.to_owned(),
+            amount_minor: base + i as i64,
+            beneficiary_ref: format!("ben-{i}"),
+        }
+    }
+}
+
+/// The PayoutBatch manifest `name`, run by `workers` workers, of `items`.
+pub fn batch_manifest(name: &str, workers: usize, items: impl IntoIterator<Item = Item>) -> String {
+    let mut yaml = format!(
+        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: {name}\nspec:\n  workers: {workers}\n  payouts:\n"
+    );
+    for item in items {
+        yaml.push_str(&format!(
+            "    - key: {}\n      accountId: {}\n      amountMinor: {}\n      currency: EUR\n      beneficiaryRef: {}\n",
+            item.key, item.account, item.amount_minor, item.beneficiary_ref
+        ));
+    }
+    yaml
+}
+
+/// A new PENDING payout of `amount_minor` EUR on `account`; its id.
+pub async fn register_payout(
+    client: &PaymentClient,
+    account: &str,
+    amount_minor: i64,
+    beneficiary_ref: &str,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    client
+        .create_payout(
+            &format!("create-{id}"),
+            &CreatePayoutRequest {
+                payout_id: id,
+                account_id: account.to_owned(),
+                amount_minor,
+                currency: "EUR".to_owned(),
+                beneficiary_ref: beneficiary_ref.to_owned(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    id
+}
