@@ -9,6 +9,7 @@ use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
+use dlock_server::extract::OperatorWrite;
 use serde_json::json;
 
 use crate::AppState;
@@ -19,10 +20,7 @@ const REASON_LEN_MAX: usize = 4096;
 
 pub(crate) async fn advance_high_water(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(account_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<AdvanceRequest>,
+    OperatorWrite(caller, account_id, headers, body): OperatorWrite<AdvanceRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let identity = caller.operator("the high-water advance")?;
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
@@ -113,10 +111,7 @@ fn account_not_found(account_id: &str) -> ApiError {
 /// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(account_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<FenceLowerRequest>,
+    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceLowerRequest>,
 ) -> Result<Json<FenceLowered>, ApiError> {
     let identity = caller.operator("lowering the high-water mark")?;
     let Some(keys) = &state.config.proof_keys else {

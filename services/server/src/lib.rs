@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod checks;
 pub mod config;
+pub mod extract;
 pub mod http;
 pub mod metrics;
 pub mod openapi;

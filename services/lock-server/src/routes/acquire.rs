@@ -2,12 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
+use dlock_server::extract::PathWrite;
 use uuid::Uuid;
 
 use super::AppState;
@@ -18,9 +18,7 @@ use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicke
 
 pub(super) async fn acquire(
     State(state): State<AppState>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<AcquireRequest>,
+    PathWrite(key, headers, body): PathWrite<AcquireRequest>,
 ) -> Result<Json<LockGrant>, ApiError> {
     let started = Instant::now();
     let mut checks = Checks::default();

@@ -8,6 +8,7 @@ use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::{Json, parse_body};
 use dlock_contract::lock::*;
+use dlock_server::extract::PathWrite;
 use serde::Deserialize;
 
 use super::AppState;
@@ -17,9 +18,7 @@ use crate::store::{Claim, Renewal, StoreError};
 
 pub(super) async fn renew(
     State(state): State<AppState>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<RenewRequest>,
+    PathWrite(key, headers, body): PathWrite<RenewRequest>,
 ) -> Result<Json<LockGrant>, ApiError> {
     let token = headers::fencing_token(&headers)?;
     let mut checks = Checks::default();

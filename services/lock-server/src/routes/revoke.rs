@@ -1,12 +1,11 @@
 //! L8 revoke: an operator ends a grant and raises the token floor.
 
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
-use dlock_server::auth::Caller;
+use dlock_server::extract::OperatorWrite;
 
 use super::AppState;
 use super::checks::{Checks, path_key};
@@ -15,10 +14,7 @@ use crate::store::RevokeOrder;
 
 pub(super) async fn revoke(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<RevokeRequest>,
+    OperatorWrite(caller, key, headers, body): OperatorWrite<RevokeRequest>,
 ) -> Result<Json<Revocation>, ApiError> {
     caller.require_operator("L8 revoke")?;
     let mut checks = Checks::default();

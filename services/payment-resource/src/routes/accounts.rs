@@ -12,6 +12,7 @@ use dlock_contract::payment::{
     CreateAccountRequest, FUNDING_PREFIX, FenceRequest, SETTLEMENT_PREFIX,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
+use dlock_server::extract::OperatorWrite;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
@@ -91,10 +92,7 @@ pub(super) async fn get_account(
 
 pub(super) async fn advance_fence(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(account_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<FenceRequest>,
+    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceRequest>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("the fence advance")?;
     let write = checked_write(&headers, |checks| {
@@ -167,10 +165,7 @@ async fn fence_effect(
 /// authenticated identity.
 pub(super) async fn lower_fence(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(account_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<FenceLowerRequest>,
+    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceLowerRequest>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("lowering a fence")?;
     let Some(keys) = &state.config.proof_keys else {

@@ -1,14 +1,14 @@
 //! The writes that post to the double-entry ledger: funding a customer account, and P3, a
 //! payout the rail acknowledged posted with its two entries.
 
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
-use dlock_contract::json::Json;
 use dlock_contract::payment::{
     FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
 };
+use dlock_server::extract::PathWrite;
 use serde_json::json;
 use sqlx::PgConnection;
 
@@ -22,9 +22,7 @@ use crate::store::{FundOutcome, PayStore, PostOutcome};
 
 pub(super) async fn fund(
     State(state): State<AppState>,
-    Path(account_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<FundRequest>,
+    PathWrite(account_id, headers, body): PathWrite<FundRequest>,
 ) -> Result<Response, ApiError> {
     let write = checked_write(&headers, |checks| {
         check_account_id(checks, "accountId", &account_id);
@@ -81,9 +79,7 @@ async fn fund_effect(
 
 pub(super) async fn post_payout(
     State(state): State<AppState>,
-    Path(payout_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<PostRequest>,
+    PathWrite(payout_id, headers, body): PathWrite<PostRequest>,
 ) -> Result<Response, ApiError> {
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_reference(checks, "railReference", &body.rail_reference);

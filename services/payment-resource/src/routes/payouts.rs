@@ -13,6 +13,7 @@ use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
     OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
 };
+use dlock_server::extract::{OperatorWrite, PathWrite};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
@@ -200,9 +201,7 @@ impl Fenced {
 
 pub(super) async fn claim(
     State(state): State<AppState>,
-    Path(payout_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<ClaimRequest>,
+    PathWrite(payout_id, headers, body): PathWrite<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_expected_state(
@@ -310,10 +309,7 @@ fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutStat
 
 pub(super) async fn resolve(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(payout_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<ResolveRequest>,
+    OperatorWrite(caller, payout_id, headers, body): OperatorWrite<ResolveRequest>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("resolution")?;
     let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
@@ -411,10 +407,7 @@ pub struct Resolved {
 /// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
-    caller: dlock_server::auth::Caller,
-    Path(payout_id): Path<String>,
-    headers: HeaderMap,
-    Json(body): Json<CancelRequest>,
+    OperatorWrite(caller, payout_id, headers, body): OperatorWrite<CancelRequest>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("cancelling a payout")?;
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
