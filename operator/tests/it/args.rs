@@ -26,15 +26,21 @@ fn chart_file(path: &str) -> String {
     .unwrap()
 }
 
+/// `--flag` reads the env var `env`, which the chart's Deployment template sets to `value`.
+fn assert_chart_sets(flag: &str, env: &str, value: &str) {
+    assert_eq!(env_of(flag), env);
+    let template = chart_file("templates/deployment.yaml");
+    let wired = format!("- name: {env}\n              value: {value}");
+    assert!(template.contains(&wired), "the chart does not set {env}");
+}
+
 #[test]
 fn the_charts_lease_duration_reaches_the_operator() {
-    let env = env_of("lease-duration-s");
-    assert_eq!(env, "DLOCK_OPERATOR_LEASE_DURATION_S");
-    let template = chart_file("templates/deployment.yaml");
-    let wired = format!(
-        "- name: {env}\n              value: {{{{ .Values.leaderElection.durationSeconds | quote }}}}"
+    assert_chart_sets(
+        "lease-duration-s",
+        "DLOCK_OPERATOR_LEASE_DURATION_S",
+        "{{ .Values.leaderElection.durationSeconds | quote }}",
     );
-    assert!(template.contains(&wired), "the chart does not set {env}");
     let values = chart_file("values.yaml");
     assert!(
         values.contains("durationSeconds: 15"),
@@ -47,13 +53,11 @@ fn the_charts_lease_duration_reaches_the_operator() {
 /// chart's default names.
 #[test]
 fn the_charts_service_account_reaches_the_operator() {
-    let env = env_of("service-account");
-    assert_eq!(env, "DLOCK_OPERATOR_SERVICE_ACCOUNT");
-    let template = chart_file("templates/deployment.yaml");
-    let wired = format!(
-        "- name: {env}\n              value: {{{{ include \"dlock.serviceAccountName\" . }}}}"
+    assert_chart_sets(
+        "service-account",
+        "DLOCK_OPERATOR_SERVICE_ACCOUNT",
+        "{{ include \"dlock.serviceAccountName\" . }}",
     );
-    assert!(template.contains(&wired), "the chart does not set {env}");
     let identity =
         dlock_operator::validate::service_account_identity("dlock-system", "dlock-operator");
     assert_eq!(

@@ -314,6 +314,17 @@ impl ApiServerVerifier {
         call
     }
 
+    /// The next calls, which must be server-side applies of a service's Service `name` (answered
+    /// with the body it was sent) and then of its Deployment `name`, which is returned
+    /// unanswered.
+    async fn expect_service_and_deployment(&mut self, name: &str) -> Call {
+        self.expect_apply(&format!("{NS}/services/{name}"))
+            .await
+            .echo();
+        self.expect_apply(&format!("{APPS}/deployments/{name}"))
+            .await
+    }
+
     /// The next calls, which must be server-side applies of `paths` in order; each answered
     /// with the body it was sent.
     async fn echo_applies(&mut self, paths: impl IntoIterator<Item = String>) {
@@ -512,12 +523,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
         "authentication is on by default"
     );
     call.echo();
-    api.expect_apply(&format!("{NS}/services/lock-server"))
-        .await
-        .echo();
-    let call = api
-        .expect_apply(&format!("{APPS}/deployments/lock-server"))
-        .await;
+    let call = api.expect_service_and_deployment("lock-server").await;
     assert_eq!(call.body, expected_deployment);
     call.echo();
     api.echo_applies(after_deployment("lock-server")).await;
@@ -1473,12 +1479,7 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n"
     );
     call.echo();
-    api.expect_apply(&format!("{NS}/services/payment-resource"))
-        .await
-        .echo();
-    let call = api
-        .expect_apply(&format!("{APPS}/deployments/payment-resource"))
-        .await;
+    let call = api.expect_service_and_deployment("payment-resource").await;
     let pod = &call.body["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod.get("serviceAccountName").is_none());
