@@ -190,15 +190,30 @@ pub struct FundResponse {
     pub balance_minor: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreatePayoutRequest {
-    pub payout_id: Uuid,
-    pub account_id: String,
-    pub amount_minor: i64,
-    pub currency: String,
-    pub beneficiary_ref: String,
+/// Declares a body that carries a payout's order: its id, the account it is paid from, the amount
+/// in minor units with its currency, and the beneficiary. The payment resource registers a payout
+/// from these five fields and the rail proxy submits the same five
+/// ([`crate::rail::SubmissionRequest`]), so they are written once; each body stays a schema of its
+/// own in its service's document (no doc comment: the schema would carry it as its description).
+macro_rules! payout_order {
+    ($name:ident) => {
+        #[derive(
+            Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+        )]
+        #[serde(rename_all = "camelCase", deny_unknown_fields)]
+        pub struct $name {
+            pub payout_id: uuid::Uuid,
+            pub account_id: String,
+            pub amount_minor: i64,
+            pub currency: String,
+            pub beneficiary_ref: String,
+        }
+    };
 }
+pub(crate) use payout_order;
+
+// `POST /v1/payouts`: registers a payout, PENDING until a holder claims it.
+payout_order!(CreatePayoutRequest);
 
 /// One attempt at the rail, as the rail proxy recorded it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -10,16 +10,10 @@ use uuid::Uuid;
 
 use crate::client::{ClientError, Hop, http_client, send};
 use crate::headers;
+use crate::payment::FenceRequest;
 
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SubmissionRequest {
-    pub payout_id: Uuid,
-    pub account_id: String,
-    pub amount_minor: i64,
-    pub currency: String,
-    pub beneficiary_ref: String,
-}
+// `POST /v1/rail/submissions`: the registered payout's order, as the rail is to pay it.
+crate::payment::payout_order!(SubmissionRequest);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -43,6 +37,25 @@ pub struct HighWaterRequest {
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_id: Option<Uuid>,
+}
+
+/// The rail proxy's half of a revocation (D-3): the floor, operator, reason and revocation id
+/// the payment resource's account fence gets.
+impl From<FenceRequest> for HighWaterRequest {
+    fn from(fence: FenceRequest) -> Self {
+        let FenceRequest {
+            floor,
+            operator,
+            reason,
+            revocation_id,
+        } = fence;
+        HighWaterRequest {
+            floor,
+            operator,
+            reason,
+            revocation_id: Some(revocation_id),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -491,28 +491,24 @@ pub async fn run<S: RevokeSteps + ?Sized>(
             }
         }
     };
+    // Both enforcement points get the same floor, operator, reason and revocation id.
+    let fence = FenceRequest {
+        floor: progress.new_token_floor,
+        operator: order.operator.clone(),
+        reason: order.reason.clone(),
+        revocation_id: progress.revocation_id,
+    };
     let account_fence = if progress.payment_fenced {
         FenceStep::AlreadyDone
     } else {
-        let request = FenceRequest {
-            floor: progress.new_token_floor,
-            operator: order.operator.clone(),
-            reason: order.reason.clone(),
-            revocation_id: progress.revocation_id,
-        };
         let key = fence_idempotency_key(progress.revocation_id);
-        FenceStep::from_result(steps.advance_fence(&order.account_id, &key, &request).await)
+        FenceStep::from_result(steps.advance_fence(&order.account_id, &key, &fence).await)
     };
     progress.payment_fenced = account_fence.is_done();
     let rail_high_water = if progress.rail_fenced {
         FenceStep::AlreadyDone
     } else {
-        let request = HighWaterRequest {
-            floor: progress.new_token_floor,
-            operator: order.operator.clone(),
-            reason: order.reason.clone(),
-            revocation_id: Some(progress.revocation_id),
-        };
+        let request = HighWaterRequest::from(fence);
         FenceStep::from_result(steps.advance_high_water(&order.account_id, &request).await)
     };
     progress.rail_fenced = rail_high_water.is_done();

@@ -47,19 +47,23 @@ spec:
       beneficiaryRef: ben-0002
 "#;
 
+    /// Reading the file plans each item as the contract derives it: from the batch name and the
+    /// item's key only, the same on every read.
     #[test]
     fn ids_come_from_the_batch_name_and_item_key_only() {
-        let a = parse(SAMPLE).unwrap_or_else(|e| panic!("{e}"));
-        let b = parse(SAMPLE).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(a.plan(), b.plan(), "the same file names the same payouts");
-        let plan = a.plan();
+        let read = || parse(SAMPLE).unwrap_or_else(|e| panic!("{e}")).plan();
+        let plan = read();
+        assert_eq!(plan, read(), "the same file names the same payouts");
+        assert_eq!(plan.len(), 2);
         assert_ne!(plan[0].payout_id, plan[1].payout_id);
-        assert_eq!(plan[0].payout_id, payout_id("payroll-2026-12", "emp-0001"));
-        assert_ne!(plan[0].payout_id, payout_id("payroll-2027-01", "emp-0001"));
-        assert_eq!(
-            plan[0].idempotency_key,
-            format!("payout-{}", plan[0].payout_id)
-        );
+        for (planned, key) in plan.iter().zip(["emp-0001", "emp-0002"]) {
+            assert_eq!(planned.payout_id, payout_id("payroll-2026-12", key));
+            assert_ne!(planned.payout_id, payout_id("payroll-2027-01", key));
+            assert_eq!(
+                planned.idempotency_key,
+                format!("payout-{}", planned.payout_id)
+            );
+        }
     }
 
     /// The operator's fields (the executor's credential, the image, the services) are the
