@@ -282,6 +282,10 @@ impl Call {
                 .unwrap(),
         );
     }
+    /// Answers `200 OK` with `object`.
+    fn answer(self, object: &impl serde::Serialize) {
+        self.reply(200, &serde_json::to_value(object).unwrap());
+    }
     /// Answers with the body it was sent, as an API server does for an apply.
     fn echo(self) {
         let body = self.body.clone();
@@ -548,7 +552,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
             },
         })
     );
-    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    call.answer(&fixtures::lock_server());
     let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "RollingOut");
     assert_eq!(call.body["type"], "Normal");
@@ -583,7 +587,7 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     let call = answer_ready_lock_server_objects(&mut api).await;
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["summary"], "3/3");
-    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    call.answer(&fixtures::lock_server());
 
     // The mirror.
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
@@ -674,7 +678,7 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
         call.body["status"]["conditions"][2]["reason"],
         "InvalidSpec"
     );
-    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    call.answer(&fixtures::lock_server());
     let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["type"], "Warning");
     call.echo();
@@ -734,7 +738,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         .collect();
     fields.sort();
     assert_eq!(fields, ["conditions", "observedGeneration", "revocation"]);
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.event("Revoked", Some("Normal")).await;
     reconcile.await.unwrap().unwrap();
 
@@ -794,7 +798,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
     assert_eq!(call.body["status"]["revocation"]["paymentFenced"], true);
     assert_eq!(call.body["status"]["revocation"]["railFenced"], false);
     let revocation = call.body["status"]["revocation"].clone();
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.event("RevocationIncomplete", None).await;
     let error = reconcile.await.unwrap().unwrap_err();
     assert!(!error.is_permanent());
@@ -806,7 +810,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
     answer_fence_targets(&mut api).await;
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.next().await.echo();
     reconcile.await.unwrap().unwrap();
     let calls = services.calls();
@@ -833,7 +837,7 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     );
     let mut with_finalizer = batch.clone();
     with_finalizer.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
-    call.reply(200, &serde_json::to_value(&with_finalizer).unwrap());
+    call.answer(&with_finalizer);
     reconcile.await.unwrap().unwrap();
 
     let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
@@ -1053,7 +1057,7 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
     let call = api.expect_json_patch(BATCH).await;
     assert!(call.body.to_string().contains("remove"), "{}", call.body);
     batch.metadata.finalizers = None;
-    call.reply(200, &serde_json::to_value(&batch).unwrap());
+    call.answer(&batch);
     reconcile.await.unwrap().unwrap();
     api.done().await;
 }
@@ -1117,7 +1121,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.event("RevocationRefused", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
@@ -1145,7 +1149,7 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
         .await;
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["lastRunJob"], "hourly-reconcile");
-    call.reply(200, &serde_json::to_value(&object).unwrap());
+    call.answer(&object);
     api.event("Ready", None).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
@@ -1166,7 +1170,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
         ctx,
     ));
     let call = answer_ready_lock_server_objects(&mut api).await;
-    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    call.answer(&fixtures::lock_server());
 
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
     answer_lock_mirror(&mut api, &name).await;
@@ -1184,7 +1188,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
         call.body["status"]["summary"], "3/3",
         "the rest of status is kept"
     );
-    call.reply(200, &serde_json::to_value(fixtures::lock_server()).unwrap());
+    call.answer(&fixtures::lock_server());
     api.event("LockMirrorTruncated", Some("Warning")).await;
 
     reconcile.await.unwrap().unwrap();
@@ -1212,7 +1216,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
             .contains("2 PaymentResources in the namespace (pay-a, pay-b)"),
         "{revocation}"
     );
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.next().await.echo();
     reconcile.await.unwrap().unwrap();
     api.done().await;
@@ -1229,7 +1233,7 @@ async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy(
     reply_names(api.next().await, "railproxies", &["rail-sepa"]);
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
-    call.reply(200, &serde_json::to_value(fixtures::lock()).unwrap());
+    call.answer(&fixtures::lock());
     api.next().await.echo();
     reconcile.await.unwrap().unwrap();
     let calls: Vec<String> = services.calls().into_iter().map(|c| c.0).collect();
@@ -1298,7 +1302,7 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
         (&result["paymentFenced"], &result["railFenced"]),
         (&json!(true), &json!(true))
     );
-    call.reply(200, &serde_json::to_value(&object).unwrap());
+    call.answer(&object);
     api.event("Revoked", None).await;
     reconcile.await.unwrap().unwrap();
     // No DELETE of the LockRevocation, ever: the API server saw every call above.
@@ -1335,7 +1339,7 @@ async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
             condition("Degraded", "False", "Healthy", ""),
         ]})
     );
-    call.reply(200, &serde_json::to_value(&lock).unwrap());
+    call.answer(&lock);
     reconcile.await.unwrap().unwrap();
     let mut ready = lock;
     ready.status.as_mut().unwrap().conditions =
@@ -1450,7 +1454,7 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
         condition("Degraded", "True", "CriticalFindings", summary)
     );
     assert_eq!(status["lastRunJob"], "hourly-reconcile");
-    call.reply(200, &serde_json::to_value(&object).unwrap());
+    call.answer(&object);
     api.event("CriticalFindings", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
