@@ -268,8 +268,7 @@ fn table(sid: &str, token: &str) -> Vec<Step> {
 }
 
 async fn run(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
+    let (stack, url) = LockStack::serving(backend, &[]).await;
     let owner = client(&url, "owner");
     let session = session(&owner, 30_000).await;
     let grant = hold(&owner, "bad:held", session, 30_000).await;

@@ -98,18 +98,15 @@ fn grants() -> Vec<Step> {
             .has("/heldLockCount", 1),
         acquire("L4 contended", "payout:acct-1")
             .owner("bob")
-            .json(json!({"sessionId": "$bob"}))
+            .session("$bob")
             .fails(409, "LOCK_CONTENDED")
             .has("/details/holderOwnerId", "alice")
-            .check(Check::Saved("/details/expiresAt", "g1_expires"), ""),
+            .has_saved("/details/expiresAt", "g1_expires"),
         acquire("L4 ttl clamped down", "payout:acct-2")
             .owner("bob")
             .json(json!({"sessionId": "$bob", "ttlMillis": 25000}))
             .check(Check::Span("/acquiredAt", "/expiresAt", 20000), "")
-            .check(
-                Check::Above("/fencingToken", "t1"),
-                "tokens are ordered across keys",
-            )
+            .above("/fencingToken", "t1", "tokens are ordered across keys")
             .save("t_acct2", "/fencingToken"),
         bad_acquire(
             "L4 ttl below range",
@@ -140,14 +137,14 @@ fn grants() -> Vec<Step> {
         get("L7 held", "/v1/locks/payout:acct-1")
             .has("/held", true)
             .has("/ownerId", "alice")
-            .check(Check::Saved("/fencingToken", "t1"), "")
+            .has_saved("/fencingToken", "t1")
             .has("/waiterCount", 0),
         get("L7 never seen", "/v1/locks/never-seen").fails(404, "NOT_FOUND"),
         renew("L5 renew")
             .token("$t1")
             .json(json!({"sessionId": "$alice", "ttlMillis": 12000}))
             .check(Check::Saved("/fencingToken", "t1"), "renew never re-issues")
-            .check(Check::Saved("/acquiredAt", "g1_acquired"), "")
+            .has_saved("/acquiredAt", "g1_acquired")
             .check(Check::SpanAtLeast("/acquiredAt", "/expiresAt", 12000), ""),
     ]
 }
@@ -158,15 +155,15 @@ fn bad_renewals() -> Vec<Step> {
     vec![
         renew("L5 wrong token")
             .token("$t1_plus_1000")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .fails(409, "LOCK_LOST")
-            .check(Check::Saved("/details/storedToken", "t1"), ""),
+            .has_saved("/details/storedToken", "t1"),
         renew("L5 malformed token")
             .token("1e3")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .fails(400, "INVALID_TOKEN"),
         renew("L5 no token")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .fails(400, "INVALID_TOKEN"),
     ]
 }
@@ -180,7 +177,7 @@ fn queue() -> Vec<Step> {
             .fails(429, "CONTENTION_EXCEEDED")
             .has("/details/waiterCount", 1),
         acquire("L4 queued ahead of a non-waiter")
-            .json(json!({"sessionId": "$carol"}))
+            .session("$carol")
             .fails(409, "LOCK_CONTENDED"),
     ]
 }
@@ -197,13 +194,13 @@ fn releases_and_revocations() -> Vec<Step> {
         release("L6 release twice")
             .owner("alice")
             .token("$t1")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .fails(409, "LOCK_LOST")
-            .check(Check::Saved("/details/storedToken", "t2"), ""),
+            .has_saved("/details/storedToken", "t2"),
         release("L6 malformed token")
             .owner("alice")
             .token("-1")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .fails(400, "INVALID_TOKEN"),
         delete(
             "L6 session id in the query",
@@ -217,8 +214,8 @@ fn releases_and_revocations() -> Vec<Step> {
             json!({"operator": "ops", "reason": "stuck worker", "expectedToken": "$t1"}),
         )
         .fails(409, "FENCED_OUT")
-        .check(Check::Saved("/details/presentedToken", "t1"), "")
-        .check(Check::Saved("/details/highestToken", "t2"), ""),
+        .has_saved("/details/presentedToken", "t1")
+        .has_saved("/details/highestToken", "t2"),
         revoke(
             "L8 short reason",
             json!({"operator": "ops", "reason": "short"}),
@@ -229,10 +226,11 @@ fn releases_and_revocations() -> Vec<Step> {
             "L8 revoke",
             json!({"operator": "ops", "reason": "stuck worker", "expectedToken": "$t2"}),
         )
-        .check(Check::Saved("/revokedToken", "t2"), "")
+        .has_saved("/revokedToken", "t2")
         .has("/revokedOwnerId", "bob")
-        .check(
-            Check::Above("/newTokenFloor", "t2"),
+        .above(
+            "/newTokenFloor",
+            "t2",
             "the floor exceeds the revoked token",
         )
         .save("floor", "/newTokenFloor"),
@@ -244,14 +242,15 @@ fn releases_and_revocations() -> Vec<Step> {
         post("L5 after revoke", "/v1/locks/payout:acct-1/renew")
             .owner("bob")
             .token("$t2")
-            .json(json!({"sessionId": "$bob"}))
+            .session("$bob")
             .fails(409, "LOCK_LOST"),
         get("L7 after revoke", "/v1/locks/payout:acct-1").has("/held", false),
         post("L4 after revoke", "/v1/locks/payout:acct-1/acquire")
             .owner("alice")
-            .json(json!({"sessionId": "$alice"}))
-            .check(
-                Check::Above("/fencingToken", "floor"),
+            .session("$alice")
+            .above(
+                "/fencingToken",
+                "floor",
                 "tokens after a revocation exceed its floor",
             ),
         get("held list", "/v1/locks?limit=10")
@@ -298,12 +297,12 @@ fn expired_session() -> Vec<Step> {
             .fails(410, expired),
         post("L4 expired session", "/v1/locks/payout:acct-9/acquire")
             .owner("dave")
-            .json(json!({"sessionId": "$dave"}))
+            .session("$dave")
             .fails(410, expired),
         post("L5 expired session", "/v1/locks/payout:acct-3/renew")
             .owner("dave")
             .token("$t5")
-            .json(json!({"sessionId": "$dave"}))
+            .session("$dave")
             .fails(410, expired),
         get("L7 expired holder", "/v1/locks/payout:acct-3").check(
             Check::Eq("/held", json!(false)),
@@ -311,15 +310,15 @@ fn expired_session() -> Vec<Step> {
         ),
         post("L4 take over", "/v1/locks/payout:acct-3/acquire")
             .owner("carol")
-            .json(json!({"sessionId": "$carol"}))
-            .check(Check::Above("/fencingToken", "t5"), ""),
+            .session("$carol")
+            .above("/fencingToken", "t5", ""),
         delete("L3 expired", "/v1/sessions/$dave")
             .owner("dave")
             .fails(410, expired),
         delete("L6 lapsed grant", "/v1/locks/payout:acct-3")
             .owner("dave")
             .token("$t5")
-            .json(json!({"sessionId": "$dave"}))
+            .session("$dave")
             .fails(409, "LOCK_LOST"),
         // Conventions on unknown routes and methods.
         get("unknown route", "/v1/nothing").fails(404, "NOT_FOUND"),
@@ -342,16 +341,13 @@ async fn until_lock(url: &str, path: &str, what: &str, probe: fn(&Value) -> bool
 }
 
 async fn script(backend: Backend) -> Vec<(String, u16, Value)> {
-    let mut stack = LockStack::backend(
-        backend,
-        &[
-            ("lock.session.ttl-max", "30000"),
-            ("lock.ttl-max", "20000"),
-            ("lock.waiters.max-per-key", "1"),
-            ("lock.session.expired-retention", "600000"),
-        ],
-    );
-    let url = stack.serve().await;
+    let settings = [
+        ("lock.session.ttl-max", "30000"),
+        ("lock.ttl-max", "20000"),
+        ("lock.waiters.max-per-key", "1"),
+        ("lock.session.expired-retention", "600000"),
+    ];
+    let (stack, url) = LockStack::serving(backend, &settings).await;
     let mut s = Runner::new(&url, format!("{backend:?}"));
     s.run_all(&sessions()).await;
     s.run_all(&grants()).await;
@@ -380,7 +376,7 @@ async fn script(backend: Backend) -> Vec<(String, u16, Value)> {
         &delete("L6 release", "/v1/locks/payout:acct-1")
             .owner("alice")
             .token("$t1")
-            .json(json!({"sessionId": "$alice"}))
+            .session("$alice")
             .answers(204),
     )
     .await;
@@ -428,7 +424,7 @@ fn backend_down() -> Vec<Step> {
     vec![
         down(post("L1 backend down", "/v1/sessions")),
         down(post("L2 backend down", "/v1/sessions/$sid/heartbeat")),
-        down(post("L4 backend down", "/v1/locks/k/acquire").json(json!({"sessionId": "$sid"}))),
+        down(post("L4 backend down", "/v1/locks/k/acquire").session("$sid")),
         down(delete("L3 backend down", "/v1/sessions/$sid")),
         get("readyz backend down", "/readyz").fails(503, "NOT_LEADER"),
     ]

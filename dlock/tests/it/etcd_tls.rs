@@ -14,7 +14,7 @@ use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_un
 use dlock_server::config::env_name;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
 
-use crate::harness::client;
+use crate::harness::{hold, party, release};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const PREFIX: &str = "/dlock-prod";
@@ -225,24 +225,15 @@ pub(crate) fn refused_process(
 
 /// One whole lock cycle: session, acquire, renew (same token), release, end.
 pub(crate) async fn lock_cycle(url: &str, key: &str) -> i64 {
-    let lock = client(url, "tls-owner");
-    let session = lock
-        .create_session(Some(10_000))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let grant = lock
-        .acquire(key, session.session_id, Some(5_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (lock, session) = party(url, "tls-owner", 10_000).await;
+    let grant = hold(&lock, key, session, 5_000).await;
     let renewed = lock
-        .renew(key, session.session_id, grant.fencing_token, None)
+        .renew(key, session, grant.fencing_token, None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(renewed.fencing_token, grant.fencing_token);
-    lock.release(key, session.session_id, grant.fencing_token)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    lock.end_session(session.session_id)
+    release(&lock, key, session, grant.fencing_token).await;
+    lock.end_session(session)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     grant.fencing_token

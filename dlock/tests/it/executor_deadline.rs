@@ -300,29 +300,33 @@ impl Seen {
     }
 }
 
-/// What the executor asks for in the item 4 tests: more than the server grants.
-fn asking_10_s_locks_in_15_s_sessions() -> RunOptions {
-    RunOptions {
+/// The item 4 runs: the executor asks for 10 s locks in 15 s sessions, more than a server that
+/// grants at most `lock_ttl_max_ms` and `session_ttl_max_ms` gives it; the rail answers in
+/// `rail_latency_ms`.
+async fn run_asking_more_than_granted(
+    lock_ttl_max_ms: i64,
+    session_ttl_max_ms: i64,
+    rail_latency_ms: u64,
+) -> Seen {
+    let setup = Setup {
+        lock_ttl_max_ms,
+        session_ttl_max_ms,
+        rail_latency_ms,
+        ..Setup::default()
+    };
+    let asking = RunOptions {
         lock_ttl_ms: 10_000,
         session_ttl_ms: 15_000,
         ..RunOptions::default()
-    }
+    };
+    run(setup, asking).await
 }
 
 /// Item 4: the server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
 /// granted second, so the post after a 900 ms submit belongs to the next lock cycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
-    let seen = run(
-        Setup {
-            lock_ttl_max_ms: 1_000,
-            session_ttl_max_ms: 60_000,
-            rail_latency_ms: 900,
-            ..Setup::default()
-        },
-        asking_10_s_locks_in_15_s_sessions(),
-    )
-    .await;
+    let seen = run_asking_more_than_granted(1_000, 60_000, 900).await;
     assert!(
         seen.granted_ttls_ms
             .iter()
@@ -339,16 +343,7 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
 /// when it comes before the lock's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
-    let seen = run(
-        Setup {
-            lock_ttl_max_ms: 60_000,
-            session_ttl_max_ms: 1_500,
-            rail_latency_ms: 1_200,
-            ..Setup::default()
-        },
-        asking_10_s_locks_in_15_s_sessions(),
-    )
-    .await;
+    let seen = run_asking_more_than_granted(60_000, 1_500, 1_200).await;
     let sessions = &seen.sessions;
     let created: Vec<_> = sessions.iter().filter(|s| s.0 == "INSERT").collect();
     assert_eq!(

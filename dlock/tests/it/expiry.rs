@@ -8,8 +8,7 @@ use dlock_contract::session::LockSession;
 use crate::harness::{Backend, LockStack, client, eventually, hold, on_both_backends, session};
 
 async fn session_end_releases_every_lock(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
+    let (_stack, url) = LockStack::serving(backend, &[]).await;
     let holder = client(&url, "holder");
     let other = client(&url, "other");
     let short = session(&holder, 1_000).await;
@@ -70,8 +69,7 @@ on_both_backends!(a_lapsed_or_ended_session_releases_every_lock_on_both_backends
 /// deadline from the granted lease, and says when the session is lost (here: ended behind its
 /// back), opening a new one for later acquires.
 async fn a_lock_session_lives_on_heartbeats_and_says_when_it_is_lost(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
+    let (_stack, url) = LockStack::serving(backend, &[]).await;
     let holder = client(&url, "holder");
     let other = client(&url, "other");
     let session = LockSession::open(holder.clone(), 1_500)

@@ -142,6 +142,14 @@ impl LockStack {
         LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// A backend as [`LockStack::backend`] makes it, and one lock server on it in this process
+    /// (its URL).
+    pub async fn serving(backend: Backend, extra: &[(&str, &str)]) -> (Self, String) {
+        let mut stack = Self::backend(backend, extra);
+        let url = stack.serve().await;
+        (stack, url)
+    }
+
     /// Starts one more lock-server replica in this process on a real port; returns its URL.
     pub async fn serve(&mut self) -> String {
         let (listener, addr) = loopback().await;
@@ -157,21 +165,33 @@ impl LockStack {
     /// Starts a lock server as a real `dlock serve lock-server` process on `port`.
     pub fn spawn_process(&self, port: u16, log: &std::path::Path) -> ManagedChild {
         let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
-        let args = vec!["serve".to_owned(), "lock-server".to_owned()];
-        let mut child = spawn_logged("lock-server", &exe, &args, &self.env(listen), Some(log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        wait_until("lock server process", Duration::from_secs(30), || {
-            !child.exited() && http_status(listen, "/readyz") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        });
-        child
+        serve_process("lock-server", listen, &self.env(listen), log)
     }
+}
+
+/// Starts `dlock serve {service}` with the environment `env`, its output in `log`, and waits
+/// until it answers `/readyz` on `listen`; a start that fails shows the log.
+pub fn serve_process(
+    service: &str,
+    listen: SocketAddr,
+    env: &[(String, String)],
+    log: &std::path::Path,
+) -> ManagedChild {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
+    let args = vec!["serve".to_owned(), service.to_owned()];
+    let mut child =
+        spawn_logged(service, &exe, &args, env, Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
+    let what = format!("{} process", service.replace('-', " "));
+    wait_until(&what, Duration::from_secs(30), || {
+        !child.exited() && http_status(listen, "/readyz") == Some(200)
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    });
+    child
 }
 
 pub fn client(url: &str, owner: &str) -> LockClient {
@@ -307,6 +327,17 @@ pub async fn raw(
             .unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {text}"))
     };
     (status, content_type, json)
+}
+
+/// A JSON `POST` of `body` to `url` with `headers` besides its content type, as [`raw`] sends it.
+pub async fn post_json(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> (u16, String, serde_json::Value) {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    raw(reqwest::Method::POST, url, &all, Some(&body.to_string())).await
 }
 
 /// Polls `probe` until it returns `Some`, failing the test after `timeout`.

@@ -18,8 +18,7 @@ fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode
 /// Item 6: a token is public (L7, `GET /v1/locks`), so another identity with a live session of
 /// its own can name any grant. Renew and release refuse it with LOCK_LOST and change nothing.
 async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
+    let (_stack, url) = LockStack::serving(backend, &[]).await;
     let (alice, a) = party(&url, "alice", 30_000).await;
     let (mallory, m) = party(&url, "mallory", 30_000).await;
     let grant = hold(&alice, "owner:k", a, 5_000).await;
@@ -86,8 +85,7 @@ on_both_backends!(renew_and_release_refuse_a_caller_who_is_not_the_grant_owner_o
 /// an acquire of the key that arrives inside it must not be granted a token below the floor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_pg() {
-    let mut stack = LockStack::backend(Backend::Pg, &[]);
-    let url = stack.serve().await;
+    let (stack, url) = LockStack::serving(Backend::Pg, &[]).await;
     let (holder, h) = party(&url, "holder", 30_000).await;
     let (next, n) = party(&url, "next", 30_000).await;
     let revoked = hold(&holder, "race:r7", h, 30_000).await;
@@ -148,8 +146,7 @@ async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_
 /// On etcd a session's lease lapses some hundreds of milliseconds before etcd reaps its keys;
 /// the calls are made in that gap too, by several sessions whose TTL ends at staggered times.
 async fn lapsed_session_calls(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
+    let (_stack, url) = LockStack::serving(backend, &[]).await;
     let owner = client(&url, "sleepy");
     let mut probes = Vec::new();
     for i in 0..6u64 {

@@ -11,12 +11,46 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::conformance::assert_envelope;
-use crate::harness::{eventually, port, raw};
+use crate::harness::{eventually, port, post_json};
 use crate::payment::{OPERATOR_TOKEN, PayStack};
 use crate::rail::{RailWorld, submit};
 
 /// The identity the payment resource's operator token authenticates as.
 const OPERATOR_IDENTITY: &str = dlock_server::auth::DEFAULT_OPERATOR_IDENTITY;
+
+/// paydb's answer to `select`, a `SELECT count(*)` with `params` bound to `$1`….
+async fn count(pool: &sqlx::PgPool, select: &'static str, params: &[&str]) -> i64 {
+    let query = params
+        .iter()
+        .fold(sqlx::query_as(select), |query, param| query.bind(*param));
+    let (n,): (i64,) = query
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    n
+}
+
+/// Asserts that paydb refused a statement with an error that says `says`; `what` names the
+/// statement.
+fn refused<T>(result: Result<T, sqlx::Error>, says: &str, what: &str) {
+    assert!(
+        result.is_err_and(|e| e.to_string().contains(says)),
+        "{what}"
+    );
+}
+
+/// Runs `statement` on `pool` with `payout` as its one parameter; paydb must refuse it, saying
+/// `says`.
+async fn refused_for(
+    pool: &sqlx::PgPool,
+    statement: &'static str,
+    payout: Uuid,
+    says: &str,
+    what: &str,
+) {
+    let result = sqlx::query(statement).bind(payout).execute(pool).await;
+    refused(result, says, what);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Item 15: the idempotency sweeper racing a duplicate; an in-progress record is not NOT_LEADER
@@ -54,19 +88,12 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
         .unwrap_or_else(|e| panic!("{e}"));
 
     let duplicate = tokio::spawn({
-        let url = stack.url.clone();
-        let key = key.clone();
-        let body = body.to_string();
+        let (url, key, body) = (stack.url.clone(), key.clone(), body.clone());
         async move {
-            raw(
-                Method::POST,
+            post_json(
                 &format!("{url}/v1/payouts"),
-                &[
-                    ("content-type", "application/json"),
-                    ("x-owner-id", "worker-1"),
-                    ("x-idempotency-key", &key),
-                ],
-                Some(&body),
+                &[("x-owner-id", "worker-1"), ("x-idempotency-key", &key)],
+                &body,
             )
             .await
         }
@@ -76,13 +103,9 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
         "the duplicate waits between its insert and its read",
         Duration::from_secs(10),
         || async {
-            let (waiting,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(&stack.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-            (waiting == 1).then_some(())
+            let select =
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+            (count(&stack.pool, select, &[]).await == 1).then_some(())
         },
     )
     .await;
@@ -102,14 +125,8 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
         "the sweeper deletes the record",
         Duration::from_secs(10),
         || async {
-            let (n,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1",
-            )
-            .bind(&key)
-            .fetch_one(&stack.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-            (n == 0).then_some(())
+            let select = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1";
+            (count(&stack.pool, select, &[&key]).await == 0).then_some(())
         },
     )
     .await;
@@ -142,8 +159,8 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
 
 #[tokio::test]
 async fn a_payout_out_of_attempts_is_abandoned_by_the_claim_that_finds_it_so() {
-    let stack = PayStack::funded_with(&[("payment.payout.max-attempts", "2")], "acct-a", 500).await;
-    let payout = stack.payout("acct-a", 100, "EUR").await;
+    let (stack, payout) =
+        PayStack::with_payout(&[("payment.payout.max-attempts", "2")], "acct-a").await;
     let (t0, t1, t2, t3) = (stack.token(), stack.token(), stack.token(), stack.token());
     // Positive control: claims up to the bound are claims.
     let c1 = stack.claim(payout, t1, "PENDING").await;
@@ -174,13 +191,8 @@ async fn a_payout_out_of_attempts_is_abandoned_by_the_claim_that_finds_it_so() {
     );
     // The identical request replays its answer; any later claim finds it terminal.
     let again = stack.claim(payout, t3, "CLAIMED").await;
-    assert!(again.replayed);
-    assert_eq!(again.bytes, c3.bytes);
-    stack.claim(payout, stack.token(), "CLAIMED").await.expect(
-        "terminal",
-        409,
-        Some("PAYOUT_NOT_CLAIMABLE"),
-    );
+    again.replays("out of attempts again", &c3);
+    stack.not_claimable("terminal", payout, "CLAIMED").await;
     // A stale holder is fenced out, never told it abandoned anything.
     stack
         .claim(payout, t0, "CLAIMED")
@@ -190,16 +202,15 @@ async fn a_payout_out_of_attempts_is_abandoned_by_the_claim_that_finds_it_so() {
 
 #[tokio::test]
 async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rail() {
-    let stack = PayStack::funded("acct-g", 500).await;
-    let pending = stack.payout("acct-g", 100, "EUR").await;
-    let refused = sqlx::query("UPDATE payouts SET state = 'ABANDONED' WHERE payout_id = $1")
-        .bind(pending)
-        .execute(&stack.pool)
-        .await;
-    assert!(
-        refused.is_err_and(|e| e.to_string().contains("payout_abandonments")),
-        "an abandonment without its record"
-    );
+    let (stack, pending) = PayStack::with_payout(&[], "acct-g").await;
+    refused_for(
+        &stack.pool,
+        "UPDATE payouts SET state = 'ABANDONED' WHERE payout_id = $1",
+        pending,
+        "payout_abandonments",
+        "an abandonment without its record",
+    )
+    .await;
     // A payout whose attempt reached the rail proxy can never be abandoned, record or not.
     let submitted = stack.payout("acct-g", 100, "EUR").await;
     let token = stack.claimed(submitted).await;
@@ -214,7 +225,7 @@ async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rai
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let mut tx = stack.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
-    let refused: Result<(String,), _> = sqlx::query_as(
+    let abandon: Result<(String,), _> = sqlx::query_as(
         "SELECT outcome FROM pay_abandon($1, $2, 'CLAIMED', 'cancelled', 'w', 'operator', \
          'alice', 'batch deleted by its owner')",
     )
@@ -222,9 +233,10 @@ async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rai
     .bind(stack.token())
     .fetch_one(&mut *tx)
     .await;
-    assert!(
-        refused.is_err_and(|e| e.to_string().contains("attempt at the rail")),
-        "abandoning a payout with an attempt at the rail"
+    refused(
+        abandon,
+        "attempt at the rail",
+        "abandoning a payout with an attempt at the rail",
     );
     drop(tx);
     assert_eq!(stack.state_of(submitted).await, "CLAIMED");
@@ -233,8 +245,7 @@ async fn the_database_refuses_an_abandonment_without_its_record_or_after_the_rai
 
 #[tokio::test]
 async fn an_operator_cancels_a_payout_under_a_fenced_token() {
-    let stack = PayStack::funded("acct-x", 500).await;
-    let payout = stack.payout("acct-x", 100, "EUR").await;
+    let (stack, payout) = PayStack::with_payout(&[], "acct-x").await;
     let path = format!("/v1/payouts/{payout}/cancel");
     let body = json!({
         "expectedState": "PENDING", "operator": "alice", "reason": "batch deleted by its owner",
@@ -294,9 +305,7 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
         )),
         format!("cancelled|PENDING|alice|{OPERATOR_IDENTITY}|operator-cli")
     );
-    let again = cancel().await;
-    assert!(again.replayed);
-    assert_eq!(again.bytes, done.bytes);
+    cancel().await.replays("cancel again", &done);
     // A token at or below the fence cannot cancel anything.
     let other = stack.payout("acct-x", 100, "EUR").await;
     stack
@@ -381,18 +390,13 @@ async fn fence_advances_and_resolutions_record_the_authenticated_identity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rail_high_water_advance_records_the_authenticated_identity() {
     let (w, _, proxy) = RailWorld::with_proxy("acct-h").await;
-    let (status, _, body) = raw(
-        Method::POST,
+    let (status, _, body) = post_json(
         &format!("{proxy}/v1/rail/high-water/acct-h"),
         &[
-            ("content-type", "application/json"),
             ("x-owner-id", "ops-cli"),
             ("authorization", "Bearer test-operator"),
         ],
-        Some(
-            &json!({"floor": 9, "operator": "typed-name", "reason": "worker wedged past its lease"})
-                .to_string(),
-        ),
+        &json!({"floor": 9, "operator": "typed-name", "reason": "worker wedged past its lease"}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -475,8 +479,7 @@ async fn rail_ambiguous_answers_name_no_rail_address_and_say_to_reconcile() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fenced_attempts_are_swept_after_their_retention_and_nothing_else_is() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
+    let (w, stub) = RailWorld::with_stub("stub", &[]).await;
     let proxy_port = port();
     let _proxy = w.proxy_process(
         proxy_port,
@@ -506,14 +509,14 @@ async fn fenced_attempts_are_swept_after_their_retention_and_nothing_else_is() {
     .await;
     // The one presented attempt of a payout is never swept, and paydb refuses to delete it.
     assert_eq!(w.submissions(acked).await, vec![("ACKED".to_owned(), 10)]);
-    let refused = sqlx::query("DELETE FROM rail_submission WHERE payout_id = $1")
-        .bind(acked)
-        .execute(&w.pool)
-        .await;
-    assert!(
-        refused.is_err_and(|e| e.to_string().contains("only FENCED rows")),
-        "deleting a presented attempt"
-    );
+    refused_for(
+        &w.pool,
+        "DELETE FROM rail_submission WHERE payout_id = $1",
+        acked,
+        "only FENCED rows",
+        "deleting a presented attempt",
+    )
+    .await;
     assert_eq!(w.submissions(acked).await, vec![("ACKED".to_owned(), 10)]);
     // The legitimate holder of the payout whose stale attempt was swept still submits once.
     let (status, body) = submit(&proxy, "acct-f", other, 1_000, "20").await;

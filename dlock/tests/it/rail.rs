@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_devstack::{ManagedChild, PgServer, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, PgServer};
 use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -17,7 +17,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::conformance::assert_envelope;
-use crate::harness::{Servers, eventually, loopback, port, raw, serve_in_task};
+use crate::harness::{
+    Servers, eventually, loopback, port, post_json, raw, serve_in_task, serve_process,
+};
 
 fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
@@ -47,11 +49,17 @@ impl RailWorld {
     /// A world with a plain stub and one proxy in front of it (their URLs), and `account` holding
     /// 10 000.
     pub async fn with_proxy(account: &str) -> (Self, String, String) {
-        let mut w = Self::new().await;
-        let stub = w.stub("stub", &[]).await;
+        let (mut w, stub) = Self::with_stub("stub", &[]).await;
         let proxy = w.proxy(&stub, &[]).await;
         w.account(account, 10_000).await;
         (w, stub, proxy)
+    }
+
+    /// A world with one rail stub, `name` with `settings` (its URL).
+    pub async fn with_stub(name: &str, settings: &[(&str, &str)]) -> (Self, String) {
+        let mut w = Self::new().await;
+        let stub = w.stub(name, settings).await;
+        (w, stub)
     }
 
     pub async fn new() -> Self {
@@ -143,20 +151,7 @@ impl RailWorld {
             .map(|(k, v)| (env_name(k), v))
             .collect();
         let log = self.dir.path().join("rail-proxy.log");
-        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
-        let args = vec!["serve".to_owned(), "rail-proxy".to_owned()];
-        let mut child = spawn_logged("rail-proxy", &exe, &args, &env, Some(&log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        wait_until("rail proxy process", Duration::from_secs(30), || {
-            !child.exited() && http_status(listen, "/readyz") == Some(200)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        });
-        child
+        serve_process("rail-proxy", listen, &env, &log)
     }
 
     /// The three rails both admission suites use (answering at once, after 1.5 s, declining
@@ -180,45 +175,58 @@ impl RailWorld {
         }
     }
 
-    pub async fn account(&self, id: &str, funds: i64) {
-        let (outcome,): (String,) =
-            sqlx::query_as("SELECT outcome FROM pay_create_account($1, 'EUR')")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(outcome, "created");
-        let (outcome,): (String,) = sqlx::query_as("SELECT outcome FROM pay_fund($1, $2, $3)")
-            .bind(id)
-            .bind(funds)
-            .bind(format!("initial-{id}"))
+    /// What paydb's function `call` (`SELECT outcome FROM pay_…(…)`, its parameters bound)
+    /// answers.
+    async fn outcome(
+        &self,
+        call: sqlx::query::QueryAs<'_, sqlx::Postgres, (String,), sqlx::postgres::PgArguments>,
+    ) -> String {
+        let (outcome,) = call
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(outcome, "funded");
+        outcome
+    }
+
+    pub async fn account(&self, id: &str, funds: i64) {
+        let create = sqlx::query_as("SELECT outcome FROM pay_create_account($1, 'EUR')").bind(id);
+        assert_eq!(self.outcome(create).await, "created");
+        let fund = sqlx::query_as("SELECT outcome FROM pay_fund($1, $2, $3)")
+            .bind(id)
+            .bind(funds)
+            .bind(format!("initial-{id}"));
+        assert_eq!(self.outcome(fund).await, "funded");
     }
 
     /// A PENDING payout, claimed with `token`.
     pub async fn claimed(&self, account: &str, amount: i64, token: i64) -> Uuid {
         let payout = Uuid::new_v4();
-        let (outcome,): (String,) =
+        let create =
             sqlx::query_as("SELECT outcome FROM pay_create_payout($1, $2, $3, 'EUR', 'ben')")
                 .bind(payout)
                 .bind(account)
-                .bind(amount)
-                .fetch_one(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(outcome, "created");
-        let (outcome,): (String,) =
-            sqlx::query_as("SELECT outcome FROM pay_claim($1, $2, 'PENDING')")
-                .bind(payout)
-                .bind(token)
-                .fetch_one(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(outcome, "claimed", "claim {payout} with {token}");
+                .bind(amount);
+        assert_eq!(self.outcome(create).await, "created");
+        let claim = sqlx::query_as("SELECT outcome FROM pay_claim($1, $2, 'PENDING')")
+            .bind(payout)
+            .bind(token);
+        assert_eq!(
+            self.outcome(claim).await,
+            "claimed",
+            "claim {payout} with {token}"
+        );
         payout
+    }
+
+    /// What `account` holds for its payouts in flight.
+    pub async fn held(&self, account: &str) -> i64 {
+        let (held,): (i64,) =
+            sqlx::query_as("SELECT held_minor FROM accounts WHERE account_id = $1")
+                .bind(account)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        held
     }
 
     pub async fn state(&self, payout: Uuid) -> String {
@@ -244,6 +252,24 @@ pub async fn submit(
     submit_to(proxy, account, payout, amount, token, "ben").await
 }
 
+/// The body of a submission of `amount` from `account` for `payout` to `beneficiary`.
+fn submission_body(account: &str, payout: Uuid, amount: i64, beneficiary: &str) -> Value {
+    json!({
+        "payoutId": payout, "accountId": account, "amountMinor": amount,
+        "currency": "EUR", "beneficiaryRef": beneficiary,
+    })
+}
+
+/// The headers of a submission by `worker` under the idempotency `key` (`payout-{payout}`),
+/// besides its content type.
+fn submission_headers<'a>(key: &'a str, token: &'a str) -> [(&'static str, &'a str); 3] {
+    [
+        ("x-owner-id", "worker"),
+        ("x-idempotency-key", key),
+        ("x-fencing-token", token),
+    ]
+}
+
 /// `submit` with another beneficiary: the same key and token with a different body.
 pub async fn submit_to(
     proxy: &str,
@@ -253,26 +279,37 @@ pub async fn submit_to(
     token: &str,
     beneficiary: &str,
 ) -> (u16, Value) {
-    let body = json!({
-        "payoutId": payout, "accountId": account, "amountMinor": amount,
-        "currency": "EUR", "beneficiaryRef": beneficiary,
-    })
-    .to_string();
     let key = format!("payout-{payout}");
-    let (status, content_type, json) = raw(
-        Method::POST,
+    let (status, content_type, json) = post_json(
         &format!("{proxy}/v1/rail/submissions"),
-        &[
-            ("content-type", "application/json"),
-            ("x-owner-id", "worker"),
-            ("x-idempotency-key", &key),
-            ("x-fencing-token", token),
-        ],
-        Some(&body),
+        &submission_headers(&key, token),
+        &submission_body(account, payout, amount, beneficiary),
     )
     .await;
     assert_eq!(content_type, "application/json; charset=utf-8");
     (status, json)
+}
+
+/// The request `submit` sends, sent by `client`: for the tests where the caller's own connection
+/// is the point (it hangs up, or the proxy dies under it).
+pub fn submission(
+    client: &reqwest::Client,
+    proxy: &str,
+    account: &str,
+    payout: Uuid,
+    amount: i64,
+    token: &str,
+) -> reqwest::RequestBuilder {
+    let key = format!("payout-{payout}");
+    let request = client
+        .post(format!("{proxy}/v1/rail/submissions"))
+        .header("content-type", "application/json");
+    submission_headers(&key, token)
+        .into_iter()
+        .fold(request, |request, (name, value)| {
+            request.header(name, value)
+        })
+        .body(submission_body(account, payout, amount, "ben").to_string())
 }
 
 pub async fn statement(stub: &str, payout: Uuid) -> Vec<Value> {
@@ -285,6 +322,17 @@ pub async fn statement(stub: &str, payout: Uuid) -> Vec<Value> {
     .await;
     assert_eq!(status, 200);
     body["transfers"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits (up to 10 s) until the rail `stub` holds the one transfer of `payout`: a slow rail takes
+/// the transfer after its proxy gave up waiting for the answer.
+pub async fn taken_late(stub: &str, payout: Uuid) {
+    eventually(
+        "the slow rail takes the transfer",
+        Duration::from_secs(10),
+        || async { (statement(stub, payout).await.len() == 1).then_some(()) },
+    )
+    .await;
 }
 
 pub async fn metric(proxy: &str, name: &str) -> f64 {
@@ -386,12 +434,7 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_eq!(w.state(p6).await, "RAIL_AMBIGUOUS");
     assert_eq!(w.submissions(p6).await, vec![("TIMEOUT".to_owned(), 30)]);
     // The rail did take it, late: exactly the case that must never be submitted again.
-    eventually(
-        "the slow rail accepts the transfer",
-        Duration::from_secs(10),
-        || async { (statement(&slow, p6).await.len() == 1).then_some(()) },
-    )
-    .await;
+    taken_late(&slow, p6).await;
     let (status, body) = submit(&slow_proxy, "acct-a", p6, 1_000, "31").await;
     assert_eq!(status, 409);
     assert_envelope(
@@ -402,24 +445,16 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     );
 
     // Step 4, declined: REJECTED, 422 VALIDATION_FAILED, the payout FAILED and its hold released.
-    let held_before: (i64,) =
-        sqlx::query_as("SELECT held_minor FROM accounts WHERE account_id = 'acct-a'")
-            .fetch_one(&w.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+    let held_before = w.held("acct-a").await;
     let p7 = w.claimed("acct-a", 2_000, 40).await;
     let (status, body) = submit(&declining_proxy, "acct-a", p7, 2_000, "40").await;
     assert_eq!(status, 422, "{body}");
     assert_envelope("declined", status, &body, "VALIDATION_FAILED");
     assert_eq!(body["details"]["outcome"], "REJECTED");
     assert_eq!(w.state(p7).await, "FAILED");
-    let held_after: (i64,) =
-        sqlx::query_as("SELECT held_minor FROM accounts WHERE account_id = 'acct-a'")
-            .fetch_one(&w.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        held_after, held_before,
+        w.held("acct-a").await,
+        held_before,
         "the declined payout's hold is released"
     );
     assert!(statement(&declining, p7).await.is_empty());
@@ -474,8 +509,7 @@ async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwards_again() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
+    let (w, stub) = RailWorld::with_stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
     let settings = [
         ("rail.proxy.read-timeout-ms", "3000"),
         ("rail.proxy.unresolved-margin-ms", "200"),
@@ -486,25 +520,8 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     let mut proxy = w.proxy_process(port, &stub, &settings);
     w.account("acct-c", 10_000).await;
     let payout = w.claimed("acct-c", 700, 3).await;
-    let in_flight = tokio::spawn({
-        let url = url.clone();
-        async move {
-            dlock_contract::client::http_client()
-                .unwrap_or_else(|e| panic!("{e}"))
-                .post(format!("{url}/v1/rail/submissions"))
-                .header("content-type", "application/json")
-                .header("x-owner-id", "worker")
-                .header("x-idempotency-key", format!("payout-{payout}"))
-                .header("x-fencing-token", "3")
-                .body(
-                    json!({"payoutId": payout, "accountId": "acct-c", "amountMinor": 700,
-                           "currency": "EUR", "beneficiaryRef": "ben"})
-                    .to_string(),
-                )
-                .send()
-                .await
-        }
-    });
+    let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
+    let in_flight = tokio::spawn(submission(&client, &url, "acct-c", payout, 700, "3").send());
     // Wait until the intent is committed and the forward is on its way, then kill the proxy.
     eventually(
         "the intent row is committed",
@@ -542,8 +559,7 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_token_sent_to_another_replica_is_fenced() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("stub", &[]).await;
+    let (mut w, stub) = RailWorld::with_stub("stub", &[]).await;
     let replica_a = w.proxy(&stub, &[]).await;
     let replica_b = w.proxy(&stub, &[]).await;
     w.account("acct-d", 10_000).await;
@@ -564,49 +580,31 @@ async fn a_stale_token_sent_to_another_replica_is_fenced() {
 async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator() {
     let (w, _, proxy) = RailWorld::with_proxy("acct-e").await;
     let payout = w.claimed("acct-e", 100, 5).await;
-    let advance = |auth: Option<&'static str>| {
-        let proxy = proxy.clone();
-        async move {
-            let mut headers = vec![("content-type", "application/json"), ("x-owner-id", "ops")];
-            if let Some(a) = auth {
-                headers.push(("authorization", a));
-            }
-            raw(
-                Method::POST,
-                &format!("{proxy}/v1/rail/high-water/acct-e"),
-                &headers,
-                Some(
-                    &json!({"floor": 9, "operator": "ops", "reason": "revoked a stuck holder"})
-                        .to_string(),
-                ),
-            )
-            .await
-        }
+    let floor = json!({"floor": 9, "operator": "ops", "reason": "revoked a stuck holder"});
+    // Raises `account`'s (as the path spells it) high-water mark to the floor, as `auth` if any.
+    let (proxy, floor) = (&proxy, &floor);
+    let advance = move |account: &'static str, auth: Option<&'static str>| async move {
+        let mut headers = vec![("x-owner-id", "ops")];
+        headers.extend(auth.map(|a| ("authorization", a)));
+        post_json(
+            &format!("{proxy}/v1/rail/high-water/{account}"),
+            &headers,
+            floor,
+        )
+        .await
     };
-    let (status, _, body) = advance(None).await;
+    let (status, _, body) = advance("acct-e", None).await;
     assert_eq!(status, 401);
     assert_envelope("no credential", status, &body, "UNAUTHENTICATED");
     // A credential that authenticates nobody is 401; 403 is for a known non-operator.
-    let (status, _, body) = advance(Some("Bearer wrong")).await;
+    let (status, _, body) = advance("acct-e", Some("Bearer wrong")).await;
     assert_eq!(status, 401);
     assert_envelope("wrong credential", status, &body, "UNAUTHENTICATED");
-    let (status, _, body) = advance(Some("Bearer test-operator")).await;
+    let (status, _, body) = advance("acct-e", Some("Bearer test-operator")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["highestToken"], 9);
     // An account id outside the contract's rule is refused and creates no mark.
-    let (status, _, body) = raw(
-        Method::POST,
-        &format!("{proxy}/v1/rail/high-water/acct%20e"),
-        &[
-            ("content-type", "application/json"),
-            ("x-owner-id", "ops"),
-            ("authorization", "Bearer test-operator"),
-        ],
-        Some(
-            &json!({"floor": 9, "operator": "ops", "reason": "revoked a stuck holder"}).to_string(),
-        ),
-    )
-    .await;
+    let (status, _, body) = advance("acct%20e", Some("Bearer test-operator")).await;
     assert_envelope("bad account id", status, &body, "VALIDATION_FAILED");
     let marks: (i64,) =
         sqlx::query_as("SELECT count(*) FROM rail_high_water WHERE account_id = 'acct e'")
@@ -615,7 +613,7 @@ async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator()
             .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(marks.0, 0);
     // The revoked holder's token is now fenced at the rail, before it ever submitted.
-    let (status, body) = submit(&proxy, "acct-e", payout, 100, "5").await;
+    let (status, body) = submit(proxy, "acct-e", payout, 100, "5").await;
     assert_eq!(status, 409);
     assert_envelope("after the floor", status, &body, "FENCED_OUT");
     assert_eq!(body["details"]["highestToken"], 9);
@@ -625,19 +623,14 @@ async fn the_high_water_mark_rises_to_a_revocation_floor_only_for_the_operator()
 /// under many concurrent submissions, retries and stale tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
-    let mut w = RailWorld::new().await;
-    let stub = w
-        .stub(
-            "hostile",
-            &[
-                ("rail.stub.failure-rate", "0.3"),
-                ("rail.stub.duplicate-ack-rate", "1.0"),
-                ("rail.stub.latency-ms", "150"),
-                ("rail.stub.latency-jitter-ms", "200"),
-                ("rail.stub.hang-ms", "1000"),
-            ],
-        )
-        .await;
+    let hostile = [
+        ("rail.stub.failure-rate", "0.3"),
+        ("rail.stub.duplicate-ack-rate", "1.0"),
+        ("rail.stub.latency-ms", "150"),
+        ("rail.stub.latency-jitter-ms", "200"),
+        ("rail.stub.hang-ms", "1000"),
+    ];
+    let (mut w, stub) = RailWorld::with_stub("hostile", &hostile).await;
     let settings = [("rail.proxy.read-timeout-ms", "250")];
     let proxies = [
         w.proxy(&stub, &settings).await,
@@ -756,16 +749,11 @@ async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
 /// and a rail that takes repeats (duplicate-ack rate 1) would pay it once per hop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rail_that_redirects_after_taking_a_transfer_is_ambiguous_and_paid_once() {
-    let mut w = RailWorld::new().await;
-    let stub = w
-        .stub(
-            "redirecting",
-            &[
-                ("rail.stub.redirect-rate", "1.0"),
-                ("rail.stub.duplicate-ack-rate", "1.0"),
-            ],
-        )
-        .await;
+    let redirecting = [
+        ("rail.stub.redirect-rate", "1.0"),
+        ("rail.stub.duplicate-ack-rate", "1.0"),
+    ];
+    let (mut w, stub) = RailWorld::with_stub("redirecting", &redirecting).await;
     let proxy = w.proxy(&stub, &[]).await;
     w.account("redirected", 10_000).await;
     let payout = w.claimed("redirected", 700, 5).await;

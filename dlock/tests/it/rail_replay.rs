@@ -5,11 +5,9 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::conformance::assert_envelope;
 use crate::harness::eventually;
-use crate::rail::{RailWorld, Rails, metric, statement, submit, submit_to};
+use crate::rail::{RailWorld, Rails, metric, statement, submission, submit, submit_to, taken_late};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() {
@@ -76,12 +74,7 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
     let (status, first) = submit(&timing_out, "acct-r", p3, 1_000, "30").await;
     assert_eq!(status, 409, "{first}");
     assert_envelope("ambiguous", status, &first, "RAIL_AMBIGUOUS");
-    eventually(
-        "the slow rail takes the transfer",
-        Duration::from_secs(10),
-        || async { (statement(&slow, p3).await.len() == 1).then_some(()) },
-    )
-    .await;
+    taken_late(&slow, p3).await;
     let (status, again) = submit(&timing_out, "acct-r", p3, 1_000, "30").await;
     assert_eq!(status, 409, "replay: {again}");
     assert_eq!(again, first, "the replay is the first answer");
@@ -134,8 +127,7 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_that_hangs_up_mid_forward_still_gets_the_outcome_recorded() {
-    let mut w = RailWorld::new().await;
-    let stub = w.stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
+    let (mut w, stub) = RailWorld::with_stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
     let proxy = w.proxy(&stub, &[]).await;
     w.account("acct-h", 10_000).await;
     let payout = w.claimed("acct-h", 700, 5).await;
@@ -144,17 +136,7 @@ async fn a_caller_that_hangs_up_mid_forward_still_gets_the_outcome_recorded() {
         .timeout(Duration::from_millis(400))
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let answer = impatient
-        .post(format!("{proxy}/v1/rail/submissions"))
-        .header("content-type", "application/json")
-        .header("x-owner-id", "worker")
-        .header("x-idempotency-key", format!("payout-{payout}"))
-        .header("x-fencing-token", "5")
-        .body(
-            json!({"payoutId": payout, "accountId": "acct-h", "amountMinor": 700,
-                   "currency": "EUR", "beneficiaryRef": "ben"})
-            .to_string(),
-        )
+    let answer = submission(&impatient, &proxy, "acct-h", payout, 700, "5")
         .send()
         .await;
     assert!(answer.is_err(), "the caller hung up: {answer:?}");

@@ -181,6 +181,11 @@ impl Step {
         self
     }
 
+    /// A JSON body naming only the session: `{"sessionId": session}` (usually `$name`).
+    pub fn session(self, session: &str) -> Self {
+        self.json(json!({ "sessionId": session }))
+    }
+
     /// A body sent exactly as written, with only the headers given.
     pub fn raw(mut self, body: impl Into<String>) -> Self {
         self.body = Some(body.into());
@@ -215,6 +220,16 @@ impl Step {
     /// `body[pointer] == value`.
     pub fn has(self, pointer: &'static str, value: impl Into<Value>) -> Self {
         self.check(Check::Eq(pointer, value.into()), "")
+    }
+
+    /// `body[pointer]` is the value saved as `$name`.
+    pub fn has_saved(self, pointer: &'static str, name: &'static str) -> Self {
+        self.check(Check::Saved(pointer, name), "")
+    }
+
+    /// `body[pointer]` is above the number saved as `$name`, and why it must be.
+    pub fn above(self, pointer: &'static str, name: &'static str, why: &'static str) -> Self {
+        self.check(Check::Above(pointer, name), why)
     }
 
     /// Saves the value at `pointer` as `$name` for the steps after.

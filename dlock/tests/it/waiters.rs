@@ -14,12 +14,11 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
-use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::harness::{
-    BOTH, Backend, LockStack, client, eventually, hold, on_both_backends, party, port, raw,
+    BOTH, Backend, LockStack, client, eventually, hold, on_both_backends, party, port, post_json,
     release, session,
 };
 
@@ -38,12 +37,8 @@ async fn waiter_count(client: &LockClient, key: &str) -> i64 {
 }
 
 async fn await_waiters(client: &LockClient, key: &str, n: i64, what: &str) {
-    let c = client.clone();
-    let key = key.to_owned();
-    eventually(what, Duration::from_secs(10), move || {
-        let c = c.clone();
-        let key = key.clone();
-        async move { (waiter_count(&c, &key).await == n).then_some(()) }
+    eventually(what, Duration::from_secs(10), || async {
+        (waiter_count(client, key).await == n).then_some(())
     })
     .await;
 }
@@ -64,8 +59,15 @@ struct Queue<'a> {
 }
 
 impl<'a> Queue<'a> {
-    fn of(holder: &'a LockClient, key: &'a str) -> Self {
-        Self { holder, key }
+    /// `key` granted to `holder` on a new session, both for 60 s: its queue, the session and the
+    /// grant.
+    async fn held(
+        holder: &'a LockClient,
+        key: &'a str,
+    ) -> (Self, Uuid, dlock_contract::lock::LockGrant) {
+        let h = session(holder, 60_000).await;
+        let grant = hold(holder, key, h, 60_000).await;
+        (Self { holder, key }, h, grant)
     }
 
     /// `waiter` waits on `session` up to `wait_ms`; returns once the queue holds `place` waiters.
@@ -126,14 +128,12 @@ fn wait_for(client: &LockClient, key: &str, session: Uuid, wait_ms: i64) -> Wait
 /// connection closes). Its place must go at once, not at its deadline (waitMillis + 1 s), and
 /// the next waiter must be granted as soon as the holder releases.
 async fn cancelled_waiter_leaves_the_head(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[]);
-    let url = stack.serve().await;
-    let (holder, h) = party(&url, "holder", 60_000).await;
+    let (_stack, url) = LockStack::serving(backend, &[]).await;
+    let holder = client(&url, "holder");
     let (quitter, q) = party(&url, "quitter", 60_000).await;
     let (next, n) = party(&url, "next", 60_000).await;
-    let key = "wait:cancel";
-    let grant = hold(&holder, key, h, 60_000).await;
-    let queue = Queue::of(&holder, key);
+    let (queue, h, grant) = Queue::held(&holder, "wait:cancel").await;
+    let key = queue.key;
 
     const WAIT_MS: i64 = 20_000;
     let quitting = queue
@@ -174,28 +174,22 @@ on_both_backends!(a_waiter_whose_client_hangs_up_leaves_the_head_at_once_on_both
 /// Item 11: with a cap of 3 places, one session's second concurrent wait for the key is
 /// CONTENTION_EXCEEDED, and another session still gets a place; FIFO order holds.
 async fn a_session_holds_its_share_only(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[("lock.waiters.max-per-key", "3")]);
-    let url = stack.serve().await;
-    let (holder, h) = party(&url, "holder", 60_000).await;
+    let (_stack, url) = LockStack::serving(backend, &[("lock.waiters.max-per-key", "3")]).await;
+    let holder = client(&url, "holder");
     let (greedy, g) = party(&url, "greedy", 60_000).await;
     let (other, o) = party(&url, "other", 60_000).await;
-    let key = "wait:share";
-    let grant = hold(&holder, key, h, 60_000).await;
-    let queue = Queue::of(&holder, key);
+    let (queue, h, grant) = Queue::held(&holder, "wait:share").await;
+    let key = queue.key;
 
     let first = queue
         .join(&greedy, g, 20_000, 1, "greedy's first wait queued")
         .await;
     // The same session again, twice: over its share, whatever the free places.
     for _ in 0..2 {
-        let (status, content_type, body) = raw(
-            Method::POST,
+        let (status, content_type, body) = post_json(
             &format!("{url}/v1/locks/{key}/acquire"),
-            &[
-                ("x-owner-id", "greedy"),
-                ("content-type", "application/json"),
-            ],
-            Some(&json!({ "sessionId": g, "waitMillis": 20_000 }).to_string()),
+            &[("x-owner-id", "greedy")],
+            &json!({ "sessionId": g, "waitMillis": 20_000 }),
         )
         .await;
         assert_eq!(status, 429, "{backend:?}: {body}");
@@ -234,17 +228,15 @@ on_both_backends!(one_session_cannot_fill_a_keys_waiter_queue_on_both_backends =
 /// (2) nor hold the head: two live sessions both get a place, and the first is granted as soon
 /// as the holder releases, long before the dead waiters' entries would lapse (waitMillis + 1 s).
 async fn dead_sessions_waiters_do_not_count(backend: Backend) {
-    let mut stack = LockStack::backend(backend, &[("lock.waiters.max-per-key", "2")]);
-    let url = stack.serve().await;
+    let (stack, url) = LockStack::serving(backend, &[("lock.waiters.max-per-key", "2")]).await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let doomed_port = port();
     let mut doomed = stack.spawn_process(doomed_port, &dir.path().join("doomed.log"));
     let doomed_url = format!("http://127.0.0.1:{doomed_port}");
 
-    let (holder, h) = party(&url, "holder", 60_000).await;
-    let key = "wait:dead";
-    let grant = hold(&holder, key, h, 60_000).await;
-    let queue = Queue::of(&holder, key);
+    let holder = client(&url, "holder");
+    let (queue, h, grant) = Queue::held(&holder, "wait:dead").await;
+    let key = queue.key;
     // Two waiters through the doomed replica: one whose session will be ended, one whose
     // session (TTL 5 s, never heartbeaten) will expire.
     let ended = client(&doomed_url, "ended");
@@ -290,12 +282,9 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
     eventually(
         "the unheartbeaten session expired",
         Duration::from_secs(15),
-        || {
-            let probe = probe.clone();
-            async move {
-                let tried = probe.acquire(key, x_session, Some(30_000), None).await;
-                (code(&tried) == Some(ErrorCode::SessionExpired)).then_some(())
-            }
+        || async {
+            let tried = probe.acquire(key, x_session, Some(30_000), None).await;
+            (code(&tried) == Some(ErrorCode::SessionExpired)).then_some(())
         },
     )
     .await;
@@ -472,20 +461,9 @@ async fn open_session(
     header: Option<&str>,
     body: Value,
 ) -> (u16, String, Value) {
-    let mut headers = vec![
-        ("authorization", auth),
-        ("content-type", "application/json"),
-    ];
-    if let Some(owner) = header {
-        headers.push(("x-owner-id", owner));
-    }
-    raw(
-        Method::POST,
-        &format!("{url}/v1/sessions"),
-        &headers,
-        Some(&body.to_string()),
-    )
-    .await
+    let mut headers = vec![("authorization", auth)];
+    headers.extend(header.map(|owner| ("x-owner-id", owner)));
+    post_json(&format!("{url}/v1/sessions"), &headers, &body).await
 }
 
 /// `POST /v1/sessions` as `auth`, the owner `owner` named in the body only.
@@ -502,8 +480,7 @@ async fn body_owner_is_bound(backend: Backend) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_, keys) = auth_files(dir.path());
     let extra: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut stack = LockStack::backend(backend, &extra);
-    let url = stack.serve().await;
+    let (stack, url) = LockStack::serving(backend, &extra).await;
 
     let before = stored_sessions(&stack).await;
     for foreign in ["worker-b", "worker-ab", "worker-a-x/1"] {
@@ -583,26 +560,17 @@ async fn revocation_records_identity(backend: Backend) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_, keys) = auth_files(dir.path());
     let extra: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut stack = LockStack::backend(backend, &extra);
-    let url = stack.serve().await;
+    let (stack, url) = LockStack::serving(backend, &extra).await;
     let worker = client(&url, "worker-a/pod-1").with_credential(Some(
         dlock_contract::auth::Credential::fixed("wrk-a-0123456789abcdef"),
     ));
     let s = session(&worker, 60_000).await;
     let grant = hold(&worker, "audit:k", s, 60_000).await;
-    let (status, content_type, body) = raw(
-        Method::POST,
+    let (status, content_type, body) = post_json(
         &format!("{url}/v1/locks/audit:k/revoke"),
-        &[
-            ("authorization", OPERATOR),
-            ("x-owner-id", "ops"),
-            ("content-type", "application/json"),
-        ],
-        Some(
-            &json!({ "operator": "somebody else entirely", "reason": "stuck worker on audit:k",
-                     "expectedToken": grant.fencing_token })
-            .to_string(),
-        ),
+        &[("authorization", OPERATOR), ("x-owner-id", "ops")],
+        &json!({ "operator": "somebody else entirely", "reason": "stuck worker on audit:k",
+                 "expectedToken": grant.fencing_token }),
     )
     .await;
     assert_eq!(status, 200, "{backend:?}: {body}");
@@ -613,17 +581,10 @@ async fn revocation_records_identity(backend: Backend) {
     assert_eq!(revoked_by.as_deref(), Some("operator"), "{backend:?}");
 
     // auth.mode = none: the record says no identity was proved.
-    let mut open = LockStack::backend(backend, &[]);
-    let url = open.serve().await;
+    let (open, url) = LockStack::serving(backend, &[]).await;
     let (anyone, s) = party(&url, "anyone", 60_000).await;
-    anyone
-        .acquire("audit:k", s, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let revocation = anyone
-        .revoke("audit:k", "laptop", "testing the audit trail", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let revocation =
+        held_then_revoked(&anyone, "audit:k", s, ("laptop", "testing the audit trail")).await;
     let (operator, revoked_by) =
         stored_revocation(&open, &revocation.revocation_id.to_string()).await;
     assert_eq!(operator, "laptop");
@@ -631,6 +592,20 @@ async fn revocation_records_identity(backend: Backend) {
 }
 
 on_both_backends!(a_revocation_records_the_authenticated_identity_on_both_backends => revocation_records_identity);
+
+/// `client` holds `key` on `session` for 60 s, then revokes it as `operator` for `reason`.
+async fn held_then_revoked(
+    client: &LockClient,
+    key: &str,
+    session: Uuid,
+    (operator, reason): (&str, &str),
+) -> dlock_contract::lock::Revocation {
+    hold(client, key, session, 60_000).await;
+    client
+        .revoke(key, operator, reason, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
 
 async fn status_of(client: &LockClient, key: &str) -> Option<ErrorCode> {
     code(&client.get(key).await)
@@ -657,13 +632,8 @@ async fn keys_seen_are_swept(backend: Backend) {
     let held = hold(&c, "seen:held", s, 60_000).await;
     let old = hold(&c, "seen:old", s, 60_000).await;
     release(&c, "seen:old", s, old.fencing_token).await;
-    c.acquire("seen:revoked", s, Some(60_000), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let revocation = c
-        .revoke("seen:revoked", "test", "retention of keys seen", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let revocation =
+        held_then_revoked(&c, "seen:revoked", s, ("test", "retention of keys seen")).await;
     let highest_before = revocation.new_token_floor;
     assert_eq!(c.get("seen:old").await.map(|i| i.held).ok(), Some(false));
 

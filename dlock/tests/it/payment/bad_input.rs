@@ -27,6 +27,70 @@ struct Case {
     field: Option<&'static str>,
 }
 
+const VALIDATION_FAILED: &str = "VALIDATION_FAILED";
+
+/// The refused writes, in the order they are sent.
+#[derive(Default)]
+struct Cases(Vec<Case>);
+
+impl Cases {
+    /// `body` to `path` with `headers` is refused with `code`, the answer naming `field` if given.
+    fn add(
+        &mut self,
+        name: &str,
+        path: &str,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+        code: &'static str,
+        field: Option<&'static str>,
+    ) {
+        self.0.push(Case {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            headers,
+            body,
+            code,
+            field,
+        });
+    }
+
+    /// `base` with `field` set to each bad value in turn (named `{what} {why}`): refused as
+    /// VALIDATION_FAILED naming `field`.
+    fn bad_values(
+        &mut self,
+        what: &str,
+        path: &str,
+        headers: &[(&'static str, String)],
+        (base, field): (&Value, &'static str),
+        values: impl IntoIterator<Item = (Value, &'static str)>,
+    ) {
+        for (value, why) in values {
+            self.add(
+                &format!("{what} {why}"),
+                path,
+                headers.to_vec(),
+                with(base, field, Some(value)),
+                VALIDATION_FAILED,
+                Some(field),
+            );
+        }
+    }
+
+    /// [`Cases::bad_values`] for one bad value of each of several fields of `base`.
+    fn bad_fields(
+        &mut self,
+        what: &str,
+        path: &str,
+        headers: &[(&'static str, String)],
+        base: &Value,
+        fields: impl IntoIterator<Item = (&'static str, Value, &'static str)>,
+    ) {
+        for (field, value, why) in fields {
+            self.bad_values(what, path, headers, (base, field), [(value, why)]);
+        }
+    }
+}
+
 fn headers(token: Option<&str>, operator: bool) -> Vec<(&'static str, String)> {
     let mut h = vec![
         ("x-owner-id", "worker-1".to_owned()),
@@ -77,257 +141,194 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
     let post_path = format!("/v1/payouts/{claimed}/post");
     let resolve_path = format!("/v1/payouts/{claimed}/resolve");
 
-    let mut cases: Vec<Case> = Vec::new();
-    let mut add = |name: &str,
-                   path: &str,
-                   h: Vec<(&'static str, String)>,
-                   body: String,
-                   code: &'static str,
-                   field: Option<&'static str>| {
-        cases.push(Case {
-            name: name.to_owned(),
-            path: path.to_owned(),
-            headers: h,
-            body,
-            code,
-            field,
-        });
-    };
-    let v = "VALIDATION_FAILED";
+    let mut cases = Cases::default();
+    let v = VALIDATION_FAILED;
+    let plain = headers(None, false);
+    let operator = headers(None, true);
     // Accounts.
-    for (value, why) in [
-        (json!(""), "empty"),
-        (json!("a b"), "space"),
-        (json!("x".repeat(65)), "too long"),
-        (json!("funding-EUR"), "system name"),
-        (json!("rail-settlement-USD"), "system name"),
-        (json!(7), "number"),
-        (Value::Null, "null"),
-    ] {
-        add(
-            &format!("account id {why}"),
-            "/v1/accounts",
-            headers(None, false),
-            with(&account, "accountId", Some(value)),
-            v,
-            Some("accountId"),
-        );
-    }
-    for (value, why) in [
-        (json!("eur"), "lower case"),
-        (json!("EURO"), "four letters"),
-        (json!("ABC"), "not ISO"),
-        (json!(978), "numeric"),
-    ] {
-        add(
-            &format!("account currency {why}"),
-            "/v1/accounts",
-            headers(None, false),
-            with(&account, "currency", Some(value)),
-            v,
-            Some("currency"),
-        );
-    }
-    add(
+    let accounts = "/v1/accounts";
+    cases.bad_values(
+        "account id",
+        accounts,
+        &plain,
+        (&account, "accountId"),
+        [
+            (json!(""), "empty"),
+            (json!("a b"), "space"),
+            (json!("x".repeat(65)), "too long"),
+            (json!("funding-EUR"), "system name"),
+            (json!("rail-settlement-USD"), "system name"),
+            (json!(7), "number"),
+            (Value::Null, "null"),
+        ],
+    );
+    cases.bad_values(
+        "account currency",
+        accounts,
+        &plain,
+        (&account, "currency"),
+        [
+            (json!("eur"), "lower case"),
+            (json!("EURO"), "four letters"),
+            (json!("ABC"), "not ISO"),
+            (json!(978), "numeric"),
+        ],
+    );
+    cases.add(
         "account missing currency",
-        "/v1/accounts",
-        headers(None, false),
+        accounts,
+        plain.clone(),
         with(&account, "currency", None),
         v,
         Some("currency"),
     );
-    add(
-        "account unknown field",
-        "/v1/accounts",
-        headers(None, false),
-        with(&account, "balance", Some(json!(5))),
-        v,
-        Some("balance"),
+    cases.bad_values(
+        "account",
+        accounts,
+        &plain,
+        (&account, "balance"),
+        [(json!(5), "unknown field")],
     );
-    add(
-        "account without owner",
-        "/v1/accounts",
-        vec![("x-idempotency-key", "k".to_owned())],
-        account.to_string(),
-        v,
-        Some("X-Owner-Id"),
-    );
-    add(
-        "account without key",
-        "/v1/accounts",
-        vec![("x-owner-id", "w".to_owned())],
-        account.to_string(),
-        v,
-        Some("X-Idempotency-Key"),
-    );
-    add(
-        "account long owner",
-        "/v1/accounts",
-        vec![
-            ("x-owner-id", "o".repeat(65)),
-            ("x-idempotency-key", "k".to_owned()),
-        ],
-        account.to_string(),
-        v,
-        Some("X-Owner-Id"),
-    );
-    add(
-        "account key with space",
-        "/v1/accounts",
-        vec![
-            ("x-owner-id", "w".to_owned()),
-            ("x-idempotency-key", "a b".to_owned()),
-        ],
-        account.to_string(),
-        v,
-        Some("X-Idempotency-Key"),
-    );
-    add(
-        "account key too long",
-        "/v1/accounts",
-        vec![
-            ("x-owner-id", "w".to_owned()),
-            ("x-idempotency-key", "k".repeat(129)),
-        ],
-        account.to_string(),
-        v,
-        Some("X-Idempotency-Key"),
-    );
-    add(
-        "not JSON",
-        "/v1/accounts",
-        headers(None, false),
-        "{not json".to_owned(),
-        v,
-        Some("body"),
-    );
-    add(
-        "JSON array",
-        "/v1/accounts",
-        headers(None, false),
-        "[]".to_owned(),
-        v,
-        Some("body"),
-    );
-    add(
-        "oversize body",
-        "/v1/accounts",
-        headers(None, false),
-        with(&account, "accountId", Some(json!("x".repeat(8000)))),
-        v,
-        Some("body"),
-    );
+    let owner = |o: String| ("x-owner-id", o);
+    let key = |k: String| ("x-idempotency-key", k);
+    for (why, h, field) in [
+        ("without owner", vec![key("k".into())], "X-Owner-Id"),
+        ("without key", vec![owner("w".into())], "X-Idempotency-Key"),
+        (
+            "long owner",
+            vec![owner("o".repeat(65)), key("k".into())],
+            "X-Owner-Id",
+        ),
+        (
+            "key with space",
+            vec![owner("w".into()), key("a b".into())],
+            "X-Idempotency-Key",
+        ),
+        (
+            "key too long",
+            vec![owner("w".into()), key("k".repeat(129))],
+            "X-Idempotency-Key",
+        ),
+    ] {
+        cases.add(
+            &format!("account {why}"),
+            accounts,
+            h,
+            account.to_string(),
+            v,
+            Some(field),
+        );
+    }
+    for (name, body) in [
+        ("not JSON", "{not json".to_owned()),
+        ("JSON array", "[]".to_owned()),
+        (
+            "oversize body",
+            with(&account, "accountId", Some(json!("x".repeat(8000)))),
+        ),
+    ] {
+        cases.add(name, accounts, plain.clone(), body, v, Some("body"));
+    }
     // Funding.
-    for (value, why) in [
-        (json!(0), "zero"),
-        (json!(-5), "negative"),
-        (json!(1.5), "fraction"),
-        (json!("10"), "string"),
-        (json!(1_000_000_000_000_001_i64), "above the maximum"),
-        (json!(9_223_372_036_854_775_808_u64), "above int64"),
-    ] {
-        add(
-            &format!("fund amount {why}"),
-            "/v1/accounts/acct-b/fund",
-            headers(None, false),
-            with(&fund, "amountMinor", Some(value)),
-            v,
-            Some("amountMinor"),
-        );
-    }
-    for (value, why) in [
-        (json!(""), "empty"),
-        (json!("a b"), "space"),
-        (json!("r".repeat(129)), "too long"),
-    ] {
-        add(
-            &format!("fund reference {why}"),
-            "/v1/accounts/acct-b/fund",
-            headers(None, false),
-            with(&fund, "reference", Some(value)),
-            v,
-            Some("reference"),
-        );
-    }
-    add(
+    let fund_path = "/v1/accounts/acct-b/fund";
+    cases.bad_values(
+        "fund amount",
+        fund_path,
+        &plain,
+        (&fund, "amountMinor"),
+        [
+            (json!(0), "zero"),
+            (json!(-5), "negative"),
+            (json!(1.5), "fraction"),
+            (json!("10"), "string"),
+            (json!(1_000_000_000_000_001_i64), "above the maximum"),
+            (json!(9_223_372_036_854_775_808_u64), "above int64"),
+        ],
+    );
+    cases.bad_values(
+        "fund reference",
+        fund_path,
+        &plain,
+        (&fund, "reference"),
+        [
+            (json!(""), "empty"),
+            (json!("a b"), "space"),
+            (json!("r".repeat(129)), "too long"),
+        ],
+    );
+    cases.add(
         "fund bad account path",
         "/v1/accounts/a%20b/fund",
-        headers(None, false),
+        plain.clone(),
         fund.to_string(),
         v,
         Some("accountId"),
     );
     // Payouts.
-    for (field, value, why) in [
-        ("payoutId", json!("not-a-uuid"), "not a uuid"),
-        ("payoutId", json!(5), "number"),
-        ("accountId", json!("a/b"), "bad account"),
-        ("amountMinor", json!(0), "zero amount"),
-        ("amountMinor", json!(-1), "negative amount"),
-        ("amountMinor", json!(10.25), "fractional amount"),
-        ("currency", json!("XXX"), "unknown currency"),
-        ("beneficiaryRef", json!(""), "empty beneficiary"),
-        ("beneficiaryRef", json!("b".repeat(129)), "long beneficiary"),
-        ("beneficiaryRef", json!(["b"]), "array beneficiary"),
-    ] {
-        add(
-            &format!("payout {why}"),
-            "/v1/payouts",
-            headers(None, false),
-            with(&create, field, Some(value)),
-            v,
-            Some(field),
-        );
-    }
-    add(
+    cases.bad_fields(
+        "payout",
+        "/v1/payouts",
+        &plain,
+        &create,
+        [
+            ("payoutId", json!("not-a-uuid"), "not a uuid"),
+            ("payoutId", json!(5), "number"),
+            ("accountId", json!("a/b"), "bad account"),
+            ("amountMinor", json!(0), "zero amount"),
+            ("amountMinor", json!(-1), "negative amount"),
+            ("amountMinor", json!(10.25), "fractional amount"),
+            ("currency", json!("XXX"), "unknown currency"),
+            ("beneficiaryRef", json!(""), "empty beneficiary"),
+            ("beneficiaryRef", json!("b".repeat(129)), "long beneficiary"),
+            ("beneficiaryRef", json!(["b"]), "array beneficiary"),
+        ],
+    );
+    cases.add(
         "payout missing amount",
         "/v1/payouts",
-        headers(None, false),
+        plain.clone(),
         with(&create, "amountMinor", None),
         v,
         Some("amountMinor"),
     );
-    add(
-        "payout unknown field",
+    cases.bad_values(
+        "payout",
         "/v1/payouts",
-        headers(None, false),
-        with(&create, "state", Some(json!("POSTED"))),
-        v,
-        Some("state"),
+        &plain,
+        (&create, "state"),
+        [(json!("POSTED"), "unknown field")],
     );
     // Claim.
-    for (value, why) in [
-        (json!("POSTED"), "a state it cannot claim from"),
-        (json!("BOGUS"), "not a state"),
-        (json!(1), "number"),
-    ] {
-        add(
-            &format!("claim expectedState {why}"),
-            &claim_path,
-            headers(Some("5000"), false),
-            with(&claim, "expectedState", Some(value)),
-            v,
-            Some("expectedState"),
-        );
-    }
-    add(
+    let claiming = headers(Some("5000"), false);
+    cases.bad_values(
+        "claim expectedState",
+        &claim_path,
+        &claiming,
+        (&claim, "expectedState"),
+        [
+            (json!("POSTED"), "a state it cannot claim from"),
+            (json!("BOGUS"), "not a state"),
+            (json!(1), "number"),
+        ],
+    );
+    cases.add(
         "claim missing expectedState",
         &claim_path,
-        headers(Some("5000"), false),
+        claiming.clone(),
         "{}".to_owned(),
         v,
         Some("expectedState"),
     );
-    add(
+    cases.add(
         "claim bad payout id",
         "/v1/payouts/xyz/claim",
-        headers(Some("5000"), false),
+        claiming,
         claim.to_string(),
         v,
         Some("payoutId"),
     );
     for bad in ["0", "-1", "abc", "007", "9223372036854775808", "1.5"] {
-        add(
+        cases.add(
             &format!("claim token {bad}"),
             &claim_path,
             headers(Some(bad), false),
@@ -336,80 +337,70 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
             None,
         );
     }
-    add(
+    cases.add(
         "claim without token",
         &claim_path,
-        headers(None, false),
+        plain.clone(),
         claim.to_string(),
         "INVALID_TOKEN",
         None,
     );
-    add(
+    cases.add(
         "claim without key",
         &claim_path,
-        vec![
-            ("x-owner-id", "w".to_owned()),
-            ("x-fencing-token", "5000".to_owned()),
-        ],
+        vec![owner("w".into()), ("x-fencing-token", "5000".to_owned())],
         claim.to_string(),
         v,
         Some("X-Idempotency-Key"),
     );
     // Post.
-    for (field, value, why) in [
-        ("railReference", json!(""), "empty reference"),
-        ("submissionId", json!("nope"), "bad submission id"),
-        ("railOutcome", json!("TIMEOUT"), "outcome other than ACKED"),
-    ] {
-        add(
-            &format!("post {why}"),
-            &post_path,
-            headers(Some(&token.to_string()), false),
-            with(&post, field, Some(value)),
-            v,
-            Some(field),
-        );
-    }
-    add(
+    let posting = headers(Some(&token.to_string()), false);
+    cases.bad_fields(
+        "post",
+        &post_path,
+        &posting,
+        &post,
+        [
+            ("railReference", json!(""), "empty reference"),
+            ("submissionId", json!("nope"), "bad submission id"),
+            ("railOutcome", json!("TIMEOUT"), "outcome other than ACKED"),
+        ],
+    );
+    cases.add(
         "post missing submission",
         &post_path,
-        headers(Some(&token.to_string()), false),
+        posting,
         with(&post, "submissionId", None),
         v,
         Some("submissionId"),
     );
     // Operator writes.
-    for (field, value, why) in [
-        ("floor", json!(0), "zero floor"),
-        ("floor", json!("5"), "string floor"),
-        ("operator", json!(""), "empty operator"),
-        ("reason", json!("short"), "short reason"),
-        ("revocationId", json!("r-1"), "bad revocation id"),
-    ] {
-        add(
-            &format!("fence {why}"),
-            "/v1/accounts/acct-b/fence",
-            headers(None, true),
-            with(&fence, field, Some(value)),
-            v,
-            Some(field),
-        );
-    }
-    for (field, value, why) in [
-        ("outcome", json!("ACKED"), "outcome not a resolution"),
-        ("operator", json!(""), "empty operator"),
-        ("evidence", json!(""), "empty evidence"),
-        ("railReference", json!("a b"), "bad reference"),
-    ] {
-        add(
-            &format!("resolve {why}"),
-            &resolve_path,
-            headers(None, true),
-            with(&resolve, field, Some(value)),
-            v,
-            Some(field),
-        );
-    }
+    cases.bad_fields(
+        "fence",
+        "/v1/accounts/acct-b/fence",
+        &operator,
+        &fence,
+        [
+            ("floor", json!(0), "zero floor"),
+            ("floor", json!("5"), "string floor"),
+            ("operator", json!(""), "empty operator"),
+            ("reason", json!("short"), "short reason"),
+            ("revocationId", json!("r-1"), "bad revocation id"),
+        ],
+    );
+    cases.bad_fields(
+        "resolve",
+        &resolve_path,
+        &operator,
+        &resolve,
+        [
+            ("outcome", json!("ACKED"), "outcome not a resolution"),
+            ("operator", json!(""), "empty operator"),
+            ("evidence", json!(""), "empty evidence"),
+            ("railReference", json!("a b"), "bad reference"),
+        ],
+    );
+    let cases = cases.0;
 
     let before = snapshot(&stack);
     for case in &cases {

@@ -26,14 +26,11 @@ async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_fun
     // The answer is stored: the same request replays it byte for byte, the effect once.
     let replay = stack.claim(second, t2, "PENDING").await;
     assert_eq!(replay.status, 422);
-    assert!(replay.replayed);
-    assert_eq!(replay.bytes, refused.bytes);
+    replay.replays("second claim again", &refused);
     // FAILED is terminal: a newer holder cannot claim it.
-    stack.claim(second, stack.token(), "PENDING").await.expect(
-        "claim a FAILED payout",
-        409,
-        Some("PAYOUT_NOT_CLAIMABLE"),
-    );
+    stack
+        .not_claimable("claim a FAILED payout", second, "PENDING")
+        .await;
 
     // The hold stays until the first payout leaves the held states; posting spends it. The
     // refused claim advanced the account's fence to t2, so a later holder posts (D-1).
@@ -68,11 +65,6 @@ async fn an_ambiguous_payout_keeps_its_hold() {
     );
     // Quarantined: nobody claims it under any token.
     stack
-        .claim(ambiguous, stack.token(), "CLAIMED")
-        .await
-        .expect(
-            "claim a RAIL_AMBIGUOUS payout",
-            409,
-            Some("PAYOUT_NOT_CLAIMABLE"),
-        );
+        .not_claimable("claim a RAIL_AMBIGUOUS payout", ambiguous, "CLAIMED")
+        .await;
 }

@@ -10,8 +10,7 @@ use crate::harness::eventually;
 
 #[tokio::test]
 async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
-    let stack = PayStack::funded("acct-i", 500).await;
-    let payout = stack.payout("acct-i", 100, "EUR").await;
+    let (stack, payout) = PayStack::with_payout(&[], "acct-i").await;
     let token = stack.token();
 
     let first = stack.claim(payout, token, "PENDING").await;
@@ -19,8 +18,7 @@ async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
     assert!(!first.replayed);
     let second = stack.claim(payout, token, "PENDING").await;
     second.expect("replayed claim", 200, None);
-    assert!(second.replayed);
-    assert_eq!(second.bytes, first.bytes, "replay must be byte for byte");
+    second.replays("replayed claim", &first);
     assert_eq!(
         stack.psql(&format!(
             "SELECT attempt_count FROM payouts WHERE payout_id = '{payout}'"
@@ -44,8 +42,7 @@ async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
     posted.expect("post", 200, None);
     let replayed = stack.post(payout, token).await;
     assert_eq!(replayed.status, 200);
-    assert!(replayed.replayed);
-    assert_eq!(replayed.bytes, posted.bytes);
+    replayed.replays("post again", &posted);
     let mut other = post_body(payout);
     other["railReference"] = json!("another-reference");
     stack
@@ -76,8 +73,7 @@ async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {
 
 #[tokio::test]
 async fn twenty_concurrent_identical_claims_run_the_effect_once() {
-    let stack = PayStack::funded("acct-c", 500).await;
-    let payout = stack.payout("acct-c", 100, "EUR").await;
+    let (stack, payout) = PayStack::with_payout(&[], "acct-c").await;
     let token = stack.token();
     let answers = join_all((0..20).map(|_| stack.claim(payout, token, "PENDING"))).await;
     for answer in &answers {
@@ -106,13 +102,11 @@ async fn twenty_concurrent_identical_claims_run_the_effect_once() {
 
 #[tokio::test]
 async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
-    let stack = PayStack::funded_with(
+    let (stack, payout) = PayStack::with_payout(
         &[("payment.idempotency.in-progress-wait-ms", "200")],
         "acct-w",
-        500,
     )
     .await;
-    let payout = stack.payout("acct-w", 100, "EUR").await;
     let token = stack.token();
     // Another transaction holds the record, as an identical request still running would.
     let mut holder = stack.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
@@ -154,13 +148,8 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
 
 #[tokio::test]
 async fn expired_records_are_swept() {
-    let stack = PayStack::funded_with(
-        &[("payment.idempotency.sweep-interval-ms", "50")],
-        "acct-s",
-        500,
-    )
-    .await;
-    let payout = stack.payout("acct-s", 100, "EUR").await;
+    let (stack, payout) =
+        PayStack::with_payout(&[("payment.idempotency.sweep-interval-ms", "50")], "acct-s").await;
     stack.claimed(payout).await;
     // Retention: 72 h for payout writes, 7 days for ledger postings.
     let claim_hours = stack.psql(&format!(

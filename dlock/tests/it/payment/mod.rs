@@ -68,6 +68,15 @@ impl Answer {
         &self.json
     }
 
+    /// Asserts that this answer is `first` replayed: marked as a replay, byte for byte the same.
+    pub fn replays(&self, step: &str, first: &Answer) {
+        assert!(self.replayed, "{step}: marked as a replay");
+        assert_eq!(
+            self.bytes, first.bytes,
+            "{step}: replay must be byte for byte"
+        );
+    }
+
     /// The names in `details.fields[]`.
     pub fn fields(&self) -> Vec<String> {
         self.json["details"]["fields"]
@@ -239,6 +248,14 @@ impl PayStack {
         stack
     }
 
+    /// A stack with `extra` settings, the EUR account `account` holding 500 and a PENDING payout
+    /// of 100 on it.
+    pub async fn with_payout(extra: &[(&str, &str)], account: &str) -> (Self, Uuid) {
+        let stack = Self::funded_with(extra, account, 500).await;
+        let payout = stack.payout(account, 100, "EUR").await;
+        (stack, payout)
+    }
+
     pub async fn account(&self, id: &str, currency: &str) {
         let body = json!({ "accountId": id, "currency": currency });
         self.write("/v1/accounts", &format!("acct-{id}"), None, &body)
@@ -274,6 +291,16 @@ impl PayStack {
             &json!({ "expectedState": expected }),
         )
         .await
+    }
+
+    /// A newer holder (a fresh token) claiming `payout` as `expected` is refused: 409
+    /// PAYOUT_NOT_CLAIMABLE.
+    pub async fn not_claimable(&self, step: &str, payout: Uuid, expected: &str) {
+        self.claim(payout, self.token(), expected).await.expect(
+            step,
+            409,
+            Some("PAYOUT_NOT_CLAIMABLE"),
+        );
     }
 
     pub async fn post(&self, payout: Uuid, token: i64) -> Answer {
@@ -348,8 +375,11 @@ pub async fn payout_state(pool: &PgPool, payout: Uuid) -> String {
     state
 }
 
-pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
+/// Moves a CLAIMED payout on through SUBMITTING to RAIL_ACKED, as the simulated rail does: each
+/// step with how many rows it moved (none where the payout was not in the step's from-state).
+pub async fn simulate_rail(pool: &PgPool, payout: Uuid) -> Vec<(&'static str, u64)> {
     let (submission, reference) = rail_ids(payout);
+    let mut moves = Vec::new();
     for (step, value) in [
         (
             "UPDATE payouts SET state = 'SUBMITTING', submission_id = $2::uuid \
@@ -369,6 +399,14 @@ pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .rows_affected();
+        moves.push((step, moved));
+    }
+    moves
+}
+
+/// [`simulate_rail`] for a payout that must move through both steps.
+pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
+    for (step, moved) in simulate_rail(pool, payout).await {
         assert_eq!(moved, 1, "payout {payout}: {step}");
     }
 }

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{PayStack, rail_ids};
+use super::{PayStack, simulate_rail};
 
 const ACCOUNTS: usize = 4;
 const PAYOUTS: usize = 60;
@@ -53,26 +53,6 @@ struct Log {
     posted: usize,
 }
 
-async fn simulate_rail(stack: &PayStack, payout: Uuid) {
-    let (submission, reference) = rail_ids(payout);
-    let _ = sqlx::query(
-        "UPDATE payouts SET state = 'SUBMITTING', submission_id = $2 WHERE payout_id = $1 AND state = 'CLAIMED'",
-    )
-    .bind(payout)
-    .bind(submission)
-    .execute(&stack.pool)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let _ = sqlx::query(
-        "UPDATE payouts SET state = 'RAIL_ACKED', rail_reference = $2 WHERE payout_id = $1 AND state = 'SUBMITTING'",
-    )
-    .bind(payout)
-    .bind(reference)
-    .execute(&stack.pool)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-}
-
 async fn worker(
     stack: Arc<PayStack>,
     payouts: Arc<Vec<Uuid>>,
@@ -96,7 +76,7 @@ async fn worker(
                 (stack.claim(payout, token, "CLAIMED").await, true, token)
             }
             "CLAIMED" => {
-                simulate_rail(&stack, payout).await;
+                simulate_rail(&stack.pool, payout).await;
                 (stack.post(payout, token).await, false, token)
             }
             "RAIL_ACKED" => {
