@@ -388,6 +388,18 @@ impl ApiServerVerifier {
     }
 }
 
+/// The reconcile ended well, every call it made to the API server was expected, and it called no
+/// service.
+async fn ended_without_a_service_call(
+    reconcile: tokio::task::JoinHandle<controller::Result<kube::runtime::controller::Action>>,
+    api: ApiServerVerifier,
+    services: &FakeServices,
+) {
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+    assert!(services.calls().is_empty());
+}
+
 const NS: &str = "/api/v1/namespaces/default";
 const APPS: &str = "/apis/apps/v1/namespaces/default";
 const POLICY: &str = "/apis/policy/v1/namespaces/default";
@@ -1123,9 +1135,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
     call.answer(&fixtures::lock());
     api.event("RevocationRefused", Some("Warning")).await;
-    reconcile.await.unwrap().unwrap();
-    api.done().await;
-    assert!(services.calls().is_empty());
+    ended_without_a_service_call(reconcile, api, &services).await;
 }
 
 /// A scheduled Reconciliation becomes a CronJob, then a Ready status and an Event.
@@ -1218,9 +1228,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
     );
     call.answer(&fixtures::lock());
     api.next().await.echo();
-    reconcile.await.unwrap().unwrap();
-    api.done().await;
-    assert!(services.calls().is_empty());
+    ended_without_a_service_call(reconcile, api, &services).await;
 }
 
 /// The fence targets are the namespace's own objects, whatever their names.
