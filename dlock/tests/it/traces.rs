@@ -104,12 +104,9 @@ exporters:
         eventually(
             "Jaeger's query API answers",
             Duration::from_secs(30),
-            || {
-                let services = services.clone();
-                async move {
-                    let answer = reqwest::get(&services).await.ok()?;
-                    answer.status().is_success().then_some(())
-                }
+            || async {
+                let answer = reqwest::get(&services).await.ok()?;
+                answer.status().is_success().then_some(())
             },
         )
         .await;
