@@ -17,8 +17,6 @@ dlock_kind! {
     ],
     /// A held lock, mirrored read-only from a lock server for `kubectl get locks`.
     /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes it.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(rename_all = "camelCase")]
     pub struct LockSpec {
         /// The lock key on the lock server.
         pub key: String,
@@ -74,8 +72,6 @@ dlock_kind! {
         ("Summary", "string", ".status.result.summary"),
     ],
     /// A forced revocation as a declarative resource, for GitOps. The spec is immutable.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(rename_all = "camelCase")]
     pub struct LockRevocationSpec {
         pub key: String,
         pub account_id: String,

@@ -20,9 +20,10 @@ use serde::{Deserialize, Serialize};
 /// `dlock run -f` read the same item.
 pub use dlock_contract::payout_batch::PayoutItem;
 
-/// Declares one `dlock.io/v1alpha1` kind on its spec struct (which follows, with its own derives
-/// and docs): namespaced, in the `dlock` category, with the given printer columns and then `Age`;
-/// an absent optional field is left out when serialized, as on every CRD type here.
+/// Declares one `dlock.io/v1alpha1` kind on its spec struct (which follows, with its docs):
+/// namespaced, in the `dlock` category, with the given printer columns and then `Age`. The spec's
+/// fields are camelCase and an absent optional field is left out when serialized, as on every CRD
+/// type here; its schema is a [`kube::KubeSchema`], so that it may carry `x_kube` CEL rules.
 /// A column is `Ready` (the Ready condition's status), `Ready(priority = n)`, or
 /// `(name, type, JSONPath)` with an optional `, priority = n`.
 macro_rules! dlock_kind {
@@ -50,7 +51,11 @@ macro_rules! dlock_kind {
         ($kind:tt, $status:tt, $short:tt, [$($validation:tt)*]) $($item:tt)*
     ) => {
         #[serde_with::skip_serializing_none]
-        #[derive(kube::CustomResource)]
+        #[derive(
+            kube::CustomResource, kube::KubeSchema, Clone, Debug, PartialEq, serde::Serialize,
+            serde::Deserialize,
+        )]
+        #[serde(rename_all = "camelCase")]
         #[kube(
             group = "dlock.io",
             version = "v1alpha1",

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use kube::KubeSchema;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{PayoutItem, PodOptions, SecretKeyRef};
@@ -21,8 +20,6 @@ dlock_kind! {
     ],
     /// A batch of payouts, run by executor Job(s). Its payout ids and idempotency keys come from the
     /// batch name and each item's key, so re-applying or re-creating it never pays twice.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(rename_all = "camelCase")]
     pub struct PayoutBatchSpec {
         /// Concurrent workers of the executor.
         #[schemars(range(min = 1, max = 256))]

@@ -1,8 +1,5 @@
 //! Reconciliation: the reconciler run once, or on a schedule.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use super::{PodOptions, SecretKeyRef};
 
 dlock_kind! {
@@ -13,8 +10,6 @@ dlock_kind! {
         ("Findings", "string", ".status.summary"),
     ],
     /// Runs the reconciler (paydb, ledger and rail statement compared) once, or on a schedule.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(rename_all = "camelCase")]
     pub struct ReconciliationSpec {
         /// paydb (the payouts, the ledger and the rail proxy's intents).
         pub database_url_secret: SecretKeyRef,

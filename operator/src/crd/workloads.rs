@@ -15,8 +15,6 @@ dlock_kind! {
         ("Backend", "string", ".spec.backend.type"),
     ],
     /// The lock server: sessions, leases and fencing tokens on PostgreSQL or etcd.
-    #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
-    #[serde(rename_all = "camelCase")]
     pub struct LockServerSpec {
         /// Immutable: switching stores live would split the lock state in two.
         #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
@@ -110,8 +108,6 @@ dlock_kind! {
     kind: "PaymentResource", status: "WorkloadStatus", shortname: "payres",
     columns: [Ready, ("Replicas", "string", ".status.summary")],
     /// The payment resource: payouts, accounts and the ledger against paydb.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-    #[serde(rename_all = "camelCase")]
     pub struct PaymentResourceSpec {
         /// The paydb URL.
         pub database_url_secret: SecretKeyRef,
@@ -131,9 +127,7 @@ dlock_kind! {
     kind: "RailProxy", status: "WorkloadStatus", shortname: "rp",
     columns: [Ready, ("Replicas", "string", ".status.summary")],
     /// The rail proxy, the only caller of the rail, and optionally the rail stub behind it.
-    #[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
     #[x_kube(validation = Rule::new("has(self.railUrl) != has(self.stub)").message("set exactly one of spec.railUrl (a real rail) and spec.stub (the rail stub)"))]
-    #[serde(rename_all = "camelCase")]
     pub struct RailProxySpec {
         /// paydb, where the high-water marks and the intents live.
         pub database_url_secret: SecretKeyRef,
