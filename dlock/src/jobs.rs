@@ -39,13 +39,8 @@ pub struct RunArgs {
     /// `dlock-run-<host>-<pid>` without an identity).
     #[arg(long)]
     pub owner_id: Option<String>,
-    /// The identity the credential authenticates as; owner ids are bound to it.
-    #[arg(long, env = "DLOCK_IDENTITY")]
-    pub identity: Option<String>,
-    /// A file holding the bearer token to present (re-read as it rotates; a projected
-    /// service-account token in Kubernetes). `DLOCK_CREDENTIAL` passes the token itself.
-    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
-    pub credential_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub credentials: CredentialArgs,
     /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s (C3 §3.8).
     /// In Kubernetes the operator sets it from the batch's RailProxy.
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
@@ -79,13 +74,29 @@ impl RunArgs {
     }
 }
 
-/// The credential of this process: `--credential-file`, else `DLOCK_CREDENTIAL`.
-pub fn credential(file: Option<&std::path::Path>) -> Result<Option<Credential>> {
-    match file {
-        Some(path) => Credential::from_file(path)
-            .map(Some)
-            .map_err(anyhow::Error::msg),
-        None => Credential::from_env().map_err(anyhow::Error::msg),
+/// Who `dlock run` and `dlock accounts` are towards the services: the identity their owner ids
+/// are bound to and the bearer token they present.
+#[derive(Debug, Args)]
+pub struct CredentialArgs {
+    /// The identity the credential authenticates as; the owner ids sent are bound to it
+    /// (`<identity>/…`).
+    #[arg(long, env = "DLOCK_IDENTITY")]
+    pub identity: Option<String>,
+    /// A file holding the bearer token to present (re-read as it rotates; a projected
+    /// service-account token in Kubernetes). `DLOCK_CREDENTIAL` passes the token itself.
+    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
+    pub credential_file: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    /// The credential of this process: `--credential-file`, else `DLOCK_CREDENTIAL`.
+    pub fn credential(&self) -> Result<Option<Credential>> {
+        match &self.credential_file {
+            Some(path) => Credential::from_file(path)
+                .map(Some)
+                .map_err(anyhow::Error::msg),
+            None => Credential::from_env().map_err(anyhow::Error::msg),
+        }
     }
 }
 
@@ -136,11 +147,10 @@ fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
             .session_ttl_ms
             .unwrap_or_else(|| dlock_executor::executor::session_ttl_ms_for(lock_ttl_ms)),
         lock_ttl_ms,
-        owner_id: args
-            .owner_id
-            .clone()
-            .unwrap_or_else(|| dlock_executor::executor::owner_id_for(args.identity.as_deref())),
-        credential: credential(args.credential_file.as_deref())?,
+        owner_id: args.owner_id.clone().unwrap_or_else(|| {
+            dlock_executor::executor::owner_id_for(args.credentials.identity.as_deref())
+        }),
+        credential: args.credentials.credential()?,
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,

@@ -7,6 +7,7 @@ pub enum AccountsCommand {
     /// Opens each account a PayoutBatch pays from (if it is not open yet) and funds it with what
     /// the batch pays from it, or with --amount-minor. The same command again funds nobody twice:
     /// the funding's idempotency key and reference derive from the batch, account and amount.
+    /// It writes as `<identity>/accounts` (`dlock-accounts` without an identity).
     Fund(FundArgs),
 }
 
@@ -20,12 +21,8 @@ pub struct FundArgs {
     pub amount_minor: Option<i64>,
     #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
     pub payment_resource: String,
-    /// The identity the credential authenticates as (owner id `<identity>/accounts`).
-    #[arg(long, env = "DLOCK_IDENTITY")]
-    pub identity: Option<String>,
-    /// A file holding the bearer token; `DLOCK_CREDENTIAL` passes the token itself.
-    #[arg(long, env = "DLOCK_CREDENTIAL_FILE")]
-    pub credential_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub credentials: CredentialArgs,
 }
 
 /// One account of a batch: what it pays in total, in which currency.
@@ -83,12 +80,12 @@ pub async fn accounts(command: AccountsCommand) -> Result<()> {
     }
     let batch = read_batch(&args.file)?;
     let fundings = fundings(&batch, args.amount_minor)?;
-    let owner = match &args.identity {
+    let owner = match &args.credentials.identity {
         Some(identity) => format!("{identity}/accounts"),
         None => "dlock-accounts".to_owned(),
     };
     let payment = PaymentClient::new(&args.payment_resource, &owner)?
-        .with_credential(credential(args.credential_file.as_deref())?);
+        .with_credential(args.credentials.credential()?);
     println!(
         "{:<24} {:<8} {:>14} {:>14} {:>14}",
         "account", "currency", "funded", "balance", "available"
