@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::ErrorCode;
@@ -37,6 +37,11 @@ pub(crate) struct Figures {
 }
 
 impl Figures {
+    /// Asserts that the scenario left some payouts RAIL_AMBIGUOUS; `why` says why it must have.
+    pub(crate) fn left_ambiguous(&self, why: &str) {
+        assert!(self.ambiguous > 0, "{why}");
+    }
+
     pub(crate) fn print(&self) {
         println!(
             "| {:<34} | {:>7} | {:>6} | {:>10} | {:>9} | {:>15} | {:>12} |",
@@ -120,6 +125,31 @@ impl Chaos {
         }
     }
 
+    /// Opens `accounts` accounts `{prefix}-00`… funded with 10 000 000 each and writes the batch
+    /// `{prefix}-batch` of `n` payouts over them.
+    pub(crate) async fn funded_batch(&self, prefix: &str, accounts: usize, n: usize) -> PathBuf {
+        self.accounts(prefix, accounts, 10_000_000).await;
+        self.batch(&format!("{prefix}-batch"), prefix, accounts, n)
+    }
+
+    /// Two executors on `batch`, `executor-{prefix}-a` and `executor-{prefix}-b`, competing for
+    /// its accounts.
+    pub(crate) fn two_executors(&self, batch: &Path, prefix: &str) -> [(ManagedChild, PathBuf); 2] {
+        ["a", "b"].map(|run| self.executor(batch, &format!("executor-{prefix}-{run}"), &[]))
+    }
+
+    /// Waits for executors that must all succeed, in turn; how many fenced-out events they
+    /// reported.
+    pub(crate) fn finish_all(
+        &self,
+        executors: impl IntoIterator<Item = (ManagedChild, PathBuf)>,
+    ) -> usize {
+        executors
+            .into_iter()
+            .map(|(executor, log)| self.finish(executor, &log))
+            .sum()
+    }
+
     /// Waits up to `within` for an executor; its success and the fenced-out events it reported.
     pub(crate) fn wait(
         &self,
@@ -140,6 +170,14 @@ impl Chaos {
             std::fs::read_to_string(log).unwrap_or_default()
         );
         fenced
+    }
+
+    /// How many transfers the rail's statement holds.
+    pub(crate) async fn transfers(&self) -> usize {
+        read_statement(&self.stub().url(), None)
+            .await
+            .map(|s| s.transfers.len())
+            .unwrap_or_else(|e| panic!("reading the rail statement: {e}"))
     }
 
     pub(crate) async fn posted_count(&self) -> usize {
@@ -164,15 +202,26 @@ impl Chaos {
         }
     }
 
-    /// The shared invariant checker.
+    /// The shared invariant checker over the batch `{prefix}-batch` of `payouts`; its figures row
+    /// is printed under the table's header.
     pub(crate) async fn check(
         &self,
         scenario: &'static str,
-        batches: &[(&str, &str, usize)],
+        (prefix, payouts): (&str, usize),
         faults: usize,
         fenced_out: usize,
     ) -> Figures {
-        check_invariants(&self.checked(), scenario, batches, faults, fenced_out).await
+        header();
+        let batch = format!("{prefix}-batch");
+        check_invariants(
+            &self.checked(),
+            scenario,
+            &batch,
+            payouts,
+            faults,
+            fenced_out,
+        )
+        .await
     }
 }
 
@@ -205,7 +254,8 @@ pub(crate) struct CheckedStack {
 pub(crate) async fn check_invariants(
     stack: &CheckedStack,
     scenario: &'static str,
-    batches: &[(&str, &str, usize)],
+    batch: &str,
+    payouts: usize,
     faults: usize,
     fenced_out: usize,
 ) -> Figures {
@@ -223,25 +273,23 @@ pub(crate) async fn check_invariants(
         fenced_out,
         ..Figures::default()
     };
-    for (name, _, n) in batches {
-        for i in 0..*n {
-            let id = payout_id(name, &format!("item-{i:04}"));
-            figures.payouts += 1;
-            let payout = payment.get_payout(id).await;
-            match payout.map(|p| p.state) {
-                Ok(s) if s.is_terminal() || s == PayoutState::RailAmbiguous => {
-                    if s == PayoutState::RailAmbiguous {
-                        figures.ambiguous += 1;
-                    }
-                }
-                other => {
-                    figures.lost += 1;
-                    eprintln!("{scenario}: payout {id} not settled: {other:?}");
+    for i in 0..payouts {
+        let id = payout_id(batch, &format!("item-{i:04}"));
+        figures.payouts += 1;
+        let payout = payment.get_payout(id).await;
+        match payout.map(|p| p.state) {
+            Ok(s) if s.is_terminal() || s == PayoutState::RailAmbiguous => {
+                if s == PayoutState::RailAmbiguous {
+                    figures.ambiguous += 1;
                 }
             }
-            if on_rail.get(&id.to_string()).copied().unwrap_or(0) > 1 {
-                figures.double_payments += 1;
+            other => {
+                figures.lost += 1;
+                eprintln!("{scenario}: payout {id} not settled: {other:?}");
             }
+        }
+        if on_rail.get(&id.to_string()).copied().unwrap_or(0) > 1 {
+            figures.double_payments += 1;
         }
     }
     let pool = dlock_executor::reconcile::connect(&stack.paydb_url)
@@ -282,7 +330,8 @@ pub(crate) async fn check_invariants(
     figures
 }
 
-pub(crate) fn header() {
+/// The figures table's header row.
+fn header() {
     println!(
         "| scenario                           | payouts | faults | fenced out | ambiguous | double payments | lost payouts |"
     );
@@ -391,9 +440,8 @@ pub(crate) async fn register_one(chaos: &Chaos, batch: &str, account: &str, amou
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_holder_is_fenced_after_another_takes_the_account_over() {
     let chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "20")], 2_000);
-    chaos.accounts("paused", 4, 10_000_000).await;
     // The scripted holder claims item-0000 of the batch, then sleeps past its lease.
-    let batch = chaos.batch("paused-batch", "paused", 4, 80);
+    let batch = chaos.funded_batch("paused", 4, 80).await;
     let payout = register_one(&chaos, "paused-batch", "paused-00", 1_000).await;
     let holder = ScriptedHolder::claim(&chaos, "paused-00", payout, 1_000).await;
     let lock = LockClient::new(&chaos.lock().url(), "watcher").unwrap_or_else(|e| panic!("{e}"));
@@ -427,14 +475,8 @@ async fn a_paused_holder_is_fenced_after_another_takes_the_account_over() {
     fenced += chaos.finish(stopped, &stopped_log);
     // The taker re-claimed item-0000 under a newer token; the holder's every write is refused.
     fenced += holder.resume("paused-00", payout, 1_000).await;
-    header();
     chaos
-        .check(
-            "paused holder (expiry)",
-            &[("paused-batch", "paused", 80)],
-            2,
-            fenced,
-        )
+        .check("paused holder (expiry)", ("paused", 80), 2, fenced)
         .await;
 }
 
@@ -490,24 +532,16 @@ async fn after_a_revocation_the_holder_is_fenced_at_the_account_and_at_the_rail(
     let batch = chaos.batch("revoked-batch", "revoked", 1, 1);
     let (runner, log) = chaos.executor(&batch, "executor-after-revoke", &[]);
     let fenced = fenced + chaos.finish(runner, &log);
-    header();
     chaos
-        .check(
-            "paused holder (revocation)",
-            &[("revoked-batch", "revoked", 1)],
-            1,
-            fenced,
-        )
+        .check("paused holder (revocation)", ("revoked", 1), 1, fenced)
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_each_service_mid_batch_pays_nobody_twice() {
     let mut chaos = Chaos::start(Backend::Pg, &[("rail.stub.latency-ms", "150")], 1_000);
-    chaos.accounts("kill", 10, 10_000_000).await;
-    let batch = chaos.batch("kill-batch", "kill", 10, 150);
-    let (a, a_log) = chaos.executor(&batch, "executor-kill-a", &[]);
-    let (b, b_log) = chaos.executor(&batch, "executor-kill-b", &[]);
+    let batch = chaos.funded_batch("kill", 10, 150).await;
+    let executors = chaos.two_executors(&batch, "kill");
     let mut faults = 0;
     for (n, target) in [Role::LockServer, Role::PaymentResource, Role::RailProxy]
         .into_iter()
@@ -521,12 +555,11 @@ async fn killing_each_service_mid_batch_pays_nobody_twice() {
         chaos.restart(target);
         faults += 1;
     }
-    let fenced = chaos.finish(a, &a_log) + chaos.finish(b, &b_log);
-    header();
+    let fenced = chaos.finish_all(executors);
     chaos
         .check(
             "SIGKILL lock server, payment, proxy",
-            &[("kill-batch", "kill", 150)],
+            ("kill", 150),
             faults,
             fenced,
         )
@@ -542,19 +575,14 @@ async fn restart_mid_batch(
     restart: impl FnOnce(&mut Chaos),
 ) {
     let mut chaos = Chaos::start(backend, &[("rail.stub.latency-ms", "20")], 1_000);
-    chaos.accounts(prefix, 8, 10_000_000).await;
-    let batch_id = format!("{prefix}-batch");
-    let batch = chaos.batch(&batch_id, prefix, 8, 120);
+    let batch = chaos.funded_batch(prefix, 8, 120).await;
     let (a, a_log) = chaos.executor(&batch, &format!("executor-{prefix}"), &[]);
     chaos
         .progressed("the batch makes progress", 30, Duration::from_secs(60))
         .await;
     restart(&mut chaos);
     let fenced = chaos.finish(a, &a_log);
-    header();
-    chaos
-        .check(scenario, &[(&batch_id, prefix, 120)], 1, fenced)
-        .await;
+    chaos.check(scenario, (prefix, 120), 1, fenced).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -601,56 +629,31 @@ async fn a_hostile_rail_mid_batch_pays_nobody_twice() {
         ],
         400,
     );
-    chaos.accounts("hostile", 10, 10_000_000).await;
-    let batch = chaos.batch("hostile-batch", "hostile", 10, 150);
-    let (a, a_log) = chaos.executor(&batch, "executor-hostile-a", &[]);
-    let (b, b_log) = chaos.executor(&batch, "executor-hostile-b", &[]);
-    let fenced = chaos.finish(a, &a_log) + chaos.finish(b, &b_log);
-    header();
-    let figures = chaos
-        .check(
-            "hostile rail",
-            &[("hostile-batch", "hostile", 150)],
-            0,
-            fenced,
-        )
-        .await;
-    assert!(
-        figures.ambiguous > 0,
-        "a hostile rail leaves some payouts ambiguous"
-    );
+    let batch = chaos.funded_batch("hostile", 10, 150).await;
+    let fenced = chaos.finish_all(chaos.two_executors(&batch, "hostile"));
+    chaos
+        .check("hostile rail", ("hostile", 150), 0, fenced)
+        .await
+        .left_ambiguous("a hostile rail leaves some payouts ambiguous");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn running_the_same_batch_again_pays_nobody_twice() {
     let chaos = Chaos::start(Backend::Pg, &[], 2_000);
-    chaos.accounts("again", 5, 10_000_000).await;
-    let batch = chaos.batch("again-batch", "again", 5, 60);
+    let batch = chaos.funded_batch("again", 5, 60).await;
     let (first, first_log) = chaos.executor(&batch, "executor-first", &[]);
     let mut fenced = chaos.finish(first, &first_log);
-    let transfers = read_statement(&chaos.stub().url(), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .transfers
-        .len();
-    assert_eq!(transfers, 60);
+    assert_eq!(chaos.transfers().await, 60);
     // The same file again, as a re-applied or re-synced manifest would be: the ids come from the
     // batch name and item keys, so it finds every payout already settled and moves no money.
     let (second, second_log) = chaos.executor(&batch, "executor-second", &[]);
     fenced += chaos.finish(second, &second_log);
-    let again = read_statement(&chaos.stub().url(), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .transfers
-        .len();
-    assert_eq!(again, 60, "the second run presented nothing to the rail");
-    header();
+    assert_eq!(
+        chaos.transfers().await,
+        60,
+        "the second run presented nothing to the rail"
+    );
     chaos
-        .check(
-            "same batch run twice",
-            &[("again-batch", "again", 60)],
-            0,
-            fenced,
-        )
+        .check("same batch run twice", ("again", 60), 0, fenced)
         .await;
 }

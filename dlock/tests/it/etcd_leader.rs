@@ -18,7 +18,7 @@ use dlock_devstack::etcd_cluster::EtcdCluster;
 use etcd_client::{Client, ConnectOptions};
 use tokio::sync::Mutex;
 
-use crate::chaos::{Chaos, header};
+use crate::chaos::Chaos;
 use crate::etcd_tls::{SecureEtcd, tls_options};
 use crate::harness::{Backend, client, eventually, hold, session};
 
@@ -115,8 +115,7 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
         &[("rail.stub.latency-ms", "20")],
         1_000,
     );
-    chaos.accounts("lead", 8, 10_000_000).await;
-    let batch = chaos.batch("lead-batch", "lead", 8, 120);
+    let batch = chaos.funded_batch("lead", 8, 120).await;
     let (executor, log) = chaos.executor(&batch, "executor-lead", &[]);
 
     // A holder whose grant spans the election, and a probe doing whole cycles every 50 ms.
@@ -302,14 +301,8 @@ async fn a_leader_change_mid_batch_pays_nobody_twice() {
          {cycles} probe cycles; held grant {held_outcome}",
         elected_at.duration_since(killed_at).as_millis(),
     );
-    header();
     let figures = chaos
-        .check(
-            "etcd leader killed (3 members)",
-            &[("lead-batch", "lead", 120)],
-            1,
-            fenced,
-        )
+        .check("etcd leader killed (3 members)", ("lead", 120), 1, fenced)
         .await;
     assert_eq!(figures.payouts, 120);
     assert_eq!(

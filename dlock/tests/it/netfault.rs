@@ -9,19 +9,20 @@
 //! --no-capture`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use dlock_contract::ErrorCode;
-use dlock_contract::client::LockClient;
+use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
 use dlock_devstack::ManagedChild;
 use dlock_devstack::faultproxy::{Direction, Mode};
 use dlock_devstack::stack::{Role, StackBuilder};
 use uuid::Uuid;
 
-use crate::chaos::{Chaos, Figures, fault_stack, header};
+use crate::chaos::{Chaos, Figures, fault_stack};
 use crate::harness::{Backend, eventually};
 
 /// The fault suites' stack with short backend timeouts, so that a service cut from its store
@@ -42,13 +43,6 @@ fn net_stack(backend: Backend, rail: &[(&str, &str)], read_timeout_ms: u64) -> S
     }
 }
 
-async fn transfers(stack: &Chaos) -> usize {
-    read_statement(&stack.stub().url(), None)
-        .await
-        .map(|s| s.transfers.len())
-        .unwrap_or_else(|e| panic!("reading the rail statement: {e}"))
-}
-
 async fn progress(stack: &Chaos, at_least: usize) {
     stack
         .progressed(
@@ -63,11 +57,11 @@ async fn progress(stack: &Chaos, at_least: usize) {
 async fn check(
     stack: &Chaos,
     scenario: &'static str,
-    batches: &[(&str, &str, usize)],
+    batch: (&str, usize),
     faults: usize,
     fenced_out: usize,
 ) -> Figures {
-    let figures = stack.check(scenario, batches, faults, fenced_out).await;
+    let figures = stack.check(scenario, batch, faults, fenced_out).await;
     let violations = proxy_records_match(stack).await;
     assert!(
         violations.is_empty(),
@@ -138,7 +132,7 @@ async fn proxy_records_match(stack: &Chaos) -> Vec<String> {
 
 /// An answer that says "the backend is gone": NOT_LEADER, another 5xx, or no answer in time.
 fn outage_status<T>(
-    answer: Result<Result<T, dlock_contract::client::ClientError>, tokio::time::error::Elapsed>,
+    answer: Result<Result<T, ClientError>, tokio::time::error::Elapsed>,
 ) -> Option<&'static str> {
     match answer {
         Err(_) => Some("timeout"),
@@ -150,13 +144,23 @@ fn outage_status<T>(
     }
 }
 
+/// Probes a service cut from its backend: the answer (within 4 s) must say the backend is gone,
+/// else the test fails saying `refusal`. What the answer was.
+async fn outage<T>(
+    refusal: &str,
+    probe: impl Future<Output = Result<T, ClientError>>,
+) -> &'static str {
+    let answer = tokio::time::timeout(Duration::from_secs(4), probe).await;
+    outage_status(answer).unwrap_or_else(|| panic!("{refusal}"))
+}
+
 /// The positive control of an outage probe: once the cut is healed, the same probe gets an
 /// answer that is no outage, so the outage it saw was the cut's doing (not a wrong address or a
 /// dead process, which the probe would take for one too).
 async fn answers_again<T, F, Fut>(what: &str, probe: F)
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, dlock_contract::client::ClientError>>,
+    Fut: Future<Output = Result<T, ClientError>>,
 {
     eventually(what, Duration::from_secs(20), || async {
         let answer = tokio::time::timeout(Duration::from_secs(4), probe()).await;
@@ -165,8 +169,6 @@ where
     .await;
 }
 
-/// Opens 8 funded accounts `{prefix}-00`… and writes the batch `{prefix}-batch` of `n` payouts
-/// over them.
 /// A stack on pg (the rail answering in 20 ms) with `role` in the namespace, the one whose link
 /// to paydb the test cuts.
 fn paydb_client_in_netns(role: Role) -> Chaos {
@@ -180,25 +182,66 @@ fn paydb_client_in_netns(role: Role) -> Chaos {
 /// The batch of 120 payouts on `prefix`'s 8 accounts, and one executor paying it (and its log),
 /// 25 of them posted.
 async fn paying(stack: &Chaos, prefix: &str) -> (PathBuf, ManagedChild, PathBuf) {
-    let batch = batch_of(stack, prefix, 120).await;
+    let batch = stack.funded_batch(prefix, 8, 120).await;
     let (executor, log) = stack.executor(&batch, &format!("executor-{prefix}"), &[]);
     progress(stack, 25).await;
     (batch, executor, log)
 }
 
-async fn batch_of(stack: &Chaos, prefix: &str, n: usize) -> PathBuf {
-    stack.accounts(prefix, 8, 10_000_000).await;
-    stack.batch(&format!("{prefix}-batch"), prefix, 8, n)
+/// Gives the first run `within` to finish by itself after the heal (or to give up), then a re-run
+/// as `executor-{prefix}-b` completes the batch; how many fenced-out events both reported.
+fn rerun(
+    stack: &Chaos,
+    (first, first_log): (ManagedChild, PathBuf),
+    within: Duration,
+    batch: &Path,
+    prefix: &str,
+) -> usize {
+    let (_, fenced) = stack.wait(first, &first_log, within);
+    let (again, again_log) = stack.executor(batch, &format!("executor-{prefix}-b"), &[]);
+    fenced + stack.finish(again, &again_log)
 }
 
-/// Cuts the namespace from `peer`; when the cut began.
-fn cut_from(stack: &Chaos, peer: SocketAddr) -> Instant {
-    let cut = Instant::now();
+/// The namespace cut from one peer, since the moment the cut began.
+struct Cut<'a> {
+    stack: &'a Chaos,
+    began: Instant,
+}
+
+/// Cuts the namespace from `peer`.
+fn cut_from(stack: &Chaos, peer: SocketAddr) -> Cut<'_> {
+    let began = Instant::now();
     stack
         .ns()
         .partition(peer)
         .unwrap_or_else(|e| panic!("{e:#}"));
-    cut
+    Cut { stack, began }
+}
+
+impl Cut<'_> {
+    fn elapsed(&self) -> Duration {
+        self.began.elapsed()
+    }
+
+    /// Reads `count` once `settle` has passed since the cut, and again 2.5 s later: a count that
+    /// the cut should hold still, before and after.
+    async fn held_still<F, Fut>(&self, settle: Duration, count: F) -> (usize, usize)
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = usize>,
+    {
+        tokio::time::sleep(settle.saturating_sub(self.elapsed())).await;
+        let before = count().await;
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        (before, count().await)
+    }
+
+    /// Heals the partition; how many packets it dropped.
+    fn heal(&self) -> u64 {
+        let dropped = self.stack.ns().dropped_packets();
+        self.stack.ns().heal().unwrap_or_else(|e| panic!("{e:#}"));
+        dropped
+    }
 }
 
 /// Cuts the lock server (in the namespace) from its backend mid-batch.
@@ -208,47 +251,38 @@ async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, 
             .in_netns(&[Role::LockServer])
             .start(),
     );
-    let name = format!("{prefix}-batch");
-    let batch = batch_of(&stack, prefix, 120).await;
+    let batch = stack.funded_batch(prefix, 8, 120).await;
     // Short leases, so that they lapse while the backend is out of reach.
     let short = ["--lock-ttl-ms", "2000", "--session-ttl-ms", "3000"];
-    let (first, first_log) = stack.executor(&batch, &format!("executor-{prefix}-a"), &short);
+    let first = stack.executor(&batch, &format!("executor-{prefix}-a"), &short);
     progress(&stack, 25).await;
     let peer = stack.etcd_peer().unwrap_or_else(|| stack.pg_peer());
     let cut = cut_from(&stack, peer);
     // The lock server answers NOT_LEADER (or nothing) while its backend is silent.
     let lock = LockClient::new(&stack.lock().url(), "probe").unwrap_or_else(|e| panic!("{e}"));
-    let probe = tokio::time::timeout(Duration::from_secs(4), lock.create_session(Some(5_000)));
-    let seen = outage_status(probe.await);
-    assert!(
-        seen.is_some(),
-        "{scenario}: the lock server still worked without its backend"
-    );
+    let seen = outage(
+        &format!("{scenario}: the lock server still worked without its backend"),
+        lock.create_session(Some(5_000)),
+    )
+    .await;
     // Past every lease's local deadline (TTL × 0.7 = 1.4 s) nothing more is posted.
-    let settle = Duration::from_millis(2_500).saturating_sub(cut.elapsed());
-    tokio::time::sleep(settle).await;
-    let frozen = stack.posted();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let still = stack.posted();
-    let dropped = stack.ns().dropped_packets();
-    stack.ns().heal().unwrap_or_else(|e| panic!("{e:#}"));
+    let (frozen, still) = cut
+        .held_still(Duration::from_millis(2_500), || async { stack.posted() })
+        .await;
+    let dropped = cut.heal();
     assert_eq!(
         frozen, still,
         "{scenario}: payouts were posted under leases that could not be renewed"
     );
     println!(
-        "{scenario}: partition held {:.1} s, lock server probe: {}, {dropped} packets dropped, posted frozen at {frozen}",
+        "{scenario}: partition held {:.1} s, lock server probe: {seen}, {dropped} packets dropped, posted frozen at {frozen}",
         cut.elapsed().as_secs_f64(),
-        seen.unwrap_or("?")
     );
     answers_again("the lock server answers the probe after the heal", || {
         lock.create_session(Some(5_000))
     })
     .await;
-    // The first run may finish by itself after the heal or give up; a re-run completes the batch.
-    let (_, mut fenced) = stack.wait(first, &first_log, Duration::from_secs(25));
-    let (again, again_log) = stack.executor(&batch, &format!("executor-{prefix}-b"), &[]);
-    fenced += stack.finish(again, &again_log);
+    let fenced = rerun(&stack, first, Duration::from_secs(25), &batch, prefix);
     // Positive control: the count that stood still during the partition is the one that moves
     // once the lock server reaches its backend again, so "frozen" was not a blind counter.
     let healed = stack.posted();
@@ -257,15 +291,8 @@ async fn lock_server_cut_from_backend(backend: Backend, scenario: &'static str, 
         "{scenario}: the cut left payouts to post ({frozen} of 120) and the same count rose \
          after the heal ({healed})"
     );
-    header();
-    check(
-        &stack,
-        scenario,
-        &[(&name, prefix, 120)],
-        stack.ns().faults_injected(),
-        fenced,
-    )
-    .await;
+    let faults = stack.ns().faults_injected();
+    check(&stack, scenario, (prefix, 120), faults, fenced).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -286,33 +313,28 @@ async fn cutting_the_rail_proxy_from_the_rail_mid_forward_leaves_payouts_ambiguo
             .in_netns(&[Role::RailProxy])
             .start(),
     );
-    let batch = batch_of(&stack, "prail", 100).await;
-    let (a, a_log) = stack.executor(&batch, "executor-prail-a", &[]);
-    let (b, b_log) = stack.executor(&batch, "executor-prail-b", &[]);
+    let batch = stack.funded_batch("prail", 8, 100).await;
+    let executors = stack.two_executors(&batch, "prail");
     progress(&stack, 15).await;
     let cut = cut_from(&stack, stack.stub().addr);
     // Held past the read timeout (1 s) plus the connect timeout of the forwards that follow.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let dropped = stack.ns().dropped_packets();
-    stack.ns().heal().unwrap_or_else(|e| panic!("{e:#}"));
+    let dropped = cut.heal();
     println!(
         "proxy cut from the rail: partition held {:.1} s, {dropped} packets dropped",
         cut.elapsed().as_secs_f64()
     );
-    let fenced = stack.finish(a, &a_log) + stack.finish(b, &b_log);
-    header();
-    let figures = check(
+    let fenced = stack.finish_all(executors);
+    let faults = stack.ns().faults_injected();
+    check(
         &stack,
         "rail proxy cut from the rail",
-        &[("prail-batch", "prail", 100)],
-        stack.ns().faults_injected(),
+        ("prail", 100),
+        faults,
         fenced,
     )
-    .await;
-    assert!(
-        figures.ambiguous > 0,
-        "forwards cut mid-flight leave their payouts RAIL_AMBIGUOUS"
-    );
+    .await
+    .left_ambiguous("forwards cut mid-flight leave their payouts RAIL_AMBIGUOUS");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -331,44 +353,39 @@ async fn cutting_the_rail_proxy_from_paydb_mid_batch_forwards_nothing_without_an
         currency: "EUR".into(),
         beneficiary_ref: "ben-probe".into(),
     };
-    let probe = tokio::time::timeout(Duration::from_secs(4), rail.submit(1, "probe-key", &body));
-    let seen = outage_status(probe.await);
-    assert!(
-        seen.is_some(),
-        "the proxy admitted a submission without paydb"
-    );
+    let seen = outage(
+        "the proxy admitted a submission without paydb",
+        rail.submit(1, "probe-key", &body),
+    )
+    .await;
     // Forwards whose intent committed before the cut finish within the rail's 20 ms; after that
     // the statement must not grow while the proxy cannot write an intent.
-    let settle = Duration::from_millis(1_500).saturating_sub(cut.elapsed());
-    tokio::time::sleep(settle).await;
-    let before = transfers(&stack).await;
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let after = transfers(&stack).await;
-    let dropped = stack.ns().dropped_packets();
-    stack.ns().heal().unwrap_or_else(|e| panic!("{e:#}"));
+    let (before, after) = cut
+        .held_still(Duration::from_millis(1_500), || stack.transfers())
+        .await;
+    let dropped = cut.heal();
     assert_eq!(
         before, after,
         "the proxy forwarded to the rail while it could not record an intent"
     );
     println!(
-        "proxy cut from paydb: partition held {:.1} s, submit probe: {}, {dropped} packets dropped, statement frozen at {before}",
+        "proxy cut from paydb: partition held {:.1} s, submit probe: {seen}, {dropped} packets dropped, statement frozen at {before}",
         cut.elapsed().as_secs_f64(),
-        seen.unwrap_or("?")
     );
     let fenced = stack.finish(a, &a_log);
     // Positive control: the statement that stood still while paydb was out of reach grows once
     // the proxy can record intents again.
-    let healed = transfers(&stack).await;
+    let healed = stack.transfers().await;
     assert!(
         healed > after,
         "the statement grew after the heal ({after} -> {healed}); otherwise \"frozen\" proves nothing"
     );
-    header();
+    let faults = stack.ns().faults_injected();
     check(
         &stack,
         "rail proxy cut from paydb",
-        &[("ppay-batch", "ppay", 120)],
-        stack.ns().faults_injected(),
+        ("ppay", 120),
+        faults,
         fenced,
     )
     .await;
@@ -386,34 +403,29 @@ async fn cutting_the_payment_resource_from_paydb_mid_batch_pays_nobody_twice() {
     let (batch, a, a_log) = paying(&stack, "pres").await;
     let cut = cut_from(&stack, stack.pg_peer());
     let payment = stack.payment_client();
-    let probe = tokio::time::timeout(Duration::from_secs(4), payment.get_account("pres-00"));
-    let seen = outage_status(probe.await);
-    assert!(
-        seen.is_some(),
-        "the payment resource answered without paydb"
-    );
+    let seen = outage(
+        "the payment resource answered without paydb",
+        payment.get_account("pres-00"),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(cut.elapsed())).await;
-    let dropped = stack.ns().dropped_packets();
-    stack.ns().heal().unwrap_or_else(|e| panic!("{e:#}"));
+    let dropped = cut.heal();
     println!(
-        "payment resource cut from paydb: partition held {:.1} s, probe: {}, {dropped} packets dropped",
+        "payment resource cut from paydb: partition held {:.1} s, probe: {seen}, {dropped} packets dropped",
         cut.elapsed().as_secs_f64(),
-        seen.unwrap_or("?")
     );
     answers_again(
         "the payment resource answers the probe after the heal",
         || payment.get_account("pres-00"),
     )
     .await;
-    let (_, mut fenced) = stack.wait(a, &a_log, Duration::from_secs(40));
-    let (again, again_log) = stack.executor(&batch, "executor-pres-b", &[]);
-    fenced += stack.finish(again, &again_log);
-    header();
+    let fenced = rerun(&stack, (a, a_log), Duration::from_secs(40), &batch, "pres");
+    let faults = stack.ns().faults_injected();
     check(
         &stack,
         "payment resource cut from paydb",
-        &[("pres-batch", "pres", 120)],
-        stack.ns().faults_injected(),
+        ("pres", 120),
+        faults,
         fenced,
     )
     .await;
@@ -432,9 +444,8 @@ async fn a_rail_answering_at_the_read_timeout_then_silent_then_resetting_pays_no
             .start(),
     );
     let rail = stack.rail_fault();
-    let batch = batch_of(&stack, "late", 150).await;
-    let (a, a_log) = stack.executor(&batch, "executor-late-a", &[]);
-    let (b, b_log) = stack.executor(&batch, "executor-late-b", &[]);
+    let batch = stack.funded_batch("late", 8, 150).await;
+    let executors = stack.two_executors(&batch, "late");
     progress(&stack, 20).await;
     // 1: answers arrive around the proxy's read timeout: some just before, some just after.
     rail.set_latency(
@@ -455,18 +466,14 @@ async fn a_rail_answering_at_the_read_timeout_then_silent_then_resetting_pays_no
         "late rail: {} connections through the fault proxy, {} reset, {} bytes swallowed",
         stats.accepted, stats.reset, stats.blackholed_bytes
     );
-    let fenced = stack.finish(a, &a_log) + stack.finish(b, &b_log);
-    header();
-    let figures = check(
+    let fenced = stack.finish_all(executors);
+    check(
         &stack,
         "rail late, silent, resetting",
-        &[("late-batch", "late", 150)],
+        ("late", 150),
         3,
         fenced,
     )
-    .await;
-    assert!(
-        figures.ambiguous > 0,
-        "answers past the read timeout leave payouts RAIL_AMBIGUOUS"
-    );
+    .await
+    .left_ambiguous("answers past the read timeout leave payouts RAIL_AMBIGUOUS");
 }
