@@ -115,7 +115,7 @@ async fn the_api_server_accepts_the_crds_the_chart_and_every_example_and_its_cel
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stack_becomes_ready_workloads_and_deleting_a_resource_collects_what_it_owned() {
     let ns = "shop";
-    let world = World::with_operator(ns).await;
+    let world = World::with_operator(ns, &[]).await;
     world
         .apply(ns, &example("stack.yaml"))
         .unwrap_or_else(|e| panic!("{e:#}"));

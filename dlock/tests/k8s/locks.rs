@@ -61,7 +61,7 @@ pub fn lock_rows(world: &World, ns: &str) -> Vec<std::collections::BTreeMap<Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_get_locks_shows_the_real_holders_with_a_readable_expiry() {
     let ns = "locks";
-    let mut world = World::with_operator(ns).await;
+    let mut world = World::with_operator(ns, &[]).await;
     world.apply_stack_ready(ns);
 
     // Two locks held through the real lock server, as the executor identity would hold them.

@@ -104,10 +104,7 @@ fn job_done(world: &World) -> bool {
 /// payment resource, the stack applied and the executor's Secret in place. Returns the world,
 /// the payment client, the rail's URL (for its statement) and the accounts.
 async fn payroll(args: &[&str]) -> (World, PaymentClient, String, [&'static str; 2]) {
-    let mut world = World::start().await;
-    world.start_services(args);
-    world.namespace(NS);
-    world.start_operator(&[NS], &[]);
+    let mut world = World::with_operator(NS, args).await;
     world.start_kubelet(&[NS]);
     let services = world.services();
     let executor_token = services.token("executor");
@@ -305,7 +302,7 @@ fn largest_batch(name: &str, items: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_largest_payout_batch_the_schema_admits_applies_client_side_and_one_more_is_refused() {
     let ns = "big";
-    let world = World::with_operator(ns).await;
+    let world = World::with_operator(ns, &[]).await;
     let crd = world.get_json(&["crd", "payoutbatches.dlock.io"]);
     let max = crd
         .pointer(

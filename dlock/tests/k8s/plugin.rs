@@ -167,10 +167,8 @@ fn sections(text: &str) -> Vec<Vec<BTreeMap<String, String>>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_an_ambiguous_payout()
  {
-    let mut world = World::with_namespace(NS).await;
     // Every transfer is taken by the rail and answered `307`: each payout ends RAIL_AMBIGUOUS.
-    world.start_services(&["--rail-redirect-rate", "1"]);
-    world.start_operator(&[NS], &[]);
+    let mut world = World::with_operator(NS, &["--rail-redirect-rate", "1"]).await;
     world.start_kubelet(&[NS]);
     let services = world.services();
     let executor = services.token("executor");

@@ -25,7 +25,7 @@ fn reconciliation(name: &str, schedule: Option<&str>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reconciliation_reports_its_findings_in_status_and_a_removed_schedule_leaves_no_cron_job()
 {
-    let mut world = World::with_operator(NS).await;
+    let mut world = World::with_operator(NS, &[]).await;
     world.start_kubelet(&[NS]);
     let paydb = world.services().url("paydb");
     world.apply_stack(NS);

@@ -30,9 +30,7 @@ fn batch(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_both_points() {
-    let mut world = World::with_namespace(NS).await;
-    world.start_services(&["--rail-latency-ms", "1500"]);
-    world.start_operator(&[NS], &[]);
+    let mut world = World::with_operator(NS, &["--rail-latency-ms", "1500"]).await;
     world.apply_stack_ready(NS);
     let services = world.services();
     let executor = services.token("executor");

@@ -95,9 +95,11 @@ impl World {
         world
     }
 
-    /// [`World::with_namespace`] and an operator watching it.
-    pub async fn with_operator(ns: &str) -> Self {
+    /// [`World::with_namespace`], the services started with `dlock dev up ARGS` and an operator
+    /// watching the namespace.
+    pub async fn with_operator(ns: &str, args: &[&str]) -> Self {
         let mut world = Self::with_namespace(ns).await;
+        world.start_services(args);
         world.start_operator(&[ns], &[]);
         world
     }
