@@ -442,8 +442,7 @@ async fn rail_ambiguous_answers_name_no_rail_address_and_say_to_reconcile() {
     let refused = w.proxy(&gone, &[]).await;
     w.account("acct-l", 100_000).await;
 
-    let p1 = w.claimed("acct-l", 1_000, 10).await;
-    let (status, body) = submit(&timing_out, "acct-l", p1, 1_000, "10").await;
+    let (p1, status, body) = w.submit_claimed(&timing_out, "acct-l", 1_000, 10).await;
     assert_eq!(status, 409, "{body}");
     assert_envelope("timeout", status, &body, "RAIL_AMBIGUOUS");
     assert_names_no_address("the timeout answer", &body, &[slow.as_str()]);
@@ -459,8 +458,7 @@ async fn rail_ambiguous_answers_name_no_rail_address_and_say_to_reconcile() {
     );
     assert_eq!(w.state(p1).await, "RAIL_AMBIGUOUS");
 
-    let p2 = w.claimed("acct-l", 1_000, 20).await;
-    let (status, body) = submit(&refused, "acct-l", p2, 1_000, "20").await;
+    let (p2, status, body) = w.submit_claimed(&refused, "acct-l", 1_000, 20).await;
     assert_eq!(status, 409, "{body}");
     assert_envelope("refused", status, &body, "RAIL_AMBIGUOUS");
     assert_names_no_address("the refused-connection answer", &body, &[gone.as_str()]);
@@ -491,8 +489,7 @@ async fn fenced_attempts_are_swept_after_their_retention_and_nothing_else_is() {
     );
     let proxy = format!("http://127.0.0.1:{proxy_port}");
     w.account("acct-f", 100_000).await;
-    let acked = w.claimed("acct-f", 1_000, 10).await;
-    let (status, body) = submit(&proxy, "acct-f", acked, 1_000, "10").await;
+    let (acked, status, body) = w.submit_claimed(&proxy, "acct-f", 1_000, 10).await;
     assert_eq!(status, 200, "{body}");
     // A stale writer below the high-water mark: FENCED, recorded.
     let other = w.claimed("acct-f", 1_000, 20).await;

@@ -218,6 +218,20 @@ impl RailWorld {
         payout
     }
 
+    /// A payout of `amount` from `account`, claimed with `token` and submitted under it through
+    /// `proxy`: the payout, and the answer's status and body.
+    pub async fn submit_claimed(
+        &self,
+        proxy: &str,
+        account: &str,
+        amount: i64,
+        token: i64,
+    ) -> (Uuid, u16, Value) {
+        let payout = self.claimed(account, amount, token).await;
+        let (status, body) = submit(proxy, account, payout, amount, &token.to_string()).await;
+        (payout, status, body)
+    }
+
     /// What `account` holds for its payouts in flight.
     pub async fn held(&self, account: &str) -> i64 {
         let (held,): (i64,) =
@@ -362,8 +376,7 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     w.account("acct-a", 100_000).await;
 
     // Admitted, forwarded once, ACKED: the payout is RAIL_ACKED and the rail shows one transfer.
-    let p1 = w.claimed("acct-a", 1_000, 10).await;
-    let (status, body) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
+    let (p1, status, body) = w.submit_claimed(&proxy, "acct-a", 1_000, 10).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outcome"], "ACKED");
     assert_eq!(body["presentedToken"], 10);
@@ -426,8 +439,7 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_envelope("not claimable", status, &body, "PAYOUT_NOT_CLAIMABLE");
 
     // Step 4, timeout: a rail slower than the read timeout leaves the outcome unknown.
-    let p6 = w.claimed("acct-a", 1_000, 30).await;
-    let (status, body) = submit(&slow_proxy, "acct-a", p6, 1_000, "30").await;
+    let (p6, status, body) = w.submit_claimed(&slow_proxy, "acct-a", 1_000, 30).await;
     assert_eq!(status, 409, "{body}");
     assert_envelope("ambiguous", status, &body, "RAIL_AMBIGUOUS");
     assert_eq!(body["details"]["outcome"], "TIMEOUT");
@@ -446,8 +458,9 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
 
     // Step 4, declined: REJECTED, 422 VALIDATION_FAILED, the payout FAILED and its hold released.
     let held_before = w.held("acct-a").await;
-    let p7 = w.claimed("acct-a", 2_000, 40).await;
-    let (status, body) = submit(&declining_proxy, "acct-a", p7, 2_000, "40").await;
+    let (p7, status, body) = w
+        .submit_claimed(&declining_proxy, "acct-a", 2_000, 40)
+        .await;
     assert_eq!(status, 422, "{body}");
     assert_envelope("declined", status, &body, "VALIDATION_FAILED");
     assert_eq!(body["details"]["outcome"], "REJECTED");
@@ -563,8 +576,7 @@ async fn a_stale_token_sent_to_another_replica_is_fenced() {
     let replica_a = w.proxy(&stub, &[]).await;
     let replica_b = w.proxy(&stub, &[]).await;
     w.account("acct-d", 10_000).await;
-    let first = w.claimed("acct-d", 100, 20).await;
-    let (status, body) = submit(&replica_a, "acct-d", first, 100, "20").await;
+    let (_, status, body) = w.submit_claimed(&replica_a, "acct-d", 100, 20).await;
     assert_eq!(status, 200, "{body}");
     let second = w.claimed("acct-d", 100, 25).await;
     let stale = second;
@@ -756,8 +768,7 @@ async fn a_rail_that_redirects_after_taking_a_transfer_is_ambiguous_and_paid_onc
     let (mut w, stub) = RailWorld::with_stub("redirecting", &redirecting).await;
     let proxy = w.proxy(&stub, &[]).await;
     w.account("redirected", 10_000).await;
-    let payout = w.claimed("redirected", 700, 5).await;
-    let (status, body) = submit(&proxy, "redirected", payout, 700, "5").await;
+    let (payout, status, body) = w.submit_claimed(&proxy, "redirected", 700, 5).await;
     assert_envelope(
         "submit to a redirecting rail",
         status,

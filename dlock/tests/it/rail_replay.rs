@@ -33,8 +33,7 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
     w.account("acct-r", 100_000).await;
 
     // ACKED: the retry is the same 200 body, not a duplicate; the rail saw one transfer.
-    let p1 = w.claimed("acct-r", 1_000, 10).await;
-    let (status, first) = submit(&proxy, "acct-r", p1, 1_000, "10").await;
+    let (p1, status, first) = w.submit_claimed(&proxy, "acct-r", 1_000, 10).await;
     assert_eq!(status, 200, "{first}");
     let (status, again) = submit(&proxy, "acct-r", p1, 1_000, "10").await;
     assert_eq!(status, 200, "replay: {again}");
@@ -56,8 +55,9 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
     assert_eq!(statement(&good, p1).await.len(), 1);
 
     // REJECTED: the retry is the same 422 VALIDATION_FAILED.
-    let p2 = w.claimed("acct-r", 1_000, 20).await;
-    let (status, first) = submit(&declining_proxy, "acct-r", p2, 1_000, "20").await;
+    let (p2, status, first) = w
+        .submit_claimed(&declining_proxy, "acct-r", 1_000, 20)
+        .await;
     assert_eq!(status, 422, "{first}");
     assert_eq!(first["code"], "VALIDATION_FAILED");
     let (status, again) = submit(&declining_proxy, "acct-r", p2, 1_000, "20").await;
@@ -70,8 +70,7 @@ async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() 
     );
 
     // TIMEOUT: the retry is the same 409 RAIL_AMBIGUOUS, and the rail never hears of it.
-    let p3 = w.claimed("acct-r", 1_000, 30).await;
-    let (status, first) = submit(&timing_out, "acct-r", p3, 1_000, "30").await;
+    let (p3, status, first) = w.submit_claimed(&timing_out, "acct-r", 1_000, 30).await;
     assert_eq!(status, 409, "{first}");
     assert_envelope("ambiguous", status, &first, "RAIL_AMBIGUOUS");
     taken_late(&slow, p3).await;
