@@ -9,7 +9,8 @@ use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
-use dlock_server::extract::OperatorWrite;
+use dlock_server::auth::Caller;
+use dlock_server::extract::PathWrite;
 use serde_json::json;
 
 use crate::AppState;
@@ -20,7 +21,7 @@ const REASON_LEN_MAX: usize = 4096;
 
 pub(crate) async fn advance_high_water(
     State(state): State<AppState>,
-    OperatorWrite(caller, account_id, headers, body): OperatorWrite<AdvanceRequest>,
+    PathWrite(caller, account_id, headers, body): PathWrite<AdvanceRequest, Caller>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let identity = caller.operator("the high-water advance")?;
     let owner = headers::owner_id(&headers).map_err(|e| ApiError::validation(vec![e]))?;
@@ -111,7 +112,7 @@ fn account_not_found(account_id: &str) -> ApiError {
 /// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
-    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceLowerRequest>,
+    PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,
 ) -> Result<Json<FenceLowered>, ApiError> {
     let identity = caller.operator("lowering the high-water mark")?;
     let Some(keys) = &state.config.proof_keys else {

@@ -18,7 +18,7 @@ use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicke
 
 pub(super) async fn acquire(
     State(state): State<AppState>,
-    PathWrite(key, headers, body): PathWrite<AcquireRequest>,
+    PathWrite((), key, headers, body): PathWrite<AcquireRequest>,
 ) -> Result<Json<LockGrant>, ApiError> {
     let started = Instant::now();
     let mut checks = Checks::default();

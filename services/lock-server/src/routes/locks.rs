@@ -18,7 +18,7 @@ use crate::store::{Claim, Renewal, StoreError};
 
 pub(super) async fn renew(
     State(state): State<AppState>,
-    PathWrite(key, headers, body): PathWrite<RenewRequest>,
+    PathWrite((), key, headers, body): PathWrite<RenewRequest>,
 ) -> Result<Json<LockGrant>, ApiError> {
     let token = headers::fencing_token(&headers)?;
     let mut checks = Checks::default();

@@ -5,7 +5,8 @@ use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
-use dlock_server::extract::OperatorWrite;
+use dlock_server::auth::Caller;
+use dlock_server::extract::PathWrite;
 
 use super::AppState;
 use super::checks::{Checks, path_key};
@@ -14,7 +15,7 @@ use crate::store::RevokeOrder;
 
 pub(super) async fn revoke(
     State(state): State<AppState>,
-    OperatorWrite(caller, key, headers, body): OperatorWrite<RevokeRequest>,
+    PathWrite(caller, key, headers, body): PathWrite<RevokeRequest, Caller>,
 ) -> Result<Json<Revocation>, ApiError> {
     caller.require_operator("L8 revoke")?;
     let mut checks = Checks::default();

@@ -12,7 +12,8 @@ use dlock_contract::payment::{
     CreateAccountRequest, FUNDING_PREFIX, FenceRequest, SETTLEMENT_PREFIX,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
-use dlock_server::extract::OperatorWrite;
+use dlock_server::auth::Caller;
+use dlock_server::extract::PathWrite;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
@@ -92,7 +93,7 @@ pub(super) async fn get_account(
 
 pub(super) async fn advance_fence(
     State(state): State<AppState>,
-    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceRequest>,
+    PathWrite(caller, account_id, headers, body): PathWrite<FenceRequest, Caller>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("the fence advance")?;
     let write = checked_write(&headers, |checks| {
@@ -165,7 +166,7 @@ async fn fence_effect(
 /// authenticated identity.
 pub(super) async fn lower_fence(
     State(state): State<AppState>,
-    OperatorWrite(caller, account_id, headers, body): OperatorWrite<FenceLowerRequest>,
+    PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("lowering a fence")?;
     let Some(keys) = &state.config.proof_keys else {

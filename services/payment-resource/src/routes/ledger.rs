@@ -22,7 +22,7 @@ use crate::store::{FundOutcome, PayStore, PostOutcome};
 
 pub(super) async fn fund(
     State(state): State<AppState>,
-    PathWrite(account_id, headers, body): PathWrite<FundRequest>,
+    PathWrite((), account_id, headers, body): PathWrite<FundRequest>,
 ) -> Result<Response, ApiError> {
     let write = checked_write(&headers, |checks| {
         check_account_id(checks, "accountId", &account_id);
@@ -79,7 +79,7 @@ async fn fund_effect(
 
 pub(super) async fn post_payout(
     State(state): State<AppState>,
-    PathWrite(payout_id, headers, body): PathWrite<PostRequest>,
+    PathWrite((), payout_id, headers, body): PathWrite<PostRequest>,
 ) -> Result<Response, ApiError> {
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_reference(checks, "railReference", &body.rail_reference);

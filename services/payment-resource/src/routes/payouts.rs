@@ -13,7 +13,8 @@ use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
     OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
 };
-use dlock_server::extract::{OperatorWrite, PathWrite};
+use dlock_server::auth::Caller;
+use dlock_server::extract::PathWrite;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
@@ -201,7 +202,7 @@ impl Fenced {
 
 pub(super) async fn claim(
     State(state): State<AppState>,
-    PathWrite(payout_id, headers, body): PathWrite<ClaimRequest>,
+    PathWrite((), payout_id, headers, body): PathWrite<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
         check_expected_state(
@@ -309,7 +310,7 @@ fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutStat
 
 pub(super) async fn resolve(
     State(state): State<AppState>,
-    OperatorWrite(caller, payout_id, headers, body): OperatorWrite<ResolveRequest>,
+    PathWrite(caller, payout_id, headers, body): PathWrite<ResolveRequest, Caller>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("resolution")?;
     let (write, payout_id) = checked_payout_write(&headers, &payout_id, |checks| {
@@ -407,7 +408,7 @@ pub struct Resolved {
 /// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
-    OperatorWrite(caller, payout_id, headers, body): OperatorWrite<CancelRequest>,
+    PathWrite(caller, payout_id, headers, body): PathWrite<CancelRequest, Caller>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("cancelling a payout")?;
     let on = Fenced::check(&state, &headers, &payout_id, |checks| {
