@@ -70,11 +70,10 @@ impl AppState {
 }
 
 pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
-    config
+    Ok(config
         .pg
         .connect("dlock-rail-proxy", &MIGRATOR, "paydb")
-        .await
-        .map_err(anyhow::Error::msg)
+        .await?)
 }
 
 pub fn app(state: AppState) -> Router {

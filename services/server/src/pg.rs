@@ -130,25 +130,30 @@ impl PgSettings {
         application: &str,
         migrator: &Migrator,
         database: &str,
-    ) -> Result<PgPool, String> {
+    ) -> Result<PgPool, ConnectError> {
         let prefix = &self.prefix;
         let options: PgConnectOptions = self
             .url
             .parse()
-            .map_err(|e| format!("{prefix}.url is not a PostgreSQL URL: {e}"))?;
+            .map_err(|e| ConnectError(format!("{prefix}.url is not a PostgreSQL URL: {e}")))?;
         let pool = pool_options(self.pool_max, self.acquire_timeout)
             .connect_lazy_with(options.application_name(application));
         if self.migrate {
             migrator.run(&pool).await.map_err(|e| {
-                format!(
+                ConnectError(format!(
                     "applying the {database} migrations failed (is {prefix}.url the {database} \
                      primary?): {e}"
-                )
+                ))
             })?;
         }
         Ok(pool)
     }
 }
+
+/// Why [`PgSettings::connect`] opened no pool: the URL is not one, or the migrations failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConnectError(String);
 
 /// Whether `database` behind `pool` takes writes: `None` for a primary, `Some(why)` for a standby
 /// in recovery.

@@ -110,8 +110,7 @@ impl PgStore {
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
         let pool = settings
             .connect("dlock-lock-server", &MIGRATOR, "lockdb")
-            .await
-            .map_err(anyhow::Error::msg)?;
+            .await?;
         Ok(Self { pool })
     }
 

@@ -155,9 +155,8 @@ impl PayStore {
     pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
         let pool = settings
             .connect("dlock-payment-resource", &MIGRATOR, "paydb")
-            .await
-            .map_err(anyhow::Error::msg)?;
-        Ok(Self { pool })
+            .await?;
+        Ok(Self::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
