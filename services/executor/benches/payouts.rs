@@ -161,13 +161,29 @@ fn batch(name: &str, prefix: &str, accounts: usize, payouts: usize) -> PayoutBat
     }
 }
 
+/// What `clients` tasks got done per second in `run_for`: `client(c, deadline)` is client
+/// `c`'s task, which counts what it does until the deadline.
+async fn per_second<F, Fut>(clients: usize, run_for: Duration, client: F) -> f64
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: std::future::Future<Output = usize> + Send + 'static,
+{
+    let deadline = Instant::now() + run_for;
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| tokio::spawn(client(c, deadline)))
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    total as f64 / run_for.as_secs_f64()
+}
+
 /// The lock server's own acquire+release cycles/s, 16 clients on their own keys, for scale.
 async fn lock_cycles(url: &str, run_for: Duration) -> f64 {
-    let deadline = Instant::now() + run_for;
-    let mut tasks = Vec::new();
-    for c in 0..16 {
+    per_second(16, run_for, |c, deadline| {
         let client = LockClient::new(url, &format!("bench-{c}")).unwrap_or_else(|e| panic!("{e}"));
-        tasks.push(tokio::spawn(async move {
+        async move {
             let s = client
                 .create_session(Some(60_000))
                 .await
@@ -186,13 +202,9 @@ async fn lock_cycles(url: &str, run_for: Duration) -> f64 {
                 n += 1;
             }
             n
-        }));
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap_or_else(|e| panic!("{e}"));
-    }
-    total as f64 / run_for.as_secs_f64()
+        }
+    })
+    .await
 }
 
 #[path = "payouts/spans.rs"]
@@ -218,11 +230,9 @@ async fn raw_commits(url: &str, clients: usize, rows: i32, run_for: Duration) ->
     .execute(&pool)
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let deadline = Instant::now() + run_for;
-    let mut tasks = Vec::new();
-    for c in 0..clients {
+    let rate = per_second(clients, run_for, |c, deadline| {
         let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let mut n = 0usize;
             while Instant::now() < deadline {
                 let id = ((c + n) as i32) % rows;
@@ -234,14 +244,11 @@ async fn raw_commits(url: &str, clients: usize, rows: i32, run_for: Duration) ->
                 n += 1;
             }
             n
-        }));
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap_or_else(|e| panic!("{e}"));
-    }
+        }
+    })
+    .await;
     pool.close().await;
-    total as f64 / run_for.as_secs_f64()
+    rate
 }
 
 /// Commits PostgreSQL counted so far in paydb and lockdb (the statistics lag by up to a
@@ -452,6 +459,7 @@ fn main() {
                     let options = RunOptions {
                         workers,
                         owner_id: format!("bench-{prefix}"),
+                        register: false,
                         ..RunOptions::default()
                     };
                     tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -460,7 +468,7 @@ fn main() {
                     statements::reset(&stats).await;
                     let cpu_before = (cpu::own(), cpu::tree(pg.pid()), cpu::tree(etcd.pid()));
                     let started = Instant::now();
-                    let report = dlock_executor::execute_registered(&batch, &endpoints, options)
+                    let report = dlock_executor::execute(&batch, &endpoints, options)
                         .await
                         .unwrap_or_else(|e| panic!("{e:#}"));
                     let seconds = started.elapsed().as_secs_f64();

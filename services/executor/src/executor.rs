@@ -116,31 +116,12 @@ pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()
     Ok(())
 }
 
-/// Registers the batch (see [`register`]) and runs it until every payout is terminal or
-/// RAIL_AMBIGUOUS, or the settle timeout.
+/// Registers the batch (see [`register`], unless `options.register` is off) and runs it until
+/// every payout is terminal or RAIL_AMBIGUOUS, or the settle timeout.
 pub async fn execute(
     batch: &PayoutBatch,
     endpoints: &Endpoints,
     options: RunOptions,
-) -> Result<Report> {
-    run(batch, endpoints, options, true).await
-}
-
-/// Runs a batch whose payouts [`register`] has already registered, as [`execute`] does after
-/// registering: for callers that register once and time only the payout cycles (the bench).
-pub async fn execute_registered(
-    batch: &PayoutBatch,
-    endpoints: &Endpoints,
-    options: RunOptions,
-) -> Result<Report> {
-    run(batch, endpoints, options, false).await
-}
-
-async fn run(
-    batch: &PayoutBatch,
-    endpoints: &Endpoints,
-    options: RunOptions,
-    register_first: bool,
 ) -> Result<Report> {
     let started = Instant::now();
     let credential = options.credential.clone();
@@ -154,7 +135,7 @@ async fn run(
         options.rail_read_timeout,
     )?
     .with_credential(credential);
-    if register_first {
+    if options.register {
         register(batch, &payment).await?;
     }
     let session = LockSession::open(lock.clone(), options.session_ttl_ms)

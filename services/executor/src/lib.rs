@@ -9,5 +9,5 @@ pub mod progress;
 pub mod reconcile;
 pub mod revoke;
 
-pub use executor::{Endpoints, Report, RunOptions, execute, execute_registered, register};
+pub use executor::{Endpoints, Report, RunOptions, execute, register};
 pub use manifest::PayoutBatch;

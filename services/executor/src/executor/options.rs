@@ -31,6 +31,9 @@ pub struct RunOptions {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The bearer credential presented to every service (`auth.mode` tokens or tokenreview).
     pub credential: Option<dlock_contract::auth::Credential>,
+    /// Registers the batch's payouts first (see `register`). Off for callers that register
+    /// once and time only the payout cycles (the bench).
+    pub register: bool,
 }
 
 impl Default for RunOptions {
@@ -46,6 +49,7 @@ impl Default for RunOptions {
             progress: false,
             metrics: crate::metrics::Metrics::new(),
             credential: None,
+            register: true,
         }
     }
 }
