@@ -145,40 +145,28 @@ mod tests {
         PaymentConfig::from_raw(&mut raw)
     }
 
+    /// The key a configuration of `env` is refused for, `None` when it loads.
+    fn refused_key(env: &[(&str, &str)]) -> Option<String> {
+        load(env).err().map(|e| e.key)
+    }
+
+    const URL: (&str, &str) = ("payment.pg.url", "postgres://x/paydb");
+
     #[test]
     fn fencing_cannot_be_turned_off() {
-        let err = load(&[
-            ("payment.pg.url", "postgres://x/paydb"),
-            ("payment.fencing.enabled", "false"),
-        ])
-        .err();
         assert_eq!(
-            err.map(|e| e.key),
-            Some("payment.fencing.enabled".to_owned())
+            refused_key(&[URL, ("payment.fencing.enabled", "false")]).as_deref(),
+            Some("payment.fencing.enabled")
         );
-        assert!(
-            load(&[
-                ("payment.pg.url", "postgres://x/paydb"),
-                ("payment.fencing.enabled", "true")
-            ])
-            .is_ok()
-        );
+        assert!(load(&[URL, ("payment.fencing.enabled", "true")]).is_ok());
     }
 
     #[test]
     fn url_is_required_and_a_short_operator_token_is_refused() {
+        assert_eq!(refused_key(&[]).as_deref(), Some("payment.pg.url"));
         assert_eq!(
-            load(&[]).err().map(|e| e.key),
-            Some("payment.pg.url".to_owned())
-        );
-        let err = load(&[
-            ("payment.pg.url", "postgres://x/paydb"),
-            ("payment.operator.token", "short"),
-        ])
-        .err();
-        assert_eq!(
-            err.map(|e| e.key),
-            Some("payment.operator.token".to_owned())
+            refused_key(&[URL, ("payment.operator.token", "short")]).as_deref(),
+            Some("payment.operator.token")
         );
     }
 }
