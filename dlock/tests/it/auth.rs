@@ -58,11 +58,7 @@ impl DevStack {
 
     /// A payment client of the executor identity, with its credential.
     pub(crate) fn executor_payments(&self) -> PaymentClient {
-        PaymentClient::new(&self.url("paymentResource"), "executor/test")
-            .unwrap_or_else(|e| panic!("{e}"))
-            .with_credential(Some(dlock_contract::auth::Credential::fixed(
-                &self.token("executor"),
-            )))
+        self.payments_as("executor/test")
     }
 
     /// `dlock run` of a batch `name` of `n` payouts on `account` (2 workers) as the executor

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dlock_devstack::free_port;
 use serde_json::Value;
 
-use crate::stack::{Held, hold, open_account, payments, rail_high_water};
+use crate::stack::{Held, hold, open_account, rail_high_water};
 use crate::world::{SERVICE_PORT, World};
 
 const NS: &str = "gitops";
@@ -42,7 +42,7 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
     let services = world.services();
     let executor = services.token("executor");
     let lock_url = services.url("lockServer");
-    let payment_url = services.url("paymentResource");
+    let payment = services.payments_as("executor/setup");
     let paydb = services.url("paydb");
     // The first operator cannot reach the rail proxy (its address leads nowhere): the account
     // fence is pushed, the rail's is not.
@@ -61,7 +61,6 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
         .join(",");
     let (first, _) = world.start_operator(&[NS], &[("DLOCK_SERVICE_ADDRESSES", &map)]);
     world.apply_stack_ready(NS);
-    let payment = payments(&payment_url, &executor, "executor/setup");
     open_account(&payment, ACCOUNT, None).await;
     let key = format!("payout:{ACCOUNT}");
     let Held {

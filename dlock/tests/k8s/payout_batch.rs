@@ -11,7 +11,7 @@ use dlock_devstack::wait_until;
 use serde_json::Value;
 
 use crate::shared::payouts::{Item, batch_manifest};
-use crate::stack::{open_account, payments};
+use crate::stack::open_account;
 use crate::world::{World, condition, repo};
 
 const NS: &str = "payroll";
@@ -108,11 +108,7 @@ async fn payroll(args: &[&str]) -> (World, PaymentClient, String, [&'static str;
     world.start_kubelet(&[NS]);
     let services = world.services();
     let executor_token = services.token("executor");
-    let payment = payments(
-        &services.url("paymentResource"),
-        &executor_token,
-        "executor/setup",
-    );
+    let payment = services.payments_as("executor/setup");
     let rail = services.url("railStub");
     let accounts = ["acct-17", "acct-18"];
     for account in accounts {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::locks::table;
-use crate::stack::{Held, Stale, hold, open_account, payments};
+use crate::stack::{Held, Stale, hold, open_account};
 use crate::world::{EXE, World, condition, repo};
 
 const NS: &str = "oncall";
@@ -171,13 +171,11 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     let mut world = World::with_operator(NS, &["--rail-redirect-rate", "1"]).await;
     world.start_kubelet(&[NS]);
     let services = world.services();
+    let payment = services.payments_as("executor/setup");
     let executor = services.token("executor");
     let operator_token = services.token("operator");
     let lock_url = services.url("lockServer");
-    let payment_url = services.url("paymentResource");
-    let proxy_url = services.url("railProxy");
     let rail_url = services.url("railStub");
-    let payment = payments(&payment_url, &executor, "executor/setup");
     for account in ["acct-17", "acct-18", HELD_ACCOUNT] {
         open_account(&payment, account, Some(1_000_000)).await;
     }
@@ -487,12 +485,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         proof: grant.fencing_proof.clone(),
     };
     wedged
-        .is_fenced_out_at_both_points(
-            &payment,
-            (&payment_url, &proxy_url),
-            &executor,
-            HELD_ACCOUNT,
-        )
+        .is_fenced_out_at_both_points(world.services(), HELD_ACCOUNT)
         .await;
 
     // resolve: the payment resource found from the PaymentResource, reached through the

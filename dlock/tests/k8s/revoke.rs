@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::locks::lock_rows;
 use crate::shared::payouts::{Item, batch_manifest};
-use crate::stack::{Stale, open_account, payments, rail_high_water};
+use crate::stack::{Stale, open_account, rail_high_water};
 use crate::world::{EXE, World};
 
 const NS: &str = "ops";
@@ -33,9 +33,8 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     let mut world = World::with_operator(NS, &["--rail-latency-ms", "1500"]).await;
     world.apply_stack_ready(NS);
     let services = world.services();
+    let payment = services.payments_as("executor/setup");
     let executor = services.token("executor");
-    let payment_url = services.url("paymentResource");
-    let proxy_url = services.url("railProxy");
     let rail_url = services.url("railStub");
     let paydb = services.url("paydb");
     let proof_keys = services.line["proofKeysFile"]
@@ -44,10 +43,9 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         .to_owned();
     let urls = [
         ("DLOCK_LOCK_SERVER", services.url("lockServer")),
-        ("DLOCK_PAYMENT_RESOURCE", payment_url.clone()),
-        ("DLOCK_RAIL_PROXY", proxy_url.clone()),
+        ("DLOCK_PAYMENT_RESOURCE", services.url("paymentResource")),
+        ("DLOCK_RAIL_PROXY", services.url("railProxy")),
     ];
-    let payment = payments(&payment_url, &executor, "executor/setup");
     open_account(&payment, ACCOUNT, Some(1_000_000)).await;
 
     // A real executor: one worker, one payout after another on the account, each holding
@@ -158,7 +156,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         proof: Some(proof),
     };
     let (stale, claim) = stale
-        .is_fenced_out_at_both_points(&payment, (&payment_url, &proxy_url), &executor, ACCOUNT)
+        .is_fenced_out_at_both_points(world.services(), ACCOUNT)
         .await;
     assert_eq!(claim["details"]["resourceType"], "account", "{claim}");
 

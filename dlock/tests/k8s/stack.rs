@@ -10,13 +10,7 @@ use dlock_contract::payment_client::PaymentClient;
 use serde_json::{Value, json};
 
 use crate::shared::payouts::register_payout;
-
-/// A payment client of the executor identity (its credential `executor`), calling as `owner`.
-pub fn payments(url: &str, executor: &str, owner: &str) -> PaymentClient {
-    PaymentClient::new(url, owner)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(executor)))
-}
+use crate::world::DevStack;
 
 /// Opens `account` (EUR) at the payment resource, funded with `funds` minor units if given.
 pub async fn open_account(payment: &PaymentClient, account: &str, funds: Option<i64>) {
@@ -81,18 +75,20 @@ pub struct Stale<'a> {
 }
 
 impl Stale<'_> {
-    /// Registers a new payout on `account`, then claims it at the payment resource
-    /// (`payment_url`) and submits it at the rail proxy (`proxy_url`) as the stale worker, with
-    /// the executor's credential: both answers must be 409 FENCED_OUT. Returns the payout's id
-    /// and the claim's answer.
+    /// Registers a new payout on `account` at the stack's payment resource, then claims it
+    /// there and submits it at the stack's rail proxy as the stale worker, with the executor's
+    /// credential: both answers must be 409 FENCED_OUT. Returns the payout's id and the claim's
+    /// answer.
     pub async fn is_fenced_out_at_both_points(
         &self,
-        payment: &PaymentClient,
-        (payment_url, proxy_url): (&str, &str),
-        executor: &str,
+        services: &DevStack,
         account: &str,
     ) -> (uuid::Uuid, Value) {
-        let stale = register_payout(payment, account, 500, "ben-stale").await;
+        let payment = services.payments_as("executor/setup");
+        let stale = register_payout(&payment, account, 500, "ben-stale").await;
+        let executor = &services.token("executor");
+        let payment_url = services.url("paymentResource");
+        let proxy_url = services.url("railProxy");
         let mut headers = vec![
             ("x-owner-id", self.owner.to_owned()),
             ("x-idempotency-key", format!("payout-{stale}")),

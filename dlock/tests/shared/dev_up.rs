@@ -4,6 +4,8 @@
 use std::io::BufRead as _;
 use std::process::{Command, Stdio};
 
+use dlock_contract::auth::Credential;
+use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::ManagedChild;
 use serde_json::Value;
 
@@ -65,5 +67,13 @@ impl DevUp {
             .as_str()
             .unwrap_or_else(|| panic!("no {who} credential in {}", self.line))
             .to_owned()
+    }
+
+    /// A client of the payment resource with the executor identity's credential, calling as
+    /// `owner`.
+    pub fn payments_as(&self, owner: &str) -> PaymentClient {
+        PaymentClient::new(&self.url("paymentResource"), owner)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_credential(Some(Credential::fixed(&self.token("executor"))))
     }
 }
