@@ -314,19 +314,9 @@ async fn log_result<T: Debug, E: std::fmt::Display>(result: Result<T, E>) {
     }
 }
 
+/// SIGINT or SIGTERM, the services' signal, logged as the operator's shutdown request.
 async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
+    dlock_server::http::shutdown_signal().await;
     tracing::info!(event = "shutdown_requested");
 }
 
