@@ -14,7 +14,7 @@ pub struct Item {
 }
 
 impl Item {
-    /// Item `i` of a batch on `account`: key `item-{i}`, `ben-{i}`, `base + i` minor units.
+    /// Item `i` of a batch on `account`, under `key`: `base + i` minor units to `ben-{i}`.
     pub fn numbered(i: usize, key: String, account: &str, base: i64) -> Self {
         Self {
             key,
