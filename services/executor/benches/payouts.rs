@@ -20,6 +20,11 @@ use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
 use dlock_executor::{Endpoints, RunOptions};
 use dlock_server::config::RawConfig;
 
+/// Each service's PostgreSQL pool size (`DLOCK_BENCH_POOL`, 32 by default).
+fn pool_max() -> String {
+    std::env::var("DLOCK_BENCH_POOL").unwrap_or_else(|_| "32".into())
+}
+
 fn raw(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -47,7 +52,7 @@ async fn lock_server(pg: &PgServer, etcd: &EtcdServer, backend: &str) -> String 
     ];
     if backend == "pg" {
         pairs.push(("lock.pg.url", pg.url("lockdb")));
-        pairs.push(("lock.pg.pool-max", "32".into()));
+        pairs.push(("lock.pg.pool-max", pool_max()));
     } else {
         pairs.push(("lock.etcd.endpoints", etcd.endpoint()));
     }
@@ -69,6 +74,7 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
         ("payment.pg.url", pg.url("paydb")),
+        ("payment.pg.pool-max", pool_max()),
     ]))
     .unwrap_or_else(|e| panic!("{e}"));
     let store = dlock_payment_resource::open_store(&config)
@@ -99,7 +105,7 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
         ("server.listen", proxy_addr.clone()),
         ("rail.proxy.pg.url", pg.url("paydb")),
         ("rail.proxy.rail-url", format!("http://{stub_addr}")),
-        ("rail.proxy.pg.pool-max", "32".into()),
+        ("rail.proxy.pg.pool-max", pool_max()),
     ]))
     .unwrap_or_else(|e| panic!("{e}"));
     let pool = dlock_rail_proxy::connect(&config)
