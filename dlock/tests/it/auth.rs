@@ -16,14 +16,11 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::Row;
 
-use crate::harness::{eventually, loopback, open_account, raw, until_ready};
+use crate::harness::{eventually, loopback, raw, until_ready};
+use crate::shared::accounts::open_account;
 
-use shared::dev_up::DevUp;
-use shared::payouts::{Item, batch_manifest};
-
-/// What both test binaries use (dlock/tests/shared), made part of this one here.
-#[path = "../shared/mod.rs"]
-pub(crate) mod shared;
+use crate::shared::dev_up::DevUp;
+use crate::shared::payouts::{Item, batch_manifest};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
@@ -186,7 +183,7 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
 
     // Some state to protect: an account with funds, opened by the executor identity.
     let client = stack.executor_payments();
-    open_account(&client, "acct-a", 100_000).await;
+    open_account(&client, "acct-a", Some(100_000)).await;
     let before = stack.snapshot().await;
 
     let session = "0195e3b4-0000-7000-8000-000000000001";

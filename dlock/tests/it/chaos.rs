@@ -19,7 +19,8 @@ use dlock_executor::manifest::{idempotency_key, payout_id};
 
 use uuid::Uuid;
 
-use crate::harness::{Backend, eventually, open_account};
+use crate::harness::{Backend, eventually};
+use crate::shared::accounts::open_account;
 
 pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_dlock");
@@ -121,7 +122,7 @@ impl Chaos {
     pub(crate) async fn accounts(&self, prefix: &str, n: usize, funds: i64) {
         let payment = self.payment_client();
         for i in 0..n {
-            open_account(&payment, &format!("{prefix}-{i:02}"), funds).await;
+            open_account(&payment, &format!("{prefix}-{i:02}"), Some(funds)).await;
         }
     }
 

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use crate::harness::open_account;
+use crate::shared::accounts::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::stack::{Role, Stack};
@@ -172,7 +172,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
 
     let client =
         PaymentClient::new(&stack.payment().url(), "deadline").unwrap_or_else(|e| panic!("{e}"));
-    open_account(&client, "acct-1", 10_000).await;
+    open_account(&client, "acct-1", Some(10_000)).await;
 
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::harness::open_account;
+use crate::shared::accounts::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::stack::Stack;
 use dlock_executor::executor::{Endpoints, RunOptions, execute};
@@ -79,7 +79,7 @@ async fn the_final_report_says_what_paydb_says_whether_a_state_was_answered_or_r
     let client =
         PaymentClient::new(&stack.payment().url(), "report").unwrap_or_else(|e| panic!("{e}"));
     for (account, funds) in [("rich", 10_000), ("poor", 500)] {
-        open_account(&client, account, funds).await;
+        open_account(&client, account, Some(funds)).await;
     }
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = Endpoints {

@@ -235,32 +235,6 @@ pub async fn release(client: &LockClient, key: &str, session: uuid::Uuid, token:
         .unwrap_or_else(|e| panic!("{} releases {key}: {e}", client.owner_id()));
 }
 
-/// Opens the EUR account `account` through the payment resource (key `open-{account}`) and funds
-/// it with `funds` (key `fund-{account}`, reference `seed-{account}`).
-pub async fn open_account(
-    client: &dlock_contract::payment_client::PaymentClient,
-    account: &str,
-    funds: i64,
-) {
-    use dlock_contract::payment::{CreateAccountRequest, FundRequest};
-    let body = CreateAccountRequest {
-        account_id: account.into(),
-        currency: "EUR".into(),
-    };
-    client
-        .create_account(&format!("open-{account}"), &body)
-        .await
-        .unwrap_or_else(|e| panic!("opening {account}: {e}"));
-    let fund = FundRequest {
-        amount_minor: funds,
-        reference: format!("seed-{account}"),
-    };
-    client
-        .fund(account, &format!("fund-{account}"), &fund)
-        .await
-        .unwrap_or_else(|e| panic!("funding {account}: {e}"));
-}
-
 /// Waits until the service on loopback `port` answers `/readyz` with 200; `what` names it.
 pub async fn until_ready(what: &str, port: u16) {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();

@@ -25,6 +25,9 @@ mod rail;
 mod rail_reason;
 mod rail_replay;
 mod rail_statement;
+/// What both test binaries use (dlock/tests/shared).
+#[path = "../shared/mod.rs"]
+mod shared;
 mod steps;
 mod traces;
 mod waiters;

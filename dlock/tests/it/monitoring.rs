@@ -13,9 +13,9 @@ use promql_parser::parser::Expr;
 use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::Value;
 
-use crate::auth::shared::process::wait_serving;
 use crate::chaos::{Chaos, EXE, OPERATOR_TOKEN, ScriptedHolder, register_one};
 use crate::harness::{Backend, eventually};
+use crate::shared::process::wait_serving;
 
 const RULES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

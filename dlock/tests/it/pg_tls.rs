@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::harness::open_account;
+use crate::shared::accounts::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::certs::TestCa;
@@ -66,7 +66,7 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
     // A lock cycle on lockdb and money-moving writes on paydb, over TLS.
     assert!(lock_cycle(&lock_url, "payout:pg-tls").await > 0);
     let payment = PaymentClient::new(&payment_url, "pg-tls").unwrap_or_else(|e| panic!("{e}"));
-    open_account(&payment, "pg-tls", 12_345).await;
+    open_account(&payment, "pg-tls", Some(12_345)).await;
     let balance = pg
         .psql(
             "paydb",

@@ -13,10 +13,11 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::DevStack;
-use crate::auth::shared::payouts::register_payout;
 use crate::conformance::assert_envelope;
-use crate::harness::{hold, loopback, open_account, raw, serve_in_task, session};
+use crate::harness::{hold, loopback, raw, serve_in_task, session};
 use crate::payment::PayStack;
+use crate::shared::accounts::open_account;
+use crate::shared::payouts::register_payout;
 
 const FORGED: i64 = i64::MAX;
 const SECRET_A: &str = "0123456789abcdef0123456789abcdef-old";
@@ -100,8 +101,8 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
     let client = stack.executor_payments();
-    open_account(&client, "acct-p", 1_000_000).await;
-    open_account(&client, "acct-q", 1_000_000).await;
+    open_account(&client, "acct-p", Some(1_000_000)).await;
+    open_account(&client, "acct-q", Some(1_000_000)).await;
     let payout = register_payout(&client, "acct-p", 100, "ben-forged").await;
     let pool = stack.pool("paydb").await;
 
@@ -219,7 +220,7 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     let (lock, payment, proxy) = stack.services();
     let (executor, operator) = stack.credentials();
     let client = stack.executor_payments();
-    open_account(&client, "acct-r", 1_000_000).await;
+    open_account(&client, "acct-r", Some(1_000_000)).await;
     let pool = stack.pool("paydb").await;
     for sql in [
         "UPDATE accounts SET fence = 9223372036854775807 WHERE account_id = 'acct-r'",

@@ -7,7 +7,8 @@ use std::time::Duration;
 use dlock_devstack::free_port;
 use serde_json::Value;
 
-use crate::stack::{Held, hold, open_account, rail_high_water};
+use crate::shared::accounts::open_account;
+use crate::stack::{Held, hold, rail_high_water};
 use crate::world::{SERVICE_PORT, World};
 
 const NS: &str = "gitops";

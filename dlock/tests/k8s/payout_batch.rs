@@ -10,8 +10,8 @@ use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::wait_until;
 use serde_json::Value;
 
+use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest};
-use crate::stack::open_account;
 use crate::world::{World, condition, repo};
 
 const NS: &str = "payroll";

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::locks::table;
-use crate::stack::{Held, Stale, hold, open_account};
+use crate::shared::accounts::open_account;
+use crate::stack::{Held, Stale, hold};
 use crate::world::{EXE, World, condition, repo};
 
 const NS: &str = "oncall";

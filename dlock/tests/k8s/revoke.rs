@@ -11,8 +11,9 @@ use dlock_devstack::{spawn_logged, wait_until};
 use serde_json::Value;
 
 use crate::locks::lock_rows;
+use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest};
-use crate::stack::{Stale, open_account, rail_high_water};
+use crate::stack::{Stale, rail_high_water};
 use crate::world::{EXE, World};
 
 const NS: &str = "ops";

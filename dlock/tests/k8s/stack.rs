@@ -1,43 +1,14 @@
-//! What scenarios do at the real services of `dlock dev up`: accounts opened and funded, a lock
-//! held as a worker holds it, a revoked holder's writes refused at both fences, and the rail
-//! proxy's high-water mark read from paydb.
+//! What scenarios do at the real services of `dlock dev up` (accounts open through
+//! `shared::accounts`): a lock held as a worker holds it, a revoked holder's writes refused at
+//! both fences, and the rail proxy's high-water mark read from paydb.
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
 use dlock_contract::lock::{LockGrant, Session};
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
-use dlock_contract::payment_client::PaymentClient;
 use serde_json::{Value, json};
 
 use crate::shared::payouts::register_payout;
 use crate::world::DevStack;
-
-/// Opens `account` (EUR) at the payment resource, funded with `funds` minor units if given.
-pub async fn open_account(payment: &PaymentClient, account: &str, funds: Option<i64>) {
-    payment
-        .create_account(
-            &format!("open-{account}"),
-            &CreateAccountRequest {
-                account_id: account.to_owned(),
-                currency: "EUR".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    if let Some(amount_minor) = funds {
-        payment
-            .fund(
-                account,
-                &format!("fund-{account}"),
-                &FundRequest {
-                    amount_minor,
-                    reference: format!("seed-{account}"),
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-}
 
 /// A lock held at the real lock server as a worker holds it: a session and a grant of 60 s.
 pub struct Held {
