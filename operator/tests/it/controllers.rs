@@ -109,16 +109,30 @@ struct FakeSteps<'a> {
     target: &'a RevocationTarget,
 }
 
+impl FakeSteps<'_> {
+    /// Records a POST to `path` of the service at `url`, and gives its answer.
+    fn post<'a, T: Send + 'a>(
+        &self,
+        url: &str,
+        path: String,
+        request: impl serde::Serialize,
+        answer: Result<T, ClientError>,
+    ) -> StepFuture<'a, T> {
+        self.services.record(format!("POST {url}{path}"), request);
+        Box::pin(std::future::ready(answer))
+    }
+}
+
 impl RevokeSteps for FakeSteps<'_> {
     fn revoke_lock<'a>(
         &'a self,
         key: &'a str,
         request: &'a RevokeRequest,
     ) -> StepFuture<'a, Revocation> {
-        let url = &self.target.lock_server_url;
-        self.services
-            .record(format!("POST {url}/v1/locks/{key}/revoke"), request);
-        Box::pin(async move {
+        self.post(
+            &self.target.lock_server_url,
+            format!("/v1/locks/{key}/revoke"),
+            request,
             Ok(Revocation {
                 key: key.to_owned(),
                 revoked_token: 41,
@@ -128,8 +142,8 @@ impl RevokeSteps for FakeSteps<'_> {
                 operator: request.operator.clone(),
                 reason: request.reason.clone(),
                 revoked_at: chrono::Utc::now(),
-            })
-        })
+            }),
+        )
     }
     fn advance_fence<'a>(
         &'a self,
@@ -137,19 +151,17 @@ impl RevokeSteps for FakeSteps<'_> {
         idempotency_key: &'a str,
         request: &'a FenceRequest,
     ) -> StepFuture<'a, FenceResponse> {
-        let url = &self.target.payment_resource_url;
-        self.services.record(
-            format!("POST {url}/v1/accounts/{account}/fence key={idempotency_key}"),
+        self.post(
+            &self.target.payment_resource_url,
+            format!("/v1/accounts/{account}/fence key={idempotency_key}"),
             request,
-        );
-        Box::pin(async move {
             Ok(FenceResponse {
                 account_id: account.to_owned(),
                 previous_fence: 3,
                 fence: request.floor,
                 revocation_id: request.revocation_id,
-            })
-        })
+            }),
+        )
     }
     fn advance_high_water<'a>(
         &'a self,
@@ -157,25 +169,26 @@ impl RevokeSteps for FakeSteps<'_> {
         request: &'a HighWaterRequest,
     ) -> StepFuture<'a, HighWater> {
         let url = &self.target.rail_proxy_url;
-        self.services
-            .record(format!("POST {url}/v1/rail/high-water/{account}"), request);
-        let down = self.services.rail_down;
-        Box::pin(async move {
-            if down {
-                Err(ClientError::Transport {
-                    url: url.to_owned(),
-                    message: "connection refused".to_owned(),
-                    connect: true,
-                    timeout: false,
-                })
-            } else {
-                Ok(HighWater {
-                    account_id: account.to_owned(),
-                    previous_token: Some(3),
-                    highest_token: request.floor,
-                })
-            }
-        })
+        let answer = if self.services.rail_down {
+            Err(ClientError::Transport {
+                url: url.to_owned(),
+                message: "connection refused".to_owned(),
+                connect: true,
+                timeout: false,
+            })
+        } else {
+            Ok(HighWater {
+                account_id: account.to_owned(),
+                previous_token: Some(3),
+                highest_token: request.floor,
+            })
+        };
+        self.post(
+            url,
+            format!("/v1/rail/high-water/{account}"),
+            request,
+            answer,
+        )
     }
 }
 
@@ -856,23 +869,9 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
         Arc::new(with_finalizer),
         ctx.clone(),
     ));
-    // The batch's RailProxy says how long a submit may wait; it reaches the executor through
-    // the manifest ConfigMap.
-    let call = api
-        .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
-        .await;
     let mut proxy = serde_json::to_value(fixtures::rail_proxy()).unwrap();
     proxy["spec"]["readTimeoutMs"] = json!(12_000);
-    call.reply(200, &proxy);
-    let call = api
-        .expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
-        .await;
-    assert_eq!(
-        call.body["data"]["rail-read-timeout-ms"], "12000",
-        "{}",
-        call.body
-    );
-    call.echo();
+    expect_manifest(&mut api, Some(proxy), "12000").await.echo();
     let call = api.expect(Method::GET, JOB).await;
     call.reply(404, &not_found());
     let call = api.expect_apply(JOB).await;
@@ -928,6 +927,32 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
 const BATCH: &str = "/apis/dlock.io/v1alpha1/namespaces/default/payoutbatches/payroll-2026-12";
 const JOB: &str = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
 
+/// The batch's RailProxy (`proxy`, or none by that name) says how long a submit may wait, and
+/// the manifest ConfigMap carries that to the executor (`read_timeout_ms`). Returns the
+/// manifest's apply, unanswered.
+async fn expect_manifest(
+    api: &mut ApiServerVerifier,
+    proxy: Option<Value>,
+    read_timeout_ms: &str,
+) -> Call {
+    let call = api
+        .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
+        .await;
+    match proxy {
+        Some(proxy) => call.reply(200, &proxy),
+        None => call.reply(404, &not_found()),
+    }
+    let call = api
+        .expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
+        .await;
+    assert_eq!(
+        call.body["data"]["rail-read-timeout-ms"], read_timeout_ms,
+        "{}",
+        call.body
+    );
+    call
+}
+
 /// What the API server answers a successful delete with.
 fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}})
@@ -960,18 +985,7 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
         ctx,
     ));
     // No RailProxy by that name: the executor waits the default read timeout.
-    let call = api
-        .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
-        .await;
-    call.reply(404, &not_found());
-    let call = api
-        .expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
-        .await;
-    assert_eq!(
-        call.body["data"]["rail-read-timeout-ms"], "8000",
-        "{}",
-        call.body
-    );
+    let call = expect_manifest(&mut api, None, "8000").await;
     assert!(
         call.body["data"]["payoutbatch.yaml"]
             .as_str()
