@@ -1,4 +1,5 @@
-//! Accounts as the tests open them at the payment resource.
+//! Accounts as the tests open them at the payment resource (the payouts bench of
+//! dlock-executor includes this file too, so it may use only what that crate depends on).
 
 use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::{CreateAccountRequest, FundRequest};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{EtcdServer, PgServer};
 use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
@@ -122,25 +121,15 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
     }
 }
 
+/// Opening and funding an account, the same file as dlock's integration tests use.
+#[path = "../../../dlock/tests/shared/accounts.rs"]
+mod shared_accounts;
+
+/// Accounts `{prefix}-000` onwards, each funded with 10^9 minor units.
 async fn accounts(payment: &PaymentClient, prefix: &str, n: usize) {
     for i in 0..n {
         let account = format!("{prefix}-{i:03}");
-        let body = CreateAccountRequest {
-            account_id: account.clone(),
-            currency: "EUR".into(),
-        };
-        payment
-            .create_account(&format!("open-{account}"), &body)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let fund = FundRequest {
-            amount_minor: 1_000_000_000,
-            reference: format!("seed-{account}"),
-        };
-        payment
-            .fund(&account, &format!("fund-{account}"), &fund)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        shared_accounts::open_account(payment, &account, Some(1_000_000_000)).await;
     }
 }
 
