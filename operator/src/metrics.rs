@@ -6,6 +6,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use dlock_server::registry::Register;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     pub kind: &'static str,
@@ -21,22 +23,16 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("dlock_operator");
-        let reconciles = Family::<ReconcileLabels, Counter>::default();
-        let revocations = Family::<ReconcileLabels, Counter>::default();
-        registry.register(
-            "reconcile",
-            "Reconciles by kind and outcome (ok, error, paused)",
-            reconciles.clone(),
-        );
-        registry.register(
-            "revocation",
-            "Forced revocations by kind and outcome (Complete, Incomplete, Refused)",
-            revocations.clone(),
-        );
         Self {
+            reconciles: registry.add(
+                "reconcile",
+                "Reconciles by kind and outcome (ok, error, paused)",
+            ),
+            revocations: registry.add(
+                "revocation",
+                "Forced revocations by kind and outcome (Complete, Incomplete, Refused)",
+            ),
             registry,
-            reconciles,
-            revocations,
         }
     }
 }
@@ -49,10 +45,6 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        dlock_server::metrics::encode(&self.registry)
     }
 }

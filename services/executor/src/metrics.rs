@@ -12,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use dlock_server::registry::Register;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
@@ -27,22 +29,13 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let executed = Family::<OutcomeLabels, Counter>::default();
-        let backlog_age = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "payout_execute",
-            "Payout lock cycles by outcome",
-            executed.clone(),
-        );
-        registry.register(
-            "payout_backlog_age_seconds",
-            "Age of the oldest payout of the batch that is not settled yet",
-            backlog_age.clone(),
-        );
         Arc::new(Self {
+            executed: registry.add("payout_execute", "Payout lock cycles by outcome"),
+            backlog_age: registry.add(
+                "payout_backlog_age_seconds",
+                "Age of the oldest payout of the batch that is not settled yet",
+            ),
             registry,
-            executed,
-            backlog_age,
         })
     }
 
@@ -57,11 +50,7 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        dlock_server::metrics::encode(&self.registry)
     }
 
     /// Serves `/metrics` (and `/healthz`) on `addr` until the task is dropped.

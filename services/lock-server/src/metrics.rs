@@ -9,6 +9,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use dlock_server::registry::Register;
+
 // Variant names are the label values, hence lower case.
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -55,46 +57,33 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     pub fn new(backend: Backend) -> Arc<Self> {
         let mut registry = Registry::default();
-        let acquire_latency =
-            Family::<AcquireLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                latency_histogram,
-            );
-        let contention = Family::<BackendLabels, Counter>::default();
-        let timeouts = Family::<BackendLabels, Counter>::default();
-        let revocations = Family::<BackendLabels, Counter>::default();
-        registry.register(
-            "lock_acquisition_latency_seconds",
-            "Time from receiving an acquire to answering it, by outcome",
-            acquire_latency.clone(),
-        );
-        registry.register(
-            "lock_contention",
-            "Acquires that found the key held or the queue ahead of them",
-            contention.clone(),
-        );
-        registry.register(
-            "lock_timeouts",
-            "Acquires whose server-side wait ended without the lock",
-            timeouts.clone(),
-        );
-        registry.register(
-            "lock_revocations",
-            "Forced revocations that ended a grant and advanced the token",
-            revocations.clone(),
-        );
+        let metrics = Self {
+            backend,
+            acquire_latency: registry.add_made(
+                "lock_acquisition_latency_seconds",
+                "Time from receiving an acquire to answering it, by outcome",
+                Family::new_with_constructor(latency_histogram),
+            ),
+            contention: registry.add(
+                "lock_contention",
+                "Acquires that found the key held or the queue ahead of them",
+            ),
+            timeouts: registry.add(
+                "lock_timeouts",
+                "Acquires whose server-side wait ended without the lock",
+            ),
+            revocations: registry.add(
+                "lock_revocations",
+                "Forced revocations that ended a grant and advanced the token",
+            ),
+            registry,
+        };
         // The counters exist from the start at 0, so the first contention or timeout is an
         // increase a rule can see (a series born at 1 has no increase).
-        for family in [&contention, &timeouts, &revocations] {
+        for family in [&metrics.contention, &metrics.timeouts, &metrics.revocations] {
             let _ = family.get_or_create(&BackendLabels { backend });
         }
-        Arc::new(Self {
-            backend,
-            registry,
-            acquire_latency,
-            contention,
-            timeouts,
-            revocations,
-        })
+        Arc::new(metrics)
     }
 
     pub fn observe_acquire(&self, outcome: AcquireOutcome, seconds: f64) {

@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 
 use dlock_server::metrics::FencedOut;
 pub use dlock_server::metrics::Resource;
+use dlock_server::registry::Register;
 
 // Variant names are the label values, hence lower case.
 #[allow(non_camel_case_types)]
@@ -38,39 +39,30 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let lookups = Family::<LookupLabels, Counter>::default();
-        let conflicts = Counter::default();
-        let in_progress_timeouts = Counter::default();
-        let fenced_out = FencedOut::register(
-            &mut registry,
-            "Writes refused because a newer holder's token was stored; each one is incident-grade",
-        );
-        registry.register(
-            "idempotency_lookups",
-            "Idempotent writes by whether a stored answer replayed them (hit) or they ran (miss)",
-            lookups.clone(),
-        );
-        registry.register(
-            "idempotency_key_conflicts",
-            "Writes that re-used a key and token with a different body",
-            conflicts.clone(),
-        );
-        registry.register(
-            "idempotency_in_progress_timeouts",
-            "Duplicates that stopped waiting for the identical request still in progress",
-            in_progress_timeouts.clone(),
-        );
+        let metrics = Self {
+            fenced_out: FencedOut::register(
+                &mut registry,
+                "Writes refused because a newer holder's token was stored; each one is incident-grade",
+            ),
+            lookups: registry.add(
+                "idempotency_lookups",
+                "Idempotent writes by whether a stored answer replayed them (hit) or they ran (miss)",
+            ),
+            conflicts: registry.add(
+                "idempotency_key_conflicts",
+                "Writes that re-used a key and token with a different body",
+            ),
+            in_progress_timeouts: registry.add(
+                "idempotency_in_progress_timeouts",
+                "Duplicates that stopped waiting for the identical request still in progress",
+            ),
+            registry,
+        };
         // Every label value exists from the start, so a dashboard shows 0 rather than nothing.
         for outcome in [Lookup::hit, Lookup::miss] {
-            let _ = lookups.get_or_create(&LookupLabels { outcome });
+            let _ = metrics.lookups.get_or_create(&LookupLabels { outcome });
         }
-        Arc::new(Self {
-            registry,
-            fenced_out,
-            lookups,
-            conflicts,
-            in_progress_timeouts,
-        })
+        Arc::new(metrics)
     }
 
     pub fn fenced_out(&self, resource: Resource) {

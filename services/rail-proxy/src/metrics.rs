@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use dlock_server::metrics::{FencedOut, Resource};
+use dlock_server::registry::Register;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,41 +43,25 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let submissions = Family::<OutcomeLabels, Counter>::default();
-        let duplicates = Counter::default();
-        let ambiguous = Gauge::default();
-        let ambiguous_oldest_age = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "rail_submission",
-            "Rail submissions by outcome",
-            submissions.clone(),
-        );
-        registry.register(
-            "rail_duplicate_attempted",
-            "Second submissions of a payout, refused (each one pages)",
-            duplicates.clone(),
-        );
-        let fenced = FencedOut::register(
-            &mut registry,
-            "Writes refused because a newer token holds the resource",
-        );
-        registry.register(
-            "payout_ambiguous",
-            "Payouts in RAIL_AMBIGUOUS, waiting for an operator to resolve them from the rail statement",
-            ambiguous.clone(),
-        );
-        registry.register(
-            "payout_ambiguous_oldest_age_seconds",
-            "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
-            ambiguous_oldest_age.clone(),
-        );
         Arc::new(Self {
+            submissions: registry.add("rail_submission", "Rail submissions by outcome"),
+            duplicates: registry.add(
+                "rail_duplicate_attempted",
+                "Second submissions of a payout, refused (each one pages)",
+            ),
+            fenced: FencedOut::register(
+                &mut registry,
+                "Writes refused because a newer token holds the resource",
+            ),
+            ambiguous: registry.add(
+                "payout_ambiguous",
+                "Payouts in RAIL_AMBIGUOUS, waiting for an operator to resolve them from the rail statement",
+            ),
+            ambiguous_oldest_age: registry.add(
+                "payout_ambiguous_oldest_age_seconds",
+                "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
+            ),
             registry,
-            submissions,
-            duplicates,
-            fenced,
-            ambiguous,
-            ambiguous_oldest_age,
         })
     }
 

@@ -10,6 +10,8 @@ pub mod metrics;
 pub mod openapi;
 pub mod pg;
 pub mod proof;
+pub mod registry;
+pub mod squash;
 pub mod sweep;
 pub mod tls;
 pub mod trace;
