@@ -11,7 +11,6 @@ pub mod openapi;
 pub mod pg;
 pub mod proof;
 pub mod registry;
-pub mod squash;
 pub mod sweep;
 pub mod tls;
 pub mod trace;
