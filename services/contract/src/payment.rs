@@ -366,15 +366,10 @@ pub struct ResolveRequest {
     pub evidence: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ResolveResponse {
-    pub payout_id: Uuid,
-    pub state: PayoutState,
-    /// Two rows when resolved POSTED, none when FAILED.
-    pub entries: Vec<LedgerEntry>,
-    pub balance_minor: i64,
-}
+/// The answer of a resolution, as a client reads it: a posting's answer, whose entries are the
+/// two rows when resolved POSTED and none when FAILED. (The service's answer also names who
+/// resolved it; a client reading this type skips those fields.)
+pub type ResolveResponse = PostResponse;
 
 /// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED (DESIGN §2).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
