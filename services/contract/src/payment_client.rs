@@ -64,6 +64,43 @@ pub(crate) fn with_proof(req: RequestBuilder, proof: Option<&str>) -> RequestBui
 
 crate::client::hop_client!(PaymentClient, plain);
 
+/// The idempotent writes that no token fences, one row each: the method, the path's parameters,
+/// its answer, its path and its body. Each method takes the path's parameters, then the
+/// idempotency key, then the body, and POSTs the body once.
+macro_rules! unfenced_writes {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($param:ident: $ty:ty),*) -> $answer:ty = $path:literal, $body:ty;
+    )*) => {
+        impl PaymentClient {
+            $(
+                $(#[$doc])*
+                pub async fn $name(
+                    &self,
+                    $($param: $ty,)*
+                    idempotency_key: &str,
+                    body: &$body,
+                ) -> Result<$answer, ClientError> {
+                    let write = WriteHeaders::unfenced(idempotency_key);
+                    self.write(&format!($path), write, body).await
+                }
+            )*
+        }
+    };
+}
+
+unfenced_writes! {
+    fn create_account() -> Account = "/v1/accounts", CreateAccountRequest;
+    fn fund(account_id: &str) -> FundResponse = "/v1/accounts/{account_id}/fund", FundRequest;
+    fn create_payout() -> Payout = "/v1/payouts", CreatePayoutRequest;
+    /// D-3: needs [`Self::as_operator`].
+    fn advance_fence(account_id: &str) -> FenceResponse =
+        "/v1/accounts/{account_id}/fence", FenceRequest;
+    /// Out-of-band resolution of a RAIL_AMBIGUOUS payout: needs [`Self::as_operator`].
+    fn resolve(payout_id: Uuid) -> ResolveResponse =
+        "/v1/payouts/{payout_id}/resolve", ResolveRequest;
+}
+
 impl PaymentClient {
     /// POSTs `body` to `path` with the write's headers, once; the answer's body.
     async fn write<B: Serialize, R: DeserializeOwned>(
@@ -85,35 +122,6 @@ impl PaymentClient {
     async fn read<R: DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
         let (url, req) = self.request(Method::GET, path, READ_TIMEOUT);
         expect_body(&url, send(&url, req).await?)
-    }
-
-    pub async fn create_account(
-        &self,
-        idempotency_key: &str,
-        body: &CreateAccountRequest,
-    ) -> Result<Account, ClientError> {
-        let write = WriteHeaders::unfenced(idempotency_key);
-        self.write("/v1/accounts", write, body).await
-    }
-
-    pub async fn fund(
-        &self,
-        account_id: &str,
-        idempotency_key: &str,
-        body: &FundRequest,
-    ) -> Result<FundResponse, ClientError> {
-        let write = WriteHeaders::unfenced(idempotency_key);
-        self.write(&format!("/v1/accounts/{account_id}/fund"), write, body)
-            .await
-    }
-
-    pub async fn create_payout(
-        &self,
-        idempotency_key: &str,
-        body: &CreatePayoutRequest,
-    ) -> Result<Payout, ClientError> {
-        let write = WriteHeaders::unfenced(idempotency_key);
-        self.write("/v1/payouts", write, body).await
     }
 
     /// P1, advisory.
@@ -219,30 +227,6 @@ impl PaymentClient {
     /// P5, advisory.
     pub async fn get_account(&self, account_id: &str) -> Result<Account, ClientError> {
         self.read(&format!("/v1/accounts/{account_id}")).await
-    }
-
-    /// D-3: needs [`Self::as_operator`].
-    pub async fn advance_fence(
-        &self,
-        account_id: &str,
-        idempotency_key: &str,
-        body: &FenceRequest,
-    ) -> Result<FenceResponse, ClientError> {
-        let write = WriteHeaders::unfenced(idempotency_key);
-        self.write(&format!("/v1/accounts/{account_id}/fence"), write, body)
-            .await
-    }
-
-    /// Out-of-band resolution of a RAIL_AMBIGUOUS payout: needs [`Self::as_operator`].
-    pub async fn resolve(
-        &self,
-        payout_id: Uuid,
-        idempotency_key: &str,
-        body: &ResolveRequest,
-    ) -> Result<ResolveResponse, ClientError> {
-        let write = WriteHeaders::unfenced(idempotency_key);
-        self.write(&format!("/v1/payouts/{payout_id}/resolve"), write, body)
-            .await
     }
 
     /// Cancels a payout that never reached the rail (PENDING or CLAIMED → ABANDONED): operator
