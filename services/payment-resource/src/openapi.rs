@@ -9,7 +9,7 @@ use dlock_contract::openapi::BearerAuth;
 use dlock_contract::payment::*;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
-use utoipa::OpenApi;
+use utoipa::{IntoParams, OpenApi};
 
 use crate::routes::{FenceAdvanced, Resolved};
 
@@ -26,9 +26,31 @@ pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
+/// The headers of every write: who writes, and the key it runs once under.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+struct Write {
+    #[param(rename = "X-Owner-Id")]
+    owner_id: String,
+    #[param(rename = "X-Idempotency-Key")]
+    idempotency_key: String,
+}
+
+/// The headers of a fenced write on a payout (P2, P3), before [`Write`]'s.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+struct Fenced {
+    /// decimal int64 > 0
+    #[param(rename = "X-Fencing-Token")]
+    fencing_token: String,
+    /// the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN
+    #[param(rename = "X-Fencing-Proof")]
+    fencing_proof: Option<String>,
+}
+
 /// Opens an account.
 #[utoipa::path(post, path = "/v1/accounts", request_body = CreateAccountRequest,
-    params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(Write),
     security(("bearerAuth" = [])),
     responses((status = 201, body = Account), Invalid, Unauthorized, Idempotent, NotLeader))]
 fn create_account() {}
@@ -40,14 +62,14 @@ fn get_account() {}
 
 /// Funds an account.
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fund", request_body = FundRequest,
-    params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn fund() {}
 
 /// D-3: advances an account's fence to a revocation floor (operator).
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
-    params(("accountId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = FenceAdvanced), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn advance_fence() {}
@@ -58,7 +80,7 @@ fn advance_fence() {}
     params(("accountId" = String, Path),
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
            ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
-           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+           Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
@@ -67,7 +89,7 @@ fn lower_fence() {}
 
 /// Registers a payout.
 #[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
-    params(("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(Write),
     security(("bearerAuth" = [])),
     responses((status = 201, body = Payout), Invalid, Unauthorized, Idempotent, NotLeader,
         (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
@@ -88,9 +110,7 @@ fn get_payout() {}
 
 /// P2: a fenced claim.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", request_body = ClaimRequest,
-    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
-           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
-           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(("payoutId" = String, Path), Fenced, Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = ClaimResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
@@ -100,9 +120,7 @@ fn claim() {}
 
 /// P3: a fenced posting.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", request_body = PostRequest,
-    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
-           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`); required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
-           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(("payoutId" = String, Path), Fenced, Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = PostResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
@@ -111,7 +129,7 @@ fn post_payout() {}
 
 /// Out-of-band resolution of a RAIL_AMBIGUOUS payout (operator).
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolve", request_body = ResolveRequest,
-    params(("payoutId" = String, Path), ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    params(("payoutId" = String, Path), Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = Resolved), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
@@ -124,7 +142,7 @@ fn resolve() {}
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/cancel", request_body = CancelRequest,
     params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "a grant on payout:{accountId}, decimal int64 > 0"),
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
-           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+           Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = Cancelled), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),

@@ -2,12 +2,11 @@
 //! (a revocation floor, DESIGN D-8's recovery of a poisoned fence).
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
-use dlock_contract::json::Json;
 use dlock_contract::payment::{
     CreateAccountRequest, FUNDING_PREFIX, FenceRequest, SETTLEMENT_PREFIX,
 };
@@ -24,53 +23,44 @@ use super::checks::{
     Checks, WriteHeaders, check_account_id, check_currency, check_operator_reason, checked_write,
 };
 use super::errors::{account_not_found, store_error};
-use super::idempotency::{Reply, idempotent};
+use super::idempotency::{Create, Reply, idempotent};
 use crate::store::{
     AdvanceOutcome, Audit, CreateAccountOutcome, FenceMove, LowerOutcome, PayStore,
 };
 
-pub(super) async fn create_account(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Json(body): Json<CreateAccountRequest>,
-) -> Result<Response, ApiError> {
-    let write = checked_write(&headers, |checks| {
-        check_account_id(checks, "accountId", &body.account_id);
+impl Create for CreateAccountRequest {
+    const ROUTE: &'static str = "POST /v1/accounts";
+
+    fn check(&self, checks: &mut Checks) {
+        check_account_id(checks, "accountId", &self.account_id);
         checks.check(
-            !body.account_id.starts_with(FUNDING_PREFIX)
-                && !body.account_id.starts_with(SETTLEMENT_PREFIX),
+            !self.account_id.starts_with(FUNDING_PREFIX)
+                && !self.account_id.starts_with(SETTLEMENT_PREFIX),
             "accountId",
             format!("{FUNDING_PREFIX}* and {SETTLEMENT_PREFIX}* are the system accounts' names"),
         );
-        check_currency(checks, &body.currency);
-    })?;
-    let scope = state.scope("POST /v1/accounts".to_owned(), &write, 0, &body, false)?;
-    Ok(idempotent!(&state, scope, |conn| {
-        create_account_effect(conn, &body).await
-    }))
-}
-
-async fn create_account_effect(
-    conn: &mut PgConnection,
-    body: &CreateAccountRequest,
-) -> Result<Reply, ApiError> {
-    match PayStore::create_account(conn, &body.account_id, &body.currency)
-        .await
-        .map_err(store_error)?
-    {
-        CreateAccountOutcome::Created | CreateAccountOutcome::Exists => {}
-        CreateAccountOutcome::Conflict { currency } => {
-            return Err(ApiError::new(
-                ErrorCode::IdempotencyConflict,
-                format!(
-                    "account {} already exists with another currency or kind",
-                    body.account_id
-                ),
-            )
-            .with_details(json!({ "accountId": body.account_id, "currency": currency })));
-        }
+        check_currency(checks, &self.currency);
     }
-    Reply::created(PayStore::account(conn, &body.account_id).await, "account")
+
+    async fn effect(&self, conn: &mut PgConnection) -> Result<Reply, ApiError> {
+        match PayStore::create_account(conn, &self.account_id, &self.currency)
+            .await
+            .map_err(store_error)?
+        {
+            CreateAccountOutcome::Created | CreateAccountOutcome::Exists => {}
+            CreateAccountOutcome::Conflict { currency } => {
+                return Err(ApiError::new(
+                    ErrorCode::IdempotencyConflict,
+                    format!(
+                        "account {} already exists with another currency or kind",
+                        self.account_id
+                    ),
+                )
+                .with_details(json!({ "accountId": self.account_id, "currency": currency })));
+            }
+        }
+        Reply::created(PayStore::account(conn, &self.account_id).await, "account")
+    }
 }
 
 pub(super) async fn get_account(
@@ -119,11 +109,8 @@ async fn fence_effect(
         conn,
         account_id,
         body.floor,
-        body.operator.trim(),
-        body.reason.trim(),
         body.revocation_id,
-        &write.owner_id,
-        identity,
+        &Audit::new(&body.operator, &body.reason, identity, &write.owner_id),
     )
     .await
     .map_err(store_error)?;

@@ -2,16 +2,20 @@
 //! runs its effect, stores its answer there, and a retry of the identical request gets the
 //! stored bytes back (with [`REPLAY_HEADER`]); a key reused with another body is refused.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::JSON_CONTENT_TYPE;
+use dlock_contract::json::Json;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
 
 use super::AppState;
-use super::checks::WriteHeaders;
+use super::checks::{Checks, WriteHeaders, checked_write};
 use super::errors::{missing, store_error};
 use crate::metrics::Lookup;
 use crate::store::{Begin, Once, Scope, StoreError, StoreResult, Tx};
@@ -239,6 +243,33 @@ macro_rules! idempotent {
     }};
 }
 pub(super) use idempotent;
+
+/// A create (an account, a payout): its body is checked with the write headers, then made once
+/// per idempotency key under one fixed route, and its answer is kept as long as a payout's.
+pub(super) trait Create: Serialize + DeserializeOwned + Send + Sync {
+    /// The route its idempotency records name.
+    const ROUTE: &'static str;
+
+    /// The body's field checks; a failed one refuses the request before anything is written.
+    fn check(&self, checks: &mut Checks);
+
+    /// The effect, in the transaction that holds the idempotency record.
+    fn effect(
+        &self,
+        conn: &mut PgConnection,
+    ) -> impl Future<Output = Result<Reply, ApiError>> + Send;
+}
+
+/// The handler of every [`Create`].
+pub(super) async fn create<B: Create>(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<B>,
+) -> Result<Response, ApiError> {
+    let write = checked_write(&headers, |checks| body.check(checks))?;
+    let scope = state.scope(B::ROUTE.to_owned(), &write, 0, &body, false)?;
+    Ok(idempotent!(&state, scope, |conn| body.effect(conn).await))
+}
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,7 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::{get, post};
 use dlock_contract::error::ErrorCode;
+use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest};
 use serde_json::json;
 
 use crate::config::PaymentConfig;
@@ -26,11 +27,12 @@ use crate::metrics::Metrics;
 use crate::openapi::document;
 use crate::store::PayStore;
 pub use accounts::FenceAdvanced;
-use accounts::{advance_fence, create_account, get_account, lower_fence};
+use accounts::{advance_fence, get_account, lower_fence};
+use idempotency::create;
 pub use idempotency::{REPLAY_HEADER, Reply};
 use ledger::{fund, post_payout};
 pub use payouts::Resolved;
-use payouts::{cancel, claim, create_payout, get_payout, list_payouts, resolve};
+use payouts::{cancel, claim, get_payout, list_payouts, resolve};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -51,12 +53,15 @@ impl AppState {
 
 pub fn app(state: AppState) -> Router {
     let routes = Router::new()
-        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts", post(create::<CreateAccountRequest>))
         .route("/v1/accounts/{account_id}", get(get_account))
         .route("/v1/accounts/{account_id}/fund", post(fund))
         .route("/v1/accounts/{account_id}/fence", post(advance_fence))
         .route("/v1/accounts/{account_id}/fence/lower", post(lower_fence))
-        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route(
+            "/v1/payouts",
+            post(create::<CreatePayoutRequest>).get(list_payouts),
+        )
         .route("/v1/payouts/{payout_id}", get(get_payout))
         .route("/v1/payouts/{payout_id}/claim", post(claim))
         .route("/v1/payouts/{payout_id}/post", post(post_payout))

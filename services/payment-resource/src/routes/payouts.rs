@@ -8,7 +8,6 @@ use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
-use dlock_contract::json::Json;
 use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
     OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
@@ -23,71 +22,61 @@ use uuid::Uuid;
 use super::AppState;
 use super::checks::{
     Checks, WriteHeaders, check_account_id, check_amount, check_currency, check_expected_state,
-    check_operator_reason, check_reference, check_text, checked_payout_write, checked_write,
-    path_payout, present,
+    check_operator_reason, check_reference, check_text, checked_payout_write, path_payout, present,
 };
 use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Reply, idempotent};
+use super::idempotency::{Create, Reply, idempotent};
 use crate::metrics::Resource;
 use crate::store::{
     AbandonOutcome, Audit, ClaimOutcome, CreatePayoutOutcome, PayStore, Refusal, ResolveOutcome,
 };
 
-pub(super) async fn create_payout(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Json(body): Json<CreatePayoutRequest>,
-) -> Result<Response, ApiError> {
-    let write = checked_write(&headers, |checks| {
-        check_account_id(checks, "accountId", &body.account_id);
-        check_amount(checks, body.amount_minor);
-        check_currency(checks, &body.currency);
-        check_reference(checks, "beneficiaryRef", &body.beneficiary_ref);
-    })?;
-    let scope = state.scope("POST /v1/payouts".to_owned(), &write, 0, &body, false)?;
-    Ok(idempotent!(&state, scope, |conn| {
-        create_payout_effect(conn, &body).await
-    }))
-}
+impl Create for CreatePayoutRequest {
+    const ROUTE: &'static str = "POST /v1/payouts";
 
-async fn create_payout_effect(
-    conn: &mut PgConnection,
-    body: &CreatePayoutRequest,
-) -> Result<Reply, ApiError> {
-    let outcome = PayStore::create_payout(
-        conn,
-        body.payout_id,
-        &body.account_id,
-        body.amount_minor,
-        &body.currency,
-        &body.beneficiary_ref,
-    )
-    .await
-    .map_err(store_error)?;
-    match outcome {
-        CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
-        CreatePayoutOutcome::Conflict => {
-            return Err(ApiError::new(
-                ErrorCode::IdempotencyConflict,
-                format!(
-                    "payout {} already exists with a different body",
-                    body.payout_id
-                ),
-            )
-            .with_details(json!({ "payoutId": body.payout_id })));
-        }
-        CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&body.account_id)),
-        CreatePayoutOutcome::CurrencyMismatch => {
-            return Err(ApiError::field(
-                "currency",
-                "differs from the account's currency",
-            ));
-        }
+    fn check(&self, checks: &mut Checks) {
+        check_account_id(checks, "accountId", &self.account_id);
+        check_amount(checks, self.amount_minor);
+        check_currency(checks, &self.currency);
+        check_reference(checks, "beneficiaryRef", &self.beneficiary_ref);
     }
-    Reply::created(PayStore::payout(conn, body.payout_id).await, "payout")
+
+    async fn effect(&self, conn: &mut PgConnection) -> Result<Reply, ApiError> {
+        let outcome = PayStore::create_payout(
+            conn,
+            self.payout_id,
+            &self.account_id,
+            self.amount_minor,
+            &self.currency,
+            &self.beneficiary_ref,
+        )
+        .await
+        .map_err(store_error)?;
+        match outcome {
+            CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
+            CreatePayoutOutcome::Conflict => {
+                return Err(ApiError::new(
+                    ErrorCode::IdempotencyConflict,
+                    format!(
+                        "payout {} already exists with a different body",
+                        self.payout_id
+                    ),
+                )
+                .with_details(json!({ "payoutId": self.payout_id })));
+            }
+            CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&self.account_id)),
+            CreatePayoutOutcome::CurrencyMismatch => {
+                return Err(ApiError::field(
+                    "currency",
+                    "differs from the account's currency",
+                ));
+            }
+        }
+        Reply::created(PayStore::payout(conn, self.payout_id).await, "payout")
+    }
 }
 
 pub(super) async fn list_payouts(
@@ -349,10 +338,7 @@ async fn resolve_effect(
         payout_id,
         outcome,
         body.rail_reference.as_deref(),
-        body.operator.trim(),
-        body.evidence.trim(),
-        &write.owner_id,
-        identity,
+        &Audit::new(&body.operator, &body.evidence, identity, &write.owner_id),
     )
     .await
     .map_err(store_error)?;

@@ -15,20 +15,30 @@ use super::{PayStore, StoreResult, map_sqlx};
 /// Who makes an operator write (a fence lowering, a cancel) and why, for its audit row.
 pub use dlock_server::pg::Audit;
 
+/// One call of a paydb function in the request's transaction: its row, bound with `$arg`s in
+/// order, or what the failure means ([`map_sqlx`]).
+macro_rules! call {
+    ($conn:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as($sql)
+            $(.bind($arg))*
+            .fetch_one($conn)
+            .await
+            .map_err(map_sqlx)
+    };
+}
+
 impl PayStore {
     pub async fn create_account(
         conn: &mut PgConnection,
         account_id: &str,
         currency: &str,
     ) -> StoreResult<CreateAccountOutcome> {
-        let (outcome, existing): (String, String) = sqlx::query_as(
+        let (outcome, existing): (String, String) = call!(
+            conn,
             "SELECT outcome, currency::text FROM pay_create_account($1, $2::char(3))",
-        )
-        .bind(account_id)
-        .bind(currency)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            account_id,
+            currency
+        )?;
         CreateAccountOutcome::parse(&outcome, existing)
     }
 
@@ -38,14 +48,13 @@ impl PayStore {
         amount_minor: i64,
         reference: &str,
     ) -> StoreResult<FundOutcome> {
-        let (outcome, balance): (String, Option<i64>) =
-            sqlx::query_as("SELECT outcome, balance_minor FROM pay_fund($1, $2, $3)")
-                .bind(account_id)
-                .bind(amount_minor)
-                .bind(reference)
-                .fetch_one(conn)
-                .await
-                .map_err(map_sqlx)?;
+        let (outcome, balance): (String, Option<i64>) = call!(
+            conn,
+            "SELECT outcome, balance_minor FROM pay_fund($1, $2, $3)",
+            account_id,
+            amount_minor,
+            reference
+        )?;
         FundOutcome::parse(&outcome, balance)
     }
 
@@ -57,16 +66,15 @@ impl PayStore {
         currency: &str,
         beneficiary_ref: &str,
     ) -> StoreResult<CreatePayoutOutcome> {
-        let (outcome,): (String,) =
-            sqlx::query_as("SELECT outcome FROM pay_create_payout($1, $2, $3, $4::char(3), $5)")
-                .bind(payout_id)
-                .bind(account_id)
-                .bind(amount_minor)
-                .bind(currency)
-                .bind(beneficiary_ref)
-                .fetch_one(conn)
-                .await
-                .map_err(map_sqlx)?;
+        let (outcome,): (String,) = call!(
+            conn,
+            "SELECT outcome FROM pay_create_payout($1, $2, $3, $4::char(3), $5)",
+            payout_id,
+            account_id,
+            amount_minor,
+            currency,
+            beneficiary_ref
+        )?;
         CreatePayoutOutcome::parse(&outcome)
     }
 
@@ -81,18 +89,16 @@ impl PayStore {
         max_attempts: i32,
         owner_id: &str,
     ) -> StoreResult<ClaimOutcome> {
-        let row: ClaimRow = sqlx::query_as(
+        let row: ClaimRow = call!(
+            conn,
             "SELECT outcome, state, fence, attempt_count, claim_token, account_id, \
                     available_minor, amount_minor FROM pay_claim_bounded($1, $2, $3, $4, $5)",
-        )
-        .bind(payout_id)
-        .bind(token)
-        .bind(expected_state.as_str())
-        .bind(max_attempts)
-        .bind(owner_id)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            payout_id,
+            token,
+            expected_state.as_str(),
+            max_attempts,
+            owner_id
+        )?;
         row.into_outcome("pay_claim_bounded")
     }
 
@@ -106,20 +112,18 @@ impl PayStore {
         expected_state: PayoutState,
         audit: &Audit<'_>,
     ) -> StoreResult<AbandonOutcome> {
-        let row: AbandonRow = sqlx::query_as(
+        let row: AbandonRow = call!(
+            conn,
             "SELECT outcome, state, fence, attempt_count, account_id \
              FROM pay_abandon($1, $2, $3, 'cancelled', $4, $5, $6, $7)",
-        )
-        .bind(payout_id)
-        .bind(token)
-        .bind(expected_state.as_str())
-        .bind(audit.owner_id)
-        .bind(audit.identity)
-        .bind(audit.operator)
-        .bind(audit.reason)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            payout_id,
+            token,
+            expected_state.as_str(),
+            audit.owner_id,
+            audit.identity,
+            audit.operator,
+            audit.reason
+        )?;
         row.into_outcome()
     }
 
@@ -131,72 +135,59 @@ impl PayStore {
         rail_reference: &str,
         submission_id: Uuid,
     ) -> StoreResult<PostOutcome> {
-        let row: PostRow = sqlx::query_as(
+        let row: PostRow = call!(
+            conn,
             "SELECT outcome, state, fence, account_id, balance_minor FROM pay_post($1, $2, $3, $4)",
-        )
-        .bind(payout_id)
-        .bind(token)
-        .bind(rail_reference)
-        .bind(submission_id)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            payout_id,
+            token,
+            rail_reference,
+            submission_id
+        )?;
         row.into_outcome("pay_post")
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub async fn advance_fence(
         conn: &mut PgConnection,
         account_id: &str,
         floor: i64,
-        operator: &str,
-        reason: &str,
         revocation_id: Uuid,
-        owner_id: &str,
-        identity: &str,
+        audit: &Audit<'_>,
     ) -> StoreResult<AdvanceOutcome> {
-        let row: FenceRow = sqlx::query_as(
+        let row: FenceRow = call!(
+            conn,
             "SELECT outcome, previous_fence, fence \
              FROM pay_advance_fence($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(account_id)
-        .bind(floor)
-        .bind(operator)
-        .bind(reason)
-        .bind(revocation_id)
-        .bind(owner_id)
-        .bind(identity)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            account_id,
+            floor,
+            audit.operator,
+            audit.reason,
+            revocation_id,
+            audit.owner_id,
+            audit.identity
+        )?;
         row.into_advance()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `audit.reason` is the operator's evidence from the rail statement.
     pub async fn resolve(
         conn: &mut PgConnection,
         payout_id: Uuid,
         outcome: PayoutState,
         rail_reference: Option<&str>,
-        operator: &str,
-        evidence: &str,
-        owner_id: &str,
-        identity: &str,
+        audit: &Audit<'_>,
     ) -> StoreResult<ResolveOutcome> {
-        let row: ResolveRow = sqlx::query_as(
+        let row: ResolveRow = call!(
+            conn,
             "SELECT outcome, state, balance_minor \
              FROM pay_resolve($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(payout_id)
-        .bind(outcome.as_str())
-        .bind(rail_reference)
-        .bind(operator)
-        .bind(evidence)
-        .bind(owner_id)
-        .bind(identity)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
+            payout_id,
+            outcome.as_str(),
+            rail_reference,
+            audit.operator,
+            audit.reason,
+            audit.owner_id,
+            audit.identity
+        )?;
         row.into_outcome()
     }
 
