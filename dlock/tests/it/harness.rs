@@ -12,6 +12,8 @@ use dlock_devstack::{
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
 
+pub use crate::shared::http::{post_json, raw};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Pg,
@@ -265,53 +267,6 @@ pub fn serve_in_task(
 
 pub fn port() -> u16 {
     free_port().unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A raw HTTP request, for the tests that must see exactly what went over the wire.
-pub async fn raw(
-    method: reqwest::Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: Option<&str>,
-) -> (u16, String, serde_json::Value) {
-    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
-    let mut request = http.request(method, url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    if let Some(body) = body {
-        request = request.body(body.to_owned());
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let text = response.text().await.unwrap_or_default();
-    let json = if text.is_empty() {
-        serde_json::Value::Null
-    } else {
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {text}"))
-    };
-    (status, content_type, json)
-}
-
-/// A JSON `POST` of `body` to `url` with `headers` besides its content type, as [`raw`] sends it.
-pub async fn post_json(
-    url: &str,
-    headers: &[(&str, &str)],
-    body: &serde_json::Value,
-) -> (u16, String, serde_json::Value) {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    raw(reqwest::Method::POST, url, &all, Some(&body.to_string())).await
 }
 
 /// Polls `probe` until it returns `Some`, failing the test after `timeout`.

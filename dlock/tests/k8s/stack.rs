@@ -7,6 +7,7 @@ use dlock_contract::client::LockClient;
 use dlock_contract::lock::{LockGrant, Session};
 use serde_json::{Value, json};
 
+use crate::shared::http::post_json;
 use crate::shared::payouts::register_payout;
 use crate::world::DevStack;
 
@@ -57,32 +58,33 @@ impl Stale<'_> {
     ) -> (uuid::Uuid, Value) {
         let payment = services.payments_as("executor/setup");
         let stale = register_payout(&payment, account, 500, "ben-stale").await;
-        let executor = &services.token("executor");
+        let bearer = format!("Bearer {}", services.token("executor"));
         let payment_url = services.url("paymentResource");
         let proxy_url = services.url("railProxy");
+        let key = format!("payout-{stale}");
+        let token = self.token.to_string();
         let mut headers = vec![
-            ("x-owner-id", self.owner.to_owned()),
-            ("x-idempotency-key", format!("payout-{stale}")),
-            ("x-fencing-token", self.token.to_string()),
+            ("authorization", bearer.as_str()),
+            ("x-owner-id", self.owner),
+            ("x-idempotency-key", key.as_str()),
+            ("x-fencing-token", token.as_str()),
         ];
         if let Some(proof) = &self.proof {
-            headers.push((dlock_contract::headers::FENCING_PROOF, proof.clone()));
+            headers.push((dlock_contract::headers::FENCING_PROOF, proof.as_str()));
         }
         let claim = fenced_out(
             post_json(
                 &format!("{payment_url}/v1/payouts/{stale}/claim"),
-                executor,
                 &headers,
-                json!({"expectedState": "PENDING"}),
+                &json!({"expectedState": "PENDING"}),
             )
             .await,
         );
         fenced_out(
             post_json(
                 &format!("{proxy_url}/v1/rail/submissions"),
-                executor,
                 &headers,
-                json!({"payoutId": stale, "accountId": account, "amountMinor": 500,
+                &json!({"payoutId": stale, "accountId": account, "amountMinor": 500,
                        "currency": "EUR", "beneficiaryRef": "ben-stale"}),
             )
             .await,
@@ -92,39 +94,13 @@ impl Stale<'_> {
 }
 
 /// The body of a 409 FENCED_OUT answer; panics on any other.
-fn fenced_out((code, body): (u16, Value)) -> Value {
+fn fenced_out((code, _, body): (u16, String, Value)) -> Value {
     assert_eq!(
         (code, body["code"].as_str()),
         (409, Some("FENCED_OUT")),
         "{body}"
     );
     body
-}
-
-/// A JSON POST with the bearer `token` and `headers`; the status and the body (null if none).
-async fn post_json(
-    url: &str,
-    token: &str,
-    headers: &[(&str, String)],
-    body: Value,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in headers {
-        request = request.header(*k, v);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let status = response.status().as_u16();
-    (
-        status,
-        response.json::<Value>().await.unwrap_or(Value::Null),
-    )
 }
 
 /// The rail proxy's high-water mark of `account`, read from paydb (`paydb` its URL).
