@@ -164,25 +164,17 @@ pub fn batch_table(view: &BatchView) -> String {
 }
 
 pub(super) fn show_batch(view: &BatchView, output: Output, watching: bool) -> Result<()> {
-    match output {
-        Output::Table => {
-            print!("{}", batch_table(view));
-            if watching {
-                println!();
-            }
-            Ok(())
-        }
-        // One document per line while watching, as `kubectl get -w -o json` streams objects.
-        Output::Json if watching => {
-            println!("{}", serde_json::to_string(view)?);
-            Ok(())
-        }
-        Output::Yaml if watching => {
-            print!("---\n{}", serde_yaml_ng::to_string(view)?);
-            Ok(())
-        }
-        _ => print_document(output, view),
+    if !watching {
+        return print_view(output, view, batch_table);
     }
+    // While watching: a blank line after each table, and one document per line as
+    // `kubectl get -w -o json` streams objects.
+    match output {
+        Output::Table => println!("{}", batch_table(view)),
+        Output::Json => println!("{}", serde_json::to_string(view)?),
+        Output::Yaml => print!("---\n{}", serde_yaml_ng::to_string(view)?),
+    }
+    Ok(())
 }
 
 pub(super) async fn batch(kube: &Kube, args: BatchArgs, output: Output) -> Result<()> {

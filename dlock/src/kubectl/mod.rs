@@ -376,6 +376,16 @@ fn no_kubeconfig(error: &str, context: Option<&str>) -> anyhow::Error {
 // ---------------------------------------------------------------------------------------------
 // Output
 
+/// `view` as its table for people, else as one JSON or YAML document.
+fn print_view<T: Serialize>(output: Output, view: &T, table: fn(&T) -> String) -> Result<()> {
+    if output == Output::Table {
+        print!("{}", table(view));
+        Ok(())
+    } else {
+        print_document(output, view)
+    }
+}
+
 fn print_document<T: Serialize>(output: Output, value: &T) -> Result<()> {
     let text = match output {
         Output::Yaml => serde_yaml_ng::to_string(value)?,

@@ -210,12 +210,5 @@ fn lock_row(l: &LockView) -> Vec<String> {
 }
 
 pub(super) async fn status(kube: &Kube, output: Output) -> Result<()> {
-    let view = status_view(kube).await?;
-    match output {
-        Output::Table => {
-            print!("{}", status_table(&view));
-            Ok(())
-        }
-        _ => print_document(output, &view),
-    }
+    print_view(output, &status_view(kube).await?, status_table)
 }
