@@ -1,6 +1,7 @@
 //! The payment resource's OpenAPI document (C3 §3.4), served at `GET /v1/openapi.json`. Each
-//! operation documents the handler of the same name in `routes.rs`; the integration test
-//! `openapi` sends a request to every documented operation and checks the status is documented.
+//! operation documents the handler of its route in `routes/` (both creates are `create`); the
+//! integration test `openapi` sends a request to every documented operation and checks the
+//! status is documented.
 
 #![allow(dead_code)]
 
