@@ -28,6 +28,7 @@ mod rail_statement;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;
+mod squash;
 mod steps;
 mod traces;
 mod waiters;

@@ -11,6 +11,7 @@ pub mod openapi;
 pub mod pg;
 pub mod proof;
 pub mod registry;
+pub mod squash;
 pub mod sweep;
 pub mod tls;
 pub mod trace;

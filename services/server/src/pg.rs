@@ -124,7 +124,8 @@ impl PgSettings {
     }
 
     /// Opens the pool (lazily) as `application`; applies `migrator` to `database` first when
-    /// `migrate` is set.
+    /// `migrate` is set, after adopting a database built by the migrations its baseline squashed
+    /// ([`crate::squash`]).
     pub async fn connect(
         &self,
         application: &str,
@@ -139,6 +140,18 @@ impl PgSettings {
         let pool = pool_options(self.pool_max, self.acquire_timeout)
             .connect_lazy_with(options.application_name(application));
         if self.migrate {
+            let adopted = crate::squash::adopt(&pool, migrator, database)
+                .await
+                .map_err(|e| ConnectError(e.to_string()))?;
+            if let crate::squash::Adoption::Adopted { retired, baseline } = adopted {
+                tracing::info!(
+                    database,
+                    retired,
+                    baseline,
+                    "the {database} migration history was squashed into version {baseline}: its \
+                     {retired} applied migrations are now recorded as that one"
+                );
+            }
             migrator.run(&pool).await.map_err(|e| {
                 ConnectError(format!(
                     "applying the {database} migrations failed (is {prefix}.url the {database} \
