@@ -1,5 +1,5 @@
 //! A database built by the migrations a baseline squashed starts the services as it is: its
-//! migration rows are rewritten to the baseline's one row, and the schema is already the
+//! migration rows are rewritten to the baseline's, and the schema is already the
 //! baseline's. One that carries part of that history is refused and left alone.
 
 use std::time::Duration;
@@ -72,19 +72,21 @@ async fn rows(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
 }
 
 /// Starts `database` as a service does (adopt, then migrate) and checks that its migration rows
-/// are the baseline's one row.
+/// are this build's migrations (the baseline, and nothing after it yet), each once.
 async fn serves_with_the_baseline_alone(pg: &PgServer, database: &str, migrator: &Migrator) {
     let pool = settings(pg, database)
         .connect("dlock-test", migrator, database)
         .await
         .unwrap_or_else(|e| panic!("{database}: {e}"));
-    let Some(baseline) = migrator.iter().next() else {
-        panic!("{database}: no migrations")
-    };
+    let baseline: Vec<(i64, Vec<u8>)> = migrator
+        .iter()
+        .map(|m| (m.version, m.checksum.to_vec()))
+        .collect();
+    assert!(!baseline.is_empty(), "{database}: no migrations");
     assert_eq!(
         rows(&pool).await,
-        vec![(baseline.version, baseline.checksum.to_vec())],
-        "{database}: the baseline's row alone"
+        baseline,
+        "{database}: the baseline's rows alone"
     );
     pool.close().await;
 }
@@ -111,11 +113,6 @@ async fn a_database_with_the_whole_retired_history_is_adopted_and_serves() {
         control.close().await;
 
         serves_with_the_baseline_alone(&pg, database, migrator).await;
-        assert_eq!(
-            migrator.iter().next().map(|m| m.version),
-            retired.last().map(|r| r.version + 1),
-            "{database}: the baseline follows the history it replaces"
-        );
         // A second start finds nothing to adopt and nothing to apply.
         let again = squash::adopt(&pool, migrator, database).await;
         assert!(

@@ -147,9 +147,9 @@ impl PgSettings {
                 tracing::info!(
                     database,
                     retired,
-                    baseline,
-                    "the {database} migration history was squashed into version {baseline}: its \
-                     {retired} applied migrations are now recorded as that one"
+                    baseline = ?baseline,
+                    "the {database} migration history was squashed into versions {baseline:?}: \
+                     its {retired} applied migrations are now recorded as those"
                 );
             }
             migrator.run(&pool).await.map_err(|e| {

@@ -1,14 +1,15 @@
-//! Squashed migration histories. Each database's early migrations were folded into one baseline
-//! file (`migrations/<database>/NNNN_baseline.sql`); `migrations/<database>/retired.tsv` lists
-//! the versions it replaces with the checksums sqlx recorded for them. A database that applied
-//! exactly that history has the baseline's schema already, so on start its migration rows are
-//! rewritten to the baseline's one row, in one transaction, before sqlx looks at them. Anything
+//! Squashed migration histories. Each database's early migrations were folded into a baseline
+//! (`migrations/<database>/NNNN_baseline*.sql`, one file or a run of them);
+//! `migrations/<database>/retired.tsv` lists the versions it replaces with the checksums sqlx
+//! recorded for them. A database that applied exactly that history has the baseline's schema
+//! already, so on start its migration rows are rewritten to the baseline's, in one transaction,
+//! before sqlx looks at them. Anything
 //! else that carries part of the retired history is refused with what to do, and left alone.
 
 use std::collections::BTreeSet;
 
 use sqlx::PgPool;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migration, Migrator};
 
 /// Where sqlx records applied migrations (its default; no service sets another).
 const TABLE: &str = "_sqlx_migrations";
@@ -55,32 +56,32 @@ pub fn retired(database: &str) -> Vec<Retired> {
 pub enum Adoption {
     /// No retired version is recorded: a new database, or one adopted or built from the baseline.
     NotNeeded,
-    /// The whole retired history was recorded and is now the baseline's one row.
-    Adopted { retired: usize, baseline: i64 },
+    /// The whole retired history was recorded and is now the baseline's rows.
+    Adopted { retired: usize, baseline: Vec<i64> },
 }
 
 /// Why [`adopt`] changed nothing and the service must not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
     #[error(
-        "{database} carries migrations {found:?} of the history squashed into version {baseline}, \
-         but not exactly the versions {expected:?} with their recorded checksums, all applied: its \
-         schema is not the baseline's. Start the last release before the squash against it once so \
-         it applies the rest, then this one. Nothing was changed."
+        "{database} carries migrations {found:?} of the history squashed into versions \
+         {baseline:?}, but not exactly the versions {expected:?} with their recorded checksums, \
+         all applied: its schema is not the baseline's. Start the last release before the squash \
+         against it once so it applies the rest, then this one. Nothing was changed."
     )]
     Partial {
         database: String,
         found: Vec<i64>,
         expected: Vec<i64>,
-        baseline: i64,
+        baseline: Vec<i64>,
     },
     #[error(
-        "the {database} migrations start at version {first:?}, not at {expected} right after the \
-         retired history: the build is inconsistent"
+        "the {database} migrations named `baseline` are versions {found:?}, not a run from \
+         {expected} right after the retired history: the build is inconsistent"
     )]
     Baseline {
         database: String,
-        first: Option<i64>,
+        found: Vec<i64>,
         expected: i64,
     },
     #[error("reading or rewriting the {database} migration rows failed: {source}")]
@@ -90,10 +91,34 @@ pub enum AdoptError {
     },
 }
 
-/// Rewrites `database`'s migration rows from its retired history to `migrator`'s baseline (its
-/// first migration), when exactly that history is recorded. Safe to race: the rows are read and
-/// rewritten under an exclusive lock on the migrations table, so a second service starting at
-/// the same time finds them adopted.
+/// The migrations that together replace the retired history: those whose file is named
+/// `NNNN_baseline…`, which must follow it version by version.
+fn baseline<'m>(
+    migrator: &'m Migrator,
+    database: &str,
+    last_retired: i64,
+) -> Result<Vec<&'m Migration>, AdoptError> {
+    let baseline: Vec<&Migration> = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration() && m.description.starts_with("baseline"))
+        .collect();
+    let consecutive = (last_retired + 1..)
+        .zip(&baseline)
+        .all(|(v, m)| m.version == v);
+    if baseline.is_empty() || !consecutive {
+        return Err(AdoptError::Baseline {
+            database: database.to_owned(),
+            found: baseline.iter().map(|m| m.version).collect(),
+            expected: last_retired + 1,
+        });
+    }
+    Ok(baseline)
+}
+
+/// Rewrites `database`'s migration rows from its retired history to `migrator`'s baseline, when
+/// exactly that history is recorded. Safe to race: the rows are read and rewritten under a lock on
+/// the migrations table that excludes a second adopter, so a service starting at the same time
+/// finds them adopted.
 pub async fn adopt(
     pool: &PgPool,
     migrator: &Migrator,
@@ -103,16 +128,7 @@ pub async fn adopt(
     let Some(last) = retired.last() else {
         return Ok(Adoption::NotNeeded);
     };
-    let baseline = migrator
-        .iter()
-        .find(|m| !m.migration_type.is_down_migration());
-    let Some(baseline) = baseline.filter(|m| m.version == last.version + 1) else {
-        return Err(AdoptError::Baseline {
-            database: database.to_owned(),
-            first: baseline.map(|m| m.version),
-            expected: last.version + 1,
-        });
-    };
+    let baseline = baseline(migrator, database, last.version)?;
     let db = |source| AdoptError::Database {
         database: database.to_owned(),
         source,
@@ -157,7 +173,7 @@ pub async fn adopt(
             database: database.to_owned(),
             found,
             expected: versions.into_iter().collect(),
-            baseline: baseline.version,
+            baseline: baseline.iter().map(|m| m.version).collect(),
         });
     }
     let versions: Vec<i64> = versions.into_iter().collect();
@@ -166,21 +182,23 @@ pub async fn adopt(
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    // As sqlx records a migration it skipped: applied, with no execution time of its own.
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-         VALUES ($1, $2, TRUE, $3, -1)",
-    )
-    .bind(baseline.version)
-    .bind(&*baseline.description)
-    .bind(&*baseline.checksum)
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
+    for migration in &baseline {
+        // As sqlx records a migration it skipped: applied, with no execution time of its own.
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+             execution_time) VALUES ($1, $2, TRUE, $3, -1)",
+        )
+        .bind(migration.version)
+        .bind(&*migration.description)
+        .bind(&*migration.checksum)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    }
     tx.commit().await.map_err(db)?;
     Ok(Adoption::Adopted {
         retired: versions.len(),
-        baseline: baseline.version,
+        baseline: baseline.iter().map(|m| m.version).collect(),
     })
 }
 
@@ -189,7 +207,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn both_histories_parse_as_consecutive_versions_from_one() {
+    fn both_histories_parse_as_consecutive_versions_from_one_and_their_baselines_follow() {
         for database in ["lockdb", "paydb"] {
             let retired = retired(database);
             assert!(!retired.is_empty(), "{database}");
@@ -199,5 +217,19 @@ mod tests {
             }
         }
         assert!(retired("elsewhere").is_empty());
+        let lockdb = sqlx::migrate!("../../migrations/lockdb");
+        let paydb = sqlx::migrate!("../../migrations/paydb");
+        for (database, migrator, versions) in [
+            ("lockdb", &lockdb, vec![7]),
+            ("paydb", &paydb, vec![9, 10, 11, 12]),
+        ] {
+            let last = retired(database).last().map_or(0, |r| r.version);
+            let found: Vec<i64> = baseline(migrator, database, last)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .iter()
+                .map(|m| m.version)
+                .collect();
+            assert_eq!(found, versions, "{database}");
+        }
     }
 }
