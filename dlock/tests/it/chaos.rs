@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
-use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
 use dlock_devstack::stack::{LockBackend, Role, Stack, StackBuilder};
 use dlock_devstack::{ManagedChild, Signal};
@@ -376,8 +376,7 @@ impl ScriptedHolder {
         payment
             .claim(
                 payout,
-                grant.fencing_token,
-                &idempotency_key(payout),
+                WriteHeaders::fenced(&idempotency_key(payout), grant.fencing_token, None),
                 PayoutState::Pending,
             )
             .await
@@ -409,7 +408,12 @@ impl ScriptedHolder {
         );
         let post = self
             .payment
-            .post(payout, self.token, &key, "rail-forged", Uuid::new_v4())
+            .post(
+                payout,
+                WriteHeaders::fenced(&key, self.token, None),
+                "rail-forged",
+                Uuid::new_v4(),
+            )
             .await;
         assert_eq!(
             post.err().and_then(|e| e.code()),

@@ -152,70 +152,33 @@ impl PaymentClient {
         expect_body(&url, send(&url, req).await?)
     }
 
-    /// P2 without a proof (a service without `fencing.proof-keys-file`).
+    /// P2, fenced by `fence` (`WriteHeaders::fenced`: the grant's token and, when the service
+    /// checks proofs, its proof as `X-Fencing-Proof`).
     pub async fn claim(
         &self,
         payout_id: Uuid,
-        token: i64,
-        idempotency_key: &str,
+        fence: WriteHeaders<'_>,
         expected_state: PayoutState,
     ) -> Result<ClaimResponse, ClientError> {
-        self.claim_proven(payout_id, token, None, idempotency_key, expected_state)
-            .await
-    }
-
-    /// P2 with the grant's proof (`LockGrant::fencing_proof`) as `X-Fencing-Proof`.
-    pub async fn claim_proven(
-        &self,
-        payout_id: Uuid,
-        token: i64,
-        proof: Option<&str>,
-        idempotency_key: &str,
-        expected_state: PayoutState,
-    ) -> Result<ClaimResponse, ClientError> {
-        let write = WriteHeaders::fenced(idempotency_key, token, proof);
         let body = ClaimRequest { expected_state };
-        self.write(&format!("/v1/payouts/{payout_id}/claim"), write, &body)
+        self.write(&format!("/v1/payouts/{payout_id}/claim"), fence, &body)
             .await
     }
 
-    /// P3 without a proof (a service without `fencing.proof-keys-file`).
+    /// P3, fenced by `fence` as for [`Self::claim`].
     pub async fn post(
         &self,
         payout_id: Uuid,
-        token: i64,
-        idempotency_key: &str,
+        fence: WriteHeaders<'_>,
         rail_reference: &str,
         submission_id: Uuid,
     ) -> Result<PostResponse, ClientError> {
-        self.post_proven(
-            payout_id,
-            token,
-            None,
-            idempotency_key,
-            rail_reference,
-            submission_id,
-        )
-        .await
-    }
-
-    /// P3 with the grant's proof as `X-Fencing-Proof`.
-    pub async fn post_proven(
-        &self,
-        payout_id: Uuid,
-        token: i64,
-        proof: Option<&str>,
-        idempotency_key: &str,
-        rail_reference: &str,
-        submission_id: Uuid,
-    ) -> Result<PostResponse, ClientError> {
-        let write = WriteHeaders::fenced(idempotency_key, token, proof);
         let body = PostRequest {
             rail_reference: rail_reference.to_owned(),
             submission_id,
             rail_outcome: RailOutcome::Acked,
         };
-        self.write(&format!("/v1/payouts/{payout_id}/post"), write, &body)
+        self.write(&format!("/v1/payouts/{payout_id}/post"), fence, &body)
             .await
     }
 
@@ -231,16 +194,13 @@ impl PaymentClient {
 
     /// Cancels a payout that never reached the rail (PENDING or CLAIMED → ABANDONED): operator
     /// only, under the operator's own grant on `payout:{accountId}` and its proof.
-    pub async fn cancel_proven(
+    pub async fn cancel(
         &self,
         payout_id: Uuid,
-        token: i64,
-        proof: Option<&str>,
-        idempotency_key: &str,
+        fence: WriteHeaders<'_>,
         body: &CancelRequest,
     ) -> Result<Cancelled, ClientError> {
-        let write = WriteHeaders::fenced(idempotency_key, token, proof);
-        self.write(&format!("/v1/payouts/{payout_id}/cancel"), write, body)
+        self.write(&format!("/v1/payouts/{payout_id}/cancel"), fence, body)
             .await
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::payment::{CancelRequest, PayoutState};
-use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
 use uuid::Uuid;
 
 /// How long the canceller waits for a payout lock that a lapsing holder still has (a killed
@@ -107,11 +107,13 @@ async fn cancel_under(
             reason: reason.to_owned(),
         };
         match payment
-            .cancel_proven(
+            .cancel(
                 *id,
-                grant.fencing_token,
-                grant.fencing_proof.as_deref(),
-                &format!("cancel-{id}-{}", grant.fencing_token),
+                WriteHeaders::fenced(
+                    &format!("cancel-{id}-{}", grant.fencing_token),
+                    grant.fencing_token,
+                    grant.fencing_proof.as_deref(),
+                ),
                 &body,
             )
             .await

@@ -19,7 +19,7 @@ use backon::Retryable;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
-use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
 use dlock_contract::rail::{RailClient, SubmissionRequest};
 use dlock_contract::session::{HeldLock, LockSession, retry_policy};
 use futures::StreamExt;
@@ -448,6 +448,7 @@ async fn critical_section(
     let proof = held.proof();
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
+    let fence = WriteHeaders::fenced(key, token, proof);
     // FR-14: what the payout is now decides what this cycle does.
     let payout = match (|| hops.payment.get_payout(id))
         .retry(retry_policy(2))
@@ -471,11 +472,7 @@ async fn critical_section(
         },
         PayoutState::Pending | PayoutState::Claimed => {
             let expected = payout.state;
-            match payment_write(held, || {
-                hops.payment.claim_proven(id, token, proof, key, expected)
-            })
-            .await
-            {
+            match payment_write(held, || hops.payment.claim(id, fence, expected)).await {
                 Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
                 // Only a claim granted to this very token may lead to a submit under it.
                 Write::Done(Ok(claim)) if claim.claim_token == token => {}
@@ -505,8 +502,7 @@ async fn critical_section(
         }
     };
     match payment_write(held, || {
-        hops.payment
-            .post_proven(id, token, proof, key, &rail_reference, submission_id)
+        hops.payment.post(id, fence, &rail_reference, submission_id)
     })
     .await
     {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_contract::payment::PayoutState;
-use dlock_contract::payment_client::PaymentClient;
+use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
 use dlock_devstack::bench::{Run, Via, postgres, runtime, seconds_arg, timed};
 use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope, Tx};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
@@ -134,15 +134,16 @@ async fn phase(
     let mut latencies = Vec::with_capacity(batch.len());
     for &(payout, token) in batch {
         let key = format!("payout-{payout}");
+        let fence = WriteHeaders::fenced(&key, token, None);
         let write = async {
             match (client, post) {
                 (Some(c), false) => {
-                    c.claim(payout, token, &key, PayoutState::Pending)
+                    c.claim(payout, fence, PayoutState::Pending)
                         .await
                         .unwrap_or_else(|e| panic!("claim: {e}"));
                 }
                 (Some(c), true) => {
-                    c.post(payout, token, &key, &format!("rail-{payout}"), payout)
+                    c.post(payout, fence, &format!("rail-{payout}"), payout)
                         .await
                         .unwrap_or_else(|e| panic!("post: {e}"));
                 }
