@@ -271,14 +271,21 @@ async fn serve(service: Service) -> anyhow::Result<()> {
     use dlock_payment_resource::PaymentConfig;
     use dlock_rail_proxy::RailProxyConfig;
     use dlock_rail_stub::RailStubConfig;
+    use dlock_server::config::load;
     let file = service.config_file();
     match &service {
-        Service::LockServer { .. } => dlock_lock_server::run(LockServerConfig::load(file)?).await,
-        Service::PaymentResource { .. } => {
-            dlock_payment_resource::run(PaymentConfig::load(file)?).await
+        Service::LockServer { .. } => {
+            dlock_lock_server::run(load(file, LockServerConfig::from_raw)?).await
         }
-        Service::RailProxy { .. } => dlock_rail_proxy::run(RailProxyConfig::load(file)?).await,
-        Service::RailStub { .. } => dlock_rail_stub::run(RailStubConfig::load(file)?).await,
+        Service::PaymentResource { .. } => {
+            dlock_payment_resource::run(load(file, PaymentConfig::from_raw)?).await
+        }
+        Service::RailProxy { .. } => {
+            dlock_rail_proxy::run(load(file, RailProxyConfig::from_raw)?).await
+        }
+        Service::RailStub { .. } => {
+            dlock_rail_stub::run(load(file, RailStubConfig::from_raw)?).await
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The lock server's configuration (DESIGN §7 keys plus the server's own limits).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
@@ -174,10 +174,6 @@ pub struct LockServerConfig {
 }
 
 impl LockServerConfig {
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        dlock_server::config::load(file, Self::from_raw)
-    }
-
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7070")?;
         let backend = match raw.choice("lock.backend", "pg", &["pg", "etcd"])?.as_str() {

@@ -1,8 +1,6 @@
 //! The payment resource's configuration: one TOML file plus `DLOCK_*` overrides, validated whole
 //! at start (DESIGN §7).
 
-use std::path::Path;
-
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig, Served};
 use dlock_server::http::HttpLimits;
@@ -51,10 +49,6 @@ fn error(key: &str, message: impl Into<String>) -> ConfigError {
 }
 
 impl PaymentConfig {
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        dlock_server::config::load(file, Self::from_raw)
-    }
-
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7071")?;
         // FR-27: fencing is what this service exists for. There is no configuration in which a

@@ -43,10 +43,6 @@ pub struct RailProxyConfig {
 }
 
 impl RailProxyConfig {
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        dlock_server::config::load(file, Self::from_raw)
-    }
-
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7080")?;
         let pg = PgSettings::from_raw(
