@@ -116,7 +116,8 @@ pub async fn reconcile(
     };
 
     let accounts: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(
-        // A settlement account's balance is its row's plus its shards' (paydb 0007).
+        // A settlement account's balance is its row's plus the sum of its
+        // `account_balance_shards` rows.
         "SELECT a.account_id, a.kind,
                 (a.balance_minor + coalesce((SELECT sum(s.balance_minor) FROM account_balance_shards s
                                              WHERE s.account_id = a.account_id), 0))::bigint,

@@ -88,7 +88,8 @@ pub(super) async fn post_payout(
     let payout_id = on.payout_id;
     let route = format!("POST /v1/payouts/{payout_id}/post");
     let scope = state.scope(route, &on.write, on.token, &body, true)?;
-    // One round trip: the idempotency record, the post and its entries in one call (paydb 0007).
+    // One round trip: the idempotency record, the post and its entries in one call
+    // (`pay_post_once`).
     let post = |tx, wait| {
         let (reference, submission) = (&body.rail_reference, body.submission_id);
         PayStore::post_once(tx, &scope, wait, payout_id, reference, submission)

@@ -206,7 +206,7 @@ pub(super) async fn claim(
     let scope = state.scope(route, &on.write, on.token, &body, false)?;
     let max_attempts = state.config.max_attempts;
     let expected = body.expected_state;
-    // One round trip: the idempotency record and the claim in one call (paydb 0007).
+    // One round trip: the idempotency record and the claim in one call (`pay_claim_once`).
     let claim =
         |tx, wait| PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts);
     let answer = |outcome| claim_effect(&state, outcome, &on, expected);

@@ -1,6 +1,7 @@
 //! The idempotency record of a write (D-7): claimed at the start of the write's transaction,
 //! answered at its end, so the effect and the stored answer commit together or not at all. The
-//! `*_once` calls claim the record and run the effect in one round trip (paydb 0007).
+//! `*_once` calls claim the record and run the effect in one round trip (`pay_claim_once`,
+//! `pay_post_once`).
 
 use dlock_contract::payment::{LedgerEntry, PayoutState};
 use sqlx::{FromRow, Postgres};

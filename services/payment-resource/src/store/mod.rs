@@ -129,7 +129,8 @@ pub fn parse_state(text: &str) -> StoreResult<PayoutState> {
     PayoutState::parse(text).ok_or_else(|| StoreError::Backend(format!("unknown state {text}")))
 }
 
-// The balance is the row's plus, for a settlement account, its shards' (paydb 0007).
+// The balance is the row's plus, for a settlement account, the sum of its
+// `account_balance_shards` rows.
 const ACCOUNT_SELECT: &str = "SELECT a.account_id, a.currency::text AS currency, a.kind, \
     (a.balance_minor + coalesce((SELECT sum(s.balance_minor) FROM account_balance_shards s \
                                  WHERE s.account_id = a.account_id), 0))::bigint \
