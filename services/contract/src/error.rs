@@ -153,14 +153,15 @@ impl FieldError {
 }
 
 /// The envelope as it travels on the wire. Field order is the contract's.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
     pub retry_safe: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
     pub trace_id: String,
 }
@@ -328,12 +329,12 @@ impl IntoResponse for ApiError {
 /// The details of `FENCED_OUT`: the token presented, the newest one stored, where, and who
 /// presented it. `resourceType` is `account`, `ledger` or `rail` at the payment enforcement points
 /// and absent at the lock server (a revocation's `expectedToken` that is no longer the grant's).
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FencedOutDetails {
     pub presented_token: i64,
     pub highest_token: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_type: Option<String>,
     pub resource_id: String,
     pub owner_id: String,

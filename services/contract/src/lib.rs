@@ -5,13 +5,6 @@
 //! built its own 404 page or parsed `X-Fencing-Token` by itself would be the first place where two
 //! services disagree about what a malformed token means, and a malformed token coerced to `0` is
 //! precisely how a stale writer slips below every fence.
-//!
-//! One rule for every struct this crate serializes: a struct with an optional field carries
-//! `#[serde_with::skip_serializing_none]` above its `derive`, so an absent value is left out of
-//! the JSON (and of a config file), never written as `null`. Reading, serde takes a missing
-//! `Option` field as `None` by itself, so such a field needs no attribute of its own; only a field
-//! with its own `with` keeps `default`, since serde refuses a missing field rather than hand it to
-//! that module.
 
 pub mod address_map;
 pub mod auth;

@@ -23,11 +23,12 @@ pub fn key_is_valid(key: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSessionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_millis: Option<i64>,
 }
 
@@ -52,20 +53,21 @@ pub struct Heartbeat {
     pub held_lock_count: i64,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcquireRequest {
     pub session_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_millis: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_millis: Option<i64>,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RenewRequest {
     pub session_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_millis: Option<i64>,
 }
 
@@ -76,7 +78,6 @@ pub struct ReleaseRequest {
 }
 
 /// A granted lock (L4, L5).
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockGrant {
@@ -91,22 +92,33 @@ pub struct LockGrant {
     /// The lock server's proof of this grant (DESIGN D-8): send it as `X-Fencing-Proof` beside
     /// `X-Fencing-Token`. Present on the acquire (L4) and renew (L5) answers when the server has
     /// proof keys; never in the held-locks list or L7, which anyone who may read can see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof: Option<String>,
 }
 
 /// The advisory view of one key (L7). Never a basis for a correctness decision.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockInfo {
     pub key: String,
     pub held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
-    #[serde(default, with = "crate::time::millis_option")]
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub acquired_at: Option<DateTime<Utc>>,
-    #[serde(default, with = "crate::time::millis_option")]
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub expires_at: Option<DateTime<Utc>>,
     pub waiter_count: i64,
 }
@@ -120,12 +132,12 @@ pub struct HeldLocks {
     pub truncated: bool,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RevokeRequest {
     pub operator: String,
     pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_token: Option<i64>,
 }
 
@@ -160,24 +172,5 @@ mod tests {
         assert!(!key_is_valid("a/b"));
         assert!(!key_is_valid("a b"));
         assert!(!key_is_valid("ключ"));
-    }
-
-    // The crate's rule for optional fields, on a struct that has both kinds (plain and `with`).
-    #[test]
-    fn an_absent_option_is_left_out_and_a_missing_one_reads_as_none() -> serde_json::Result<()> {
-        let free = LockInfo {
-            key: "payout:acct-17".into(),
-            held: false,
-            owner_id: None,
-            session_id: None,
-            fencing_token: None,
-            acquired_at: None,
-            expires_at: None,
-            waiter_count: 0,
-        };
-        let wire = serde_json::json!({"key": "payout:acct-17", "held": false, "waiterCount": 0});
-        assert_eq!(serde_json::to_value(&free)?, wire);
-        assert_eq!(serde_json::from_value::<LockInfo>(wire)?, free);
-        Ok(())
     }
 }

@@ -216,7 +216,6 @@ pub(crate) use payout_order;
 payout_order!(CreatePayoutRequest);
 
 /// One attempt at the rail, as the rail proxy recorded it.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionSummary {
@@ -224,15 +223,19 @@ pub struct SubmissionSummary {
     pub presented_token: i64,
     /// unresolved | ACKED | FENCED | TIMEOUT | REJECTED
     pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_reference: Option<String>,
     #[serde(with = "crate::time::millis")]
     pub submitted_at: DateTime<Utc>,
-    #[serde(default, with = "crate::time::millis_option")]
+    #[serde(
+        default,
+        with = "crate::time::millis_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
 /// P4 (advisory), and the answer of `POST /v1/payouts`.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Payout {
@@ -243,8 +246,11 @@ pub struct Payout {
     pub beneficiary_ref: String,
     pub state: PayoutState,
     pub attempt_count: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_id: Option<Uuid>,
     #[serde(with = "crate::time::millis")]
     pub created_at: DateTime<Utc>,
@@ -267,12 +273,12 @@ pub struct PayoutSummary {
     pub created_at: DateTime<Utc>,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutPage {
     pub items: Vec<PayoutSummary>,
     /// Opaque; pass it back as `cursor` for the next page. Absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
 
@@ -350,11 +356,11 @@ pub enum Resolution {
 }
 
 /// Out-of-band resolution of a RAIL_AMBIGUOUS payout.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResolveRequest {
     pub outcome: Resolution,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_reference: Option<String>,
     pub operator: String,
     pub evidence: String,

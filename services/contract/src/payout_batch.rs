@@ -75,10 +75,10 @@ pub struct PayoutBatch {
     pub spec: BatchSpec,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metadata {
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 

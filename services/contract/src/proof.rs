@@ -47,7 +47,6 @@ pub struct FenceLowerRequest {
 }
 
 /// What a recovery did.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceLowered {
@@ -61,6 +60,7 @@ pub struct FenceLowered {
     /// and nothing recorded.
     pub lowered: bool,
     /// The audit row (`fence_recoveries`), when lowered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_id: Option<i64>,
 }
 

@@ -29,13 +29,13 @@ pub struct SubmissionResponse {
     pub resolved_at: DateTime<Utc>,
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HighWaterRequest {
     pub floor: i64,
     pub operator: String,
     pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_id: Option<Uuid>,
 }
 
@@ -58,11 +58,11 @@ impl From<FenceRequest> for HighWaterRequest {
     }
 }
 
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HighWater {
     pub account_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_token: Option<i64>,
     pub highest_token: i64,
 }

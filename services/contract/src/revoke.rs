@@ -172,12 +172,12 @@ pub fn fence_idempotency_key(revocation_id: Uuid) -> String {
 }
 
 /// What an earlier run recorded: enough to finish the flow without calling L8 again.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Progress {
     pub revocation_id: Uuid,
     pub new_token_floor: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_token: Option<i64>,
     pub payment_fenced: bool,
     pub rail_fenced: bool,
@@ -218,11 +218,12 @@ pub fn classify(error: &ClientError) -> Failure {
 }
 
 /// A failed call, as reported.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepError {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<ErrorCode>,
     pub message: String,
 }
@@ -308,7 +309,6 @@ pub enum Outcome {
 }
 
 /// Every step's typed result.
-#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RevokeReport {
@@ -317,6 +317,7 @@ pub struct RevokeReport {
     pub outcome: Outcome,
     pub lock: LockStep,
     /// What to record (and resume from); `None` while the lock server has given no floor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     pub account_fence: FenceStep<FenceResponse>,
     pub rail_high_water: FenceStep<HighWater>,

@@ -30,13 +30,12 @@ pub enum AuthMode {
 }
 
 /// `auth.*`: callers' authentication.
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Auth {
     #[serde(rename = "auth.mode")]
     pub mode: AuthMode,
     /// With `tokens`: the file of `<token> <identity>` lines.
-    #[serde(rename = "auth.tokens-file")]
+    #[serde(rename = "auth.tokens-file", skip_serializing_if = "Option::is_none")]
     pub tokens_file: Option<String>,
     /// With `tokenreview`: the audiences a token must carry.
     #[serde(
@@ -65,11 +64,13 @@ impl Auth {
 }
 
 /// `fencing.*`: the fencing-token proof keys (DESIGN D-8).
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Fencing {
     /// The same key as [`crate::proof::KEYS_FILE_KEY`].
-    #[serde(rename = "fencing.proof-keys-file")]
+    #[serde(
+        rename = "fencing.proof-keys-file",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub proof_keys_file: Option<String>,
 }
 
@@ -82,14 +83,13 @@ pub enum LockBackend {
 }
 
 /// The lock server's configuration.
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LockServer {
     #[serde(flatten)]
     pub server: Server,
     #[serde(rename = "lock.backend")]
     pub backend: LockBackend,
-    #[serde(rename = "lock.pg.url")]
+    #[serde(rename = "lock.pg.url", skip_serializing_if = "Option::is_none")]
     pub pg_url: Option<String>,
     #[serde(rename = "lock.etcd.endpoints", skip_serializing_if = "Vec::is_empty")]
     pub etcd_endpoints: Vec<String>,
@@ -124,13 +124,12 @@ pub struct EtcdAuth {
 }
 
 /// The payment resource's configuration.
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PaymentResource {
     #[serde(flatten)]
     pub server: Server,
     /// Absent where the URL comes from the environment (`DLOCK_PAYMENT_PG_URL`).
-    #[serde(rename = "payment.pg.url")]
+    #[serde(rename = "payment.pg.url", skip_serializing_if = "Option::is_none")]
     pub pg_url: Option<String>,
     #[serde(flatten)]
     pub auth: Auth,
@@ -139,19 +138,21 @@ pub struct PaymentResource {
 }
 
 /// The rail proxy's configuration.
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RailProxy {
     #[serde(flatten)]
     pub server: Server,
     /// Absent where the URL comes from the environment (`DLOCK_RAIL_PROXY_PG_URL`).
-    #[serde(rename = "rail.proxy.pg.url")]
+    #[serde(rename = "rail.proxy.pg.url", skip_serializing_if = "Option::is_none")]
     pub pg_url: Option<String>,
     #[serde(rename = "rail.proxy.rail-url")]
     pub rail_url: String,
     #[serde(rename = "rail.proxy.read-timeout-ms")]
     pub read_timeout_ms: i64,
-    #[serde(rename = "rail.proxy.rail-credential-file")]
+    #[serde(
+        rename = "rail.proxy.rail-credential-file",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub rail_credential_file: Option<String>,
     #[serde(flatten)]
     pub auth: Auth,
@@ -160,7 +161,6 @@ pub struct RailProxy {
 }
 
 /// The rail stub's configuration.
-#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RailStub {
     #[serde(flatten)]
@@ -171,7 +171,10 @@ pub struct RailStub {
     pub failure_rate: f64,
     #[serde(rename = "rail.stub.duplicate-ack-rate")]
     pub duplicate_ack_rate: f64,
-    #[serde(rename = "rail.stub.redirect-rate")]
+    #[serde(
+        rename = "rail.stub.redirect-rate",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub redirect_rate: Option<f64>,
     #[serde(rename = "rail.stub.statement-path")]
     pub statement_path: String,
