@@ -11,7 +11,7 @@
 //! whole statement is streamed from the file, so memory does not grow with the transfers.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,10 +59,6 @@ pub struct RailStubConfig {
 }
 
 impl RailStubConfig {
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        dlock_server::config::load(file, Self::from_raw)
-    }
-
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7090")?;
         Ok(Self {
