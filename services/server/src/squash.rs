@@ -3,8 +3,8 @@
 //! `migrations/<database>/retired.tsv` lists the versions it replaces with the checksums sqlx
 //! recorded for them. A database that applied exactly that history has the baseline's schema
 //! already, so on start its migration rows are rewritten to the baseline's, in one transaction,
-//! before sqlx looks at them. Anything
-//! else that carries part of the retired history is refused with what to do, and left alone.
+//! before sqlx looks at them. A database that carries only part of the retired history is refused
+//! with what to do, and left alone.
 
 use std::collections::BTreeSet;
 
@@ -22,6 +22,8 @@ pub struct Retired {
 }
 
 /// The retired history of `database` (`lockdb`, `paydb`), oldest first; empty for any other.
+/// The files are compiled in, so a malformed line is a build defect (the unit test below reads
+/// both), not input: it panics.
 pub fn retired(database: &str) -> Vec<Retired> {
     let tsv = match database {
         "lockdb" => include_str!("../../../migrations/lockdb/retired.tsv"),
