@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
-use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
+use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_contract::rail::{RailClient, SubmissionRequest, read_statement};
 use dlock_devstack::stack::{LockBackend, Role, Stack, StackBuilder};
 use dlock_devstack::{ManagedChild, Signal};
@@ -376,7 +376,7 @@ impl ScriptedHolder {
         payment
             .claim(
                 payout,
-                WriteHeaders::fenced(&idempotency_key(payout), grant.fencing_token, None),
+                Fence::new(&idempotency_key(payout), grant.fencing_token, None),
                 PayoutState::Pending,
             )
             .await
@@ -410,7 +410,7 @@ impl ScriptedHolder {
             .payment
             .post(
                 payout,
-                WriteHeaders::fenced(&key, self.token, None),
+                Fence::new(&key, self.token, None),
                 "rail-forged",
                 Uuid::new_v4(),
             )

@@ -49,6 +49,32 @@ impl<'a> WriteHeaders<'a> {
     }
 }
 
+/// What fences a claim, a post or a cancel: the write's idempotency key, the grant's token and,
+/// when the service checks proofs, the grant's proof. Those writes take a `Fence`, not
+/// [`WriteHeaders`], so a claim without a token does not compile.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence<'a> {
+    pub idempotency_key: &'a str,
+    pub token: i64,
+    pub proof: Option<&'a str>,
+}
+
+impl<'a> Fence<'a> {
+    pub fn new(idempotency_key: &'a str, token: i64, proof: Option<&'a str>) -> Self {
+        Self {
+            idempotency_key,
+            token,
+            proof,
+        }
+    }
+}
+
+impl<'a> From<Fence<'a>> for WriteHeaders<'a> {
+    fn from(fence: Fence<'a>) -> Self {
+        WriteHeaders::fenced(fence.idempotency_key, fence.token, fence.proof)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PaymentClient {
     hop: Hop,
@@ -106,9 +132,10 @@ impl PaymentClient {
     async fn write<B: Serialize, R: DeserializeOwned>(
         &self,
         path: &str,
-        write: WriteHeaders<'_>,
+        write: impl Into<WriteHeaders<'_>>,
         body: &B,
     ) -> Result<R, ClientError> {
+        let write = write.into();
         let (url, mut builder) = self.request(Method::POST, path, WRITE_TIMEOUT);
         builder = builder.header(headers::IDEMPOTENCY_KEY, write.idempotency_key);
         if let Some(token) = write.fencing_token {
@@ -152,12 +179,12 @@ impl PaymentClient {
         expect_body(&url, send(&url, req).await?)
     }
 
-    /// P2, fenced by `fence` (`WriteHeaders::fenced`: the grant's token and, when the service
-    /// checks proofs, its proof as `X-Fencing-Proof`).
+    /// P2, fenced by `fence`: the grant's token and, when the service checks proofs, its proof as
+    /// `X-Fencing-Proof`.
     pub async fn claim(
         &self,
         payout_id: Uuid,
-        fence: WriteHeaders<'_>,
+        fence: Fence<'_>,
         expected_state: PayoutState,
     ) -> Result<ClaimResponse, ClientError> {
         let body = ClaimRequest { expected_state };
@@ -169,7 +196,7 @@ impl PaymentClient {
     pub async fn post(
         &self,
         payout_id: Uuid,
-        fence: WriteHeaders<'_>,
+        fence: Fence<'_>,
         rail_reference: &str,
         submission_id: Uuid,
     ) -> Result<PostResponse, ClientError> {
@@ -197,7 +224,7 @@ impl PaymentClient {
     pub async fn cancel(
         &self,
         payout_id: Uuid,
-        fence: WriteHeaders<'_>,
+        fence: Fence<'_>,
         body: &CancelRequest,
     ) -> Result<Cancelled, ClientError> {
         self.write(&format!("/v1/payouts/{payout_id}/cancel"), fence, body)

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::payment::{CancelRequest, PayoutState};
-use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
+use dlock_contract::payment_client::{Fence, PaymentClient};
 use uuid::Uuid;
 
 /// How long the canceller waits for a payout lock that a lapsing holder still has (a killed
@@ -109,7 +109,7 @@ async fn cancel_under(
         match payment
             .cancel(
                 *id,
-                WriteHeaders::fenced(
+                Fence::new(
                     &format!("cancel-{id}-{}", grant.fencing_token),
                     grant.fencing_token,
                     grant.fencing_proof.as_deref(),

@@ -19,7 +19,7 @@ use backon::Retryable;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
-use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
+use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_contract::rail::{RailClient, SubmissionRequest};
 use dlock_contract::session::{HeldLock, LockSession, retry_policy};
 use futures::StreamExt;
@@ -448,7 +448,7 @@ async fn critical_section(
     let proof = held.proof();
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
-    let fence = WriteHeaders::fenced(key, token, proof);
+    let fence = Fence::new(key, token, proof);
     // FR-14: what the payout is now decides what this cycle does.
     let payout = match (|| hops.payment.get_payout(id))
         .retry(retry_policy(2))

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock_contract::payment::PayoutState;
-use dlock_contract::payment_client::{PaymentClient, WriteHeaders};
+use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_devstack::bench::{Run, Via, postgres, runtime, seconds_arg, timed};
 use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope, Tx};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
@@ -134,7 +134,7 @@ async fn phase(
     let mut latencies = Vec::with_capacity(batch.len());
     for &(payout, token) in batch {
         let key = format!("payout-{payout}");
-        let fence = WriteHeaders::fenced(&key, token, None);
+        let fence = Fence::new(&key, token, None);
         let write = async {
             match (client, post) {
                 (Some(c), false) => {
