@@ -1,6 +1,8 @@
 //! Bad input for every field of every write: 400 (VALIDATION_FAILED naming the field, or
 //! INVALID_TOKEN for the token header), the envelope, the JSON content type, and nothing written.
 
+use dlock_contract::headers::{IDEMPOTENCY_KEY_LEN_MAX, OWNER_ID_LEN_MAX};
+use dlock_contract::payment::{ACCOUNT_ID_LEN_MAX, REFERENCE_LEN_MAX};
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -105,6 +107,16 @@ fn headers(token: Option<&str>, operator: bool) -> Vec<(&'static str, String)> {
     h
 }
 
+/// What the identifier rule refuses (1 to `max` characters, no spaces), each with why. Account
+/// ids and references both follow it; they differ in `max` and in which other characters count.
+fn bad_ids(max: usize) -> [(Value, &'static str); 3] {
+    [
+        (json!(""), "empty"),
+        (json!("a b"), "space"),
+        (json!("x".repeat(max + 1)), "too long"),
+    ]
+}
+
 /// `base` with `field` set to `value` (or removed when `value` is None).
 fn with(base: &Value, field: &str, value: Option<Value>) -> String {
     let mut body = base.clone();
@@ -152,15 +164,12 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
         accounts,
         &plain,
         (&account, "accountId"),
-        [
-            (json!(""), "empty"),
-            (json!("a b"), "space"),
-            (json!("x".repeat(65)), "too long"),
+        bad_ids(ACCOUNT_ID_LEN_MAX).into_iter().chain([
             (json!("funding-EUR"), "system name"),
             (json!("rail-settlement-USD"), "system name"),
             (json!(7), "number"),
             (Value::Null, "null"),
-        ],
+        ]),
     );
     cases.bad_values(
         "account currency",
@@ -196,7 +205,7 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
         ("without key", vec![owner("w".into())], "X-Idempotency-Key"),
         (
             "long owner",
-            vec![owner("o".repeat(65)), key("k".into())],
+            vec![owner("o".repeat(OWNER_ID_LEN_MAX + 1)), key("k".into())],
             "X-Owner-Id",
         ),
         (
@@ -206,7 +215,10 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
         ),
         (
             "key too long",
-            vec![owner("w".into()), key("k".repeat(129))],
+            vec![
+                owner("w".into()),
+                key("k".repeat(IDEMPOTENCY_KEY_LEN_MAX + 1)),
+            ],
             "X-Idempotency-Key",
         ),
     ] {
@@ -250,11 +262,7 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
         fund_path,
         &plain,
         (&fund, "reference"),
-        [
-            (json!(""), "empty"),
-            (json!("a b"), "space"),
-            (json!("r".repeat(129)), "too long"),
-        ],
+        bad_ids(REFERENCE_LEN_MAX),
     );
     cases.add(
         "fund bad account path",
@@ -278,10 +286,16 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
             ("amountMinor", json!(-1), "negative amount"),
             ("amountMinor", json!(10.25), "fractional amount"),
             ("currency", json!("XXX"), "unknown currency"),
-            ("beneficiaryRef", json!(""), "empty beneficiary"),
-            ("beneficiaryRef", json!("b".repeat(129)), "long beneficiary"),
-            ("beneficiaryRef", json!(["b"]), "array beneficiary"),
         ],
+    );
+    cases.bad_values(
+        "payout beneficiaryRef",
+        "/v1/payouts",
+        &plain,
+        (&create, "beneficiaryRef"),
+        bad_ids(REFERENCE_LEN_MAX)
+            .into_iter()
+            .chain([(json!(["b"]), "array")]),
     );
     cases.add(
         "payout missing amount",
