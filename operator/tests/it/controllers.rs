@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use dlock_contract::client::ClientError;
 use dlock_contract::lock::{Revocation, RevokeRequest};
-use dlock_contract::payment::{FenceRequest, FenceResponse};
+use dlock_contract::payment::FenceResponse;
 use dlock_contract::rail::{HighWater, HighWaterRequest};
-use dlock_contract::revoke::{RevokeSteps, StepFuture};
+use dlock_contract::revoke::{FenceCall, RevokeSteps, StepFuture};
 use dlock_executor::cancel::CancelReport;
 use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
@@ -145,15 +145,11 @@ impl RevokeSteps for FakeSteps<'_> {
             }),
         )
     }
-    fn advance_fence<'a>(
-        &'a self,
-        account: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
+    fn advance_fence<'a>(&'a self, call: FenceCall<'a>) -> StepFuture<'a, FenceResponse> {
+        let (account, request) = (call.account_id, call.request);
         self.post(
             &self.target.payment_resource_url,
-            format!("/v1/accounts/{account}/fence key={idempotency_key}"),
+            format!("/v1/accounts/{account}/fence key={}", call.idempotency_key),
             request,
             Ok(FenceResponse {
                 account_id: account.to_owned(),

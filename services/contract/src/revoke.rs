@@ -41,18 +41,23 @@ pub trait RevokeSteps: Send + Sync {
         request: &'a RevokeRequest,
     ) -> StepFuture<'a, Revocation>;
     /// The payment resource's account fence.
-    fn advance_fence<'a>(
-        &'a self,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse>;
+    fn advance_fence<'a>(&'a self, call: FenceCall<'a>) -> StepFuture<'a, FenceResponse>;
     /// The rail proxy's high-water mark.
     fn advance_high_water<'a>(
         &'a self,
         account_id: &'a str,
         request: &'a HighWaterRequest,
     ) -> StepFuture<'a, HighWater>;
+}
+
+/// The account fence's call: the account, the write's `X-Idempotency-Key` and the body. Its
+/// fields are named because the account and the key are both strings, which a caller could swap
+/// without the compiler noticing.
+#[derive(Debug, Clone, Copy)]
+pub struct FenceCall<'a> {
+    pub account_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub request: &'a FenceRequest,
 }
 
 /// The contract clients, each carrying the caller's owner id and operator credential.
@@ -77,15 +82,10 @@ impl RevokeSteps for RevokeClients {
         ))
     }
 
-    fn advance_fence<'a>(
-        &'a self,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
+    fn advance_fence<'a>(&'a self, call: FenceCall<'a>) -> StepFuture<'a, FenceResponse> {
         Box::pin(
             self.payment
-                .advance_fence(account_id, idempotency_key, request),
+                .advance_fence(call.account_id, call.idempotency_key, call.request),
         )
     }
 
@@ -502,7 +502,12 @@ pub async fn run<S: RevokeSteps + ?Sized>(
         FenceStep::AlreadyDone
     } else {
         let key = fence_idempotency_key(progress.revocation_id);
-        FenceStep::from_result(steps.advance_fence(&order.account_id, &key, &fence).await)
+        let call = FenceCall {
+            account_id: &order.account_id,
+            idempotency_key: &key,
+            request: &fence,
+        };
+        FenceStep::from_result(steps.advance_fence(call).await)
     };
     progress.payment_fenced = account_fence.is_done();
     let rail_high_water = if progress.rail_fenced {

@@ -81,12 +81,12 @@ impl RevokeSteps for Fake {
         };
         self.answer(call, &self.lock, revocation)
     }
-    fn advance_fence<'a>(
-        &'a self,
-        account_id: &'a str,
-        idempotency_key: &'a str,
-        request: &'a FenceRequest,
-    ) -> StepFuture<'a, FenceResponse> {
+    fn advance_fence<'a>(&'a self, call: FenceCall<'a>) -> StepFuture<'a, FenceResponse> {
+        let FenceCall {
+            account_id,
+            idempotency_key,
+            request,
+        } = call;
         let (fence, revocation_id) = (request.floor, request.revocation_id);
         let call =
             format!("fence {account_id} key={idempotency_key} floor={fence} id={revocation_id}");
