@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use dlock_contract::revoke::RevokeOrder;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -79,11 +80,13 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
     let namespace = object.namespace().unwrap_or_default();
     // The mirrored token guards L8: only the grant this Lock shows is revoked, never a newer one.
     let ask = validate::RevocationAsk {
-        key: &object.spec.key,
-        account_id: &object.spec.account_id,
-        operator: &revoked_by,
-        reason: &reason,
-        expected_token: object.status.as_ref().and_then(|s| s.token),
+        order: RevokeOrder {
+            key: object.spec.key.clone(),
+            account_id: object.spec.account_id.clone(),
+            operator: revoked_by,
+            reason,
+            expected_token: object.status.as_ref().and_then(|s| s.token),
+        },
         named: [Some(object.spec.lock_server.as_str()), None, None],
     };
     let result = revoke_or_refuse(

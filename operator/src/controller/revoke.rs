@@ -9,7 +9,7 @@
 //! carries the mirrored token as L8's `expectedToken`, so a lost answer retried never ends a
 //! newer holder either.
 
-use dlock_contract::revoke::{LockStep, Outcome, Progress, RevokeOrder};
+use dlock_contract::revoke::{LockStep, Outcome, Progress};
 
 use crate::crd::RevocationResult;
 use crate::services::{ServiceError, Services};
@@ -71,15 +71,8 @@ pub async fn run(
         Ok(resume) => resume,
         Err(message) => return Ok(refused(request, message)),
     };
-    let order = RevokeOrder {
-        key: target.key.clone(),
-        account_id: target.account_id.clone(),
-        operator: target.operator.clone(),
-        reason: target.reason.clone(),
-        expected_token: target.expected_token,
-    };
     let steps = services.revoke_steps(target)?;
-    let report = dlock_contract::revoke::run(steps.as_ref(), &order, resume.as_ref()).await;
+    let report = dlock_contract::revoke::run(steps.as_ref(), &target.order, resume.as_ref()).await;
     if let LockStep::Unavailable(error) = &report.lock {
         return Err(ServiceError::Unavailable {
             service: "lock-server",

@@ -1,5 +1,7 @@
 //! Revocations, from a Lock's annotations or a LockRevocation: what they ask and where they go.
 
+use dlock_contract::revoke::RevokeOrder;
+
 use super::{Invalid, invalid, namespace_of};
 use crate::crd::LockRevocation;
 use crate::workload::service_url;
@@ -7,19 +9,14 @@ use crate::workload::service_url;
 /// Where a revocation goes and what it says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RevocationTarget {
-    pub key: String,
-    pub account_id: String,
-    pub operator: String,
-    pub reason: String,
-    /// L8's CAS guard: revoke only the grant with this token.
-    pub expected_token: Option<i64>,
+    /// The contract's flow runs this order as it is, its operator and reason trimmed.
+    pub order: RevokeOrder,
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
 }
 
-/// The shortest revocation reason the lock server accepts (L8).
-pub const REVOKE_REASON_LEN_MIN: usize = 8;
+pub use dlock_contract::lock::REVOKE_REASON_LEN_MIN;
 
 /// The LockServer, PaymentResource and RailProxy objects present in a namespace, by name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -66,25 +63,21 @@ pub fn fence_target(
 /// What a revocation asks for, before its targets are resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RevocationAsk<'a> {
-    pub key: &'a str,
-    pub account_id: &'a str,
-    pub operator: &'a str,
-    pub reason: &'a str,
-    pub expected_token: Option<i64>,
+    /// As the object says it: checked by [`check_ask`] with the object's own field names.
+    pub order: RevokeOrder,
     /// Explicit names: lock server, payment resource, rail proxy.
     pub named: [Option<&'a str>; 3],
 }
 
 /// What a revocation must say, checked before any target is looked up.
 pub fn check_ask(ask: &RevocationAsk<'_>) -> Result<(), Invalid> {
-    let RevocationAsk {
+    let RevokeOrder {
         key,
         account_id,
         operator,
         reason,
         expected_token,
-        named: _,
-    } = *ask;
+    } = &ask.order;
     let operator = operator.trim();
     if operator.is_empty() || operator.chars().count() > 128 {
         return Err(invalid("revokedBy", "must be 1 to 128 characters"));
@@ -138,11 +131,11 @@ pub fn revocation_target(
     )?;
     let rail_proxy = fence_target("RailProxy", "railProxy", rail_proxy, &present.rail_proxies)?;
     Ok(RevocationTarget {
-        key: ask.key.to_owned(),
-        account_id: ask.account_id.to_owned(),
-        operator: ask.operator.trim().to_owned(),
-        reason: ask.reason.trim().to_owned(),
-        expected_token: ask.expected_token,
+        order: RevokeOrder {
+            operator: ask.order.operator.trim().to_owned(),
+            reason: ask.order.reason.trim().to_owned(),
+            ..ask.order.clone()
+        },
         lock_server_url: service_url(&lock_server, namespace),
         payment_resource_url: service_url(&payment_resource, namespace),
         rail_proxy_url: service_url(&rail_proxy, namespace),
@@ -153,11 +146,13 @@ pub fn revocation_target(
 pub fn lock_revocation_ask(object: &LockRevocation) -> RevocationAsk<'_> {
     let spec = &object.spec;
     RevocationAsk {
-        key: &spec.key,
-        account_id: &spec.account_id,
-        operator: &spec.revoked_by,
-        reason: &spec.reason,
-        expected_token: spec.expected_token,
+        order: RevokeOrder {
+            key: spec.key.clone(),
+            account_id: spec.account_id.clone(),
+            operator: spec.revoked_by.clone(),
+            reason: spec.reason.clone(),
+            expected_token: spec.expected_token,
+        },
         named: [
             spec.lock_server.as_deref(),
             spec.payment_resource.as_deref(),

@@ -1,3 +1,5 @@
+use dlock_contract::revoke::RevokeOrder;
+
 use super::*;
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -33,11 +35,13 @@ fn a_fence_target_is_the_named_one_or_the_namespaces_only_one() {
 #[test]
 fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
     let ask = RevocationAsk {
-        key: "payout:acct-17",
-        account_id: "acct-17",
-        operator: " oncall ",
-        reason: "worker wedged",
-        expected_token: Some(41),
+        order: RevokeOrder {
+            key: "payout:acct-17".to_owned(),
+            account_id: "acct-17".to_owned(),
+            operator: " oncall ".to_owned(),
+            reason: "worker wedged".to_owned(),
+            expected_token: Some(41),
+        },
         named: [Some("locks"), None, None],
     };
     let present = NamespaceTargets {
@@ -49,12 +53,10 @@ fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
     assert_eq!(target.lock_server_url, "http://locks.ns1.svc:8080");
     assert_eq!(target.payment_resource_url, "http://payments.ns1.svc:8080");
     assert_eq!(target.rail_proxy_url, "http://rail.ns1.svc:8080");
-    assert_eq!(target.operator, "oncall");
-    assert_eq!(target.expected_token, Some(41));
-    let bad_key = RevocationAsk {
-        key: "payout:a/b",
-        account_id: "a/b",
-        ..ask.clone()
-    };
+    assert_eq!(target.order.operator, "oncall");
+    assert_eq!(target.order.expected_token, Some(41));
+    let mut bad_key = ask.clone();
+    bad_key.order.key = "payout:a/b".to_owned();
+    bad_key.order.account_id = "a/b".to_owned();
     assert!(check_ask(&bad_key).is_err());
 }
