@@ -21,10 +21,6 @@ pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
 pub const RUN_AS_USER: i64 = 65532;
 /// Where the LockServer's `spec.backend.etcd.tlsSecret` is mounted.
 pub const ETCD_TLS_DIR: &str = "/etc/dlock/etcd-tls";
-/// The keys of that Secret (the `kubernetes.io/tls` layout, with cert-manager's `ca.crt`).
-pub const ETCD_TLS_CA_KEY: &str = "ca.crt";
-pub const ETCD_TLS_CERT_KEY: &str = "tls.crt";
-pub const ETCD_TLS_KEY_KEY: &str = "tls.key";
 /// Where the Secret of `spec.backend.etcd.auth.passwordSecret` is mounted.
 pub const ETCD_AUTH_DIR: &str = "/etc/dlock/etcd-auth";
 

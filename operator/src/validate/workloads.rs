@@ -7,9 +7,7 @@ use super::{
     Invalid, READ_TIMEOUT_MS_DEFAULT, REPLICAS_DEFAULT, Settings, auth_config, invalid,
     namespace_of, owner_of,
 };
-use crate::build::deployment::{
-    ETCD_AUTH_DIR, ETCD_TLS_CA_KEY, ETCD_TLS_CERT_KEY, ETCD_TLS_DIR, ETCD_TLS_KEY_KEY,
-};
+use crate::build::deployment::{ETCD_AUTH_DIR, ETCD_TLS_DIR};
 use crate::crd::{
     AuthMode, BackendType, CloudSql, LockServer, PaymentResource, RailProxy, ServiceAuth,
     ServiceSettings,
@@ -99,10 +97,13 @@ fn etcd_credentials(etcd: &crate::crd::EtcdBackend) -> Result<EtcdCredentials, I
                 "must be a Secret name",
             ));
         }
+        // The Secret's keys (the `kubernetes.io/tls` layout, with cert-manager's `ca.crt`) are
+        // files in its mount.
+        let file = |key: &str| format!("{ETCD_TLS_DIR}/{key}");
         tls = Some(config::EtcdTls {
-            ca_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_CA_KEY}"),
-            cert_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_CERT_KEY}"),
-            key_file: format!("{ETCD_TLS_DIR}/{ETCD_TLS_KEY_KEY}"),
+            ca_file: file("ca.crt"),
+            cert_file: file("tls.crt"),
+            key_file: file("tls.key"),
         });
     }
     let mut auth = None;
