@@ -9,6 +9,12 @@ use serde_json::json;
 
 use crate::fixtures::{self, assert_snapshot, settings};
 
+/// The object a builder made serialises to exactly `expected`.
+#[track_caller]
+fn assert_json(built: &impl serde::Serialize, expected: serde_json::Value) {
+    assert_eq!(serde_json::to_value(built).unwrap(), expected);
+}
+
 fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
     json!({
         "apiVersion": "dlock.io/v1alpha1",
@@ -68,8 +74,8 @@ fn selector(component: &str, instance: &str) -> serde_json::Value {
 #[test]
 fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
     let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    assert_eq!(
-        serde_json::to_value(service::service(&workload)).unwrap(),
+    assert_json(
+        &service::service(&workload),
         json!({
             "apiVersion": "v1",
             "kind": "Service",
@@ -78,7 +84,7 @@ fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
                 "selector": selector("lock-server", "lock-server"),
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"}],
             },
-        })
+        }),
     );
 }
 
@@ -86,8 +92,8 @@ fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
 #[test]
 fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
     let workload = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
-    assert_eq!(
-        serde_json::to_value(pdb::pdb(&workload)).unwrap(),
+    assert_json(
+        &pdb::pdb(&workload),
         json!({
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -96,7 +102,7 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
                 "maxUnavailable": 1,
                 "selector": {"matchLabels": selector("payment-resource", "payment-resource")},
             },
-        })
+        }),
     );
 }
 
@@ -107,8 +113,8 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
 #[test]
 fn the_lock_server_config_map_holds_the_toml_without_secrets() {
     let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    assert_eq!(
-        serde_json::to_value(config_map::config_map(&workload)).unwrap(),
+    assert_json(
+        &config_map::config_map(&workload),
         json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -116,7 +122,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
             "data": {
                 "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n",
             },
-        })
+        }),
     );
 }
 
@@ -261,12 +267,8 @@ fn the_rail_proxy_deployment_outlasts_the_rail_read_timeout() {
 fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
     let stub = rail.stub.expect("the stub is asked for");
-    assert_eq!(
-        serde_json::to_value(network_policy::rail_network_policy(
-            &stub,
-            &rail.proxy.instance
-        ))
-        .unwrap(),
+    assert_json(
+        &network_policy::rail_network_policy(&stub, &rail.proxy.instance),
         json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
@@ -286,7 +288,7 @@ fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
                     "ports": [{"port": "http", "protocol": "TCP"}],
                 }],
             },
-        })
+        }),
     );
 }
 
@@ -480,8 +482,8 @@ fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
     };
     let name = lock::lock_name("lock-server", &held.key);
     assert!(name.starts_with("payout-acct-17-"), "{name}");
-    assert_eq!(
-        serde_json::to_value(lock::mirrored_lock("lock-server", "default", &held, &owner)).unwrap(),
+    assert_json(
+        &lock::mirrored_lock("lock-server", "default", &held, &owner),
         json!({
             "apiVersion": "dlock.io/v1alpha1",
             "kind": "Lock",
@@ -496,7 +498,7 @@ fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
                 "ownerReferences": [owner_json()],
             },
             "spec": {"key": "payout:acct-17", "lockServer": "lock-server", "accountId": "acct-17"},
-        })
+        }),
     );
 }
 
@@ -649,8 +651,8 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
         .unwrap();
     assert_eq!(pod.service_account_name, None);
     assert_eq!(pod.automount_service_account_token, Some(false));
-    assert_eq!(
-        serde_json::to_value(service_account::service_account("payments")).unwrap(),
+    assert_json(
+        &service_account::service_account("payments"),
         json!({
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -663,7 +665,7 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
                     "app.kubernetes.io/name": "dlock",
                 },
             },
-        })
+        }),
     );
 }
 
@@ -741,12 +743,8 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
             "app.kubernetes.io/name": "dlock",
         }})
     };
-    assert_eq!(
-        serde_json::to_value(network_policy::service_network_policy(
-            &workload,
-            "dlock-system"
-        ))
-        .unwrap(),
+    assert_json(
+        &network_policy::service_network_policy(&workload, "dlock-system"),
         json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
@@ -768,6 +766,6 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
                     "ports": [{"port": "http", "protocol": "TCP"}],
                 }],
             },
-        })
+        }),
     );
 }
