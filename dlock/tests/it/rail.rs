@@ -25,7 +25,7 @@ fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
     RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The URLs of [`RailWorld::three_rails`]: the stubs and the proxies in front of them.
+/// The URLs of [`RailWorld::with_three_rails`]: the stubs and the proxies in front of them.
 pub struct Rails {
     pub good: String,
     pub slow: String,
@@ -154,25 +154,27 @@ impl RailWorld {
         serve_process("rail-proxy", listen, &env, &log)
     }
 
-    /// The three rails both admission suites use (answering at once, after 1.5 s, declining
-    /// everything), each behind a proxy with the default settings, and the slow one also
-    /// behind a proxy that gives up reading after 300 ms.
-    pub async fn three_rails(&mut self) -> Rails {
-        let good = self.stub("good", &[]).await;
-        let slow = self.stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
-        let declining = self
+    /// A world with the three rails both admission suites use (answering at once, after 1.5 s,
+    /// declining everything), each behind a proxy with the default settings, and the slow one
+    /// also behind a proxy that gives up reading after 300 ms.
+    pub async fn with_three_rails() -> (Self, Rails) {
+        let mut w = Self::new().await;
+        let good = w.stub("good", &[]).await;
+        let slow = w.stub("slow", &[("rail.stub.latency-ms", "1500")]).await;
+        let declining = w
             .stub("declining", &[("rail.stub.decline-rate", "1")])
             .await;
-        Rails {
-            proxy: self.proxy(&good, &[]).await,
-            timing_out: self
+        let rails = Rails {
+            proxy: w.proxy(&good, &[]).await,
+            timing_out: w
                 .proxy(&slow, &[("rail.proxy.read-timeout-ms", "300")])
                 .await,
-            declining_proxy: self.proxy(&declining, &[]).await,
+            declining_proxy: w.proxy(&declining, &[]).await,
             good,
             slow,
             declining,
-        }
+        };
+        (w, rails)
     }
 
     /// What paydb's function `call` (`SELECT outcome FROM pay_…(…)`, its parameters bound)
@@ -364,15 +366,17 @@ pub async fn metric(proxy: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_row_of_the_admission_table_answers_with_its_code() {
-    let mut w = RailWorld::new().await;
-    let Rails {
-        good,
-        slow,
-        declining,
-        proxy,
-        timing_out: slow_proxy,
-        declining_proxy,
-    } = w.three_rails().await;
+    let (
+        w,
+        Rails {
+            good,
+            slow,
+            declining,
+            proxy,
+            timing_out: slow_proxy,
+            declining_proxy,
+        },
+    ) = RailWorld::with_three_rails().await;
     w.account("acct-a", 100_000).await;
 
     // Admitted, forwarded once, ACKED: the payout is RAIL_ACKED and the rail shows one transfer.

@@ -11,15 +11,17 @@ use crate::rail::{RailWorld, Rails, metric, statement, submission, submit, submi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_identical_retry_gets_the_first_answer_and_another_body_conflicts() {
-    let mut w = RailWorld::new().await;
-    let Rails {
-        good,
-        slow,
-        declining: _,
-        proxy,
-        timing_out,
-        declining_proxy,
-    } = w.three_rails().await;
+    let (
+        mut w,
+        Rails {
+            good,
+            slow,
+            declining: _,
+            proxy,
+            timing_out,
+            declining_proxy,
+        },
+    ) = RailWorld::with_three_rails().await;
     let slow_proxy = w.proxy(&slow, &[]).await;
     let impatient_replica = w
         .proxy(
