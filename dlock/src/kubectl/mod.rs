@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dlock_operator::crd::{
-    Condition, Lock, LockRevocation, LockRevocationSpec, LockServer, PaymentResource, PayoutBatch,
-    RailProxy, Reconciliation, RevocationResult,
+    Condition, Lock, LockRevocation, LockRevocationSpec, LockServer, LockSpec, LockStatus,
+    PaymentResource, PayoutBatch, RailProxy, Reconciliation, RevocationResult,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;

@@ -27,15 +27,16 @@ pub struct ResourceView {
     pub conditions: Vec<Condition>,
 }
 
+/// A held lock as the operator mirrors it: the Lock's own spec and status, so a field the CRD
+/// gains shows in `-o json` without a second edit here. As in the Lock itself, a status field
+/// the operator has not written yet is left out.
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct LockView {
     pub name: String,
-    pub key: String,
-    pub account_id: String,
-    pub holder: Option<String>,
-    pub token: Option<i64>,
-    pub expires_at: Option<String>,
+    #[serde(flatten)]
+    pub spec: LockSpec,
+    #[serde(flatten)]
+    pub status: LockStatus,
 }
 
 #[derive(Debug, Serialize)]
@@ -118,15 +119,11 @@ pub async fn status_view(kube: &Kube) -> Result<StatusView> {
     })
 }
 
-fn lock_view(lock: &Lock) -> LockView {
-    let status = lock.status.clone().unwrap_or_default();
+pub(super) fn lock_view(lock: &Lock) -> LockView {
     LockView {
         name: lock.name_any(),
-        key: lock.spec.key.clone(),
-        account_id: lock.spec.account_id.clone(),
-        holder: status.holder,
-        token: status.token,
-        expires_at: status.expires_at,
+        spec: lock.spec.clone(),
+        status: lock.status.clone().unwrap_or_default(),
     }
 }
 
@@ -202,10 +199,10 @@ fn ambiguous_row(a: &AmbiguousView) -> Vec<String> {
 fn lock_row(l: &LockView) -> Vec<String> {
     vec![
         l.name.clone(),
-        l.key.clone(),
-        l.holder.clone().unwrap_or_default(),
-        l.token.map(|t| t.to_string()).unwrap_or_default(),
-        l.expires_at.clone().unwrap_or_default(),
+        l.spec.key.clone(),
+        l.status.holder.clone().unwrap_or_default(),
+        l.status.token.map(|t| t.to_string()).unwrap_or_default(),
+        l.status.expires_at.clone().unwrap_or_default(),
     ]
 }
 

@@ -124,3 +124,36 @@ fn a_batch_phase_follows_its_conditions_and_job() {
     assert_eq!(batch_phase(&degraded, Some(&failed)), "Failed");
     assert_eq!(batch_phase(&degraded, None), "Degraded");
 }
+
+#[test]
+fn a_lock_shows_in_json_as_the_operator_mirrors_it() {
+    let mut lock = Lock::new(
+        "lock-server-payout-acct-17",
+        LockSpec {
+            key: "payout:acct-17".into(),
+            lock_server: "lock-server".into(),
+            account_id: "acct-17".into(),
+        },
+    );
+    lock.status = Some(LockStatus {
+        holder: Some("executor/w1".into()),
+        token: Some(41),
+        acquired_at: Some("2026-12-04T10:00:00Z".into()),
+        expires_at: Some("2026-12-04T10:00:10Z".into()),
+        ..LockStatus::default()
+    });
+    let view = serde_json::to_value(lock_view(&lock)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        view,
+        serde_json::json!({
+            "name": "lock-server-payout-acct-17",
+            "key": "payout:acct-17",
+            "lockServer": "lock-server",
+            "accountId": "acct-17",
+            "holder": "executor/w1",
+            "token": 41,
+            "acquiredAt": "2026-12-04T10:00:00Z",
+            "expiresAt": "2026-12-04T10:00:10Z",
+        })
+    );
+}
