@@ -309,69 +309,9 @@ mod cpu {
     }
 }
 
-/// Where PostgreSQL's time goes, statement by statement (pg_stat_statements, loaded by the
-/// bench's own throwaway server).
-mod statements {
-    use dlock_devstack::PgServer;
-
-    pub fn enable(pg: &mut PgServer) {
-        let run = |pg: &PgServer, db: &str, sql: &str| {
-            pg.psql(db, sql).unwrap_or_else(|e| panic!("{e:#}"));
-        };
-        run(
-            pg,
-            "postgres",
-            "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'",
-        );
-        pg.restart().unwrap_or_else(|e| panic!("{e:#}"));
-        // Loaded now, so its settings are known: count the statements inside functions too.
-        run(
-            pg,
-            "postgres",
-            "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
-        );
-        run(pg, "postgres", "SELECT pg_reload_conf()");
-        for db in ["paydb", "lockdb"] {
-            run(pg, db, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-        }
-    }
-
-    pub async fn reset(pool: &sqlx::PgPool) {
-        sqlx::query("SELECT pg_stat_statements_reset()")
-            .execute(pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    /// The statements that took the most time since [`reset`], per payout.
-    pub async fn top(pool: &sqlx::PgPool, payouts: usize) -> String {
-        let rows: Vec<(bool, i64, f64, String)> = sqlx::query_as(
-            "SELECT s.toplevel, s.calls, s.total_exec_time, \
-                    left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90) \
-             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
-             WHERE d.datname IN ('paydb', 'lockdb') \
-             ORDER BY s.total_exec_time DESC LIMIT 25",
-        )
-        .fetch_all(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        let mut out = format!(
-            "{:<5} {:>8} {:>10} {:>9}  statement\n",
-            "level", "calls/p", "ms/payout", "ms/call"
-        );
-        for (toplevel, calls, total, query) in rows {
-            out.push_str(&format!(
-                "{:<5} {:>8.2} {:>10.3} {:>9.3}  {}\n",
-                if toplevel { "top" } else { "inner" },
-                calls as f64 / payouts as f64,
-                total / payouts as f64,
-                total / calls.max(1) as f64,
-                query
-            ));
-        }
-        out
-    }
-}
+/// Where PostgreSQL's time goes, statement by statement.
+#[path = "payouts/statements.rs"]
+mod statements;
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -384,6 +324,111 @@ fn rss_mib() -> f64 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// What the timed runs share: the servers, the statistics connection and the payment client
+/// that opens the accounts.
+struct Bench<'a> {
+    pg: &'a PgServer,
+    etcd: &'a EtcdServer,
+    stats: sqlx::PgPool,
+    payment: PaymentClient,
+}
+
+/// One timed batch: its rate, cycle quantiles, commits and CPU per payout, and its spans.
+struct Run {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    xacts: f64,
+    cpu_ms: (f64, f64, f64),
+    cores: f64,
+    cycles: usize,
+    times: std::collections::BTreeMap<String, Vec<Duration>>,
+}
+
+impl Bench<'_> {
+    /// `n` payouts over `accounts_n` fresh accounts named after `prefix`, by `workers` workers.
+    async fn run(
+        &self,
+        endpoints: &Endpoints,
+        prefix: &str,
+        accounts_n: usize,
+        n: usize,
+        workers: usize,
+    ) -> Run {
+        accounts(&self.payment, prefix, accounts_n).await;
+        let batch = batch(&format!("bench-{prefix}"), prefix, accounts_n, n);
+        // Register outside the timed run: it is a one-off per batch, not payout work.
+        dlock_executor::register(&batch, &self.payment)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let options = RunOptions {
+            workers,
+            owner_id: format!("bench-{prefix}"),
+            register: false,
+            ..RunOptions::default()
+        };
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let commits_before = commits(&self.stats).await;
+        spans::take();
+        statements::reset(&self.stats).await;
+        let (pg, etcd) = (self.pg.pid(), self.etcd.pid());
+        let cpu_before = (cpu::own(), cpu::tree(pg), cpu::tree(etcd));
+        let started = Instant::now();
+        let report = dlock_executor::execute(&batch, endpoints, options)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let seconds = started.elapsed().as_secs_f64();
+        let cpu_ms = (
+            (cpu::own() - cpu_before.0) / n as f64,
+            (cpu::tree(pg) - cpu_before.1) / n as f64,
+            (cpu::tree(etcd) - cpu_before.2) / n as f64,
+        );
+        let times = spans::take();
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let xacts = (commits(&self.stats).await - commits_before) as f64 / n as f64;
+        assert!(report.complete, "the batch settled");
+        assert_eq!(
+            report.states.get("POSTED").copied(),
+            Some(n),
+            "every payout posted"
+        );
+        let mut cycles = times.get("payout cycle").cloned().unwrap_or_default();
+        cycles.sort();
+        Run {
+            rate: n as f64 / seconds,
+            p50: ms(spans::quantile(&cycles, 0.50)),
+            p99: ms(spans::quantile(&cycles, 0.99)),
+            xacts,
+            cpu_ms,
+            cores: (cpu_ms.0 + cpu_ms.1 + cpu_ms.2) * n as f64 / 1000.0 / seconds,
+            cycles: cycles.len(),
+            times,
+        }
+    }
+}
+
+/// One row of the table; `raw` is the raw commit rate the commit bound is taken from.
+fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, raw: f64) {
+    let bound = raw / run.xacts.max(1.0);
+    println!(
+        "{:<8} {:<14} {:>7} {:>8} {:>10.0} {:>8.2} {:>8.2} {:>9.1} {:>8.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>6.2}",
+        backend,
+        label,
+        workers,
+        n,
+        run.rate,
+        run.p50,
+        run.p99,
+        run.xacts,
+        bound,
+        run.rate / bound,
+        run.cpu_ms.0,
+        run.cpu_ms.1,
+        run.cpu_ms.2,
+        run.cores
+    );
 }
 
 fn main() {
@@ -419,6 +464,12 @@ fn main() {
         let mut endpoints = stack(&pg, dir.path(), pg_lock.clone()).await;
         let payment = PaymentClient::new(&endpoints.payment_resource, "bench")
             .unwrap_or_else(|e| panic!("{e}"));
+        let bench = Bench {
+            pg: &pg,
+            etcd: &etcd,
+            stats,
+            payment,
+        };
         let cycles_pg = lock_cycles(&pg_lock, Duration::from_secs(3)).await;
         let cycles_etcd = lock_cycles(&etcd_lock, Duration::from_secs(3)).await;
         let rss_rest = rss_mib();
@@ -436,7 +487,7 @@ fn main() {
             "xacts/p", "bound/s", "of bound", "dlock cpu", "pg cpu", "etcd cpu", "cores"
         );
         println!("{:>102} {:>9} {:>10}", "ms/payout", "ms/payout", "ms/payout");
-        let mut first_breakdown = None;
+        let mut hops = None;
         for (backend, lock_url) in [("pg", pg_lock.clone()), ("etcd", etcd_lock.clone())] {
             endpoints.lock_server = lock_url;
             for (label, accounts_n, n) in [
@@ -445,73 +496,25 @@ fn main() {
             ] {
                 for workers in [1usize, 8, 32] {
                     let prefix = format!("{backend}{accounts_n}w{workers}");
-                    accounts(&payment, &prefix, accounts_n).await;
-                    let batch = batch(&format!("bench-{prefix}"), &prefix, accounts_n, n);
-                    // Register outside the timed run: it is a one-off per batch, not payout work.
-                    dlock_executor::register(&batch, &payment)
-                        .await
-                        .unwrap_or_else(|e| panic!("{e:#}"));
-                    let options = RunOptions {
-                        workers,
-                        owner_id: format!("bench-{prefix}"),
-                        register: false,
-                        ..RunOptions::default()
-                    };
-                    tokio::time::sleep(Duration::from_millis(1_100)).await;
-                    let commits_before = commits(&stats).await;
-                    spans::take();
-                    statements::reset(&stats).await;
-                    let cpu_before = (cpu::own(), cpu::tree(pg.pid()), cpu::tree(etcd.pid()));
-                    let started = Instant::now();
-                    let report = dlock_executor::execute(&batch, &endpoints, options)
-                        .await
-                        .unwrap_or_else(|e| panic!("{e:#}"));
-                    let seconds = started.elapsed().as_secs_f64();
-                    let cpu_ms = (
-                        (cpu::own() - cpu_before.0) / n as f64,
-                        (cpu::tree(pg.pid()) - cpu_before.1) / n as f64,
-                        (cpu::tree(etcd.pid()) - cpu_before.2) / n as f64,
-                    );
-                    let times = spans::take();
-                    tokio::time::sleep(Duration::from_millis(1_100)).await;
-                    let per_payout =
-                        (commits(&stats).await - commits_before) as f64 / n as f64;
-                    assert!(report.complete, "the batch settled");
-                    assert_eq!(
-                        report.states.get("POSTED").copied(),
-                        Some(n),
-                        "every payout posted"
-                    );
-                    let mut cycles = times.get("payout cycle").cloned().unwrap_or_default();
-                    cycles.sort();
-                    let rate = n as f64 / seconds;
+                    let run = bench.run(&endpoints, &prefix, accounts_n, n, workers).await;
                     let raw = if accounts_n == 1 { raw_seq } else { raw_32 };
-                    let bound = raw / per_payout.max(1.0);
-                    let cores = (cpu_ms.0 + cpu_ms.1 + cpu_ms.2) * n as f64 / 1000.0 / seconds;
-                    println!(
-                        "{:<8} {:<14} {:>7} {:>8} {:>10.0} {:>8.2} {:>8.2} {:>9.1} {:>8.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>6.2}",
-                        backend,
-                        label,
-                        workers,
-                        n,
-                        rate,
-                        ms(spans::quantile(&cycles, 0.50)),
-                        ms(spans::quantile(&cycles, 0.99)),
-                        per_payout,
-                        bound,
-                        rate / bound,
-                        cpu_ms.0,
-                        cpu_ms.1,
-                        cpu_ms.2,
-                        cores
-                    );
-                    if first_breakdown.is_none() && workers == 1 {
-                        first_breakdown = Some((cycles.len(), times, statements::top(&stats, n).await));
+                    print_row(backend, label, workers, n, &run, raw);
+                    if hops.is_none() && workers == 1 {
+                        hops = Some((run.cycles, run.times));
                     }
                 }
             }
         }
-        if let Some((cycles, times, statements)) = first_breakdown {
+        // The breakdown: the first row again, every statement tracked.
+        statements::track(&pg, "all");
+        endpoints.lock_server = pg_lock.clone();
+        let traced = bench.run(&endpoints, "pg100traced", 100, payouts, 1).await;
+        statements::track(&pg, "none");
+        println!(
+            "\nthe first row again with pg_stat_statements.track = all (what the tracking costs PostgreSQL):"
+        );
+        print_row("pg", "100 accounts", 1, payouts, &traced, raw_32);
+        if let Some((cycles, times)) = hops {
             println!("\nserver time per hop, pg backend, 1 worker, 100 accounts ({cycles} cycles):");
             println!("{:<44} {:>7} {:>9} {:>9}", "span", "count", "p50 ms", "per payout");
             for (name, mut d) in times {
@@ -525,11 +528,11 @@ fn main() {
                     ms(total) / cycles.max(1) as f64
                 );
             }
-            println!(
-                "\nPostgreSQL time per statement, same run (pg_stat_statements, nested statements included; a function's time includes its statements'):"
-            );
-            println!("{statements}");
         }
+        println!(
+            "\nPostgreSQL time per statement, in that run (pg_stat_statements, nested statements included; a function's time includes its statements'):"
+        );
+        println!("{}", statements::top(&bench.stats, payouts).await);
         println!(
             "\nRSS of this process (all services and the executor): {rss_start:.0} MiB at start, {rss_rest:.0} MiB at rest, {:.0} MiB after the runs",
             rss_mib()
