@@ -505,15 +505,23 @@ fn main() {
                 }
             }
         }
-        // The breakdown: the first row again, every statement tracked.
-        statements::track(&pg, "all");
-        endpoints.lock_server = pg_lock.clone();
-        let traced = bench.run(&endpoints, "pg100traced", 100, payouts, 1).await;
-        statements::track(&pg, "none");
+        // The breakdown: the first row again, every statement tracked, between two runs
+        // without tracking (so the tracking's cost is read against neighbours, not against a
+        // run on emptier tables at the start).
         println!(
-            "\nthe first row again with pg_stat_statements.track = all (what the tracking costs PostgreSQL):"
+            "\nthe first row again, pg_stat_statements.track = none, all, none (what tracking every statement costs):"
         );
-        print_row("pg", "100 accounts", 1, payouts, &traced, raw_32);
+        endpoints.lock_server = pg_lock.clone();
+        let mut breakdown = String::new();
+        for (i, track) in ["none", "all", "none"].into_iter().enumerate() {
+            statements::track(&pg, track);
+            let prefix = format!("pg100track{i}");
+            let run = bench.run(&endpoints, &prefix, 100, payouts, 1).await;
+            print_row("pg", &format!("track {track}"), 1, payouts, &run, raw_32);
+            if track == "all" {
+                breakdown = statements::top(&bench.stats, payouts).await;
+            }
+        }
         if let Some((cycles, times)) = hops {
             println!("\nserver time per hop, pg backend, 1 worker, 100 accounts ({cycles} cycles):");
             println!("{:<44} {:>7} {:>9} {:>9}", "span", "count", "p50 ms", "per payout");
@@ -530,9 +538,9 @@ fn main() {
             }
         }
         println!(
-            "\nPostgreSQL time per statement, in that run (pg_stat_statements, nested statements included; a function's time includes its statements'):"
+            "\nPostgreSQL time per statement, in the tracked run (pg_stat_statements, nested statements included; a function's time includes its statements'):"
         );
-        println!("{}", statements::top(&bench.stats, payouts).await);
+        println!("{breakdown}");
         println!(
             "\nRSS of this process (all services and the executor): {rss_start:.0} MiB at start, {rss_rest:.0} MiB at rest, {:.0} MiB after the runs",
             rss_mib()
