@@ -19,9 +19,7 @@ dlock_kind! {
         /// Immutable: switching stores live would split the lock state in two.
         #[x_kube(validation = Rule::new("self == oldSelf").message("spec.backend is immutable: switching lock stores live would split the lock state in two; create a new LockServer instead"))]
         pub backend: LockBackend,
-        /// The `dlock` image; the operator's own image when absent.
-        pub image: Option<String>,
-        // Replicas, pods, authentication and proof keys: what every service has.
+        // Image, replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
         pub service: ServiceSettings,
     }
@@ -90,6 +88,8 @@ pub struct ServiceSettings {
     #[schemars(range(min = 1, max = 16))]
     pub replicas: Option<i32>,
     pub cloud_sql: Option<CloudSql>,
+    /// The `dlock` image; the operator's own image when absent.
+    pub image: Option<String>,
     // The main container's resources and the image pull Secrets.
     #[serde(flatten)]
     pub pod: PodOptions,
@@ -113,8 +113,7 @@ dlock_kind! {
         pub database_url_secret: SecretKeyRef,
         /// The credential of operator-only calls (fence advance, resolution).
         pub operator_token_secret: Option<SecretKeyRef>,
-        pub image: Option<String>,
-        // Replicas, pods, authentication and proof keys: what every service has.
+        // Image, replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
         pub service: ServiceSettings,
     }
@@ -137,8 +136,7 @@ dlock_kind! {
         #[schemars(range(min = 100, max = 120000))]
         pub read_timeout_ms: Option<i64>,
         pub operator_token_secret: Option<SecretKeyRef>,
-        pub image: Option<String>,
-        // Replicas, pods, authentication and proof keys: what every service has.
+        // Image, replicas, pods, authentication and proof keys: what every service has.
         #[serde(flatten)]
         pub service: ServiceSettings,
         /// Deploys the rail stub and points the proxy at it.

@@ -194,7 +194,6 @@ fn server() -> config::Server {
 fn service<K: Resource<DynamicType = ()>>(
     object: &K,
     component: Component,
-    image: Option<&String>,
     spec: &ServiceSettings,
     settings: &Settings,
 ) -> Result<(Workload, config::Auth, config::Fencing), Invalid> {
@@ -206,7 +205,7 @@ fn service<K: Resource<DynamicType = ()>>(
         namespace: namespace_of(object)?,
         component,
         instance: name.clone(),
-        image: image.cloned().unwrap_or_else(|| settings.image.clone()),
+        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         replicas: replicas(spec.replicas)?,
         config_toml: String::new(),
         secret_env: Vec::new(),
@@ -296,13 +295,8 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
             config::LockBackend::Etcd
         }
     };
-    let (workload, auth, fencing) = service(
-        object,
-        Component::LockServer,
-        spec.image.as_ref(),
-        &spec.service,
-        settings,
-    )?;
+    let (workload, auth, fencing) =
+        service(object, Component::LockServer, &spec.service, settings)?;
     let (etcd_tls, etcd_auth, etcd_tls_secret, etcd_password_secret) = match etcd {
         Some(e) => (e.tls, e.auth, e.tls_secret, e.password_secret),
         None => (None, None, None, None),
@@ -331,13 +325,8 @@ pub fn payment_resource(
     settings: &Settings,
 ) -> Result<Workload, Invalid> {
     let spec = &object.spec;
-    let (workload, auth, fencing) = service(
-        object,
-        Component::PaymentResource,
-        spec.image.as_ref(),
-        &spec.service,
-        settings,
-    )?;
+    let (workload, auth, fencing) =
+        service(object, Component::PaymentResource, &spec.service, settings)?;
     Ok(Workload {
         config_toml: render(&config::PaymentResource {
             server: server(),
@@ -379,13 +368,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
     if !(100..=120_000).contains(&read_timeout_ms) {
         return Err(invalid("spec.readTimeoutMs", "must be 100 to 120000"));
     }
-    let (workload, auth, fencing) = service(
-        object,
-        Component::RailProxy,
-        spec.image.as_ref(),
-        &spec.service,
-        settings,
-    )?;
+    let (workload, auth, fencing) = service(object, Component::RailProxy, &spec.service, settings)?;
     let proxy = Workload {
         config_toml: render(&config::RailProxy {
             server: server(),

@@ -48,7 +48,6 @@ pub fn lock_server() -> LockServer {
                 }),
                 etcd: None,
             },
-            image: None,
             service: ServiceSettings::default(),
         },
         status: None,
@@ -76,7 +75,6 @@ pub fn payment_resource() -> PaymentResource {
         spec: PaymentResourceSpec {
             database_url_secret: secret("paydb", "url"),
             operator_token_secret: Some(secret("operator-token", "token")),
-            image: None,
             service: ServiceSettings {
                 replicas: Some(3),
                 cloud_sql: Some(CloudSql {
@@ -113,7 +111,6 @@ pub fn rail_proxy() -> RailProxy {
             rail_url: None,
             read_timeout_ms: Some(8_000),
             operator_token_secret: Some(secret("operator-token", "token")),
-            image: None,
             service: ServiceSettings::default(),
             stub: Some(RailStubSpec {
                 latency_ms: Some(200),
