@@ -131,6 +131,7 @@ pub async fn adopt(
         return Ok(Adoption::NotNeeded);
     };
     let baseline = baseline(migrator, database, last.version)?;
+    let baseline_versions: Vec<i64> = baseline.iter().map(|m| m.version).collect();
     let db = |source| AdoptError::Database {
         database: database.to_owned(),
         source,
@@ -175,7 +176,7 @@ pub async fn adopt(
             database: database.to_owned(),
             found,
             expected: versions.into_iter().collect(),
-            baseline: baseline.iter().map(|m| m.version).collect(),
+            baseline: baseline_versions,
         });
     }
     let versions: Vec<i64> = versions.into_iter().collect();
@@ -184,23 +185,24 @@ pub async fn adopt(
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    for migration in &baseline {
-        // As sqlx records a migration it skipped: applied, with no execution time of its own.
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
-             execution_time) VALUES ($1, $2, TRUE, $3, -1)",
-        )
-        .bind(migration.version)
-        .bind(&*migration.description)
-        .bind(&*migration.checksum)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    }
+    // As sqlx records a migration it skipped: applied, with no execution time of its own.
+    let descriptions: Vec<&str> = baseline.iter().map(|m| &*m.description).collect();
+    let checksums: Vec<&[u8]> = baseline.iter().map(|m| &*m.checksum).collect();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         SELECT version, description, TRUE, checksum, -1 \
+         FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS b (version, description, checksum)",
+    )
+    .bind(&baseline_versions)
+    .bind(&descriptions)
+    .bind(&checksums)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
     tx.commit().await.map_err(db)?;
     Ok(Adoption::Adopted {
         retired: versions.len(),
-        baseline: baseline.iter().map(|m| m.version).collect(),
+        baseline: baseline_versions,
     })
 }
 
