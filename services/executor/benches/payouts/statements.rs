@@ -69,3 +69,23 @@ pub async fn top(pool: &sqlx::PgPool, payouts: usize) -> String {
     }
     out
 }
+
+/// Rows read by sequential scans so far, per table of paydb and lockdb (PostgreSQL's own
+/// per-table statistics). A table read whole on a payout's path shows here with a count that
+/// grows with the table.
+pub fn seq_rows(pg: &PgServer) -> std::collections::BTreeMap<String, i64> {
+    let mut rows = std::collections::BTreeMap::new();
+    for db in ["paydb", "lockdb"] {
+        let out = pg
+            .psql(db, "SELECT relname, seq_tup_read FROM pg_stat_user_tables")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        for line in out.lines() {
+            if let Some((table, n)) = line.split_once('|')
+                && let Ok(n) = n.trim().parse()
+            {
+                rows.insert(format!("{db}.{table}"), n);
+            }
+        }
+    }
+    rows
+}
