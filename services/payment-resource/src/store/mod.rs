@@ -95,14 +95,31 @@ struct PayoutRow {
     updated_at: DateTime<Utc>,
 }
 
+/// One row of [`PAYOUT_SELECT`]: the payout, and one of its attempts at the rail (all `None` for
+/// a payout that has none).
 #[derive(Debug, FromRow)]
-struct SubmissionRow {
-    submission_id: Uuid,
-    presented_token: i64,
-    outcome: String,
-    rail_reference: Option<String>,
-    submitted_at: DateTime<Utc>,
-    resolved_at: Option<DateTime<Utc>>,
+struct PayoutSubmissionRow {
+    #[sqlx(flatten)]
+    payout: PayoutRow,
+    sub_submission_id: Option<Uuid>,
+    sub_presented_token: Option<i64>,
+    sub_outcome: Option<String>,
+    sub_rail_reference: Option<String>,
+    sub_submitted_at: Option<DateTime<Utc>>,
+    sub_resolved_at: Option<DateTime<Utc>>,
+}
+
+impl PayoutSubmissionRow {
+    fn submission(&self) -> Option<SubmissionSummary> {
+        Some(SubmissionSummary {
+            submission_id: self.sub_submission_id?,
+            presented_token: self.sub_presented_token?,
+            outcome: self.sub_outcome.clone()?,
+            rail_reference: self.sub_rail_reference.clone(),
+            submitted_at: self.sub_submitted_at?,
+            resolved_at: self.sub_resolved_at,
+        })
+    }
 }
 
 #[derive(Debug, FromRow)]
@@ -141,9 +158,16 @@ const ACCOUNT_SELECT: &str = "SELECT a.account_id, a.currency::text AS currency,
         AS ledger_sum_minor \
     FROM accounts a WHERE a.account_id = $1";
 
-const PAYOUT_SELECT: &str = "SELECT payout_id, account_id, amount_minor, currency::text AS currency, \
-    beneficiary_ref, state, attempt_count, claim_token, rail_reference, submission_id, created_at, \
-    updated_at FROM payouts WHERE payout_id = $1";
+/// P4 in one statement, so one snapshot: the payout, once per attempt at the rail (once with
+/// NULL attempt columns when it has none), attempts in the order they were presented.
+const PAYOUT_SELECT: &str = "SELECT p.payout_id, p.account_id, p.amount_minor, \
+    p.currency::text AS currency, p.beneficiary_ref, p.state, p.attempt_count, p.claim_token, \
+    p.rail_reference, p.submission_id, p.created_at, p.updated_at, \
+    s.submission_id AS sub_submission_id, s.presented_token AS sub_presented_token, \
+    s.outcome AS sub_outcome, s.rail_reference AS sub_rail_reference, \
+    s.submitted_at AS sub_submitted_at, s.resolved_at AS sub_resolved_at \
+    FROM payouts p LEFT JOIN rail_submission s ON s.payout_id = p.payout_id \
+    WHERE p.payout_id = $1 ORDER BY s.submitted_at, s.submission_id";
 
 #[derive(Clone)]
 pub struct PayStore {
@@ -231,23 +255,18 @@ impl PayStore {
 
     /// P4 (and the answer of payout creation): the payout and its rail submissions.
     pub async fn payout(conn: &mut PgConnection, payout_id: Uuid) -> StoreResult<Option<Payout>> {
-        let row: Option<PayoutRow> = sqlx::query_as(PAYOUT_SELECT)
+        let rows: Vec<PayoutSubmissionRow> = sqlx::query_as(PAYOUT_SELECT)
             .bind(payout_id)
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await
             .map_err(map_sqlx)?;
-        let Some(r) = row else {
+        let submissions = rows
+            .iter()
+            .filter_map(PayoutSubmissionRow::submission)
+            .collect();
+        let Some(PayoutSubmissionRow { payout: r, .. }) = rows.into_iter().next() else {
             return Ok(None);
         };
-        let submissions: Vec<SubmissionRow> = sqlx::query_as(
-            "SELECT submission_id, presented_token, outcome, rail_reference, submitted_at, \
-                    resolved_at FROM rail_submission WHERE payout_id = $1 \
-             ORDER BY submitted_at, submission_id",
-        )
-        .bind(payout_id)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
         Ok(Some(Payout {
             payout_id: r.payout_id,
             account_id: r.account_id,
@@ -261,17 +280,7 @@ impl PayStore {
             submission_id: r.submission_id,
             created_at: r.created_at,
             updated_at: r.updated_at,
-            submissions: submissions
-                .into_iter()
-                .map(|s| SubmissionSummary {
-                    submission_id: s.submission_id,
-                    presented_token: s.presented_token,
-                    outcome: s.outcome,
-                    rail_reference: s.rail_reference,
-                    submitted_at: s.submitted_at,
-                    resolved_at: s.resolved_at,
-                })
-                .collect(),
+            submissions,
         }))
     }
 
