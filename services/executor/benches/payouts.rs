@@ -508,8 +508,7 @@ fn main() {
                 }
             }
         }
-        // Statistics reach the per-table counters within a second of a transaction's end.
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        // Every run already waited for the backends' statistics to reach the counters.
         let seq_after = statements::seq_rows(&pg);
         println!("\nrows read by sequential scans during the table, per payout ({table_payouts} payouts; tables under 0.5 left out):");
         for (table, after) in &seq_after {

@@ -110,15 +110,27 @@ struct PayoutSubmissionRow {
 }
 
 impl PayoutSubmissionRow {
-    fn submission(&self) -> Option<SubmissionSummary> {
-        Some(SubmissionSummary {
-            submission_id: self.sub_submission_id?,
-            presented_token: self.sub_presented_token?,
-            outcome: self.sub_outcome.clone()?,
-            rail_reference: self.sub_rail_reference.clone(),
-            submitted_at: self.sub_submitted_at?,
-            resolved_at: self.sub_resolved_at,
-        })
+    /// The payout, and the attempt when the row has one.
+    fn split(self) -> (PayoutRow, Option<SubmissionSummary>) {
+        let submission = match (
+            self.sub_submission_id,
+            self.sub_presented_token,
+            self.sub_outcome,
+            self.sub_submitted_at,
+        ) {
+            (Some(submission_id), Some(presented_token), Some(outcome), Some(submitted_at)) => {
+                Some(SubmissionSummary {
+                    submission_id,
+                    presented_token,
+                    outcome,
+                    rail_reference: self.sub_rail_reference,
+                    submitted_at,
+                    resolved_at: self.sub_resolved_at,
+                })
+            }
+            _ => None,
+        };
+        (self.payout, submission)
     }
 }
 
@@ -260,11 +272,14 @@ impl PayStore {
             .fetch_all(&mut *conn)
             .await
             .map_err(map_sqlx)?;
-        let submissions = rows
-            .iter()
-            .filter_map(PayoutSubmissionRow::submission)
-            .collect();
-        let Some(PayoutSubmissionRow { payout: r, .. }) = rows.into_iter().next() else {
+        let mut payout = None;
+        let mut submissions = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (p, submission) = row.split();
+            payout.get_or_insert(p);
+            submissions.extend(submission);
+        }
+        let Some(r) = payout else {
             return Ok(None);
         };
         Ok(Some(Payout {
