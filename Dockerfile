@@ -4,6 +4,10 @@
 #
 # Stage 1 builds the release binary with the pinned toolchain; stage 2 is a distroless base with
 # glibc and nothing else (no shell, no package manager), running as the non-root user 65532.
+#
+# Without a registry, scripts/image builds the same image with buildah from Debian's packages
+# (docs/image.md); scripts/check-image fails when its entrypoint, command, user, port, working
+# directory, labels or binary path differ from this file's final stage, so keep the two in step.
 
 FROM rust:1.95.0-bookworm AS build
 RUN apt-get update \
@@ -20,8 +24,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0755 target/release/dlock /out/dlock
 
 FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.title="dlock" \
+      org.opencontainers.image.description="Fenced payouts: every dlock service, the executor, the reconciler and the operator in one binary" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/dlock /usr/local/bin/dlock
 USER 65532:65532
+WORKDIR /home/nonroot
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/dlock"]
 CMD ["--help"]
