@@ -574,6 +574,52 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     assert!(transfers.len() <= 1, "{transfers:?}");
 }
 
+/// A rollout stops a proxy with SIGTERM while a forward is in flight and its caller has already
+/// hung up (a client timeout, or an executor killed in the same rollout): the proxy waits for the
+/// rail's answer and records it before it exits, so the payout is RAIL_ACKED, not left SUBMITTING
+/// to be timed out as RAIL_AMBIGUOUS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_stopped_with_sigterm_records_the_forward_whose_caller_hung_up() {
+    let (w, stub) = RailWorld::with_stub("stub", &[("rail.stub.latency-ms", "2000")]).await;
+    let port = port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut proxy = w.proxy_process(port, &stub, &[("rail.proxy.read-timeout-ms", "6000")]);
+    w.account("acct-t", 10_000).await;
+    let payout = w.claimed("acct-t", 700, 3).await;
+    // The caller gives up long before the rail answers, and is gone when the proxy is stopped.
+    let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
+    let answer = submission(&client, &url, "acct-t", payout, 700, "3")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(
+        answer.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the caller timed out: {answer:?}"
+    );
+    eventually(
+        "the intent row is committed",
+        Duration::from_secs(10),
+        || async {
+            (w.submissions(payout).await == vec![("unresolved".to_owned(), 3)]).then_some(())
+        },
+    )
+    .await;
+    // Positive control: the rail has not answered yet, so the answer is still to be recorded.
+    assert_eq!(w.state(payout).await, "SUBMITTING");
+    assert!(statement(&stub, payout).await.is_empty());
+    proxy
+        .signal(dlock_devstack::Signal::SIGTERM)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let exit = proxy.wait_exit(Duration::from_secs(15));
+    assert!(
+        exit.is_some_and(|status| status.success()),
+        "the proxy exits cleanly after draining: {exit:?}"
+    );
+    assert_eq!(w.submissions(payout).await, vec![("ACKED".to_owned(), 3)]);
+    assert_eq!(w.state(payout).await, "RAIL_ACKED");
+    assert_eq!(statement(&stub, payout).await.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_token_sent_to_another_replica_is_fenced() {
     let (mut w, stub) = RailWorld::with_stub("stub", &[]).await;

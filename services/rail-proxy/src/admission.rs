@@ -47,20 +47,20 @@ pub(crate) async fn submit(
     let (owner, key) = (owner.unwrap_or_default(), key.unwrap_or_default());
     // Admission, the forward and its record run as their own task: a caller that hangs up or a
     // request deadline drops this handler, never the forward between the rail's answer and its
-    // record (an acknowledged transfer left unresolved would be quarantined as ambiguous).
+    // record (an acknowledged transfer left unresolved would be quarantined as ambiguous). The
+    // task is tracked, so a shutdown waits for it too (`drain_forwards`).
     let submission = Submission {
         token,
         owner,
         key,
         body,
     };
-    tokio::spawn(admit_and_forward(state, submission).instrument(tracing::Span::current()))
-        .await
-        .unwrap_or_else(|error| {
-            Err(ApiError::internal(format!(
-                "the submission task failed: {error}"
-            )))
-        })
+    let task = admit_and_forward(state.clone(), submission).instrument(tracing::Span::current());
+    state.forwards.spawn(task).await.unwrap_or_else(|error| {
+        Err(ApiError::internal(format!(
+            "the submission task failed: {error}"
+        )))
+    })
 }
 
 /// A checked submission and who presents it.

@@ -28,6 +28,7 @@ use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::json_response;
 use serde_json::json;
 use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use admission::submit;
@@ -44,6 +45,9 @@ pub struct AppState {
     pub config: Arc<RailProxyConfig>,
     pub metrics: Arc<Metrics>,
     rail: reqwest::Client,
+    /// Every submission's admission, forward and record, each a task of its own: shutdown waits
+    /// for them, whether or not their callers are still connected.
+    forwards: TaskTracker,
 }
 
 impl AppState {
@@ -65,6 +69,7 @@ impl AppState {
             config,
             metrics: Metrics::new(),
             rail,
+            forwards: TaskTracker::new(),
         })
     }
 }
@@ -103,13 +108,57 @@ pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     let sweeper = tokio::spawn(sweep_forever(state.clone()));
     let listener = config.served.bind().await?;
     tracing::info!(event = "rail_proxy_started", listen = %listener.local_addr()?, rail = %config.rail_url, "rail proxy is serving");
-    // Shutdown drains in-flight forwards: a rollout never cuts a forward mid-flight.
     let proof_keys = config.proof_keys.as_ref();
     (config.served)
-        .serve("rail-proxy", proof_keys, listener, app(state), sweeper)
+        .serve(
+            "rail-proxy",
+            proof_keys,
+            listener,
+            app(state.clone()),
+            sweeper,
+        )
         .await
         .context("the HTTP server failed")?;
+    drain_forwards(&state).await;
     Ok(())
+}
+
+/// After SIGTERM the server has stopped taking requests and has answered every caller still
+/// connected; a submission whose caller hung up (a client timeout, an executor killed in the same
+/// rollout) may still be between the rail and its record. Each is waited for, up to the rail's
+/// connect and read timeouts and the unresolved margin (what a forward can take at most, and what
+/// `terminationGracePeriodSeconds` must exceed), so its answer is recorded rather than left to be
+/// timed out as RAIL_AMBIGUOUS.
+pub async fn drain_forwards(state: &AppState) {
+    let forwards = &state.forwards;
+    forwards.close();
+    if forwards.is_empty() {
+        return;
+    }
+    let in_flight = forwards.len();
+    let bound = state.config.rail_connect_timeout
+        + state.config.rail_read_timeout
+        + state.config.unresolved_margin;
+    tracing::info!(
+        event = "rail_forwards_draining",
+        in_flight,
+        bound_ms = bound.as_millis() as u64,
+        "stopping: waiting for submissions in flight to the rail to be recorded"
+    );
+    match tokio::time::timeout(bound, forwards.wait()).await {
+        Ok(()) => tracing::info!(
+            event = "rail_forwards_drained",
+            in_flight,
+            "every submission in flight was recorded"
+        ),
+        Err(_) => tracing::error!(
+            event = "rail_forwards_not_drained",
+            left = forwards.len(),
+            bound_ms = bound.as_millis() as u64,
+            "stopping with submissions still in flight past the rail's timeouts; their intents \
+             are timed out as RAIL_AMBIGUOUS by the next proxy's sweep: reconcile them"
+        ),
+    }
 }
 
 async fn sweep_forever(state: AppState) {
