@@ -99,13 +99,62 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// The in-cluster URL of the workload's Service. Its name was checked as a [`ServiceName`]
+    /// when the workload was validated.
     pub fn url(&self) -> String {
-        service_url(&self.name, &self.namespace)
+        service_url(&ServiceName(self.name.clone()), &self.namespace)
     }
 }
 
-/// The in-cluster URL of a dlock Service.
-pub fn service_url(name: &str, namespace: &str) -> String {
+/// What a Service name is (an RFC 1035 label, as Kubernetes requires of a Service), and so what
+/// every reference to a dlock service in a custom resource must be: `spec.lockServer`,
+/// `spec.paymentResource`, `spec.railProxy`. The CRDs carry the same pattern and length.
+pub const SERVICE_NAME_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
+/// The longest Service name (an RFC 1035 label).
+pub const SERVICE_NAME_LEN_MAX: usize = 63;
+
+/// The name of a dlock Service, checked. The operator sends its own credential to the URL a
+/// name becomes ([`service_url`]), so a name is only ever a Service name of the object's own
+/// namespace: nothing in it can name another host, port or path (`evil.example:80/?` is refused).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceName(String);
+
+impl ServiceName {
+    /// `name` when it is a Service name; otherwise what is wrong with it.
+    pub fn new(name: &str) -> Result<Self, String> {
+        let bytes = name.as_bytes();
+        let valid = !bytes.is_empty()
+            && bytes.len() <= SERVICE_NAME_LEN_MAX
+            && bytes[0].is_ascii_lowercase()
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            && !name.ends_with('-');
+        if valid {
+            Ok(Self(name.to_owned()))
+        } else {
+            Err(format!(
+                "{name:?} is not a Service name: 1 to {SERVICE_NAME_LEN_MAX} of lower-case letters, \
+                 digits and '-', starting with a letter and ending with a letter or digit (the name \
+                 of a dlock object in this namespace, never a host or URL)"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The in-cluster URL of a dlock Service of `namespace` (a namespace name, which Kubernetes
+/// already restricts to a DNS label).
+pub fn service_url(name: &ServiceName, namespace: &str) -> String {
     format!("http://{name}.{namespace}.svc:{PORT}")
 }
 

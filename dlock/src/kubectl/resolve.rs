@@ -15,11 +15,11 @@ pub(super) async fn resolve(kube: &Kube, args: ResolveArgs) -> Result<()> {
         .list::<PaymentResource>("paymentresources.dlock.io")
         .await?;
     let resource = chosen_payment_resource(&resources, args.payment_resource.as_deref(), ns)?;
-    let url = resource
-        .status
-        .as_ref()
-        .and_then(|s| s.url.clone())
-        .unwrap_or_else(|| dlock_operator::workload::service_url(&resource.name_any(), ns));
+    // The operator credential goes only to the URL of the PaymentResource's own Service, built
+    // from its name: never to `status.url`, which anyone who may write the status can set.
+    let name = dlock_operator::workload::ServiceName::new(&resource.name_any())
+        .map_err(|e| anyhow!("PaymentResource {ns}/{}: {e}", resource.name_any()))?;
+    let url = dlock_operator::workload::service_url(&name, ns);
     let operator = kube.operator(args.operator.as_deref()).await;
     let evidence = match (&args.evidence, &args.decision.rail_reference) {
         (Some(e), _) => e.clone(),

@@ -128,8 +128,6 @@ pub fn revoke_fields(
     }
 }
 
-/// The names of the LockServers, PaymentResources and RailProxies in `namespace`, read only for
-/// the kinds `ask` does not name (see [`validate::fence_target`] for the rule).
 /// Runs (or resumes) the revocation `ask` asks for against the namespace's services, or records
 /// why it was not sent: a malformed ask, or no single target of a kind.
 async fn revoke_or_refuse(
@@ -141,7 +139,7 @@ async fn revoke_or_refuse(
 ) -> Result<RevocationResult> {
     let target = match validate::check_ask(ask) {
         Ok(()) => {
-            let present = namespace_targets(ctx, namespace, ask).await?;
+            let present = namespace_targets(ctx, namespace).await?;
             validate::revocation_target(namespace, ask, &present)
         }
         Err(invalid) => Err(invalid),
@@ -152,28 +150,14 @@ async fn revoke_or_refuse(
     })
 }
 
-async fn namespace_targets(
-    ctx: &Context,
-    namespace: &str,
-    ask: &validate::RevocationAsk<'_>,
-) -> Result<validate::NamespaceTargets> {
-    let [lock_server, payment_resource, rail_proxy] = ask.named.map(|n| n.is_some());
+/// The names of the LockServers, PaymentResources and RailProxies in `namespace`: a target a
+/// revocation names must be one of them, and one it does not name is the only one of its kind
+/// (see [`validate::fence_target`] for the rule).
+async fn namespace_targets(ctx: &Context, namespace: &str) -> Result<validate::NamespaceTargets> {
     Ok(validate::NamespaceTargets {
-        lock_servers: if lock_server {
-            Vec::new()
-        } else {
-            names_in::<LockServer>(ctx, namespace, "LockServers").await?
-        },
-        payment_resources: if payment_resource {
-            Vec::new()
-        } else {
-            names_in::<PaymentResource>(ctx, namespace, "PaymentResources").await?
-        },
-        rail_proxies: if rail_proxy {
-            Vec::new()
-        } else {
-            names_in::<RailProxy>(ctx, namespace, "RailProxies").await?
-        },
+        lock_servers: names_in::<LockServer>(ctx, namespace, "LockServers").await?,
+        payment_resources: names_in::<PaymentResource>(ctx, namespace, "PaymentResources").await?,
+        rail_proxies: names_in::<RailProxy>(ctx, namespace, "RailProxies").await?,
     })
 }
 

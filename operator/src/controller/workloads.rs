@@ -430,7 +430,11 @@ async fn try_mirror_locks(
     let Some(owner) = object.controller_owner_ref(&()) else {
         return Ok(());
     };
-    let url = crate::workload::service_url(&name, &namespace);
+    // A name that is not a Service name was refused by validation, which says so in the status.
+    let Ok(service) = crate::workload::ServiceName::new(&name) else {
+        return Ok(());
+    };
+    let url = crate::workload::service_url(&service, &namespace);
     let list = ctx.services.held_locks(&url).await?;
     let held = &list.items;
     let mut keep = std::collections::BTreeSet::new();

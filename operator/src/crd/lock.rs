@@ -21,6 +21,7 @@ dlock_kind! {
         /// The lock key on the lock server.
         pub key: String,
         /// The LockServer that holds it.
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub lock_server: String,
         /// The account whose enforcement points a revocation fences (DESIGN D-3).
         pub account_id: String,
@@ -84,12 +85,15 @@ dlock_kind! {
         #[schemars(range(min = 1))]
         pub expected_token: Option<i64>,
         /// The LockServer; defaults to the only one in the namespace.
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub lock_server: Option<String>,
         /// The PaymentResource whose account fence is advanced; defaults to the only one in the
         /// namespace (with none or several the revocation is refused).
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub payment_resource: Option<String>,
         /// The RailProxy whose high-water mark is advanced; defaults to the only one in the
         /// namespace (with none or several the revocation is refused).
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub rail_proxy: Option<String>,
     }
 }

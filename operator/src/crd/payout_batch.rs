@@ -34,8 +34,11 @@ dlock_kind! {
         pub payouts: Vec<PayoutItem>,
         /// The LockServer, PaymentResource and RailProxy to use; each defaults to the only one of its
         /// kind in the namespace's conventional name (`lock-server`, `payment-resource`, `rail-proxy`).
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub lock_server: Option<String>,
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub payment_resource: Option<String>,
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub rail_proxy: Option<String>,
         pub image: Option<String>,
         /// How the executor authenticates to the services. Absent: a projected service-account

@@ -18,6 +18,7 @@ dlock_kind! {
         /// A cron schedule; absent runs once.
         pub schedule: Option<String>,
         /// The RailProxy whose stub is the rail when `railUrl` is absent (default `rail-proxy`).
+        #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub rail_proxy: Option<String>,
         pub image: Option<String>,
         // The main container's resources and the image pull Secrets.

@@ -4,6 +4,7 @@ use dlock_contract::payout_batch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 
+use super::service_name;
 use super::{
     Invalid, READ_TIMEOUT_MS_DEFAULT, Settings, invalid, namespace_of, owner_of,
     service_account_identity,
@@ -124,9 +125,16 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
     }
     let manifest_yaml = serde_yaml_ng::to_string(&manifest)
         .map_err(|e| invalid("spec", format!("cannot be written as a manifest: {e}")))?;
-    let url = |spec: &Option<String>, default: &str| {
-        service_url(spec.as_deref().unwrap_or(default), &namespace)
+    let url = |field: &str, spec: &Option<String>, default: &str| {
+        super::service_name(field, spec.as_deref(), default).map(|n| service_url(&n, &namespace))
     };
+    let lock_server_url = url("spec.lockServer", &spec.lock_server, "lock-server")?;
+    let payment_resource_url = url(
+        "spec.paymentResource",
+        &spec.payment_resource,
+        "payment-resource",
+    )?;
+    let rail_proxy_url = url("spec.railProxy", &spec.rail_proxy, "rail-proxy")?;
     let credential = executor_credential(spec.executor.as_ref(), &namespace, &name)?;
     Ok(ValidatedBatch {
         credential,
@@ -134,9 +142,9 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
         workers,
         manifest_yaml,
-        lock_server_url: url(&spec.lock_server, "lock-server"),
-        payment_resource_url: url(&spec.payment_resource, "payment-resource"),
-        rail_proxy_url: url(&spec.rail_proxy, "rail-proxy"),
+        lock_server_url,
+        payment_resource_url,
+        rail_proxy_url,
         rail_proxy_name: spec
             .rail_proxy
             .clone()
@@ -175,15 +183,14 @@ pub fn reconciliation(
             "must be a five-field cron schedule (minute hour day month weekday)",
         ));
     }
-    let rail_url = spec.rail_url.clone().unwrap_or_else(|| {
-        service_url(
-            &format!(
-                "{}-stub",
-                spec.rail_proxy.as_deref().unwrap_or("rail-proxy")
-            ),
+    let rail_proxy = service_name("spec.railProxy", spec.rail_proxy.as_deref(), "rail-proxy")?;
+    let rail_url = match &spec.rail_url {
+        Some(url) => url.clone(),
+        None => service_url(
+            &service_name("spec.railProxy", Some(&format!("{rail_proxy}-stub")), "")?,
             &namespace,
-        )
-    });
+        ),
+    };
     Ok(ValidatedReconciliation {
         pod: PodSettings::from_options(&spec.pod, service_resources()),
         name: object.name_any(),

@@ -4,7 +4,7 @@ use dlock_contract::revoke::RevokeOrder;
 
 use super::{Invalid, invalid, namespace_of};
 use crate::crd::LockRevocation;
-use crate::workload::service_url;
+use crate::workload::{ServiceName, service_url};
 
 /// Where a revocation goes and what it says.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,12 +39,30 @@ pub fn fence_target(
     field: &str,
     named: Option<&str>,
     present: &[String],
-) -> Result<String, Invalid> {
+) -> Result<ServiceName, Invalid> {
+    let checked = |name: &str| ServiceName::new(name).map_err(|m| invalid(field, m));
     if let Some(name) = named.map(str::trim).filter(|n| !n.is_empty()) {
-        return Ok(name.to_owned());
+        // The operator's credential goes to this name: a Service name, of a dlock object that
+        // exists here, never whatever the object says.
+        let name = checked(name)?;
+        if !present.iter().any(|p| p == name.as_str()) {
+            return Err(invalid(
+                field,
+                format!(
+                    "there is no {kind} named {name} in the namespace (present: {}); a \
+                     revocation is sent only to the namespace's own {kind}",
+                    if present.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        present.join(", ")
+                    }
+                ),
+            ));
+        }
+        return Ok(name);
     }
     match present {
-        [one] => Ok(one.clone()),
+        [one] => checked(one),
         [] => Err(invalid(
             field,
             format!("no {kind} in the namespace; there is nothing to send the revocation to"),

@@ -1,3 +1,4 @@
+use crate::workload::ServiceName;
 use dlock_contract::revoke::RevokeOrder;
 
 use super::*;
@@ -9,14 +10,34 @@ fn names(list: &[&str]) -> Vec<String> {
 #[test]
 fn a_fence_target_is_the_named_one_or_the_namespaces_only_one() {
     let kind = "PaymentResource";
+    let name = |n: &str| ServiceName::new(n).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        fence_target(kind, "f", Some("pay"), &names(&["a", "b"])),
-        Ok("pay".to_owned())
+        fence_target(kind, "f", Some("pay"), &names(&["a", "pay"])),
+        Ok(name("pay"))
     );
     assert_eq!(
         fence_target(kind, "f", None, &names(&["payments-eu"])),
-        Ok("payments-eu".to_owned())
+        Ok(name("payments-eu"))
     );
+    // A named target must be one of the namespace's own objects, by a Service name.
+    let Err(absent) = fence_target(kind, "f", Some("pay"), &names(&["a", "b"])) else {
+        panic!("a target that does not exist was chosen");
+    };
+    assert!(
+        absent.message.contains("no PaymentResource named pay"),
+        "{absent}"
+    );
+    for hostile in ["evil.example:80/?", "a.b", "Pay", "pay/", "-pay", "p@evil"] {
+        let present = names(&[hostile]);
+        assert!(
+            fence_target(kind, "f", Some(hostile), &present).is_err(),
+            "{hostile:?} was accepted as a target"
+        );
+        assert!(
+            fence_target(kind, "f", None, &present).is_err(),
+            "{hostile:?} was accepted as the only target"
+        );
+    }
     let Err(none) = fence_target(kind, "f", None, &[]) else {
         panic!("chosen from none");
     };
@@ -45,7 +66,7 @@ fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
         named: [Some("locks"), None, None],
     };
     let present = NamespaceTargets {
-        lock_servers: Vec::new(),
+        lock_servers: names(&["locks", "other-locks"]),
         payment_resources: names(&["payments"]),
         rail_proxies: names(&["rail"]),
     };

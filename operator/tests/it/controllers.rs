@@ -212,8 +212,9 @@ fn reply_names(call: Call, plural: &str, names: &[&str]) {
     );
 }
 
-/// The stack of the fixtures: one PaymentResource and one RailProxy in the namespace.
+/// The stack of the fixtures: one LockServer, PaymentResource and RailProxy in the namespace.
 async fn answer_fence_targets(api: &mut ApiServerVerifier) {
+    reply_names(api.next().await, "lockservers", &["lock-server"]);
     reply_names(api.next().await, "paymentresources", &["payment-resource"]);
     reply_names(api.next().await, "railproxies", &["rail-proxy"]);
 }
@@ -1224,6 +1225,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    reply_names(api.next().await, "lockservers", &["lock-server"]);
     reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
     reply_names(api.next().await, "railproxies", &["rail"]);
     let call = api.next().await;
@@ -1247,6 +1249,7 @@ async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy(
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    reply_names(api.next().await, "lockservers", &["lock-server"]);
     reply_names(api.next().await, "paymentresources", &["payments-eu"]);
     reply_names(api.next().await, "railproxies", &["rail-sepa"]);
     let call = api.next().await;
@@ -1305,8 +1308,8 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
         Arc::new(object.clone()),
         ctx,
     ));
-    // Only the lock server's name is looked up; the lock itself is not (it is gone).
-    reply_names(api.next().await, "lockservers", &["lock-server"]);
+    // The targets are looked up (the named ones must exist); the lock itself is not (it is gone).
+    answer_fence_targets(&mut api).await;
     let call = api
         .expect_apply(&format!("{DLOCK}/lockrevocations/revoke-acct-17/status"))
         .await;

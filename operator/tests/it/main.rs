@@ -12,3 +12,4 @@ mod controllers;
 mod crds;
 mod examples;
 mod fixtures;
+mod references;
