@@ -67,6 +67,7 @@ LS=$(jq -r .lockServer <<<"$UP"); PR=$(jq -r .paymentResource <<<"$UP")
 RP=$(jq -r .railProxy <<<"$UP"); RS=$(jq -r .railStub <<<"$UP")
 PAYDB=$(jq -r .paydb <<<"$UP")
 CRED=$(jq -r '.credentials.executor // empty' <<<"$UP")
+TREASURY=$(jq -r '.credentials.treasury // empty' <<<"$UP")
 declare -A PIDS=(
   [lock-server]=$(jq -r .pids.lockServer <<<"$UP")
   [payment-resource]=$(jq -r .pids.paymentResource <<<"$UP")
@@ -75,15 +76,16 @@ declare -A PIDS=(
 )
 SERVICES=(lock-server payment-resource rail-proxy rail-stub)
 OWNER=executor/soak
+# Accounts are opened and funded by the treasury, the only identity allowed to.
 auth=()
-[ -n "$CRED" ] && auth=(-H "authorization: Bearer $CRED")
+[ -n "$TREASURY" ] && auth=(-H "authorization: Bearer $TREASURY")
 
 sql() { "$PSQL" -X -q -A -t -v ON_ERROR_STOP=1 "$PAYDB" -c "$1"; }
 
 post() { # path idempotency-key body
   local code
   code=$(curl -s -o "$DIR/logs/last-post.json" -w '%{http_code}' -X POST "$PR$1" \
-    -H 'content-type: application/json' -H "x-owner-id: $OWNER" -H "x-idempotency-key: $2" \
+    -H 'content-type: application/json' -H "x-owner-id: treasury/soak" -H "x-idempotency-key: $2" \
     "${auth[@]}" -d "$3")
   case "$code" in 2??) ;; *) echo "soak: POST $1 -> $code $(cat "$DIR/logs/last-post.json")" >&2; exit 1 ;; esac
 }

@@ -130,8 +130,15 @@ async fn run_demo(
         &line.credentials.executor,
     ));
     let owner = format!("{}/dlock-demo", crate::dev::DEV_EXECUTOR_IDENTITY);
-    let payment = PaymentClient::new(&payment_url, &owner)?.with_credential(credential.clone());
-    open_accounts(&payment, batch).await?;
+    // Accounts are opened and funded by the treasury, the only identity allowed to.
+    let treasury = PaymentClient::new(
+        &payment_url,
+        &format!("{}/dlock-demo", crate::dev::DEV_TREASURY_IDENTITY),
+    )?
+    .with_credential(Some(dlock_contract::auth::Credential::fixed(
+        &line.credentials.treasury,
+    )));
+    open_accounts(&treasury, batch).await?;
     let options = RunOptions {
         workers: args.workers,
         owner_id: owner.clone(),

@@ -51,6 +51,8 @@ pub(crate) struct UpLine {
 pub(crate) struct Credentials {
     pub(crate) executor: String,
     pub(crate) operator: String,
+    /// The treasury's: the only identity that may open and fund accounts.
+    pub(crate) treasury: String,
 }
 
 #[derive(Serialize)]
@@ -117,6 +119,9 @@ pub struct DownArgs {
 pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
 /// The identity `dlock run` and the demo write as on the local stack.
 pub const DEV_EXECUTOR_IDENTITY: &str = "executor";
+/// The identity that opens and funds accounts on the local stack (`auth.treasury-identities`'
+/// default).
+pub const DEV_TREASURY_IDENTITY: &str = dlock_server::auth::DEFAULT_TREASURY_IDENTITY;
 
 fn random_token() -> String {
     use rand::Rng;
@@ -127,6 +132,7 @@ fn random_token() -> String {
 /// Writes the stack's tokens file (and the proxy's own credential towards the rail).
 fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
     let executor = random_token();
+    let treasury = random_token();
     let proxy = random_token();
     let tokens = dir.join("tokens");
     write_private(
@@ -134,6 +140,7 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
         &format!(
             "# written by `dlock dev up`: <identity> <token>\n\
              {DEV_EXECUTOR_IDENTITY} {executor}\n\
+             {DEV_TREASURY_IDENTITY} {treasury}\n\
              operator {DEV_OPERATOR_TOKEN}\n\
              rail-proxy {proxy}\n"
         ),
@@ -147,6 +154,7 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
         Credentials {
             executor,
             operator: DEV_OPERATOR_TOKEN.to_owned(),
+            treasury,
         },
     ))
 }

@@ -37,9 +37,12 @@ pub(crate) fn env_file_text(
          export DLOCK_PAYMENT_RESOURCE={pr}\n\
          export DLOCK_RAIL_PROXY={rp}\n\
          export DLOCK_RAIL_READ_TIMEOUT_MS={rail_read_timeout_ms}\n\
-         # dlock run, dlock accounts: who writes (owner ids `executor/<worker>`)\n\
+         # dlock run: who writes (owner ids `executor/<worker>`)\n\
          export DLOCK_IDENTITY={identity}\n\
          export DLOCK_CREDENTIAL={executor}\n\
+         # dlock accounts: the treasury, the only identity that opens and funds accounts\n\
+         export DLOCK_TREASURY_IDENTITY={treasury_identity}\n\
+         export DLOCK_TREASURY_CREDENTIAL={treasury}\n\
          # dlock revoke, dlock resolve: the operator credential\n\
          export DLOCK_OPERATOR_TOKEN={operator}\n\
          # dlock reconcile: paydb and the rail whose statement it compares\n\
@@ -51,6 +54,7 @@ pub(crate) fn env_file_text(
          RP={rp}\n\
          RAIL={stub}\n\
          TOKEN={executor}\n\
+         TRTOKEN={treasury}\n\
          OPTOKEN={operator}\n",
         dir = line.data_dir,
         env = line.env_file,
@@ -61,6 +65,8 @@ pub(crate) fn env_file_text(
         stub = q(stub),
         identity = q(DEV_EXECUTOR_IDENTITY),
         executor = q(&line.credentials.executor),
+        treasury_identity = q(crate::dev::DEV_TREASURY_IDENTITY),
+        treasury = q(&line.credentials.treasury),
         operator = q(&line.credentials.operator),
         paydb = q(&line.paydb),
     );

@@ -24,6 +24,7 @@ fn line(dir: &Path, executor: &str) -> UpLine {
         credentials: Credentials {
             executor: executor.into(),
             operator: DEV_OPERATOR_TOKEN.into(),
+            treasury: "treasury-token-for-the-test".into(),
         },
     }
 }
@@ -78,6 +79,8 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "DLOCK_RAIL_READ_TIMEOUT_MS",
         "DLOCK_IDENTITY",
         "DLOCK_CREDENTIAL",
+        "DLOCK_TREASURY_IDENTITY",
+        "DLOCK_TREASURY_CREDENTIAL",
         "DLOCK_OPERATOR_TOKEN",
         "DLOCK_PAYDB",
         "DLOCK_RAIL",
@@ -86,6 +89,7 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "RP",
         "RAIL",
         "TOKEN",
+        "TRTOKEN",
         "OPTOKEN",
     ];
     let values = sourced(env, &names);
@@ -97,6 +101,8 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "1500",
         "executor",
         "exec-token-0123456789abcdef",
+        "treasury",
+        "treasury-token-for-the-test",
         DEV_OPERATOR_TOKEN,
         "postgres://postgres@127.0.0.1:40001/paydb",
         "http://127.0.0.1:40126",
@@ -105,6 +111,7 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "http://127.0.0.1:40125",
         "http://127.0.0.1:40126",
         "exec-token-0123456789abcdef",
+        "treasury-token-for-the-test",
         DEV_OPERATOR_TOKEN,
     ]
     .map(str::to_owned);

@@ -7,8 +7,38 @@ pub enum AccountsCommand {
     /// Opens each account a PayoutBatch pays from (if it is not open yet) and funds it with what
     /// the batch pays from it, or with --amount-minor. The same command again funds nobody twice:
     /// the funding's idempotency key and reference derive from the batch, account and amount.
-    /// It writes as `<identity>/accounts` (`dlock-accounts` without an identity).
+    /// It writes as `<identity>/accounts` with the treasury's credential: only an identity the
+    /// payment resource lists in `auth.treasury-identities` may open and fund accounts.
     Fund(FundArgs),
+}
+
+/// The treasury's credential: opening and funding accounts creates money, so it is never the
+/// executor's (`DLOCK_CREDENTIAL`).
+#[derive(Debug, Args)]
+pub struct TreasuryCredentialArgs {
+    /// The treasury identity the credential authenticates as; the owner id sent is
+    /// `<identity>/accounts`.
+    #[arg(long = "identity", env = "DLOCK_TREASURY_IDENTITY")]
+    pub identity: Option<String>,
+    /// A file holding the treasury's bearer token (re-read as it rotates).
+    /// `DLOCK_TREASURY_CREDENTIAL` passes the token itself.
+    #[arg(long = "credential-file", env = "DLOCK_TREASURY_CREDENTIAL_FILE")]
+    pub credential_file: Option<PathBuf>,
+}
+
+impl TreasuryCredentialArgs {
+    fn credential(&self) -> Result<Option<Credential>> {
+        match &self.credential_file {
+            Some(path) => Credential::from_file(path)
+                .map(Some)
+                .map_err(anyhow::Error::msg),
+            None => Credential::from_env_named(
+                "DLOCK_TREASURY_CREDENTIAL_FILE",
+                "DLOCK_TREASURY_CREDENTIAL",
+            )
+            .map_err(anyhow::Error::msg),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -22,7 +52,7 @@ pub struct FundArgs {
     #[arg(long, env = "DLOCK_PAYMENT_RESOURCE")]
     pub payment_resource: String,
     #[command(flatten)]
-    pub credentials: CredentialArgs,
+    pub credentials: TreasuryCredentialArgs,
 }
 
 /// One account of a batch: what it pays in total, in which currency.

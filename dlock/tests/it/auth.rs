@@ -181,9 +181,9 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     let stub = stack.url("railStub");
     let (executor, operator) = stack.credentials();
 
-    // Some state to protect: an account with funds, opened by the executor identity.
+    // Some state to protect: an account with funds, opened by the treasury.
     let client = stack.executor_payments();
-    open_account(&client, "acct-a", Some(100_000)).await;
+    open_account(&stack.treasury_payments(), "acct-a", Some(100_000)).await;
     let before = stack.snapshot().await;
 
     let session = "0195e3b4-0000-7000-8000-000000000001";
@@ -363,9 +363,44 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
         );
         refused += 1;
     }
+    // ...nor create money: opening and funding an account are the treasury's alone (the
+    // treasury opened and funded acct-a above), and the operator is no treasury either.
+    let operator_bearer = format!("Bearer {operator}");
+    let minters = [
+        ("executor", bearer.as_str(), "executor/test"),
+        ("operator", operator_bearer.as_str(), "ops-console"),
+    ];
+    for (who, credential, owner) in minters {
+        let mints = [
+            (
+                format!("{payment}/v1/accounts"),
+                r#"{"accountId":"acct-minted","currency":"EUR"}"#,
+            ),
+            (
+                format!("{payment}/v1/accounts/acct-a/fund"),
+                r#"{"amountMinor":1000000000000000,"reference":"minted-1"}"#,
+            ),
+        ];
+        for (url, body) in mints {
+            let headers = [
+                ("content-type", "application/json"),
+                ("x-owner-id", owner),
+                ("x-idempotency-key", "auth-probe-mint"),
+                ("authorization", credential),
+            ];
+            let answer = raw(Method::POST, &url, &headers, Some(body)).await;
+            assert_refused(
+                &format!("POST {url} as the {who}"),
+                &answer,
+                403,
+                "FORBIDDEN",
+            );
+            refused += 1;
+        }
+    }
     let after = stack.snapshot().await;
     assert_eq!(before, after, "{refused} refused requests changed nothing");
-    assert!(refused >= 60, "{refused}");
+    assert!(refused >= 64, "{refused}");
 
     // Probes, scrapes and the statement stay open.
     for url in [

@@ -101,8 +101,8 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
     let client = stack.executor_payments();
-    open_account(&client, "acct-p", Some(1_000_000)).await;
-    open_account(&client, "acct-q", Some(1_000_000)).await;
+    open_account(&stack.treasury_payments(), "acct-p", Some(1_000_000)).await;
+    open_account(&stack.treasury_payments(), "acct-q", Some(1_000_000)).await;
     let payout = register_payout(&client, "acct-p", 100, "ben-forged").await;
     let pool = stack.pool("paydb").await;
 
@@ -219,8 +219,7 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     let stack = DevStack::up().await;
     let (lock, payment, proxy) = stack.services();
     let (executor, operator) = stack.credentials();
-    let client = stack.executor_payments();
-    open_account(&client, "acct-r", Some(1_000_000)).await;
+    open_account(&stack.treasury_payments(), "acct-r", Some(1_000_000)).await;
     let pool = stack.pool("paydb").await;
     for sql in [
         "UPDATE accounts SET fence = 9223372036854775807 WHERE account_id = 'acct-r'",

@@ -43,7 +43,7 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
     let services = world.services();
     let executor = services.token("executor");
     let lock_url = services.url("lockServer");
-    let payment = services.payments_as("executor/setup");
+    let treasury = services.treasury_payments();
     let paydb = services.url("paydb");
     // The first operator cannot reach the rail proxy (its address leads nowhere): the account
     // fence is pushed, the rail's is not.
@@ -62,7 +62,7 @@ async fn a_lock_revocation_survives_the_lock_and_a_leader_change_and_never_revok
         .join(",");
     let (first, _) = world.start_operator(&[NS], &[("DLOCK_SERVICE_ADDRESSES", &map)]);
     world.apply_stack_ready(NS);
-    open_account(&payment, ACCOUNT, None).await;
+    open_account(&treasury, ACCOUNT, None).await;
     let key = format!("payout:{ACCOUNT}");
     let Held {
         client: holder,

@@ -112,7 +112,7 @@ async fn payroll(args: &[&str]) -> (World, PaymentClient, String, [&'static str;
     let rail = services.url("railStub");
     let accounts = ["acct-17", "acct-18"];
     for account in accounts {
-        open_account(&payment, account, Some(1_000_000)).await;
+        open_account(&services.treasury_payments(), account, Some(1_000_000)).await;
     }
     world.apply_stack(NS);
     let secret = format!(

@@ -178,7 +178,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     let lock_url = services.url("lockServer");
     let rail_url = services.url("railStub");
     for account in ["acct-17", "acct-18", HELD_ACCOUNT] {
-        open_account(&payment, account, Some(1_000_000)).await;
+        open_account(&services.treasury_payments(), account, Some(1_000_000)).await;
     }
     world.apply_stack_ready(NS);
     let secret = format!(

@@ -47,7 +47,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         ("DLOCK_PAYMENT_RESOURCE", services.url("paymentResource")),
         ("DLOCK_RAIL_PROXY", services.url("railProxy")),
     ];
-    open_account(&payment, ACCOUNT, Some(1_000_000)).await;
+    open_account(&services.treasury_payments(), ACCOUNT, Some(1_000_000)).await;
 
     // A real executor: one worker, one payout after another on the account, each holding
     // payout:acct-rev for about the rail's 1.5 s.

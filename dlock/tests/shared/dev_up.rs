@@ -61,12 +61,20 @@ impl DevUp {
             .to_owned()
     }
 
-    /// The credential of `who` (`executor`, `operator`).
+    /// The credential of `who` (`executor`, `operator`, `treasury`).
     pub fn token(&self, who: &str) -> String {
         self.line["credentials"][who]
             .as_str()
             .unwrap_or_else(|| panic!("no {who} credential in {}", self.line))
             .to_owned()
+    }
+
+    /// A client of the payment resource with the treasury's credential (owner `treasury/setup`):
+    /// the only identity that may open and fund accounts.
+    pub fn treasury_payments(&self) -> PaymentClient {
+        PaymentClient::new(&self.url("paymentResource"), "treasury/setup")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_credential(Some(Credential::fixed(&self.token("treasury"))))
     }
 
     /// A client of the payment resource with the executor identity's credential, calling as

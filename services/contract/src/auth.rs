@@ -67,10 +67,16 @@ impl Credential {
 
     /// `DLOCK_CREDENTIAL_FILE` (preferred: it rotates) or `DLOCK_CREDENTIAL`; neither is `None`.
     pub fn from_env() -> Result<Option<Self>, String> {
-        if let Some(path) = std::env::var_os("DLOCK_CREDENTIAL_FILE").filter(|v| !v.is_empty()) {
+        Self::from_env_named("DLOCK_CREDENTIAL_FILE", "DLOCK_CREDENTIAL")
+    }
+
+    /// The file named by `file_var` (preferred: it rotates), else the token in `token_var`;
+    /// neither is `None`.
+    pub fn from_env_named(file_var: &str, token_var: &str) -> Result<Option<Self>, String> {
+        if let Some(path) = std::env::var_os(file_var).filter(|v| !v.is_empty()) {
             return Self::from_file(Path::new(&path)).map(Some);
         }
-        Ok(std::env::var("DLOCK_CREDENTIAL")
+        Ok(std::env::var(token_var)
             .ok()
             .filter(|v| !v.trim().is_empty())
             .map(|v| Self::fixed(&v)))

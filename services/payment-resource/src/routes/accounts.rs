@@ -42,6 +42,11 @@ impl Create for CreateAccountRequest {
         check_currency(checks, &self.currency);
     }
 
+    /// Opening an account is the treasury's, like funding it.
+    fn authorize(caller: &Caller) -> Result<(), ApiError> {
+        caller.require_treasury("opening an account")
+    }
+
     async fn effect(&self, conn: &mut PgConnection) -> Result<Reply, ApiError> {
         match PayStore::create_account(conn, &self.account_id, &self.currency)
             .await

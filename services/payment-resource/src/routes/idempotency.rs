@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::JSON_CONTENT_TYPE;
 use dlock_contract::json::Json;
+use dlock_server::auth::Caller;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -253,6 +254,13 @@ pub(super) trait Create: Serialize + DeserializeOwned + Send + Sync {
     /// The body's field checks; a failed one refuses the request before anything is written.
     fn check(&self, checks: &mut Checks);
 
+    /// Whether `caller` may make one at all; checked before anything else. Every authenticated
+    /// caller, unless the kind says otherwise.
+    fn authorize(caller: &Caller) -> Result<(), ApiError> {
+        let _ = caller;
+        Ok(())
+    }
+
     /// The effect, in the transaction that holds the idempotency record.
     fn effect(
         &self,
@@ -263,9 +271,11 @@ pub(super) trait Create: Serialize + DeserializeOwned + Send + Sync {
 /// The handler of every [`Create`].
 pub(super) async fn create<B: Create>(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Json(body): Json<B>,
 ) -> Result<Response, ApiError> {
+    B::authorize(&caller)?;
     let write = checked_write(&headers, |checks| body.check(checks))?;
     let scope = state.scope(B::ROUTE.to_owned(), &write, 0, &body, false)?;
     Ok(idempotent!(&state, scope, |conn| body.effect(conn).await))

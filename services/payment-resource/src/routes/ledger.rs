@@ -8,6 +8,7 @@ use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::payment::{
     FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
 };
+use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
 use serde_json::json;
 use sqlx::PgConnection;
@@ -22,8 +23,10 @@ use crate::store::{FundOutcome, PayStore, PostOutcome};
 
 pub(super) async fn fund(
     State(state): State<AppState>,
-    PathWrite((), account_id, headers, body): PathWrite<FundRequest>,
+    PathWrite(caller, account_id, headers, body): PathWrite<FundRequest, Caller>,
 ) -> Result<Response, ApiError> {
+    // Funding is the one write that creates money in the ledger: the treasury's alone.
+    caller.require_treasury("funding an account")?;
     let write = checked_write(&headers, |checks| {
         check_account_id(checks, "accountId", &account_id);
         check_amount(checks, body.amount_minor);

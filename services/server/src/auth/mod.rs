@@ -23,6 +23,9 @@
 //!   document) and has none, or a wrong one, is `401 UNAUTHENTICATED` and reaches no handler;
 //! - operator-only operations (revoke, fence advance, resolution, high-water floor) need an
 //!   identity listed in `auth.operator-identities`, else `403 FORBIDDEN`;
+//! - treasury operations (opening and funding an account: what creates money in the ledger)
+//!   need an identity listed in `auth.treasury-identities`, else `403 FORBIDDEN`; no other
+//!   identity, the operator's and the executor's included, may fund;
 //! - `X-Owner-Id` must be the identity itself or `<identity>/<worker>` (`auth.owner-binding`),
 //!   else `403 FORBIDDEN`: a worker cannot write in another worker's name. Operators may name
 //!   any owner, since a revocation acts on someone else's lock.
@@ -59,6 +62,8 @@ pub use tokens::*;
 
 /// The operator identity when `auth.operator-identities` is not set.
 pub const DEFAULT_OPERATOR_IDENTITY: &str = "operator";
+/// The treasury identity when `auth.treasury-identities` is not set.
+pub const DEFAULT_TREASURY_IDENTITY: &str = "treasury";
 /// The shortest token accepted in a tokens file: a guessable token is no credential.
 pub const TOKEN_LEN_MIN: usize = 16;
 /// How often a tokens file is looked at for a change.
@@ -122,6 +127,8 @@ pub struct AuthSettings {
     pub tokens_file: Option<PathBuf>,
     /// `auth.operator-identities`.
     pub operator_identities: Vec<String>,
+    /// `auth.treasury-identities`: who may open and fund accounts.
+    pub treasury_identities: Vec<String>,
     /// `auth.owner-binding`.
     pub owner_binding: bool,
     pub tokenreview: TokenReviewSettings,
@@ -150,6 +157,8 @@ impl AuthSettings {
         }
         let operator_identities =
             raw.string_list("auth.operator-identities", &[DEFAULT_OPERATOR_IDENTITY])?;
+        let treasury_identities =
+            raw.string_list("auth.treasury-identities", &[DEFAULT_TREASURY_IDENTITY])?;
         let owner_binding = raw.boolean("auth.owner-binding", true)?;
         let url = raw.string("auth.tokenreview.url", "https://kubernetes.default.svc")?;
         let ca_file = raw.string("auth.tokenreview.ca-file", &format!("{SA_DIR}/ca.crt"))?;
@@ -169,6 +178,7 @@ impl AuthSettings {
             mode,
             tokens_file,
             operator_identities,
+            treasury_identities,
             owner_binding,
             tokenreview: TokenReviewSettings {
                 url: url.trim_end_matches('/').to_owned(),
@@ -201,6 +211,8 @@ pub enum OperatorWithoutAuth {
 pub struct Identity {
     pub name: String,
     pub operator: bool,
+    /// Listed in `auth.treasury-identities`.
+    pub treasury: bool,
 }
 
 /// What the auth middleware found out about a request; every handler can read it.
@@ -208,6 +220,9 @@ pub struct Identity {
 pub struct Caller {
     identity: Option<Identity>,
     operator: OperatorVerdict,
+    /// Whether the caller may open and fund accounts: only a treasury identity, or anyone when
+    /// `auth.mode` is `none` (nothing is checked then).
+    treasury: OperatorVerdict,
     /// Whether an `Authorization` header was sent at all.
     presented: bool,
 }
@@ -248,6 +263,36 @@ impl Caller {
                 code = error.code.as_str(),
                 operation = what,
                 "an operator-only operation was refused"
+            );
+        }
+        verdict
+    }
+
+    /// `Ok` when the caller may run a treasury operation, opening or funding an account (`what`
+    /// names it in the error); the identity it authenticated as, for the audit.
+    pub fn require_treasury(&self, what: &str) -> Result<(), ApiError> {
+        let verdict = match self.treasury {
+            OperatorVerdict::Allowed => Ok(()),
+            OperatorVerdict::NotOperator => Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "{what} creates money in the ledger and `{}` is not a treasury identity \
+                     (auth.treasury-identities); nothing was changed",
+                    self.identity.as_ref().map_or("", |i| i.name.as_str())
+                ),
+            )),
+            _ => Err(ApiError::new(
+                ErrorCode::Unauthenticated,
+                format!("{what} needs a treasury credential as Authorization: Bearer <token>"),
+            )),
+        };
+        if let Err(error) = &verdict {
+            tracing::warn!(
+                event = "treasury_credential_refused",
+                code = error.code.as_str(),
+                operation = what,
+                identity = self.identity.as_ref().map_or("", |i| i.name.as_str()),
+                "a treasury operation was refused"
             );
         }
         verdict
@@ -312,6 +357,7 @@ pub struct Authenticator {
 struct Inner {
     mode: AuthMode,
     operators: BTreeSet<String>,
+    treasurers: BTreeSet<String>,
     owner_binding: bool,
     legacy_operator: Option<[u8; 32]>,
     without_auth: OperatorWithoutAuth,
@@ -364,6 +410,7 @@ impl Authenticator {
             inner: Arc::new(Inner {
                 mode: settings.mode,
                 operators: settings.operator_identities.iter().cloned().collect(),
+                treasurers: settings.treasury_identities.iter().cloned().collect(),
                 owner_binding: settings.owner_binding,
                 legacy_operator: legacy_operator_token.map(digest),
                 without_auth,
@@ -391,6 +438,7 @@ impl Authenticator {
                 service,
                 mode = mode.as_str(),
                 operators = ?self.inner.operators,
+                treasury = ?self.inner.treasurers,
                 owner_binding = self.inner.owner_binding,
                 "every write needs a credential"
             ),
@@ -461,6 +509,7 @@ impl Authenticator {
         }
         let identity = name.map(|name| Identity {
             operator: self.inner.operators.contains(&name),
+            treasury: self.inner.treasurers.contains(&name),
             name,
         });
         if let Some(identity) = &identity
@@ -495,9 +544,16 @@ impl Authenticator {
             }
             None => OperatorVerdict::Anonymous,
         };
+        let treasury = match &identity {
+            _ if self.inner.mode == AuthMode::None => OperatorVerdict::Allowed,
+            Some(identity) if identity.treasury => OperatorVerdict::Allowed,
+            Some(_) => OperatorVerdict::NotOperator,
+            None => OperatorVerdict::Anonymous,
+        };
         Ok(Caller {
             identity,
             operator,
+            treasury,
             presented: headers.contains_key(header::AUTHORIZATION),
         })
     }
