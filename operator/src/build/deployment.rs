@@ -92,6 +92,7 @@ pub fn deployment(workload: &Workload) -> Deployment {
         .map(|secret| super::secret_env(&secret.name, &secret.secret))
         .collect();
     env.push(super::env("DLOCK_LOG_FORMAT", "json"));
+    env.extend(super::telemetry_env());
 
     let (volume_mounts, volumes) = volumes(workload);
     let main = service_container(workload, env, volume_mounts);
@@ -223,7 +224,6 @@ fn service_container(
             format!("/config/{CONFIG_FILE}"),
         ]),
         env: Some(env),
-        env_from: Some(super::telemetry_env_from()),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
             container_port: PORT,

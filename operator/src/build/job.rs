@@ -289,8 +289,7 @@ fn executor_container(batch: &ValidatedBatch, volume_mounts: Vec<VolumeMount>) -
             protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
-        env: Some(executor_env(batch)),
-        env_from: Some(super::telemetry_env_from()),
+        env: Some([executor_env(batch), super::telemetry_env()].concat()),
         volume_mounts: Some(volume_mounts),
         resources: Some(batch.pod.resources.clone()),
         security_context: Some(restricted_security_context()),

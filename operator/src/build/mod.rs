@@ -24,11 +24,29 @@ use crate::workload::{Component, PodSettings, Workload};
 
 pub const MANAGED_BY: &str = "dlock-operator";
 
-/// The ConfigMap whose keys every dlock pod the operator makes takes as environment, when it
-/// exists in the namespace: where spans go (`OTEL_EXPORTER_OTLP_ENDPOINT`,
-/// `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_RESOURCE_ATTRIBUTES`, …). Optional, so a namespace
-/// without it runs without export. Explicit `env` entries win over it.
+/// The ConfigMap every dlock pod the operator makes reads its telemetry settings from, when it
+/// exists in the namespace. Optional, so a namespace without it runs without export.
 pub const TELEMETRY_CONFIG_MAP: &str = "dlock-telemetry";
+
+/// The keys of [`TELEMETRY_CONFIG_MAP`] a pod takes, each as the environment variable of that
+/// name: where spans go and how they are labelled and sampled, and the log filter. Nothing else:
+/// the ConfigMap is read key by key, never whole (`envFrom`), so whoever can write a ConfigMap in
+/// the namespace cannot set `DLOCK_AUTH_MODE`, empty the proof keys or point a service at
+/// another rail or API server through it.
+pub const TELEMETRY_KEYS: [&str; 12] = [
+    "OTEL_SDK_DISABLED",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "DLOCK_LOG",
+];
 
 /// The pod template of a Job's run-once pod (the executor's, the reconciler's): `spec` with the
 /// labels, no restart, the pod's pull Secrets and the non-root pod security context. The API
@@ -53,16 +71,25 @@ pub fn run_once_template(
     }
 }
 
-/// `envFrom` of every dlock container: the namespace's telemetry settings, if any.
-pub fn telemetry_env_from() -> Vec<k8s_openapi::api::core::v1::EnvFromSource> {
-    use k8s_openapi::api::core::v1::{ConfigMapEnvSource, EnvFromSource};
-    vec![EnvFromSource {
-        config_map_ref: Some(ConfigMapEnvSource {
-            name: TELEMETRY_CONFIG_MAP.to_owned(),
-            optional: Some(true),
-        }),
-        ..EnvFromSource::default()
-    }]
+/// `env` entries of every dlock container for its telemetry: each of [`TELEMETRY_KEYS`] from the
+/// namespace's [`TELEMETRY_CONFIG_MAP`], when the ConfigMap and the key exist.
+pub fn telemetry_env() -> Vec<EnvVar> {
+    use k8s_openapi::api::core::v1::ConfigMapKeySelector;
+    TELEMETRY_KEYS
+        .iter()
+        .map(|key| EnvVar {
+            name: (*key).to_owned(),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: TELEMETRY_CONFIG_MAP.to_owned(),
+                    key: (*key).to_owned(),
+                    optional: Some(true),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        })
+        .collect()
 }
 
 /// An environment variable with a literal value.

@@ -42,13 +42,18 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     name: "reconciler".to_owned(),
                     image: Some(reconciliation.image.clone()),
                     args: Some(vec!["reconcile".to_owned(), "--json".to_owned()]),
-                    env_from: Some(super::telemetry_env_from()),
-                    env: Some(vec![
-                        super::secret_env("DLOCK_PAYDB", &reconciliation.paydb),
-                        super::env("DLOCK_RAIL", reconciliation.rail_url.clone()),
-                        // The compact findings summary the operator reads into status.
-                        super::env("DLOCK_TERMINATION_LOG", TERMINATION_LOG),
-                    ]),
+                    env: Some(
+                        [
+                            vec![
+                                super::secret_env("DLOCK_PAYDB", &reconciliation.paydb),
+                                super::env("DLOCK_RAIL", reconciliation.rail_url.clone()),
+                                // The compact findings summary the operator reads into status.
+                                super::env("DLOCK_TERMINATION_LOG", TERMINATION_LOG),
+                            ],
+                            super::telemetry_env(),
+                        ]
+                        .concat(),
+                    ),
                     termination_message_path: Some(TERMINATION_LOG.to_owned()),
                     termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
                     resources: Some(reconciliation.pod.resources.clone()),

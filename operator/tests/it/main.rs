@@ -13,3 +13,4 @@ mod crds;
 mod examples;
 mod fixtures;
 mod references;
+mod telemetry;
