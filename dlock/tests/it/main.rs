@@ -25,6 +25,7 @@ mod rail;
 mod rail_reason;
 mod rail_replay;
 mod rail_statement;
+mod rail_validation;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;

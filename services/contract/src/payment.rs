@@ -64,6 +64,54 @@ pub fn reference_is_valid(text: &str) -> bool {
         && text.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// An account id in `field`, by [`account_id_is_valid`]; the error says the rule.
+pub fn check_account_id(field: &str, id: &str) -> Result<(), crate::error::FieldError> {
+    account_id_is_valid(id).then_some(()).ok_or_else(|| {
+        crate::error::FieldError::new(
+            field,
+            format!("must be 1 to {ACCOUNT_ID_LEN_MAX} characters of [a-zA-Z0-9:._-]"),
+        )
+    })
+}
+
+/// `amountMinor`: a whole number of minor units from 1 to [`AMOUNT_MINOR_MAX`].
+pub fn check_amount(amount: i64) -> Result<(), crate::error::FieldError> {
+    (1..=AMOUNT_MINOR_MAX)
+        .contains(&amount)
+        .then_some(())
+        .ok_or_else(|| {
+            crate::error::FieldError::new(
+                "amountMinor",
+                format!(
+                    "must be an integer number of minor units from 1 to {AMOUNT_MINOR_MAX}, got {amount}"
+                ),
+            )
+        })
+}
+
+/// `currency`: an active ISO 4217 code ([`CURRENCIES`]).
+pub fn check_currency(currency: &str) -> Result<(), crate::error::FieldError> {
+    currency_is_valid(currency).then_some(()).ok_or_else(|| {
+        crate::error::FieldError::new(
+            "currency",
+            format!(
+                "must be an active ISO 4217 code in upper case (EUR, USD, ...), got {currency:?}"
+            ),
+        )
+    })
+}
+
+/// An opaque reference in `field` (a beneficiary, a funding or a rail reference), by
+/// [`reference_is_valid`].
+pub fn check_reference(field: &str, text: &str) -> Result<(), crate::error::FieldError> {
+    reference_is_valid(text).then_some(()).ok_or_else(|| {
+        crate::error::FieldError::new(
+            field,
+            format!("must be 1 to {REFERENCE_LEN_MAX} visible ASCII characters without spaces"),
+        )
+    })
+}
+
 /// The eight values of `payout.state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

@@ -71,37 +71,19 @@ struct Submission {
     body: SubmissionRequest,
 }
 
+/// The body by the contract's own rules, the ones the payment resource applies to the payout
+/// (`dlock_contract::payment`): a submission the payment resource would refuse as a payout is
+/// refused here too, before anything is written.
 fn check_body(body: &SubmissionRequest) -> Result<(), ApiError> {
-    let mut fields = Vec::new();
-    if !dlock_contract::payment::account_id_is_valid(&body.account_id) {
-        fields.push(FieldError::new(
-            "accountId",
-            dlock_contract::payment::ACCOUNT_ID_RULE,
-        ));
-    }
-    if body.amount_minor <= 0 {
-        fields.push(FieldError::new(
-            "amountMinor",
-            "must be a positive integer of minor units",
-        ));
-    }
-    if body.currency.len() != 3 || !body.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-        fields.push(FieldError::new(
-            "currency",
-            "must be an ISO-4217 code such as EUR",
-        ));
-    }
-    if body.beneficiary_ref.is_empty() || body.beneficiary_ref.len() > 128 {
-        fields.push(FieldError::new(
-            "beneficiaryRef",
-            "must be 1 to 128 characters",
-        ));
-    }
-    if fields.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::validation(fields))
-    }
+    use dlock_contract::payment::{
+        check_account_id, check_amount, check_currency, check_reference,
+    };
+    let mut checks = dlock_server::checks::Checks::default();
+    checks.take(check_account_id("accountId", &body.account_id));
+    checks.take(check_amount(body.amount_minor));
+    checks.take(check_currency(&body.currency));
+    checks.take(check_reference("beneficiaryRef", &body.beneficiary_ref));
+    checks.done()
 }
 
 /// RAIL_UNAVAILABLE: the intent did not commit, so nothing was presented to the rail.

@@ -5,44 +5,25 @@ use axum::http::HeaderMap;
 use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::payment::{
-    ACCOUNT_ID_LEN_MAX, AMOUNT_MINOR_MAX, OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX,
-    REASON_LEN_MIN, REFERENCE_LEN_MAX, account_id_is_valid, currency_is_valid, reference_is_valid,
+    self, OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, REASON_LEN_MIN,
 };
 pub(super) use dlock_server::checks::{Checks, present};
 use uuid::Uuid;
 
 pub(super) fn check_account_id(checks: &mut Checks, field: &str, id: &str) {
-    checks.check(
-        account_id_is_valid(id),
-        field,
-        format!("must be 1 to {ACCOUNT_ID_LEN_MAX} characters of [a-zA-Z0-9:._-]"),
-    );
+    checks.take(payment::check_account_id(field, id));
 }
 
 pub(super) fn check_amount(checks: &mut Checks, amount: i64) {
-    checks.check(
-        (1..=AMOUNT_MINOR_MAX).contains(&amount),
-        "amountMinor",
-        format!(
-            "must be an integer number of minor units from 1 to {AMOUNT_MINOR_MAX}, got {amount}"
-        ),
-    );
+    checks.take(payment::check_amount(amount));
 }
 
 pub(super) fn check_currency(checks: &mut Checks, currency: &str) {
-    checks.check(
-        currency_is_valid(currency),
-        "currency",
-        format!("must be an active ISO 4217 code in upper case (EUR, USD, ...), got {currency:?}"),
-    );
+    checks.take(payment::check_currency(currency));
 }
 
 pub(super) fn check_reference(checks: &mut Checks, field: &str, text: &str) {
-    checks.check(
-        reference_is_valid(text),
-        field,
-        format!("must be 1 to {REFERENCE_LEN_MAX} visible ASCII characters without spaces"),
-    );
+    checks.take(payment::check_reference(field, text));
 }
 
 pub(super) fn check_text(checks: &mut Checks, field: &str, text: &str, min: usize, max: usize) {
