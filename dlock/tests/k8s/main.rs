@@ -14,6 +14,7 @@ mod operations;
 mod payout_batch;
 mod plugin;
 mod reconciliation;
+mod references;
 mod revoke;
 mod service_auth;
 /// What both test binaries use (dlock/tests/shared).
