@@ -91,13 +91,26 @@ pub struct CredentialArgs {
 impl CredentialArgs {
     /// The credential of this process: `--credential-file`, else `DLOCK_CREDENTIAL`.
     pub fn credential(&self) -> Result<Option<Credential>> {
-        match &self.credential_file {
-            Some(path) => Credential::from_file(path)
-                .map(Some)
-                .map_err(anyhow::Error::msg),
-            None => Credential::from_env().map_err(anyhow::Error::msg),
-        }
+        credential_of(
+            self.credential_file.as_deref(),
+            "DLOCK_CREDENTIAL_FILE",
+            "DLOCK_CREDENTIAL",
+        )
     }
+}
+
+/// The credential in `file` when one is given, else the file named by `file_var`, else the
+/// token in `token_var`; none of them is `None`.
+pub fn credential_of(
+    file: Option<&std::path::Path>,
+    file_var: &str,
+    token_var: &str,
+) -> Result<Option<Credential>> {
+    match file {
+        Some(path) => Credential::from_file(path).map(Some),
+        None => Credential::from_env_named(file_var, token_var),
+    }
+    .map_err(anyhow::Error::msg)
 }
 
 pub fn read_batch(file: &std::path::Path) -> Result<PayoutBatch> {

@@ -28,16 +28,11 @@ pub struct TreasuryCredentialArgs {
 
 impl TreasuryCredentialArgs {
     fn credential(&self) -> Result<Option<Credential>> {
-        match &self.credential_file {
-            Some(path) => Credential::from_file(path)
-                .map(Some)
-                .map_err(anyhow::Error::msg),
-            None => Credential::from_env_named(
-                "DLOCK_TREASURY_CREDENTIAL_FILE",
-                "DLOCK_TREASURY_CREDENTIAL",
-            )
-            .map_err(anyhow::Error::msg),
-        }
+        credential_of(
+            self.credential_file.as_deref(),
+            "DLOCK_TREASURY_CREDENTIAL_FILE",
+            "DLOCK_TREASURY_CREDENTIAL",
+        )
     }
 }
 

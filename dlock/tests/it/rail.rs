@@ -249,6 +249,20 @@ impl RailWorld {
         crate::payment::payout_state(&self.pool, payout).await
     }
 
+    /// Waits (up to 10 s) until `payout`'s intent under `token` is committed and unresolved: the
+    /// forward is on its way.
+    pub async fn intent_committed(&self, payout: Uuid, token: i64) {
+        eventually(
+            "the intent row is committed",
+            Duration::from_secs(10),
+            || async {
+                (self.submissions(payout).await == vec![("unresolved".to_owned(), token)])
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
     pub async fn submissions(&self, payout: Uuid) -> Vec<(String, i64)> {
         sqlx::query_as("SELECT outcome, presented_token FROM rail_submission WHERE payout_id = $1 ORDER BY submitted_at")
             .bind(payout)
@@ -540,14 +554,7 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let in_flight = tokio::spawn(submission(&client, &url, "acct-c", payout, 700, "3").send());
     // Wait until the intent is committed and the forward is on its way, then kill the proxy.
-    eventually(
-        "the intent row is committed",
-        Duration::from_secs(10),
-        || async {
-            (w.submissions(payout).await == vec![("unresolved".to_owned(), 3)]).then_some(())
-        },
-    )
-    .await;
+    w.intent_committed(payout, 3).await;
     proxy.kill();
     let answer = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert!(answer.is_err(), "the caller got no answer: {answer:?}");
@@ -596,14 +603,7 @@ async fn a_proxy_stopped_with_sigterm_records_the_forward_whose_caller_hung_up()
         answer.as_ref().is_err_and(reqwest::Error::is_timeout),
         "the caller timed out: {answer:?}"
     );
-    eventually(
-        "the intent row is committed",
-        Duration::from_secs(10),
-        || async {
-            (w.submissions(payout).await == vec![("unresolved".to_owned(), 3)]).then_some(())
-        },
-    )
-    .await;
+    w.intent_committed(payout, 3).await;
     // Positive control: the rail has not answered yet, so the answer is still to be recorded.
     assert_eq!(w.state(payout).await, "SUBMITTING");
     assert!(statement(&stub, payout).await.is_empty());

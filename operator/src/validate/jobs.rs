@@ -126,7 +126,7 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
     let manifest_yaml = serde_yaml_ng::to_string(&manifest)
         .map_err(|e| invalid("spec", format!("cannot be written as a manifest: {e}")))?;
     let url = |field: &str, spec: &Option<String>, default: &str| {
-        super::service_name(field, spec.as_deref(), default).map(|n| service_url(&n, &namespace))
+        service_name(field, spec.as_deref().unwrap_or(default)).map(|n| service_url(&n, &namespace))
     };
     let lock_server_url = url("spec.lockServer", &spec.lock_server, "lock-server")?;
     let payment_resource_url = url(
@@ -183,11 +183,14 @@ pub fn reconciliation(
             "must be a five-field cron schedule (minute hour day month weekday)",
         ));
     }
-    let rail_proxy = service_name("spec.railProxy", spec.rail_proxy.as_deref(), "rail-proxy")?;
+    let rail_proxy = service_name(
+        "spec.railProxy",
+        spec.rail_proxy.as_deref().unwrap_or("rail-proxy"),
+    )?;
     let rail_url = match &spec.rail_url {
         Some(url) => url.clone(),
         None => service_url(
-            &service_name("spec.railProxy", Some(&format!("{rail_proxy}-stub")), "")?,
+            &service_name("spec.railProxy", &format!("{rail_proxy}-stub"))?,
             &namespace,
         ),
     };

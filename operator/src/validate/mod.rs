@@ -71,13 +71,9 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// The reference in `field` (`value`, or `default` when absent) as a checked Service name.
-fn service_name(
-    field: &str,
-    value: Option<&str>,
-    default: &str,
-) -> Result<crate::workload::ServiceName, Invalid> {
-    crate::workload::ServiceName::new(value.unwrap_or(default)).map_err(|m| invalid(field, m))
+/// `name`, given in `field`, as a checked Service name.
+fn service_name(field: &str, name: &str) -> Result<crate::workload::ServiceName, Invalid> {
+    crate::workload::ServiceName::new(name).map_err(|m| invalid(field, m))
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> Invalid {

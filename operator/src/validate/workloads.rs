@@ -199,7 +199,7 @@ fn service<K: Resource<DynamicType = ()>>(
 ) -> Result<(Workload, config::Auth, config::Fencing), Invalid> {
     let name = object.name_any();
     // The name becomes the Service's, and the URL the operator sends its credential to.
-    super::service_name("metadata.name", Some(&name), "")?;
+    super::service_name("metadata.name", &name)?;
     let auth = auth_mode(spec.auth.as_ref());
     let (fencing, fencing_proof_keys_secret) =
         fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
@@ -359,7 +359,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
     let rail_url = match (&spec.rail_url, &spec.stub) {
         (Some(url), None) => url.clone(),
         (None, Some(_)) => service_url(
-            &super::service_name("metadata.name", Some(&stub_name), "")?,
+            &super::service_name("metadata.name", &stub_name)?,
             &namespace_of(object)?,
         ),
         _ => {

@@ -219,19 +219,19 @@ pub struct Identity {
 #[derive(Debug, Clone)]
 pub struct Caller {
     identity: Option<Identity>,
-    operator: OperatorVerdict,
+    operator: RoleVerdict,
     /// Whether the caller may open and fund accounts: only a treasury identity, or anyone when
     /// `auth.mode` is `none` (nothing is checked then).
-    treasury: OperatorVerdict,
+    treasury: RoleVerdict,
     /// Whether an `Authorization` header was sent at all.
     presented: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OperatorVerdict {
+enum RoleVerdict {
     Allowed,
     Anonymous,
-    NotOperator,
+    NotInRole,
     Disabled,
 }
 
@@ -272,8 +272,8 @@ impl Caller {
     /// names it in the error); the identity it authenticated as, for the audit.
     pub fn require_treasury(&self, what: &str) -> Result<(), ApiError> {
         let verdict = match self.treasury {
-            OperatorVerdict::Allowed => Ok(()),
-            OperatorVerdict::NotOperator => Err(ApiError::new(
+            RoleVerdict::Allowed => Ok(()),
+            RoleVerdict::NotInRole => Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
                     "{what} creates money in the ledger and `{}` is not a treasury identity \
@@ -300,19 +300,19 @@ impl Caller {
 
     fn operator_verdict(&self, what: &str) -> Result<(), ApiError> {
         match self.operator {
-            OperatorVerdict::Allowed => Ok(()),
-            OperatorVerdict::Anonymous if self.presented => Err(ApiError::new(
+            RoleVerdict::Allowed => Ok(()),
+            RoleVerdict::Anonymous if self.presented => Err(ApiError::new(
                 ErrorCode::Unauthenticated,
                 format!(
                     "{what} needs the operator's credential, and the one presented \
                      authenticates nobody; nothing was changed"
                 ),
             )),
-            OperatorVerdict::Anonymous => Err(ApiError::new(
+            RoleVerdict::Anonymous => Err(ApiError::new(
                 ErrorCode::Unauthenticated,
                 format!("{what} needs the operator's credential as Authorization: Bearer <token>"),
             )),
-            OperatorVerdict::NotOperator => Err(ApiError::new(
+            RoleVerdict::NotInRole => Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
                     "{what} is an operator operation and `{}` is not an operator identity \
@@ -320,7 +320,7 @@ impl Caller {
                     self.identity.as_ref().map_or("", |i| i.name.as_str())
                 ),
             )),
-            OperatorVerdict::Disabled => Err(ApiError::new(
+            RoleVerdict::Disabled => Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
                     "{what} is disabled here: no operator credential is configured (set \
@@ -534,21 +534,21 @@ impl Authenticator {
             }
         }
         let operator = match &identity {
-            Some(identity) if identity.operator => OperatorVerdict::Allowed,
-            Some(_) => OperatorVerdict::NotOperator,
+            Some(identity) if identity.operator => RoleVerdict::Allowed,
+            Some(_) => RoleVerdict::NotInRole,
             None if self.inner.mode == AuthMode::None && self.inner.legacy_operator.is_none() => {
                 match self.inner.without_auth {
-                    OperatorWithoutAuth::Open => OperatorVerdict::Allowed,
-                    OperatorWithoutAuth::Refused => OperatorVerdict::Disabled,
+                    OperatorWithoutAuth::Open => RoleVerdict::Allowed,
+                    OperatorWithoutAuth::Refused => RoleVerdict::Disabled,
                 }
             }
-            None => OperatorVerdict::Anonymous,
+            None => RoleVerdict::Anonymous,
         };
         let treasury = match &identity {
-            _ if self.inner.mode == AuthMode::None => OperatorVerdict::Allowed,
-            Some(identity) if identity.treasury => OperatorVerdict::Allowed,
-            Some(_) => OperatorVerdict::NotOperator,
-            None => OperatorVerdict::Anonymous,
+            _ if self.inner.mode == AuthMode::None => RoleVerdict::Allowed,
+            Some(identity) if identity.treasury => RoleVerdict::Allowed,
+            Some(_) => RoleVerdict::NotInRole,
+            None => RoleVerdict::Anonymous,
         };
         Ok(Caller {
             identity,
