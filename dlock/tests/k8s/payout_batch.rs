@@ -562,3 +562,40 @@ async fn deleting_a_running_batch_abandons_what_never_reached_the_rail_and_pays_
         world.elapsed_ms()
     );
 }
+
+/// Whoever may write a ConfigMap in the namespace writes into `dlock-telemetry` a setting the
+/// executor would obey from its environment: `DLOCK_CREDENTIAL_FILE` (read before the Secret's
+/// `DLOCK_CREDENTIAL`) and `DLOCK_WORKERS`. The pod reads only the telemetry keys, one by one:
+/// the executor keeps its real credential and the batch is paid, each payout once. The same
+/// ConfigMap's `DLOCK_LOG` does reach it (its log has debug lines): the positive control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_telemetry_config_map_cannot_change_the_executors_credential() {
+    let (world, payment, rail, accounts) = payroll(&[]).await;
+    let hostile = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: dlock-telemetry\ndata:\n  \
+                   DLOCK_LOG: debug\n  DLOCK_CREDENTIAL_FILE: /nonexistent/attacker-token\n  \
+                   DLOCK_WORKERS: \"1\"\n";
+    world.apply(NS, hostile).unwrap_or_else(|e| panic!("{e:#}"));
+    apply_batch(&world);
+    wait_job_done(&world, "the executor Job ends");
+    let ran = world.kubelet().ran();
+    assert_eq!(ran.len(), 1, "one executor pod ran: {ran:?}");
+    let log = std::fs::read_to_string(&ran[0].log).unwrap_or_default();
+    assert_eq!(
+        ran[0].exit_code,
+        Some(0),
+        "the executor kept its credential: {log}"
+    );
+    assert!(
+        log.contains("DEBUG"),
+        "DLOCK_LOG from the telemetry ConfigMap reached the executor: {log}"
+    );
+    assert!(!log.contains("attacker-token"), "{log}");
+    let posted = all_in(
+        &payment,
+        &accounts,
+        PayoutState::Posted,
+        "every payout paid",
+    )
+    .await;
+    paid_once(&rail, &posted).await;
+}
