@@ -222,7 +222,9 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
         account_id: "acct-trace".to_owned(),
         currency: "EUR".to_owned(),
     };
-    client
+    // Only the treasury opens and funds accounts; the executor's client reads.
+    let treasury = stack.treasury_payments();
+    treasury
         .create_account("trace-open", &account)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -230,7 +232,7 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
         amount_minor: 10_000,
         reference: "trace-fund".to_owned(),
     };
-    client
+    treasury
         .fund("acct-trace", "trace-fund", &fund)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
