@@ -1,4 +1,4 @@
-//! A typed async client for the lock server, with the per-hop timeouts of C3 §3.8.
+//! A typed async client for the lock server, with the per-hop timeouts of docs/contract.md#s3-8.
 //!
 //! It makes exactly one attempt per call. Retry policy belongs to the caller, because only the
 //! caller knows whether a retry is safe for it: the error says what the server decided
@@ -303,7 +303,7 @@ macro_rules! hop_client {
 }
 pub(crate) use hop_client;
 
-/// The lock server's client (C3 §3.3).
+/// The lock server's client (docs/contract.md#s3-3).
 #[derive(Debug, Clone)]
 pub struct LockClient {
     hop: Hop,

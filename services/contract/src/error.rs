@@ -1,4 +1,5 @@
-//! The error envelope and the error-code catalogue of the wire contract (C3 §3.1, §3.2).
+//! The error envelope and the error-code catalogue of the wire contract (docs/contract.md#s3-1,
+//! docs/contract.md#s3-2).
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
@@ -206,8 +207,9 @@ impl ApiError {
         self
     }
 
-    /// `409 FENCED_OUT` with its details: an incident-grade refusal (C3), so every enforcement
-    /// point says the same things in the same shape.
+    /// `409 FENCED_OUT` with its details: an incident-grade refusal
+    /// (docs/contract.md#fenced-out-details), so every enforcement point says the same things in
+    /// the same shape.
     pub fn fenced_out(message: &str, details: &FencedOutDetails) -> Self {
         Self::new(ErrorCode::FencedOut, message)
             .with_details(serde_json::to_value(details).unwrap_or(serde_json::Value::Null))

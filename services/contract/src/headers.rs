@@ -9,7 +9,8 @@ use http::HeaderMap;
 use crate::error::{ApiError, FieldError};
 
 pub const FENCING_TOKEN: &str = "x-fencing-token";
-/// The lock server's proof of the token (DESIGN D-8, [`crate::proof`]): `<key-id>.<hex mac>`.
+/// The lock server's proof of the token (docs/design.md#d-8, [`crate::proof`]):
+/// `<key-id>.<hex mac>`.
 pub const FENCING_PROOF: &str = "x-fencing-proof";
 pub const OWNER_ID: &str = "x-owner-id";
 pub const IDEMPOTENCY_KEY: &str = "x-idempotency-key";

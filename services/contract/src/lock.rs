@@ -1,4 +1,4 @@
-//! Bodies of the lock-server surface (C3 §3.3), shared by the server and its client.
+//! Bodies of the lock-server surface (docs/contract.md#s3-3), shared by the server and its client.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -89,9 +89,9 @@ pub struct LockGrant {
     pub acquired_at: DateTime<Utc>,
     #[serde(with = "crate::time::millis")]
     pub expires_at: DateTime<Utc>,
-    /// The lock server's proof of this grant (DESIGN D-8): send it as `X-Fencing-Proof` beside
-    /// `X-Fencing-Token`. Present on the acquire (L4) and renew (L5) answers when the server has
-    /// proof keys; never in the held-locks list or L7, which anyone who may read can see.
+    /// The lock server's proof of this grant (docs/design.md#d-8): send it as `X-Fencing-Proof`
+    /// beside `X-Fencing-Token`. Present on the acquire (L4) and renew (L5) answers when the server
+    /// has proof keys; never in the held-locks list or L7, which anyone who may read can see.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof: Option<String>,
 }
@@ -149,7 +149,8 @@ pub struct Revocation {
     pub revoked_token: i64,
     pub revoked_owner_id: String,
     /// A token greater than every token issued before the revocation. Push it to the
-    /// enforcement points (D-3) so the evicted holder's in-flight writes are fenced out.
+    /// enforcement points (docs/design.md#d-3) so the evicted holder's in-flight writes are fenced
+    /// out.
     pub new_token_floor: i64,
     pub revocation_id: Uuid,
     pub operator: String,

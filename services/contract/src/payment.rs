@@ -1,5 +1,6 @@
-//! Bodies of the payment-resource surface (C3 §3.4 and DESIGN §9), shared by the service and
-//! its typed client. Money is `i64` minor units with an ISO 4217 currency; no floats anywhere.
+//! Bodies of the payment-resource surface (docs/contract.md#s3-4 and docs/contract.md#extensions),
+//! shared by the service and its typed client. Money is `i64` minor units with an ISO 4217
+//! currency; no floats anywhere.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -205,7 +206,7 @@ pub struct Account {
     /// `balanceMinor - heldMinor`: what a claim may still draw on.
     pub available_minor: i64,
     pub fence: i64,
-    /// Recomputed from the ledger entries; equals `balanceMinor` (FR-25).
+    /// Recomputed from the ledger entries; equals `balanceMinor` (docs/contract.md#p5).
     pub ledger_sum_minor: i64,
     #[serde(with = "crate::time::millis")]
     pub updated_at: DateTime<Utc>,
@@ -376,7 +377,7 @@ pub struct PostResponse {
     pub balance_minor: i64,
 }
 
-/// D-3: advance an account's fence to a revocation floor.
+/// docs/design.md#d-3: advance an account's fence to a revocation floor.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FenceRequest {
@@ -419,7 +420,8 @@ pub struct ResolveRequest {
 /// resolved it; a client reading this type skips those fields.)
 pub type ResolveResponse = PostResponse;
 
-/// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED (DESIGN §2).
+/// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED
+/// (docs/contract.md#payout-states).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CancelRequest {

@@ -1,5 +1,5 @@
-//! A typed async client for the payment resource, with the per-hop timeouts of C3 §3.8
-//! (500 ms connect, 3 s read for writes, 1 s for advisory reads).
+//! A typed async client for the payment resource, with the per-hop timeouts of
+//! docs/contract.md#s3-8 (500 ms connect, 3 s read for writes, 1 s for advisory reads).
 //!
 //! Like [`crate::client::LockClient`] it makes exactly one attempt per call: a 409 means the
 //! world moved on, and only the caller knows whether a retry is safe for it.
@@ -119,7 +119,7 @@ unfenced_writes! {
     fn create_account() -> Account = "/v1/accounts", CreateAccountRequest;
     fn fund(account_id: &str) -> FundResponse = "/v1/accounts/{account_id}/fund", FundRequest;
     fn create_payout() -> Payout = "/v1/payouts", CreatePayoutRequest;
-    /// D-3: needs [`Self::as_operator`].
+    /// docs/design.md#d-3: needs [`Self::as_operator`].
     fn advance_fence(account_id: &str) -> FenceResponse =
         "/v1/accounts/{account_id}/fence", FenceRequest;
     /// Out-of-band resolution of a RAIL_AMBIGUOUS payout: needs [`Self::as_operator`].

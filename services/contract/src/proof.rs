@@ -1,6 +1,7 @@
-//! Fencing-token proofs (DESIGN D-8): the lock server signs every grant, and the enforcement
-//! points (payment resource, rail proxy) refuse a token it did not sign. This is the wire side:
-//! the header, the lock key, the recovery bodies; signing and checking is `dlock_server::proof`.
+//! Fencing-token proofs (docs/design.md#d-8): the lock server signs every grant, and the
+//! enforcement points (payment resource, rail proxy) refuse a token it did not sign. This is the
+//! wire side: the header, the lock key, the recovery bodies; signing and checking is
+//! `dlock_server::proof`.
 //!
 //! Without a proof an authenticated caller could present `X-Fencing-Token: 9223372036854775807`;
 //! the fences only rise, so every real holder of that account would be FENCED_OUT for good. The

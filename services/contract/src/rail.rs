@@ -1,5 +1,5 @@
-//! Bodies of the rail-proxy surface (C3 §3.5), shared by the proxy and its client, and a typed
-//! client for it. Submit is the one hop with a hard zero: the client never retries it.
+//! Bodies of the rail-proxy surface (docs/contract.md#s3-5), shared by the proxy and its client,
+//! and a typed client for it. Submit is the one hop with a hard zero: the client never retries it.
 
 use std::time::Duration;
 
@@ -39,8 +39,8 @@ pub struct HighWaterRequest {
     pub revocation_id: Option<Uuid>,
 }
 
-/// The rail proxy's half of a revocation (D-3): the floor, operator, reason and revocation id
-/// the payment resource's account fence gets.
+/// The rail proxy's half of a revocation (docs/design.md#d-3): the floor, operator, reason and
+/// revocation id the payment resource's account fence gets.
 impl From<FenceRequest> for HighWaterRequest {
     fn from(fence: FenceRequest) -> Self {
         let FenceRequest {
@@ -84,7 +84,7 @@ pub struct Statement {
     pub transfers: Vec<Transfer>,
 }
 
-/// Connect timeout towards the proxy (C3 §3.8: 1 s).
+/// Connect timeout towards the proxy (docs/contract.md#s3-8: 1 s).
 pub const SUBMIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The submit's read timeout is the rail read timeout plus this.
 pub const SUBMIT_READ_MARGIN: Duration = Duration::from_secs(2);
@@ -157,7 +157,8 @@ impl RailClient {
         })
     }
 
-    /// D-3: raises the account's high-water mark to a revocation floor (operator only).
+    /// docs/design.md#d-3: raises the account's high-water mark to a revocation floor (operator
+    /// only).
     pub async fn advance_high_water(
         &self,
         account_id: &str,

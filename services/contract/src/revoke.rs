@@ -1,6 +1,6 @@
-//! The forced revocation flow (DESIGN D-3), once for every caller (`dlock revoke`, the operator's
-//! Lock annotations and LockRevocation): end the grant at the lock server (L8), then push the new
-//! token floor to both enforcement points for the account behind the key — the payment
+//! The forced revocation flow (docs/design.md#d-3), once for every caller (`dlock revoke`, the
+//! operator's Lock annotations and LockRevocation): end the grant at the lock server (L8), then
+//! push the new token floor to both enforcement points for the account behind the key — the payment
 //! resource's account fence, then the rail proxy's high-water mark — so that every write with the
 //! revoked token is FENCED_OUT at once, not only after the next holder writes.
 //!

@@ -63,7 +63,7 @@ impl Auth {
     }
 }
 
-/// `fencing.*`: the fencing-token proof keys (DESIGN D-8).
+/// `fencing.*`: the fencing-token proof keys (docs/design.md#d-8).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Fencing {
     /// The same key as [`crate::proof::KEYS_FILE_KEY`].

@@ -1,7 +1,8 @@
 //! A lock-server session kept alive, and the locks held under it, in the shape of etcd's
 //! `concurrency` package: a [`LockSession`] owns a heartbeat task and says when its liveness is
 //! lost; [`LockSession::acquire`] gives a [`HeldLock`] carrying the fencing token, its proof and
-//! the local deadline after which no protected write may start (FR-11, DESIGN §4).
+//! the local deadline after which no protected write may start (docs/contract.md#client-deadline,
+//! docs/design.md#executor).
 //!
 //! Everything here follows what the lock server *granted*, never what was asked for: the server
 //! clamps TTLs down (`lock.ttl-max`, `lock.session.ttl-max`), and a heartbeat period or a deadline
@@ -19,7 +20,8 @@ use crate::client::{ClientError, LockClient};
 use crate::error::ErrorCode;
 use crate::lock::{LockGrant, Session};
 
-/// Jittered exponential backoff, 50 ms to 1 s (FR-28), for calls that are retry-safe.
+/// Jittered exponential backoff, 50 ms to 1 s (docs/contract.md#s3-8), for calls that are
+/// retry-safe.
 pub fn retry_policy(times: usize) -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(50))
@@ -57,10 +59,10 @@ struct Inner {
 }
 
 /// A lock-server session kept alive by heartbeats every third of the granted TTL (two tries
-/// within that third, C3 §3.8). When the server says the session lapsed, its locks are gone:
-/// [`LockSession::lost`] fires, the lapse is immediate for every [`HeldLock`] under it, and a new
-/// session is opened for later acquires. Dropping it stops the heartbeats; [`LockSession::close`]
-/// also ends the session at the server.
+/// within that third, docs/contract.md#s3-8). When the server says the session lapsed, its locks
+/// are gone: [`LockSession::lost`] fires, the lapse is immediate for every [`HeldLock`] under it,
+/// and a new session is opened for later acquires. Dropping it stops the heartbeats;
+/// [`LockSession::close`] also ends the session at the server.
 pub struct LockSession {
     inner: Arc<Inner>,
     keeper: tokio::task::JoinHandle<()>,
@@ -146,7 +148,7 @@ impl HeldLock {
         self.grant.fencing_token
     }
 
-    /// The lock server's proof of the token (DESIGN D-8), when it has proof keys.
+    /// The lock server's proof of the token (docs/design.md#d-8), when it has proof keys.
     pub fn proof(&self) -> Option<&str> {
         self.grant.fencing_proof.as_deref()
     }

@@ -1,5 +1,5 @@
-//! Cancelling what is left of a batch (DESIGN §2: PENDING | CLAIMED ──cancel (batch deleted)──▶
-//! ABANDONED), as the operator does when a PayoutBatch is deleted.
+//! Cancelling what is left of a batch (docs/contract.md#payout-states: PENDING | CLAIMED ──cancel
+//! (batch deleted)──▶ ABANDONED), as the operator does when a PayoutBatch is deleted.
 //!
 //! Per account, under the canceller's own grant on `payout:{accountId}`: the grant's token is
 //! above every token issued before it, so the cancel advances the account fence past any holder

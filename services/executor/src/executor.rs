@@ -1,6 +1,6 @@
 //! The executor: moves a batch's payouts through acquire → claim → submit → post → release.
 //!
-//! The rules it keeps (DESIGN §4, C3 §3.7–3.8):
+//! The rules it keeps (docs/design.md#executor, docs/contract.md#s3-7, docs/contract.md#s3-8):
 //! - one lock per payout cycle, on `payout:{accountId}`, and a fresh token per payout;
 //! - a local deadline on the monotonic clock, TTL × (1 − safety margin) from sending the
 //!   acquire: no protected write starts after it;
@@ -411,7 +411,8 @@ enum Write<T> {
 }
 
 /// A write to the payment resource: no retry on a 409, one on a 503 or a connect failure. No
-/// attempt starts past the deadline, the retry included (FR-11): a retry is a protected write.
+/// attempt starts past the deadline, the retry included (docs/contract.md#client-deadline): a retry
+/// is a protected write.
 async fn payment_write<T, F, Fut>(held: &HeldLock, call: F) -> Write<T>
 where
     F: Fn() -> Fut,
@@ -443,13 +444,13 @@ async fn critical_section(
     held: &HeldLock,
 ) -> CycleOutcome {
     let token = held.token();
-    // DESIGN D-8: the lock server's proof of the token travels beside it on every protected
+    // docs/design.md#d-8: the lock server's proof of the token travels beside it on every protected
     // write (None when the lock server has no proof keys; the services then need none).
     let proof = held.proof();
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
     let fence = Fence::new(key, token, proof);
-    // FR-14: what the payout is now decides what this cycle does.
+    // docs/design.md#executor: what the payout is now decides what this cycle does.
     let payout = match (|| hops.payment.get_payout(id))
         .retry(retry_policy(2))
         .await

@@ -1,4 +1,5 @@
-//! The lock server's configuration (DESIGN §7 keys plus the server's own limits).
+//! The lock server's configuration (docs/design.md#configuration keys plus the server's own
+//! limits).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -168,8 +169,9 @@ pub struct LockServerConfig {
     /// `auth.owner-binding`, which the server applies to the body's `ownerId` of L1 too (the
     /// auth layer sees only the `X-Owner-Id` header).
     pub owner_binding: bool,
-    /// `fencing.proof-keys-file`: the keys that sign every grant (DESIGN D-8). Unset: grants
-    /// carry no proof, and the enforcement points cannot tell a forged token from a real one.
+    /// `fencing.proof-keys-file`: the keys that sign every grant (docs/design.md#d-8). Unset:
+    /// grants carry no proof, and the enforcement points cannot tell a forged token from a real
+    /// one.
     pub proof_keys: Option<ProofKeys>,
 }
 
@@ -198,8 +200,8 @@ impl LockServerConfig {
                         2_000,
                         100..=60_000,
                     )?,
-                    // Below the callers' 2 s write timeout (C3 §3.8): a write stalled by an
-                    // election is answered 503 NOT_LEADER before the caller gives up on it.
+                    // Below the callers' 2 s write timeout (docs/contract.md#s3-8): a write stalled
+                    // by an election is answered 503 NOT_LEADER before the caller gives up on it.
                     request_timeout: raw.millis(
                         "lock.etcd.request-timeout-ms",
                         1_500,

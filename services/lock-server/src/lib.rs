@@ -1,4 +1,5 @@
-//! The dlock lock server: sessions, leases and fencing tokens (C3 §3.3), on PostgreSQL or etcd.
+//! The dlock lock server: sessions, leases and fencing tokens (docs/contract.md#s3-3), on
+//! PostgreSQL or etcd.
 //!
 //! [`app`] builds the router over a [`Store`]; [`run`] is what `dlock serve lock-server` calls.
 //! A replica keeps nothing in memory that decides who holds a lock: the waiter queue, the grants

@@ -1,5 +1,6 @@
-//! The lock server's metrics (ADR 0004): acquisition latency, contention, timeouts. Labels are
-//! low-cardinality enums only; keys, owners and tokens go to logs, never to labels.
+//! The lock server's metrics (docs/design.md#observability): acquisition latency, contention,
+//! timeouts. Labels are low-cardinality enums only; keys, owners and tokens go to logs, never to
+//! labels.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
-//! The lock server's OpenAPI document (C3 §3.3), served at `GET /v1/openapi.json`. Each
-//! operation below documents the handler of the same name in `routes.rs`; the integration test
+//! The lock server's OpenAPI document (docs/contract.md#s3-3), served at `GET /v1/openapi.json`.
+//! Each operation below documents the handler of the same name in `routes.rs`; the integration test
 //! `openapi` sends a request to every documented operation and checks the status is documented.
 
 #![allow(dead_code)]
@@ -12,7 +12,7 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "dlock lock server", description = "Sessions, leases and fencing tokens (C3 §3.3)."),
+    info(title = "dlock lock server", description = "Sessions, leases and fencing tokens."),
     paths(create_session, heartbeat, end_session, held_locks, acquire, renew, revoke, lock_info, release, healthz, readyz),
     modifiers(&BearerAuth)
 )]

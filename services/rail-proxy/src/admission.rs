@@ -35,8 +35,8 @@ pub(crate) async fn submit(
     check_body(&body)?;
     // The request's span names the payout, as the payment resource's spans do from their path.
     tracing::Span::current().record("payout.id", tracing::field::display(body.payout_id));
-    // DESIGN D-8: the token must be one the lock server granted on this account's key. Checked
-    // before rail_admit, so a refused submission records nothing and moves no mark.
+    // docs/design.md#d-8: the token must be one the lock server granted on this account's key.
+    // Checked before rail_admit, so a refused submission records nothing and moves no mark.
     if let Some(keys) = &state.config.proof_keys {
         keys.require(
             &headers,

@@ -23,7 +23,7 @@ pub struct RailProxyConfig {
     /// `rail.proxy.read-timeout-ms`: 8 s by default, below the executor's submit budget.
     pub rail_read_timeout: Duration,
     /// `rail.proxy.unresolved-margin-ms`: added to the read timeout before an unresolved intent
-    /// is declared ambiguous (D-5).
+    /// is declared ambiguous (docs/design.md#d-5).
     pub unresolved_margin: Duration,
     /// `rail.proxy.sweep-interval-ms`: how often unresolved intents are checked (and FENCED
     /// attempts past their retention deleted).
@@ -37,8 +37,9 @@ pub struct RailProxyConfig {
     pub rail_credential: Option<Credential>,
     /// `rail.proxy.rail-ca-file`: the CA bundle of an HTTPS rail (the system's roots otherwise).
     pub rail_ca_file: Option<PathBuf>,
-    /// `fencing.proof-keys-file` (DESIGN D-8): when set, a submission needs the lock server's
-    /// `X-Fencing-Proof` of its token on `payout:{accountId}`, and high-water recovery is possible.
+    /// `fencing.proof-keys-file` (docs/design.md#d-8): when set, a submission needs the lock
+    /// server's `X-Fencing-Proof` of its token on `payout:{accountId}`, and high-water recovery is
+    /// possible.
     pub proof_keys: Option<ProofKeys>,
 }
 

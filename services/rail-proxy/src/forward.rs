@@ -1,5 +1,5 @@
-//! The one forward to the rail (C3 §3.5 step 4): after the intent is durable, the transfer is
-//! presented once and never retried; the answer is read into what it means.
+//! The one forward to the rail (docs/contract.md#rail-step-4): after the intent is durable, the
+//! transfer is presented once and never retried; the answer is read into what it means.
 
 use serde::Deserialize;
 use serde_json::json;
@@ -15,7 +15,7 @@ pub(crate) enum RailAnswer {
 }
 
 /// An outcome we cannot read. `reason` is what the caller is told: what kind of failure, never
-/// where the rail is (issue 13, item 14). `detail` is the full error, rail address included, for
+/// where the rail is. `detail` is the full error, rail address included, for
 /// the operator's log only.
 pub(crate) struct Unknown {
     pub(crate) reason: &'static str,

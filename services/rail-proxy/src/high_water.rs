@@ -1,6 +1,6 @@
 //! The durable high-water mark per account: read it, raise it to a revocation floor, and the
-//! DESIGN D-8 recovery that lowers one poisoned by a forged token. The two writes are operator
-//! only and recorded with the operator, the reason and the authenticated identity.
+//! docs/design.md#d-8 recovery that lowers one poisoned by a forged token. The two writes are
+//! operator only and recorded with the operator, the reason and the authenticated identity.
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -106,10 +106,10 @@ fn account_not_found(account_id: &str) -> ApiError {
     ApiError::not_found(format!("account {account_id} does not exist"))
 }
 
-/// DESIGN D-8 recovery: lowers a high-water mark poisoned by a forged token to the token of the
-/// operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
-/// nobody else holds the key, above every token issued before). Operator only, needs proof
-/// keys, recorded in `fence_recoveries` with the operator, reason and authenticated identity.
+/// docs/design.md#d-8 recovery: lowers a high-water mark poisoned by a forged token to the token of
+/// the operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
+/// nobody else holds the key, above every token issued before). Operator only, needs proof keys,
+/// recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,

@@ -1,4 +1,5 @@
-//! The rail proxy (C3 §3.5): enforcement point (c), the only component that calls the rail.
+//! The rail proxy (docs/contract.md#s3-5): enforcement point (c), the only component that calls the
+//! rail.
 //!
 //! Admission is written once, in `rail_admit` (migrations/paydb): the durable high-water mark,
 //! strict, then one presented attempt per payout, then the intent row — all committed before
@@ -58,8 +59,9 @@ impl AppState {
             .use_preconfigured_tls(tls)
             .connect_timeout(config.rail_connect_timeout)
             .timeout(config.rail_read_timeout)
-            // Forward once (C3 §3.5 step 4): a followed 307/308 would present the same transfer
-            // a second time without any retry in our code. A 3xx is an answer we cannot read.
+            // Forward once (docs/contract.md#rail-step-4): a followed 307/308 would present the
+            // same transfer a second time without any retry in our code. A 3xx is an answer we
+            // cannot read.
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(64)
             .build()
@@ -99,7 +101,7 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a
-/// proxy that died mid-flight are timed out (D-5).
+/// proxy that died mid-flight are timed out (docs/design.md#d-5).
 pub async fn run(config: RailProxyConfig) -> anyhow::Result<()> {
     let pool = connect(&config).await?;
     let config = Arc::new(config);
@@ -173,7 +175,7 @@ async fn sweep_forever(state: AppState) {
 /// The most FENCED rows one sweep statement deletes; a larger backlog goes over several ticks.
 const FENCED_SWEEP_BATCH: i32 = 1_000;
 
-/// Deletes FENCED attempts older than `rail.proxy.fenced-retention-ms` (issue 13, item 16).
+/// Deletes FENCED attempts older than `rail.proxy.fenced-retention-ms`.
 /// paydb deletes nothing else from rail_submission, whatever is asked (a trigger refuses it).
 pub async fn sweep_fenced(state: &AppState) -> u64 {
     let removed: Result<(i64,), _> = sqlx::query_as("SELECT rail_sweep_fenced($1, $2)")
@@ -199,7 +201,7 @@ pub async fn sweep_fenced(state: &AppState) -> u64 {
     }
 }
 
-/// D-5: intents older than the rail read timeout plus the margin become TIMEOUT.
+/// docs/design.md#d-5: intents older than the rail read timeout plus the margin become TIMEOUT.
 pub async fn expire_unresolved(state: &AppState) -> usize {
     let older_than = state.config.rail_read_timeout + state.config.unresolved_margin;
     let rows: Result<Vec<(Uuid, Uuid)>, _> =

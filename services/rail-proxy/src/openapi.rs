@@ -1,5 +1,5 @@
-//! The rail proxy's OpenAPI document (C3 §3.5), served at `GET /v1/openapi.json`. Each
-//! operation documents the handler of the same name (in `admission.rs`, `high_water.rs` and
+//! The rail proxy's OpenAPI document (docs/contract.md#s3-5), served at `GET /v1/openapi.json`.
+//! Each operation documents the handler of the same name (in `admission.rs`, `high_water.rs` and
 //! `lib.rs`); the integration test `openapi` sends a request to every documented operation and
 //! checks the status is documented.
 
@@ -14,7 +14,7 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "dlock rail proxy", description = "The only caller of the rail: durable high-water mark, intent before forward, one forward (C3 §3.5)."),
+    info(title = "dlock rail proxy", description = "The only caller of the rail: durable high-water mark, intent before forward, one forward."),
     paths(submit, high_water, advance_high_water, lower_high_water, healthz, readyz),
     modifiers(&BearerAuth)
 )]
@@ -60,16 +60,16 @@ pub struct HighWaterAdvanced {
     pub identity: String,
 }
 
-/// D-3: raises an account's high-water mark to a revocation floor (operator).
+/// Raises an account's high-water mark to a revocation floor (operator; docs/design.md#d-3).
 #[utoipa::path(post, path = "/v1/rail/high-water/{accountId}", request_body = HighWaterRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header)),
     security(("bearerAuth" = [])),
     responses((status = 200, body = HighWaterAdvanced), Invalid, Unauthorized, NotFound, RailUnavailable))]
 fn advance_high_water() {}
 
-/// D-8: lowers a high-water mark poisoned by a forged token to the token of the operator's own
-/// grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in
-/// fence_recoveries.
+/// Lowers a high-water mark poisoned by a forged token (docs/design.md#d-8) to the token of the
+/// operator's own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited
+/// in fence_recoveries.
 #[utoipa::path(post, path = "/v1/rail/high-water/{accountId}/lower", request_body = FenceLowerRequest,
     params(("accountId" = String, Path),
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),

@@ -1,6 +1,6 @@
 //! After the forward: what the rail answered, or failed to, is recorded once and answered; an
 //! attempt whose outcome is unknown quarantines its payout as RAIL_AMBIGUOUS. The identical
-//! retry (C3 §3.1) is answered from that record, never forwarded again.
+//! retry (docs/contract.md#submit-replay) is answered from that record, never forwarded again.
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -191,7 +191,7 @@ fn replay_unavailable(error: impl std::fmt::Display) -> ApiError {
 
 /// An identical request that finds its first attempt still in flight waits for that attempt's
 /// answer, as long as the attempt can be in flight at all (the rail read timeout plus the margin
-/// after which D-5 declares it ambiguous). It never forwards anything itself.
+/// after which docs/design.md#d-5 declares it ambiguous). It never forwards anything itself.
 async fn await_first_answer(
     state: &AppState,
     submission_id: Uuid,
@@ -227,8 +227,8 @@ async fn await_first_answer(
     }
 }
 
-/// C3 §3.1: the identical request by the same holder gets the first answer. Never forwarded
-/// again, never counted as a duplicate attempt.
+/// docs/contract.md#submit-replay: the identical request by the same holder gets the first answer.
+/// Never forwarded again, never counted as a duplicate attempt.
 pub(crate) async fn replay(
     state: &AppState,
     submission_id: Option<Uuid>,
@@ -255,7 +255,8 @@ pub(crate) async fn replay(
     }
     match attempt {
         // Not NOT_LEADER: paydb is fine, the caller's own identical request is at the rail. As
-        // on the payment resource, C3's answer to a retry that came too soon.
+        // on the payment resource, the contract's answer (docs/contract.md#error-codes) to a retry
+        // that came too soon.
         Attempt::Unresolved => Err(ApiError::new(
             ErrorCode::ContentionExceeded,
             "this identical request is still in flight to the rail; nothing was forwarded again, retry after retryAfterMillis to get its answer",

@@ -187,7 +187,7 @@ impl RecordRow {
     }
 }
 
-/// What a D-8 high-water lowering did.
+/// What a docs/design.md#d-8 high-water lowering did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LowerOutcome {
     /// Lowered to the operator's token and recorded in `fence_recoveries`.
@@ -232,9 +232,9 @@ impl LowerRow {
 /// Who raises or lowers a high-water mark and why, for its audit row.
 pub use dlock_server::pg::Audit;
 
-/// Admission (C3 §3.5 steps 1–3), written once in `rail_admit`: the mark, one attempt per
-/// payout, the intent row, committed before the forward. `canonical` is the request as
-/// re-serialized; paydb keeps only its hash.
+/// Admission (docs/contract.md#admission-order, steps 1–3), written once in `rail_admit`: the mark,
+/// one attempt per payout, the intent row, committed before the forward. `canonical` is the request
+/// as re-serialized; paydb keeps only its hash.
 pub async fn admit(
     pool: &PgPool,
     body: &SubmissionRequest,
@@ -356,7 +356,7 @@ pub async fn advance_high_water(
     .await?)
 }
 
-/// D-8 recovery: lowers a poisoned mark to `to`, recorded in `fence_recoveries`.
+/// docs/design.md#d-8 recovery: lowers a poisoned mark to `to`, recorded in `fence_recoveries`.
 pub async fn lower_high_water(
     pool: &PgPool,
     account_id: &str,

@@ -1,4 +1,4 @@
-//! The rail stub (C3 §3.6): a stand-in for a payment rail we cannot change.
+//! The rail stub (docs/contract.md#s3-6): a stand-in for a payment rail we cannot change.
 //!
 //! It knows nothing of locks, tokens, sessions or fences, and it is deliberately not idempotent:
 //! every accepted call is a transfer, and a repeated `clientRef` may be accepted again under a
@@ -137,8 +137,8 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The rail stub's OpenAPI document (C3 §3.6), served at `GET /v1/openapi.json`. Each operation
-/// documents the handler of the same name above.
+/// The rail stub's OpenAPI document (docs/contract.md#s3-6), served at `GET /v1/openapi.json`. Each
+/// operation documents the handler of the same name above.
 pub mod openapi {
     #![allow(dead_code)]
 
@@ -152,7 +152,7 @@ pub mod openapi {
     #[openapi(
         info(
             title = "dlock rail stub",
-            description = "A hostile stand-in for the payment rail: slow, lossy, non-idempotent (C3 §3.6)."
+            description = "A hostile stand-in for the payment rail: slow, lossy, non-idempotent."
         ),
         paths(submit, statement, healthz, readyz)
     )]

@@ -56,7 +56,7 @@ const FOREIGN_ERROR_BODY_MAX: usize = 4 * 1024;
 /// Gives every response the JSON content type unless it set its own non-JSON one (`/metrics`).
 /// Bodiless responses (204) get it too, so no client ever has to special-case a response.
 /// An error answered in anything but JSON (axum's own rejections are plain text) becomes the
-/// contract's envelope: every non-2xx carries it (C3 §3.1).
+/// contract's envelope: every non-2xx carries it (docs/contract.md#error-envelope).
 async fn json_content_type(body_bytes_max: usize, request: Request, next: Next) -> Response {
     // MatchedPath is reference-counted: cloning it costs no allocation per request.
     let route = request

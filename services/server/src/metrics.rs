@@ -42,9 +42,9 @@ struct ResourceLabels {
     resource: Resource,
 }
 
-/// `lock_fenced_out{resource}` (C4): writes refused because a newer token holds the resource.
-/// Every series exists from the start at 0, so the first fence-out is an increase a rule can see
-/// (a series born at 1 has no increase).
+/// `lock_fenced_out{resource}` (docs/design.md#observability): writes refused because a newer token
+/// holds the resource. Every series exists from the start at 0, so the first fence-out is an
+/// increase a rule can see (a series born at 1 has no increase).
 #[derive(Clone, Default)]
 pub struct FencedOut(Family<ResourceLabels, Counter>);
 

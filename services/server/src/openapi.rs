@@ -1,7 +1,7 @@
 //! The error answers the services' OpenAPI documents share, each with the contract's status and
-//! envelope (C3 §2). An operation names the sets it may answer in its `responses(...)`, after
-//! its success; a tuple listed after a set replaces that set's entry for its status (a more
-//! precise description).
+//! envelope (docs/contract.md#error-envelope). An operation names the sets it may answer in its
+//! `responses(...)`, after its success; a tuple listed after a set replaces that set's entry for
+//! its status (a more precise description).
 
 use dlock_contract::error::ErrorBody;
 use utoipa::IntoResponses;

@@ -30,8 +30,8 @@ impl<'a> Audit<'a> {
         }
     }
 
-    /// A DESIGN D-8 recovery, `sql` (`SELECT … FROM <function>($1, …, $6)`), bound with the key
-    /// whose fence or mark it lowers, the token it lowers to, then the operator, the identity,
+    /// A docs/design.md#d-8 recovery, `sql` (`SELECT … FROM <function>($1, …, $6)`), bound with the
+    /// key whose fence or mark it lowers, the token it lowers to, then the operator, the identity,
     /// the owner and the reason.
     pub fn lowering<O>(
         self,
@@ -177,10 +177,10 @@ pub async fn standby(pool: &PgPool, database: &str) -> Result<Option<String>, sq
     Ok(in_recovery.then(|| format!("{database} is in recovery (a standby)")))
 }
 
-/// What a database failure lets the caller conclude (D-4): `Some(why)` when `database` cannot
-/// take writes here (unreachable, a read-only replica, shutting down or still starting), so
-/// nothing happened and the call may be retried elsewhere (NOT_LEADER); `None` for any other
-/// failure.
+/// What a database failure lets the caller conclude (docs/design.md#d-4): `Some(why)` when
+/// `database` cannot take writes here (unreachable, a read-only replica, shutting down or still
+/// starting), so nothing happened and the call may be retried elsewhere (NOT_LEADER); `None` for
+/// any other failure.
 pub fn unavailable(error: &sqlx::Error, database: &str) -> Option<String> {
     match error {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {

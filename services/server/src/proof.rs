@@ -1,4 +1,4 @@
-//! Fencing-token proofs, the services' side (DESIGN D-8; the header and the lock key are
+//! Fencing-token proofs, the services' side (docs/design.md#d-8; the header and the lock key are
 //! `dlock_contract::proof`): the lock server signs every grant with the first key of
 //! `fencing.proof-keys-file`, and the enforcement points (payment resource, rail proxy) refuse a
 //! token it did not sign. The MAC and the rotation of keys are described there.

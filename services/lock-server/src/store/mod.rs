@@ -1,4 +1,5 @@
-//! The two lock stores. They answer identically (FR-09); only how they keep the state differs.
+//! The two lock stores. They answer identically (docs/design.md#lock-backends); only how they keep
+//! the state differs.
 
 pub mod etcd;
 pub mod etcd_conn;
@@ -179,7 +180,7 @@ pub fn lock_info(key: &str, holder: Option<LockGrant>, waiter_count: i64) -> Loc
 }
 
 /// The held-locks list: at most `limit` grants, and whether there were more. Never with a proof:
-/// the proof is for the holder alone (DESIGN D-8).
+/// the proof is for the holder alone (docs/design.md#d-8).
 pub fn held_page(mut items: Vec<LockGrant>, limit: i64) -> HeldLocks {
     let truncated = items.len() as i64 > limit;
     items.truncate(limit as usize);

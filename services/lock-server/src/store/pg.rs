@@ -32,8 +32,8 @@ struct ResultRow {
     server_time: Option<DateTime<Utc>>,
 }
 
-/// Maps a database failure to what the caller may conclude from it (D-4): an unreachable
-/// primary or a replica in recovery is NOT_LEADER (nothing happened, retry elsewhere).
+/// Maps a database failure to what the caller may conclude from it (docs/design.md#d-4): an
+/// unreachable primary or a replica in recovery is NOT_LEADER (nothing happened, retry elsewhere).
 pub fn map_sqlx(error: sqlx::Error) -> StoreError {
     match dlock_server::pg::unavailable(&error, "lockdb") {
         Some(why) => StoreError::NotLeader(why),

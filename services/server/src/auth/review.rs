@@ -106,7 +106,7 @@ impl TokenBucket {
 }
 
 /// How long a caller waits for one of the `reviews-in-flight-max` slots before it is told to
-/// come back: short, since the callers' own read timeouts are 1 to 3 s (C3 §3.8).
+/// come back: short, since the callers' own read timeouts are 1 to 3 s (docs/contract.md#s3-8).
 pub(super) const REVIEW_SLOT_WAIT: Duration = Duration::from_millis(250);
 /// The `retryAfterMillis` of a review that failed (the API server did not answer, or answered
 /// something unusable).

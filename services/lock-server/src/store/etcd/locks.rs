@@ -161,10 +161,16 @@ impl EtcdStore {
         let (_, reads) = self.read_session(session_id, owner_id, Some(lock)).await?;
         let holder = self.holder(reads[2].first(), Some(session_id)).await?;
         // (key, token) names the grant; the caller must also be its owner (a token is public, so
-        // anyone could name it). A non-owner is LOCK_LOST, C3's code for a non-holder.
-        let Some(holder) = holder
-            .filter(|h| h.live && h.kv.create_revision() == token && h.value.owner_id == owner_id)
-        else {
+        // anyone could name it). A non-owner is LOCK_LOST, the contract's code
+        // (docs/contract.md#l6) for a non-holder.
+        // So must its session: another session of the same owner is LOCK_LOST too, and gets no
+        // fresh proof (lockdb's dlock_renew matches the session the same way).
+        let Some(holder) = holder.filter(|h| {
+            h.live
+                && h.kv.create_revision() == token
+                && h.value.owner_id == owner_id
+                && h.value.session_id == session_id
+        }) else {
             return Err(StoreError::LockLost {
                 stored_token: self.live_token(key).await?,
             });
