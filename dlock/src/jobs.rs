@@ -351,6 +351,10 @@ pub struct ReconcileArgs {
     /// An unresolved intent older than this is reported (the rail read timeout plus margin).
     #[arg(long, default_value_t = 10_000)]
     pub unresolved_budget_ms: u64,
+    /// A POSTED payout missing from the rail's statement longer than this after its posting is
+    /// reported (the rail's settlement window; the stub's statement has no lag).
+    #[arg(long, default_value_t = dlock_executor::reconcile::DEFAULT_SETTLEMENT_WINDOW.as_millis() as u64)]
+    pub settlement_window_ms: u64,
     /// Also write a compact JSON summary of the findings (at most 4096 bytes) to this file: in
     /// Kubernetes `/dev/termination-log`, which the operator reads into the Reconciliation's
     /// status. Off when unset.
@@ -387,6 +391,10 @@ pub fn termination_summary(findings: &dlock_executor::reconcile::Findings) -> St
         ambiguous_found_on_rail: findings.ambiguous_found_on_rail,
         ambiguous_not_on_rail: findings.ambiguous_not_on_rail,
         double_payments: findings.double_payments,
+        transfers_without_payout: findings.transfers_without_payout,
+        transfers_differing_from_payout: findings.transfers_differing_from_payout,
+        posted_not_on_rail: findings.posted_not_on_rail,
+        released_paid_on_rail: findings.released_paid_on_rail,
         findings: lines,
         omitted: 0,
     };
@@ -403,12 +411,11 @@ pub fn termination_summary(findings: &dlock_executor::reconcile::Findings) -> St
 /// Exit status 2 when a finding is critical.
 pub async fn reconcile(args: ReconcileArgs) -> Result<std::process::ExitCode> {
     let pool = dlock_executor::reconcile::connect(&args.paydb).await?;
-    let findings = dlock_executor::reconcile::reconcile(
-        &pool,
-        &args.rail,
-        Duration::from_millis(args.unresolved_budget_ms),
-    )
-    .await?;
+    let options = dlock_executor::reconcile::Options {
+        unresolved_budget: Duration::from_millis(args.unresolved_budget_ms),
+        settlement_window: Duration::from_millis(args.settlement_window_ms),
+    };
+    let findings = dlock_executor::reconcile::reconcile_with(&pool, &args.rail, &options).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&findings)?);
     } else {

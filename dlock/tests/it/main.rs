@@ -26,6 +26,7 @@ mod rail_reason;
 mod rail_replay;
 mod rail_statement;
 mod rail_validation;
+mod reconcile_findings;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;

@@ -198,6 +198,7 @@ async fn run_scheduled(
     let conditions = match &run {
         Some(run) => {
             record(run, findings, summary);
+            count_findings(ctx, valid, run);
             run_conditions(run, &prefix)
         }
         None => Conditions::ready(prefix.trim_end_matches("; ").to_owned()),
@@ -229,6 +230,7 @@ async fn run_once(
         match last_run(&reconciler_pods(ctx, valid).await?) {
             Some(run) => {
                 record(&run, findings, summary);
+                count_findings(ctx, valid, &run);
                 run_conditions(&run, "")
             }
             None => match job_phase(&job) {
@@ -259,6 +261,16 @@ fn record(run: &LastRun, findings: &mut Vec<String>, summary: &mut Option<String
             ));
         }
         *summary = Some(report.summary());
+    }
+}
+
+/// Counts a finished run's findings by class in the operator's metrics, once per run (the
+/// alerts of `charts/dlock/files/dlock-alerts.yaml` page on them).
+fn count_findings(ctx: &Context, valid: &ValidatedReconciliation, run: &LastRun) {
+    if let Some(report) = &run.report {
+        let object = format!("{}/{}", valid.namespace, valid.name);
+        let job = run.job.as_deref().unwrap_or_default();
+        ctx.metrics.count_findings(&object, job, report);
     }
 }
 

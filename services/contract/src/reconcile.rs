@@ -20,6 +20,13 @@ pub struct ReconcileSummary {
     pub ambiguous_found_on_rail: usize,
     pub ambiguous_not_on_rail: usize,
     pub double_payments: usize,
+    /// The statement against the ledger (`docs/design.md#reconciliation`): transfers without a
+    /// payout, transfers differing from their payout, POSTED payouts not on the rail after the
+    /// settlement window, FAILED or ABANDONED payouts the rail paid.
+    pub transfers_without_payout: usize,
+    pub transfers_differing_from_payout: usize,
+    pub posted_not_on_rail: usize,
+    pub released_paid_on_rail: usize,
     /// `"<severity> <kind> <subject>: <detail>"`, most severe first.
     pub findings: Vec<String>,
     /// Findings left out to stay within the termination message's size.
@@ -27,17 +34,24 @@ pub struct ReconcileSummary {
 }
 
 impl ReconcileSummary {
-    /// One line for people: the counts, the ambiguous payouts and the double payments.
+    /// One line for people: the counts, the ambiguous payouts, the double payments and the
+    /// statement's disagreements with the ledger.
     pub fn summary(&self) -> String {
         format!(
             "{} critical, {} warning, {} info; ambiguous payouts: {} found on the rail, {} not \
-             found; double payments: {}",
+             found; double payments: {}; transfers without a payout: {}; transfers differing \
+             from their payout: {}; posted payouts not on the rail: {}; released payouts paid on \
+             the rail: {}",
             self.critical,
             self.warning,
             self.info,
             self.ambiguous_found_on_rail,
             self.ambiguous_not_on_rail,
-            self.double_payments
+            self.double_payments,
+            self.transfers_without_payout,
+            self.transfers_differing_from_payout,
+            self.posted_not_on_rail,
+            self.released_paid_on_rail
         )
     }
 }

@@ -38,7 +38,30 @@ pub struct Findings {
     pub ambiguous_found_on_rail: usize,
     pub ambiguous_not_on_rail: usize,
     pub double_payments: usize,
+    /// Statement lines with no payout in paydb, or whose payout never went to the rail proxy:
+    /// money left with no record of why.
+    pub transfers_without_payout: usize,
+    /// Statement lines whose amount or currency is not their payout's, and POSTED payouts whose
+    /// rail reference is not among their payout's lines.
+    pub transfers_differing_from_payout: usize,
+    /// POSTED payouts, posted longer ago than the settlement window, with no line on the statement.
+    pub posted_not_on_rail: usize,
+    /// FAILED or ABANDONED payouts (their hold released) with a line on the statement.
+    pub released_paid_on_rail: usize,
 }
+
+/// What a run compares against.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// An unresolved intent older than this is reported (the rail read timeout plus margin).
+    pub unresolved_budget: Duration,
+    /// How long after its posting a payout may still be missing from the rail's statement (a
+    /// real rail's statement lags; the stub's does not).
+    pub settlement_window: Duration,
+}
+
+/// The settlement window when none is given: one hour.
+pub const DEFAULT_SETTLEMENT_WINDOW: Duration = Duration::from_secs(3_600);
 
 impl Findings {
     pub fn critical(&self) -> bool {
@@ -55,6 +78,14 @@ impl Findings {
         out.push_str(&format!(
             "ambiguous payouts: {} found on the rail, {} not found; double payments: {}\n",
             self.ambiguous_found_on_rail, self.ambiguous_not_on_rail, self.double_payments
+        ));
+        out.push_str(&format!(
+            "rail against ledger: {} transfers without a payout, {} differing from their payout; \
+             {} posted payouts not on the rail; {} failed or abandoned payouts paid on the rail\n",
+            self.transfers_without_payout,
+            self.transfers_differing_from_payout,
+            self.posted_not_on_rail,
+            self.released_paid_on_rail
         ));
         if self.findings.is_empty() {
             out.push_str("no findings\n");
@@ -92,6 +123,15 @@ impl Findings {
     }
 }
 
+/// A transfer on the statement with no payout in paydb, or whose payout has no attempt.
+pub const KIND_TRANSFER_WITHOUT_PAYOUT: &str = "rail_transfer_without_payout";
+/// A statement line whose amount, currency or reference is not its payout's.
+pub const KIND_TRANSFER_DIFFERS: &str = "rail_transfer_differs_from_payout";
+/// A POSTED payout missing from the statement after the settlement window.
+pub const KIND_POSTED_NOT_ON_RAIL: &str = "posted_payout_not_on_rail";
+/// A FAILED or ABANDONED payout (its hold released) that the rail paid.
+pub const KIND_RELEASED_PAID_ON_RAIL: &str = "released_payout_paid_on_rail";
+
 pub async fn connect(paydb_url: &str) -> Result<PgPool> {
     dlock_server::pg::pool_options(2, Duration::from_secs(1))
         .connect(paydb_url)
@@ -99,12 +139,23 @@ pub async fn connect(paydb_url: &str) -> Result<PgPool> {
         .context("connecting to paydb")
 }
 
-/// Runs every check once. `unresolved_budget` is the rail read timeout plus margin.
+/// Runs every check once with the default settlement window. `unresolved_budget` is the rail
+/// read timeout plus margin.
 pub async fn reconcile(
     pool: &PgPool,
     rail_url: &str,
     unresolved_budget: Duration,
 ) -> Result<Findings> {
+    let options = Options {
+        unresolved_budget,
+        settlement_window: DEFAULT_SETTLEMENT_WINDOW,
+    };
+    reconcile_with(pool, rail_url, &options).await
+}
+
+/// Runs every check once.
+pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) -> Result<Findings> {
+    let unresolved_budget = options.unresolved_budget;
     let mut out = Findings::default();
     let add = |out: &mut Findings, severity, kind, subject: String, detail: String| {
         out.findings.push(Finding {
@@ -212,6 +263,18 @@ pub async fn reconcile(
         );
     }
 
+    // Read before the statement: a payout is POSTED only after the rail acknowledged it, so
+    // every payout read here was on the statement before it is read.
+    let settled: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT payout_id, rail_reference FROM payouts
+         WHERE state = 'POSTED' AND updated_at < clock_timestamp() - $1 * interval '1 millisecond'
+         ORDER BY payout_id",
+    )
+    .bind(options.settlement_window.as_millis() as i64)
+    .fetch_all(pool)
+    .await
+    .context("reading posted payouts past the settlement window")?;
+
     let statement = read_statement(rail_url, None)
         .await
         .context("reading the rail statement")?;
@@ -264,6 +327,8 @@ pub async fn reconcile(
             }
         }
     }
+    compare_with_ledger(pool, &statement.transfers, &settled, &mut out).await?;
+
     let (payouts,): (i64,) = sqlx::query_as("SELECT count(*) FROM payouts")
         .fetch_one(pool)
         .await?;
@@ -271,4 +336,172 @@ pub async fn reconcile(
     out.findings
         .sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(b.kind)));
     Ok(out)
+}
+
+/// What paydb holds of a payout named on the statement.
+#[derive(sqlx::FromRow)]
+struct Payout {
+    payout_id: Uuid,
+    state: String,
+    amount_minor: i64,
+    currency: String,
+    rail_reference: Option<String>,
+    /// An attempt that may have reached the rail (any outcome but FENCED).
+    presented: bool,
+}
+
+/// The statement against the ledger, line by line (read after the statement, so every payout
+/// and attempt behind a line is visible), and the POSTED payouts past the settlement window
+/// (read before it) against the statement. Each line whose payout is known and released is
+/// reported once, as such; the other checks apply to the rest.
+async fn compare_with_ledger(
+    pool: &PgPool,
+    transfers: &[dlock_contract::rail::Transfer],
+    settled: &[(Uuid, String)],
+    out: &mut Findings,
+) -> Result<()> {
+    let mut add = |severity, kind, subject: String, detail: String| {
+        out.findings.push(Finding {
+            severity,
+            kind,
+            subject,
+            detail,
+        });
+    };
+    let ids: Vec<Uuid> = transfers
+        .iter()
+        .filter_map(|t| Uuid::parse_str(&t.client_ref).ok())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let payouts: HashMap<Uuid, Payout> = sqlx::query_as::<_, Payout>(
+        "SELECT p.payout_id, p.state, p.amount_minor, p.currency::text AS currency, p.rail_reference,
+                EXISTS (SELECT 1 FROM rail_submission r
+                        WHERE r.payout_id = p.payout_id AND r.outcome <> 'FENCED') AS presented
+         FROM payouts p WHERE p.payout_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .context("reading the payouts the statement names")?
+    .into_iter()
+    .map(|p| (p.payout_id, p))
+    .collect();
+
+    let mut lines: HashMap<&str, Vec<&dlock_contract::rail::Transfer>> = HashMap::new();
+    for t in transfers {
+        lines.entry(t.client_ref.as_str()).or_default().push(t);
+    }
+    let mut client_refs: Vec<&str> = lines.keys().copied().collect();
+    client_refs.sort_unstable();
+    let (mut orphans, mut differing, mut released) = (0, 0, 0);
+    for client_ref in client_refs {
+        let on_rail = &lines[client_ref];
+        let references = || {
+            on_rail
+                .iter()
+                .map(|t| format!("{} ({} {})", t.rail_reference, t.amount_minor, t.currency))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let payout = Uuid::parse_str(client_ref)
+            .ok()
+            .and_then(|id| payouts.get(&id));
+        let Some(payout) = payout else {
+            orphans += on_rail.len();
+            add(
+                Severity::Critical,
+                KIND_TRANSFER_WITHOUT_PAYOUT,
+                client_ref.to_owned(),
+                format!(
+                    "on the rail as {}, but paydb has no payout of this id: money left with no record",
+                    references()
+                ),
+            );
+            continue;
+        };
+        if payout.state == "FAILED" || payout.state == "ABANDONED" {
+            released += 1;
+            add(
+                Severity::Critical,
+                KIND_RELEASED_PAID_ON_RAIL,
+                client_ref.to_owned(),
+                format!(
+                    "the payout is {} and its hold was released, but the rail paid it as {}",
+                    payout.state,
+                    references()
+                ),
+            );
+            continue;
+        }
+        if !payout.presented {
+            orphans += on_rail.len();
+            add(
+                Severity::Critical,
+                KIND_TRANSFER_WITHOUT_PAYOUT,
+                client_ref.to_owned(),
+                format!(
+                    "on the rail as {}, but the payout is {} and never went to the rail proxy: \
+                     no recorded attempt",
+                    references(),
+                    payout.state
+                ),
+            );
+        }
+        for t in on_rail {
+            if t.amount_minor != payout.amount_minor || t.currency != payout.currency {
+                differing += 1;
+                add(
+                    Severity::Critical,
+                    KIND_TRANSFER_DIFFERS,
+                    client_ref.to_owned(),
+                    format!(
+                        "the rail took {} {} as {}; the payout is {} {} ({})",
+                        t.amount_minor,
+                        t.currency,
+                        t.rail_reference,
+                        payout.amount_minor,
+                        payout.currency,
+                        payout.state
+                    ),
+                );
+            }
+        }
+        if payout.state == "POSTED"
+            && let Some(reference) = &payout.rail_reference
+            && !on_rail.iter().any(|t| &t.rail_reference == reference)
+        {
+            differing += 1;
+            add(
+                Severity::Critical,
+                KIND_TRANSFER_DIFFERS,
+                client_ref.to_owned(),
+                format!(
+                    "the payout is POSTED as {reference}, which is not on the rail; the rail has it as {}",
+                    references()
+                ),
+            );
+        }
+    }
+
+    let mut missing = 0;
+    for (payout, reference) in settled {
+        if !lines.contains_key(payout.to_string().as_str()) {
+            missing += 1;
+            add(
+                Severity::Critical,
+                KIND_POSTED_NOT_ON_RAIL,
+                payout.to_string(),
+                format!(
+                    "POSTED as {reference}, but the rail's statement has no transfer for it after \
+                     the settlement window: the ledger says paid, the rail did not pay"
+                ),
+            );
+        }
+    }
+    out.transfers_without_payout = orphans;
+    out.transfers_differing_from_payout = differing;
+    out.posted_not_on_rail = missing;
+    out.released_paid_on_rail = released;
+    Ok(())
 }
