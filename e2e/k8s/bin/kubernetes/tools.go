@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools pins the upstream control plane; nothing of ours is compiled here.
+// Package tools pins the upstream control plane and the real node's kubelet and kube-proxy; nothing of ours is compiled here.
 package tools
 
 import (
@@ -8,4 +8,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
