@@ -35,7 +35,7 @@ pub(crate) struct UpLine {
     /// Every service runs with `auth.mode = "tokens"` on this file.
     pub(crate) tokens_file: String,
     /// The lock server, payment resource and rail proxy prove fencing tokens with this file
-    /// (`fencing.proof-keys-file`, DESIGN D-8).
+    /// (`fencing.proof-keys-file`, docs/design.md#d-8).
     pub(crate) proof_keys_file: String,
     /// The data directory: databases, logs, the env file and `dev-up.pid`.
     pub(crate) data_dir: String,
@@ -469,6 +469,8 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         tokens_file: Some(tokens_file.display().to_string()),
         tokenreview_audiences: Vec::new(),
         operator_identities: Vec::new(),
+        // The tokens file's `treasury` identity, the services' default treasury identity.
+        treasury_identities: Vec::new(),
     };
     let proof_keys_file = write_proof_keys(&dir)?;
     let fencing = service_config::Fencing {

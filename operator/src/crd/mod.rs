@@ -1,4 +1,4 @@
-//! The custom resources of `dlock.io/v1alpha1` (DESIGN §8).
+//! The custom resources of `dlock.io/v1alpha1` (docs/design.md#kubernetes).
 //!
 //! Every kind is namespaced, has a status subresource with `conditions` and
 //! `observedGeneration`, a short name and printer columns. No field has a schema default: an
@@ -167,6 +167,11 @@ pub enum AuthMode {
 pub struct ServiceAuth {
     /// `tokenreview` when absent.
     pub mode: Option<AuthMode>,
+    /// ServiceAccounts of this namespace whose projected tokens may open and fund accounts at a
+    /// PaymentResource (the treasury role: creating money). None when absent: under TokenReview
+    /// every caller is a ServiceAccount, and no executor, operator or other tenant may fund.
+    #[schemars(length(max = 8), inner(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX)))]
+    pub treasury_service_accounts: Option<Vec<String>>,
 }
 
 /// One status condition (`Ready`, `Progressing`, `Degraded`).

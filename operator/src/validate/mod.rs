@@ -51,8 +51,16 @@ pub fn service_account_identity(namespace: &str, service_account: &str) -> Strin
 /// executor's and the operator's projected tokens), and the operator as the only operator
 /// identity.
 ///
+/// `treasury` are the identities of the treasury role (`spec.auth.treasuryServiceAccounts`, as
+/// TokenReview names them); none when empty: the services' default treasury identity is no
+/// ServiceAccount's, so under TokenReview nobody may fund until the platform names one.
+///
 /// `spec.auth.mode: none` writes `auth.mode = "none"` and nothing else.
-pub fn auth_config(settings: &Settings, auth: AuthMode) -> service_config::Auth {
+pub fn auth_config(
+    settings: &Settings,
+    auth: AuthMode,
+    treasury: Vec<String>,
+) -> service_config::Auth {
     match auth {
         AuthMode::None => service_config::Auth::none(),
         AuthMode::TokenReview => service_config::Auth {
@@ -60,6 +68,7 @@ pub fn auth_config(settings: &Settings, auth: AuthMode) -> service_config::Auth 
             tokens_file: None,
             tokenreview_audiences: vec![TOKEN_AUDIENCE.to_owned()],
             operator_identities: vec![settings.operator_identity.clone()],
+            treasury_identities: treasury,
         },
     }
 }

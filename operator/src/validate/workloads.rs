@@ -201,10 +201,12 @@ fn service<K: Resource<DynamicType = ()>>(
     // The name becomes the Service's, and the URL the operator sends its credential to.
     super::service_name("metadata.name", &name)?;
     let auth = auth_mode(spec.auth.as_ref());
+    let namespace = namespace_of(object)?;
+    let treasury = treasury_identities(spec.auth.as_ref(), &namespace)?;
     let (fencing, fencing_proof_keys_secret) =
         fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
     let workload = Workload {
-        namespace: namespace_of(object)?,
+        namespace,
         component,
         instance: name.clone(),
         image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
@@ -223,7 +225,25 @@ fn service<K: Resource<DynamicType = ()>>(
         owner: owner_of(object)?,
         name,
     };
-    Ok((workload, auth_config(settings, auth), fencing))
+    Ok((workload, auth_config(settings, auth, treasury), fencing))
+}
+
+/// `spec.auth.treasuryServiceAccounts` as the identities TokenReview gives their tokens.
+fn treasury_identities(
+    spec: Option<&ServiceAuth>,
+    namespace: &str,
+) -> Result<Vec<String>, Invalid> {
+    let accounts = spec
+        .and_then(|a| a.treasury_service_accounts.as_deref())
+        .unwrap_or_default();
+    accounts
+        .iter()
+        .enumerate()
+        .map(|(i, account)| {
+            super::service_name(&format!("spec.auth.treasuryServiceAccounts[{i}]"), account)?;
+            Ok(super::service_account_identity(namespace, account))
+        })
+        .collect()
 }
 
 /// The Secret env of a service: its database URL (`<prefix>_PG_URL`) and, when given, the

@@ -1490,6 +1490,7 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
     let mut object = fixtures::payment_resource();
     object.spec.service.auth = Some(dlock_operator::crd::ServiceAuth {
         mode: Some(dlock_operator::crd::AuthMode::None),
+        treasury_service_accounts: None,
     });
     let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
         Arc::new(object),

@@ -14,3 +14,4 @@ mod examples;
 mod fixtures;
 mod references;
 mod telemetry;
+mod treasury;

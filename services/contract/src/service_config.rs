@@ -49,6 +49,12 @@ pub struct Auth {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub operator_identities: Vec<String>,
+    /// The identities allowed to open and fund accounts (the payment resource's treasury role).
+    #[serde(
+        rename = "auth.treasury-identities",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub treasury_identities: Vec<String>,
 }
 
 impl Auth {
@@ -59,6 +65,7 @@ impl Auth {
             tokens_file: None,
             tokenreview_audiences: Vec::new(),
             operator_identities: Vec::new(),
+            treasury_identities: Vec::new(),
         }
     }
 }
@@ -207,6 +214,7 @@ mod tests {
                 tokens_file: None,
                 tokenreview_audiences: vec!["dlock".into()],
                 operator_identities: vec!["system:serviceaccount:ops:dlock-operator".into()],
+                treasury_identities: Vec::new(),
             },
             fencing: Fencing::default(),
         };
