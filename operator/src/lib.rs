@@ -1,5 +1,6 @@
-//! The dlock Kubernetes operator (DESIGN §8): the custom resources of `dlock.io/v1alpha1`, their
-//! controllers, and the pure builders of everything the controllers apply.
+//! The dlock Kubernetes operator (docs/design.md#kubernetes): the custom resources of
+//! `dlock.io/v1alpha1`, their controllers, and the pure builders of everything the controllers
+//! apply.
 
 pub mod build;
 pub mod controller;

@@ -24,17 +24,18 @@ pub struct ValidatedBatch {
     pub namespace: String,
     pub image: String,
     pub workers: i32,
-    /// The manifest in the format `dlock run -f` reads (DESIGN §11), built from the spec.
+    /// The manifest in the format `dlock run -f` reads (docs/design.md#payout-batch), built from
+    /// the spec.
     pub manifest_yaml: String,
     pub lock_server_url: String,
     pub payment_resource_url: String,
     pub rail_proxy_url: String,
     /// The RailProxy the executor submits through (`spec.railProxy`, else `rail-proxy`).
     pub rail_proxy_name: String,
-    /// That RailProxy's read timeout towards the rail: a submit waits this plus 2 s (C3 §3.8),
-    /// or it gives up while the proxy still waits and both sides record ambiguity. The
-    /// controller reads it from the RailProxy; it travels in the manifest ConfigMap, not in the
-    /// Job's immutable template.
+    /// That RailProxy's read timeout towards the rail: a submit waits this plus 2 s
+    /// (docs/contract.md#s3-8), or it gives up while the proxy still waits and both sides record
+    /// ambiguity. The controller reads it from the RailProxy; it travels in the manifest ConfigMap,
+    /// not in the Job's immutable template.
     pub rail_read_timeout_ms: i64,
     /// How the executor authenticates to the services.
     pub credential: ExecutorCredential,

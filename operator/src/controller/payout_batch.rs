@@ -480,10 +480,10 @@ async fn drain_executor(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<A
     Ok(Action::await_change())
 }
 
-/// DESIGN §2: a deleted batch's payouts that never reached the rail (PENDING or CLAIMED) are
-/// cancelled, ABANDONED, so nothing pays them later. Those at the rail or ambiguous stay as they
-/// are for reconciliation. Runs after the executor is gone, before the finalizer goes; a
-/// failure keeps the finalizer and is retried.
+/// docs/contract.md#payout-states: a deleted batch's payouts that never reached the rail (PENDING
+/// or CLAIMED) are cancelled, ABANDONED, so nothing pays them later. Those at the rail or ambiguous
+/// stay as they are for reconciliation. Runs after the executor is gone, before the finalizer goes;
+/// a failure keeps the finalizer and is retried.
 async fn cancel_unfinished(object: &PayoutBatch, ctx: &Context) -> Result<()> {
     let batch = match validate::payout_batch(object, &ctx.settings) {
         Ok(batch) => batch,

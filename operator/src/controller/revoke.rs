@@ -1,7 +1,7 @@
-//! The forced revocation flow (D-3), shared by the Lock annotations and LockRevocation. The flow
-//! itself is the contract's ([`dlock_contract::revoke::run`], the one `dlock revoke` runs): L8 at
-//! the lock server, then the new token floor to the payment resource's account fence and the rail
-//! proxy's high-water mark.
+//! The forced revocation flow (docs/design.md#d-3), shared by the Lock annotations and
+//! LockRevocation. The flow itself is the contract's ([`dlock_contract::revoke::run`], the one
+//! `dlock revoke` runs): L8 at the lock server, then the new token floor to the payment resource's
+//! account fence and the rail proxy's high-water mark.
 //!
 //! It runs once per request: a result already recorded for the same request is completed (only
 //! the fences still missing are pushed again, with the recorded floor and revocation id), never

@@ -23,7 +23,7 @@ dlock_kind! {
         /// The LockServer that holds it.
         #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub lock_server: String,
-        /// The account whose enforcement points a revocation fences (DESIGN D-3).
+        /// The account whose enforcement points a revocation fences (docs/design.md#d-3).
         pub account_id: String,
     }
 }
@@ -39,7 +39,8 @@ kind_status! {
     }
 }
 
-/// What a revocation did (D-3): the grant ended, the floor and whether it reached both fences.
+/// What a revocation did (docs/design.md#d-3): the grant ended, the floor and whether it reached
+/// both fences.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

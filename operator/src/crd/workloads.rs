@@ -95,8 +95,8 @@ pub struct ServiceSettings {
     pub pod: PodOptions,
     /// Callers' authentication; TokenReview when absent. `mode: none` must be written out.
     pub auth: Option<ServiceAuth>,
-    /// The fencing-token proof keys (DESIGN D-8): a Secret key of `<key-id> <secret>` lines,
-    /// mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
+    /// The fencing-token proof keys (docs/design.md#d-8): a Secret key of `<key-id> <secret>`
+    /// lines, mounted as a directory and named by `fencing.proof-keys-file`. The LockServer,
     /// PaymentResource and RailProxy of a namespace must name the same Secret.
     pub fencing_proof_keys_secret: Option<SecretKeyRef>,
 }

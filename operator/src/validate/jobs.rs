@@ -106,8 +106,8 @@ fn batch_invalid(problems: &[dlock_contract::payout_batch::Problem]) -> Option<I
     Some(invalid(&first.field, message))
 }
 
-/// The batch as the executor's manifest (DESIGN §11, the format `dlock run -f` reads), checked by
-/// the contract's validator, the one `dlock run -f` applies.
+/// The batch as the executor's manifest (docs/design.md#payout-batch, the format `dlock run -f`
+/// reads), checked by the contract's validator, the one `dlock run -f` applies.
 pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<ValidatedBatch, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();

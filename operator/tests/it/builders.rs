@@ -293,7 +293,8 @@ fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
 }
 
 /// The executor reads the batch from a ConfigMap built from the spec, in exactly the format
-/// `dlock run -f` takes (DESIGN §11): the same file runs locally and in the cluster.
+/// `dlock run -f` takes (docs/design.md#payout-batch): the same file runs locally and in the
+/// cluster.
 #[test]
 fn the_payout_batch_manifest_is_the_dlock_run_format() {
     let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
@@ -669,8 +670,8 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
     );
 }
 
-/// `spec.fencingProofKeysSecret` (DESIGN D-8): the lock server, the payment resource and the
-/// rail proxy mount the same Secret read-only as a directory (never a subPath, so a rotated key
+/// `spec.fencingProofKeysSecret` (docs/design.md#d-8): the lock server, the payment resource and
+/// the rail proxy mount the same Secret read-only as a directory (never a subPath, so a rotated key
 /// reaches the pod) and `fencing.proof-keys-file` names the key's file in it. A key that could
 /// leave the directory is refused.
 #[test]
