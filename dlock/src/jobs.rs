@@ -41,8 +41,8 @@ pub struct RunArgs {
     pub owner_id: Option<String>,
     #[command(flatten)]
     pub credentials: CredentialArgs,
-    /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s (C3 §3.8).
-    /// In Kubernetes the operator sets it from the batch's RailProxy.
+    /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s
+    /// (docs/contract.md#s3-8). In Kubernetes the operator sets it from the batch's RailProxy.
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
     /// Give up waiting for in-flight payouts after this long.

@@ -1,6 +1,7 @@
 //! One conformance script for L1–L8, run against both backends, as tables of steps (see
 //! `steps.rs`). Each step asserts its status and code; then the two transcripts, with ids,
-//! tokens and times normalised, must be identical (FR-09: the backend is invisible on the wire).
+//! tokens and times normalised, must be identical (the backend is invisible on the wire:
+//! docs/design.md#lock-backends).
 
 use std::time::Duration;
 
@@ -306,7 +307,7 @@ fn expired_session() -> Vec<Step> {
             .fails(410, expired),
         get("L7 expired holder", "/v1/locks/payout:acct-3").check(
             Check::Eq("/held", json!(false)),
-            "a lapsed session's locks are released (FR-04)",
+            "a lapsed session's locks are released (docs/contract.md#lock-lifecycle)",
         ),
         post("L4 take over", "/v1/locks/payout:acct-3/acquire")
             .owner("carol")

@@ -1,4 +1,4 @@
-//! A leader change under a batch (issue 18, item 3): three etcd members on loopback, as
+//! A leader change under a batch: three etcd members on loopback, as
 //! production runs them (TLS, client certificates, authentication on, the lock server's role
 //! limited to its prefix: `etcd_tls::SecureEtcd`), the lock server with all three endpoints, a
 //! batch of payouts through the real services; the leader is killed mid-batch (SIGKILL: no

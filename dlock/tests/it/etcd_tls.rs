@@ -1,4 +1,4 @@
-//! The lock server on etcd as production runs it (issue 18, item 1): TLS with a client
+//! The lock server on etcd as production runs it: TLS with a client
 //! certificate (`--client-cert-auth`), etcd's authentication on, and a role that grants the lock
 //! server's user only its prefix. Certificates are generated here; etcd is the real binary.
 //! A wrong CA, an expired client certificate and a user without the prefix each stop the server

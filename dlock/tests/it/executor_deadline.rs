@@ -1,7 +1,7 @@
-//! Issue 13, items 4 and 5: the executor's local deadline comes from what the lock server
+//! The executor's local deadline comes from what the lock server
 //! *granted* (the lock's and the session's expiry, both possibly clamped down by its
 //! `lock.ttl-max` and `lock.session.ttl-max`), and no protected write starts past it, the one
-//! retry of a claim or post included (FR-11).
+//! retry of a claim or post included (docs/contract.md#client-deadline).
 //!
 //! The executor runs against the real services as `dlock` processes — lock server (backend pg),
 //! payment resource, rail stub and rail proxy — on one real PostgreSQL holding lockdb and paydb.

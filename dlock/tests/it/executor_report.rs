@@ -1,4 +1,4 @@
-//! Issue 14: the executor's final report is the payment resource's record. A payout whose
+//! The executor's final report is the payment resource's record. A payout whose
 //! terminal state the resource answered during the run (the post's answer, or a re-read that
 //! found it settled) is not read again at the end; every other one is. Either way the report
 //! must say what paydb says, which this test reads directly from the real database after runs

@@ -1,4 +1,5 @@
-//! FR-04: when a session lapses or ends, every lock attached to it is released.
+//! docs/contract.md#lock-lifecycle: when a session lapses or ends, every lock attached to it is
+//! released.
 
 use std::time::{Duration, Instant};
 

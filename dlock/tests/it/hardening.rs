@@ -1,4 +1,4 @@
-//! Tests of TokenReview bounds, what errors and --help never show, and envelope gaps (issue 13 items 12, 14, 15).
+//! Tests of TokenReview bounds, what errors and --help never show, and envelope gaps.
 
 use std::path::Path;
 use std::process::Command;

@@ -1,4 +1,4 @@
-//! Issue 13, items 6, 7 and 8: renew and release bound to the grant's owner, a revocation that
+//! Renew and release bound to the grant's owner, a revocation that
 //! serializes with the acquires of its key on pg, and SESSION_EXPIRED (never a 500) for every
 //! call on a session whose TTL lapsed, on both backends.
 

@@ -1,4 +1,4 @@
-//! The alerts and the dashboard against the real services (issue 16 items 2, 3): every metric an
+//! The alerts and the dashboard against the real services: every metric an
 //! alert or a dashboard query names is one the services really export, and a real Prometheus
 //! (Debian's `prometheus` package) that scrapes a local stack fires DlockFencedOut when a paused
 //! holder is fenced out, and not before.

@@ -1,4 +1,5 @@
-//! Tests of the payment resource's and the rail proxy's audit identity, envelope gaps, retention and ABANDONED (issue 13 items 13, 14, 15, 16).
+//! Tests of the payment resource's and the rail proxy's audit identity, envelope gaps, retention
+//! and ABANDONED.
 //!
 //! The payment resource runs in this process on a real port against real PostgreSQL
 //! (`payment::PayStack`); the rail proxy against the real stub over HTTP (`rail::RailWorld`),

@@ -1,4 +1,4 @@
-//! lockdb and paydb over TLS (issue 18, item 2): PostgreSQL with `ssl=on` and a certificate
+//! lockdb and paydb over TLS: PostgreSQL with `ssl=on` and a certificate
 //! generated here; the lock server, the payment resource and the rail proxy connect with
 //! `sslmode=verify-full` and `sslrootcert=` in their URLs, and a CA that did not sign the server's
 //! certificate stops a service at start with the reason.

@@ -1,4 +1,4 @@
-//! Fencing-token proofs (DESIGN D-8, issue 13 item 3): a forged token cannot move a fence, a
+//! Fencing-token proofs (docs/design.md#d-8): a forged token cannot move a fence, a
 //! proof is bound to its lock key and token, a rotated key still verifies, a real executor pays
 //! with proofs on, and an account poisoned before proofs is recovered by an operator only, only
 //! while nobody else holds its lock, with an audit row.

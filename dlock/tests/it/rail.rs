@@ -1,5 +1,5 @@
-//! The rail proxy and the rail stub (C3 §3.5–3.7), against real PostgreSQL, the real stub over
-//! HTTP and, where the process boundary is the point, real `dlock` processes.
+//! The rail proxy and the rail stub (docs/contract.md#s3-5 to #s3-7), against real PostgreSQL, the
+//! real stub over HTTP and, where the process boundary is the point, real `dlock` processes.
 //!
 //! Payouts are set up with paydb's own functions (account, funding, payout, claim), so these
 //! tests exercise the proxy alone; tokens are plain increasing numbers, as a lock server's are.
@@ -403,7 +403,8 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_eq!(transfers.len(), 1);
     assert_eq!(transfers[0]["railReference"], body["railReference"]);
 
-    // C3 §3.1: the identical request again is a replay of the first answer, not a duplicate.
+    // docs/contract.md#submit-replay: the identical request again is a replay of the first answer,
+    // not a duplicate.
     let (status, replay) = submit(&proxy, "acct-a", p1, 1_000, "10").await;
     assert_eq!((status, &replay), (200, &body));
     assert_eq!(metric(&proxy, "rail_duplicate_attempted_total").await, 0.0);
@@ -436,7 +437,7 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     );
     assert!(statement(&good, p2).await.is_empty());
     assert_eq!(w.submissions(p2).await, vec![("FENCED".to_owned(), 9)]);
-    // D-2: the fenced stale attempt does not block the legitimate holder.
+    // docs/design.md#d-2: the fenced stale attempt does not block the legitimate holder.
     let (status, body) = submit(&proxy, "acct-a", p2, 1_000, "12").await;
     assert_eq!(status, 200, "{body}");
 
@@ -806,9 +807,9 @@ async fn a_hostile_rail_never_sees_two_transfers_for_one_payout() {
     );
 }
 
-/// C3 §3.5 step 4, forward once: a rail (or a gateway in front of it) that takes the transfer and
-/// answers `307` must not see the transfer again. Following the redirect re-sends the POST body,
-/// and a rail that takes repeats (duplicate-ack rate 1) would pay it once per hop.
+/// docs/contract.md#rail-step-4, forward once: a rail (or a gateway in front of it) that takes the
+/// transfer and answers `307` must not see the transfer again. Following the redirect re-sends the
+/// POST body, and a rail that takes repeats (duplicate-ack rate 1) would pay it once per hop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rail_that_redirects_after_taking_a_transfer_is_ambiguous_and_paid_once() {
     let redirecting = [

@@ -1,4 +1,4 @@
-//! Issue 13, item 10 (in part): a `reason` over 4096 characters on the high-water advance is a
+//! A `reason` over 4096 characters on the high-water advance is a
 //! 400 VALIDATION_FAILED with the envelope, naming the field, and changes nothing.
 
 use reqwest::Method;

@@ -1,7 +1,8 @@
-//! C3 §3.1 and DESIGN D-7 at the rail proxy: the identical request (same X-Idempotency-Key,
-//! same X-Fencing-Token, same body) retried gets the first answer back, never a second forward
-//! and never a page; the same key and token with another body is IDEMPOTENCY_CONFLICT. And a
-//! forward, once admitted, runs to its recorded outcome whatever the caller does.
+//! docs/contract.md#submit-replay and docs/design.md#d-7 at the rail proxy: the identical request
+//! (same X-Idempotency-Key, same X-Fencing-Token, same body) retried gets the first answer back,
+//! never a second forward and never a page; the same key and token with another body is
+//! IDEMPOTENCY_CONFLICT. And a forward, once admitted, runs to its recorded outcome whatever the
+//! caller does.
 
 use std::time::Duration;
 

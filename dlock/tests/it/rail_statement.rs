@@ -1,4 +1,4 @@
-//! The rail stub's statement on disk (issue 14): a real `dlock serve rail-stub` process takes
+//! The rail stub's statement on disk: a real `dlock serve rail-stub` process takes
 //! thousands of transfers while its anonymous memory stays flat, answers every clientRef
 //! exactly (a resubmission answers the first transfer), and keeps doing so after a SIGKILL and
 //! for a statement written by an older version, which had no index.

@@ -1,4 +1,4 @@
-//! Tests of the lock server's waiter queue, its audit identity and its retention (issue 13 items 11, 13, 16).
+//! Tests of the lock server's waiter queue, its audit identity and its retention.
 //!
 //! Item 11: a waiter whose client hangs up leaves the head of its key's queue at once; one
 //! session holds at most its share of a key's queue; waiters of dead sessions (a replica that

@@ -33,7 +33,8 @@ async fn the_second_of_two_sixty_payouts_on_a_hundred_fails_for_insufficient_fun
         .await;
 
     // The hold stays until the first payout leaves the held states; posting spends it. The
-    // refused claim advanced the account's fence to t2, so a later holder posts (D-1).
+    // refused claim advanced the account's fence to t2, so a later holder posts
+    // (docs/design.md#d-1).
     stack.rail_ack(first).await;
     stack
         .post(first, t1)

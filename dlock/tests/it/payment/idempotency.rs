@@ -1,4 +1,5 @@
-//! D-7 and ADR 0004: replay byte for byte, conflicts, in-progress duplicates, the sweep.
+//! docs/design.md#d-7 and docs/design.md#idempotency: replay byte for byte, conflicts, in-progress
+//! duplicates, the sweep.
 
 use std::time::Duration;
 
@@ -128,7 +129,8 @@ async fn a_duplicate_waits_for_the_request_in_progress_only_so_long() {
         429,
         Some("CONTENTION_EXCEEDED"),
     );
-    // C3's code for a caller's own retry that came too soon, not NOT_LEADER (paydb is fine).
+    // The contract's code (docs/contract.md#error-codes) for a caller's own retry that came too
+    // soon, not NOT_LEADER (paydb is fine).
     assert_eq!(body["retrySafe"], true);
     assert_eq!(body["retryAfterMillis"], 200);
     assert_eq!(body["details"]["status"], "in_progress");

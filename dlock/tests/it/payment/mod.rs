@@ -1,6 +1,7 @@
-//! The payment resource (C3 §3.4, DESIGN §9) through HTTP, against real PostgreSQL, with the
-//! server in this process on a real port. Tokens are plain increasing numbers, as a lock
-//! server's are; the rail is simulated by moving payouts to SUBMITTING and RAIL_ACKED in SQL.
+//! The payment resource (docs/contract.md#s3-4, docs/contract.md#extensions) through HTTP, against
+//! real PostgreSQL, with the server in this process on a real port. Tokens are plain increasing
+//! numbers, as a lock server's are; the rail is simulated by moving payouts to SUBMITTING and
+//! RAIL_ACKED in SQL.
 
 mod bad_input;
 mod funds;

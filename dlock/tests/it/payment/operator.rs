@@ -1,5 +1,5 @@
-//! The operator's writes: advancing a fence to a revocation floor (D-3) and resolving an
-//! ambiguous payout, both behind the operator credential and both audited.
+//! The operator's writes: advancing a fence to a revocation floor (docs/design.md#d-3) and
+//! resolving an ambiguous payout, both behind the operator credential and both audited.
 
 use reqwest::Method;
 use serde_json::json;

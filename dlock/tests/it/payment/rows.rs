@@ -291,7 +291,8 @@ async fn fenced_out_carries_the_five_details_the_log_event_and_the_counter() {
         "0"
     );
     assert_eq!(stack.state_of(first).await, "RAIL_ACKED");
-    // A later holder may post what the claimer left acknowledged (D-1: fence <= token).
+    // A later holder may post what the claimer left acknowledged (fence <= token:
+    // docs/design.md#d-1).
     stack
         .post(first, newest)
         .await

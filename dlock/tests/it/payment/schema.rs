@@ -122,7 +122,7 @@ async fn paydb_guards_transitions_fences_holds_and_the_ledger() {
          (gen_random_uuid(), {p}, 'acct-g', 5, 'k'), (gen_random_uuid(), {p}, 'acct-g', 6, 'k')"
         ),
     );
-    // A FENCED attempt does not block the legitimate one (D-2).
+    // A FENCED attempt does not block the legitimate one (docs/design.md#d-2).
     stack.psql(&format!(
         "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, idempotency_key, outcome, resolved_at) VALUES \
          (gen_random_uuid(), {p}, 'acct-g', 4, 'k', 'FENCED', clock_timestamp()), (gen_random_uuid(), {p}, 'acct-g', 5, 'k', 'unresolved', NULL)"
