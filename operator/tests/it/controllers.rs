@@ -1392,14 +1392,15 @@ fn reconciler_pod(name: &str, job: &str, exit_code: i32, finished: &str, message
 
 /// Removing the schedule deletes the CronJob (no schedule keeps running in the background), runs
 /// the reconciler once, and puts the findings the reconciler left as its termination message
-/// into status: a critical one is Degraded.
+/// into status: a critical one is Degraded. The run's findings are counted by class in the
+/// operator's metrics.
 #[tokio::test]
 async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status() {
     let (ctx, mut api) = context(Arc::new(FakeServices::default()));
     let object = fixtures::reconciliation(None);
     let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
         Arc::new(object.clone()),
-        ctx,
+        ctx.clone(),
     ));
     let call = api
         .expect(
@@ -1439,7 +1440,8 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
     );
     let report = json!({"critical": 1, "warning": 0, "info": 2, "accountsChecked": 40,
         "payoutsChecked": 1000, "ambiguousFoundOnRail": 11, "ambiguousNotOnRail": 42,
-        "doublePayments": 1, "omitted": 1,
+        "doublePayments": 1, "transfersWithoutPayout": 3, "postedNotOnRail": 2,
+        "releasedPaidOnRail": 1, "omitted": 1,
         "findings": ["critical double_payment payout-9: paid twice on the rail",
                      "info ambiguous_not_on_rail payout-3: not on the statement"]});
     call.reply(
@@ -1468,7 +1470,9 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
         ])
     );
     let summary = "1 critical, 0 warning, 2 info; ambiguous payouts: 11 found on the rail, 42 \
-                   not found; double payments: 1";
+                   not found; double payments: 1; transfers without a payout: 3; transfers \
+                   differing from their payout: 0; posted payouts not on the rail: 2; released \
+                   payouts paid on the rail: 1";
     assert_eq!(status["summary"], summary);
     assert_eq!(
         status["conditions"][2],
@@ -1479,6 +1483,21 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
     api.event("CriticalFindings", Some("Warning")).await;
     reconcile.await.unwrap().unwrap();
     api.done().await;
+    let metrics = ctx.metrics.encode();
+    for (class, count) in [
+        ("rail_transfer_without_payout", 3),
+        ("rail_transfer_differs_from_payout", 0),
+        ("posted_payout_not_on_rail", 2),
+        ("released_payout_paid_on_rail", 1),
+        ("double_payment_on_rail", 1),
+    ] {
+        let sample =
+            format!("dlock_operator_reconciliation_findings_total{{class=\"{class}\"}} {count}");
+        assert!(
+            metrics.lines().any(|l| l == sample),
+            "{sample} in\n{metrics}"
+        );
+    }
 }
 
 /// Authentication off must be explicit, and never quiet: `spec.auth.mode: none` is applied (no
