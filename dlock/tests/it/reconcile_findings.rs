@@ -4,7 +4,8 @@
 //! termination summary the operator reads into a Reconciliation's status.
 //!
 //! - a transfer sent straight to the rail stub, past the rail proxy: no payout, or a payout
-//!   that never went to the proxy;
+//!   that never went to the proxy; or a payout whose hold was released (FAILED at the claim,
+//!   ABANDONED by a cancel);
 //! - a transfer sent straight to the stub under a payout's id with another amount, before the
 //!   payout runs: the stub answers the proxy's submission with that first transfer, so the
 //!   payout is POSTED while the rail took the other amount;
@@ -238,6 +239,20 @@ async fn transfers_past_the_proxy_and_an_amount_the_rail_changed_are_reported() 
     let failed = payout_id("clean", "poor-1");
     assert_eq!(state(&stack, failed), "FAILED");
     let pending = register_payout(&client, "rich", 700, "ben-pending").await;
+    // Cancelled before it reached the rail (ABANDONED), as deleting its PayoutBatch does.
+    let abandoned = register_payout(&client, "rich", 800, "ben-cancelled").await;
+    let lock = dlock_contract::client::LockClient::new(&stack.lock().url(), "alice")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cancelled = dlock_executor::cancel::cancel_unfinished(
+        &lock,
+        &client.as_operator(OPERATOR_TOKEN),
+        &[(abandoned, "rich".to_owned())],
+        "alice",
+        "the batch was deleted",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cancelled.abandoned, vec![abandoned], "{cancelled:?}");
     let clean = reconcile(&stack, 0);
     assert_eq!(clean.of_classes(), vec![], "{}", clean.json);
     assert_eq!(clean.counts(), [0; 4]);
@@ -252,12 +267,14 @@ async fn transfers_past_the_proxy_and_an_amount_the_rail_changed_are_reported() 
     );
 
     // Past the proxy: a clientRef that is no payout id, an id paydb does not have, the id of a
-    // payout that never went to the proxy (PENDING), and the id of the FAILED one.
+    // payout that never went to the proxy (PENDING), and the ids of the FAILED and the
+    // ABANDONED ones (their holds released).
     let unknown = Uuid::new_v4().to_string();
     submit_to_stub(&stack, "not-a-payout", 250).await;
     submit_to_stub(&stack, &unknown, 250).await;
     submit_to_stub(&stack, &pending.to_string(), 700).await;
     submit_to_stub(&stack, &failed.to_string(), 400).await;
+    submit_to_stub(&stack, &abandoned.to_string(), 800).await;
     // The rail takes 9 999 under the id of a payout of 200 before the payout runs; the proxy's
     // submission is then answered with that first transfer, and the payout is POSTED.
     let changed = payout_id("later", "rich-3");
@@ -284,17 +301,18 @@ async fn transfers_past_the_proxy_and_an_amount_the_rail_changed_are_reported() 
         (WITHOUT_PAYOUT.to_owned(), pending.to_string()),
         (DIFFERS.to_owned(), changed.to_string()),
         (RELEASED_PAID.to_owned(), failed.to_string()),
+        (RELEASED_PAID.to_owned(), abandoned.to_string()),
     ];
     expected.sort();
     assert_eq!(found.of_classes(), expected, "{}", found.json);
-    assert_eq!(found.counts(), [3, 1, 0, 1]);
+    assert_eq!(found.counts(), [3, 1, 0, 2]);
     assert_eq!(
         found.exit,
         Some(2),
         "critical findings exit 2: {}",
         found.table
     );
-    assert_eq!(found.summary.critical, 5, "{:?}", found.summary);
+    assert_eq!(found.summary.critical, 6, "{:?}", found.summary);
     for line in [
         format!("critical {WITHOUT_PAYOUT} {unknown}"),
         format!("critical {DIFFERS} {changed}"),
@@ -319,7 +337,7 @@ async fn transfers_past_the_proxy_and_an_amount_the_rail_changed_are_reported() 
     assert!(
         found.table.contains(
             "rail against ledger: 3 transfers without a payout, 1 differing from their payout; \
-             0 posted payouts not on the rail; 1 failed or abandoned payouts paid on the rail"
+             0 posted payouts not on the rail; 2 failed or abandoned payouts paid on the rail"
         ) && found.table.contains(DIFFERS),
         "{}",
         found.table
