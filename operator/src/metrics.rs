@@ -49,7 +49,7 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub revocations: Family<ReconcileLabels, Counter>,
     pub findings: Family<FindingLabels, Counter>,
-    /// The reconciler run (its Job) last counted per Reconciliation (`namespace/name`), so that
+    /// The reconciler run (its pod) last counted per Reconciliation (`namespace/name`), so that
     /// a run is counted once however often its object is reconciled.
     counted: Mutex<HashMap<String, String>>,
 }
@@ -87,17 +87,17 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts the findings of a Reconciliation's finished run, once per run: `job` names the
-    /// run; the same job seen again (every later reconcile of the object) adds nothing.
-    pub fn count_findings(&self, reconciliation: &str, job: &str, summary: &ReconcileSummary) {
+    /// Counts the findings of a Reconciliation's finished run, once per run: `run` names it (its
+    /// pod); the same run seen again (every later reconcile of the object) adds nothing.
+    pub fn count_findings(&self, reconciliation: &str, run: &str, summary: &ReconcileSummary) {
         let mut counted = self
             .counted
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if counted.get(reconciliation).map(String::as_str) == Some(job) {
+        if counted.get(reconciliation).map(String::as_str) == Some(run) {
             return;
         }
-        counted.insert(reconciliation.to_owned(), job.to_owned());
+        counted.insert(reconciliation.to_owned(), run.to_owned());
         for (class, count) in FINDING_CLASSES {
             self.findings
                 .get_or_create(&FindingLabels { class })

@@ -26,6 +26,9 @@ pub use dlock_contract::reconcile::ReconcileSummary as ReconcileReport;
 #[derive(Clone, Debug, PartialEq)]
 pub struct LastRun {
     pub job: Option<String>,
+    /// The pod that ran it: one per run, even for a Job name used again (a Reconciliation
+    /// deleted and applied anew).
+    pub pod: Option<String>,
     pub exit_code: i32,
     /// The parsed summary; `None` when the message is not one (the log tail of a failed run).
     pub report: Option<ReconcileReport>,
@@ -56,6 +59,7 @@ pub fn last_run(pods: &[Pod]) -> Option<LastRun> {
                 terminated.finished_at.as_ref().map(|t| t.0),
                 LastRun {
                     job,
+                    pod: pod.metadata.name.clone(),
                     exit_code: terminated.exit_code,
                     report,
                     message,
@@ -269,8 +273,12 @@ fn record(run: &LastRun, findings: &mut Vec<String>, summary: &mut Option<String
 fn count_findings(ctx: &Context, valid: &ValidatedReconciliation, run: &LastRun) {
     if let Some(report) = &run.report {
         let object = format!("{}/{}", valid.namespace, valid.name);
-        let job = run.job.as_deref().unwrap_or_default();
-        ctx.metrics.count_findings(&object, job, report);
+        let pod = run
+            .pod
+            .as_deref()
+            .or(run.job.as_deref())
+            .unwrap_or_default();
+        ctx.metrics.count_findings(&object, pod, report);
     }
 }
 
