@@ -106,7 +106,7 @@ impl Findings {
                 }
             }
             out.push_str(&format!(
-                "{:<8} {:<32} {:<40} {}\n",
+                "{:<8} {:<34} {:<40} {}\n",
                 format!("{:?}", f.severity).to_lowercase(),
                 f.kind,
                 f.subject,
@@ -409,10 +409,15 @@ async fn compare_with_ledger(
             .and_then(|id| payouts.get(&id));
         let Some(payout) = payout else {
             orphans += on_rail.len();
+            // Whatever the rail was sent; no control characters reach a terminal.
+            let subject = client_ref
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
             add(
                 Severity::Critical,
                 KIND_TRANSFER_WITHOUT_PAYOUT,
-                client_ref.to_owned(),
+                subject,
                 format!(
                     "on the rail as {}, but paydb has no payout of this id: money left with no record",
                     references()
