@@ -27,6 +27,7 @@ mod rail_replay;
 mod rail_statement;
 mod rail_validation;
 mod reconcile_findings;
+mod recovery_evidence;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;

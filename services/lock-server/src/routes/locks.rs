@@ -4,10 +4,11 @@ use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::{Json, parse_body};
 use dlock_contract::lock::*;
+use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
 use serde::Deserialize;
 
@@ -18,7 +19,7 @@ use crate::store::{Claim, Renewal, StoreError};
 
 pub(super) async fn renew(
     State(state): State<AppState>,
-    PathWrite((), key, headers, body): PathWrite<RenewRequest>,
+    PathWrite(caller, key, headers, body): PathWrite<RenewRequest, Caller>,
 ) -> Result<Json<LockGrant>, ApiError> {
     let token = headers::fencing_token(&headers)?;
     let mut checks = Checks::default();
@@ -32,6 +33,9 @@ pub(super) async fn renew(
     // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its
     // credential): a non-owner is LOCK_LOST, C3's code for a caller that is not the holder.
     let owner_id = present(owner)?;
+    operator_renews_its_own(&caller, &owner_id)?;
+    // And to the grant's session: the store matches (key, token, owner, session), so another
+    // session of the same owner is LOCK_LOST too and gets no proof.
     let renewal = Renewal {
         claim: Claim {
             key: &key,
@@ -47,6 +51,30 @@ pub(super) async fn renew(
         .await
         .map_err(|e| store_error(e, Some(&key)))?;
     Ok(Json(state.proven(grant)))
+}
+
+/// An operator may name any owner (a revocation acts on another's lock), but a renew answers
+/// with a fresh proof of the grant's token, which is the holder's alone: an operator renews only
+/// under an owner of its own identity (`<identity>` or `<identity>/<worker>`), as any caller
+/// does. `403 FORBIDDEN` otherwise, before anything is read.
+fn operator_renews_its_own(caller: &Caller, owner_id: &str) -> Result<(), ApiError> {
+    let Some(identity) = caller.identity().filter(|i| i.operator) else {
+        return Ok(());
+    };
+    let own = owner_id == identity.name
+        || owner_id
+            .strip_prefix(identity.name.as_str())
+            .is_some_and(|rest| rest.starts_with('/'));
+    if own {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "X-Owner-Id `{owner_id}` is not the operator identity `{0}`: a renew extends a grant of your own and answers with its proof, so it takes `{0}` or `{0}/<worker>`; nothing was changed (to end another owner's grant, revoke it)",
+            identity.name
+        ),
+    ))
 }
 
 #[derive(Deserialize)]

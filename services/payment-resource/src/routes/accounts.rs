@@ -198,6 +198,20 @@ async fn lower_fence_effect(
     {
         LowerOutcome::Lowered { fence, recovery_id } => (fence, recovery_id, true),
         LowerOutcome::Unchanged(fence) => (fence, None, false),
+        LowerOutcome::BelowSeen { fence, seen_token } => {
+            tracing::warn!(
+                event = "fence_lowering_refused",
+                account_id,
+                fence,
+                token,
+                seen_token,
+                operator = %audit.operator,
+                identity,
+                owner = %write.owner_id,
+                "a fence lowering below a token the account admitted was refused"
+            );
+            return Err(below_seen(account_id, token, seen_token, &write.owner_id));
+        }
         LowerOutcome::NotFound => return Err(account_not_found(account_id)),
     };
     if lowered {
@@ -222,6 +236,25 @@ async fn lower_fence_effect(
             token: moved.fence,
             lowered,
             recovery_id,
+        },
+    )
+}
+
+/// `409 FENCED_OUT`: the operator's grant is below a token the account already admitted with a
+/// proof (`accounts.max_seen_token`). A recovery lowers a fence to evidence, a proven grant at or
+/// above everything the account has seen used, never under it
+/// (docs/contract.md#fence-lower-floor).
+fn below_seen(account_id: &str, token: i64, seen_token: i64, owner_id: &str) -> ApiError {
+    ApiError::fenced_out(
+        &format!(
+            "account {account_id} already admitted token {seen_token} with a proof; lowering its fence to {token} would readmit the holders in between, so nothing was changed. Lower it with a fresh grant on payout:{account_id} whose token is at least {seen_token} (after a restored lock store, move its token sequence past {seen_token} first)"
+        ),
+        &dlock_contract::error::FencedOutDetails {
+            presented_token: token,
+            highest_token: seen_token,
+            resource_type: Some("account".into()),
+            resource_id: account_id.to_owned(),
+            owner_id: owner_id.to_owned(),
         },
     )
 }

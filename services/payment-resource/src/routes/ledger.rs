@@ -95,7 +95,9 @@ pub(super) async fn post_payout(
     // (`pay_post_once`).
     let post = |tx, wait| {
         let (reference, submission) = (&body.rail_reference, body.submission_id);
-        PayStore::post_once(tx, &scope, wait, payout_id, reference, submission)
+        PayStore::post_once(
+            tx, &scope, wait, payout_id, reference, submission, on.proven,
+        )
     };
     let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
         post_effect(&state, outcome, entries, &on)

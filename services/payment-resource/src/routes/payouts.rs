@@ -5,7 +5,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::payment::{
@@ -31,7 +31,8 @@ use super::errors::{
 use super::idempotency::{Create, Reply, idempotent};
 use crate::metrics::Resource;
 use crate::store::{
-    AbandonOutcome, Audit, ClaimOutcome, CreatePayoutOutcome, PayStore, Refusal, ResolveOutcome,
+    AbandonOutcome, Audit, ClaimOutcome, Contradiction, ContradictionKind, CreatePayoutOutcome,
+    PayStore, Refusal, ResolveOutcome,
 };
 
 impl Create for CreatePayoutRequest {
@@ -149,6 +150,10 @@ pub(super) struct Fenced {
     pub(super) write: WriteHeaders,
     pub(super) payout_id: Uuid,
     pub(super) token: i64,
+    /// Whether the token's proof was verified (proof keys are configured): paydb then records
+    /// the token as one the account admitted (`accounts.max_seen_token`), below which no
+    /// recovery may lower the fence.
+    pub(super) proven: bool,
 }
 
 impl Fenced {
@@ -166,6 +171,7 @@ impl Fenced {
             write,
             payout_id,
             token,
+            proven: state.config.proof_keys.is_some(),
         })
     }
 
@@ -205,10 +211,11 @@ pub(super) async fn claim(
     let route = format!("POST /v1/payouts/{payout_id}/claim");
     let scope = state.scope(route, &on.write, on.token, &body, false)?;
     let max_attempts = state.config.max_attempts;
-    let expected = body.expected_state;
+    let (expected, proven) = (body.expected_state, on.proven);
     // One round trip: the idempotency record and the claim in one call (`pay_claim_once`).
-    let claim =
-        |tx, wait| PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts);
+    let claim = |tx, wait| {
+        PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts, proven)
+    };
     let answer = |outcome| claim_effect(&state, outcome, &on, expected);
     Ok(state.once(&scope, claim, answer).await)
 }
@@ -370,8 +377,51 @@ async fn resolve_effect(
         ResolveOutcome::NotClaimable { state } => {
             Err(not_claimable(payout_id, state.as_deref(), "RAIL_AMBIGUOUS"))
         }
+        ResolveOutcome::Contradicted(record) => {
+            tracing::warn!(event = "rail_ambiguous_resolution_refused", %payout_id, outcome = outcome.as_str(), rail_reference = ?body.rail_reference, recorded_outcome = ?record.recorded_outcome, recorded_reference = ?record.recorded_reference, operator = %body.operator.trim(), identity, owner = %write.owner_id, "a resolution contradicting the rail proxy's record was refused");
+            Err(contradicted(payout_id, body, &record))
+        }
         ResolveOutcome::NotFound => Err(payout_not_found(payout_id)),
     }
+}
+
+/// `400 VALIDATION_FAILED`: the resolution contradicts what the rail proxy recorded for the
+/// payout's attempt (docs/contract.md#resolve-evidence). Names the field at fault, what was asked
+/// and what was recorded; nothing changed.
+fn contradicted(payout_id: Uuid, body: &ResolveRequest, record: &Contradiction) -> ApiError {
+    let recorded = record.recorded_reference.as_deref().unwrap_or_default();
+    let asked = body.rail_reference.as_deref().unwrap_or_default();
+    let (field, reason) = match record.kind {
+        ContradictionKind::ReferenceMismatch => (
+            "railReference",
+            format!(
+                "the rail acknowledged this payout's submission as `{recorded}` (recorded by the rail proxy), not `{asked}`: resolve POSTED with `{recorded}`"
+            ),
+        ),
+        ContradictionKind::RailAcked => (
+            "outcome",
+            format!(
+                "the rail acknowledged this payout's submission as `{recorded}` (recorded by the rail proxy): the money moved, so FAILED is refused; resolve POSTED with `{recorded}`"
+            ),
+        ),
+        ContradictionKind::RailRejected => (
+            "outcome",
+            "the rail declined this payout's submission (recorded by the rail proxy): the money did not move, so POSTED is refused; resolve FAILED".to_owned(),
+        ),
+    };
+    let fields = vec![FieldError::new(field, reason.clone())];
+    ApiError::new(
+        ErrorCode::ValidationFailed,
+        format!("{field}: {reason}; nothing was changed"),
+    )
+    .with_details(json!({
+        "fields": fields,
+        "payoutId": payout_id,
+        "submissionId": record.submission_id,
+        "railReference": body.rail_reference,
+        "recordedOutcome": record.recorded_outcome,
+        "recordedReference": record.recorded_reference,
+    }))
 }
 
 /// The answer of a resolution: [`ResolveResponse`] and who made it.
@@ -422,9 +472,16 @@ async fn cancel_effect(
 ) -> Result<Reply, ApiError> {
     let (payout_id, token, write) = (on.payout_id, on.token, &on.write);
     let audit = Audit::new(&body.operator, &body.reason, identity, &write.owner_id);
-    let outcome = PayStore::abandon(conn, payout_id, token, body.expected_state, &audit)
-        .await
-        .map_err(store_error)?;
+    let outcome = PayStore::abandon(
+        conn,
+        payout_id,
+        token,
+        body.expected_state,
+        on.proven,
+        &audit,
+    )
+    .await
+    .map_err(store_error)?;
     match outcome {
         AbandonOutcome::Abandoned {
             account_id,

@@ -143,7 +143,8 @@ impl PayStore {
         self.pool.begin().await.map_err(map_sqlx)
     }
 
-    /// P2 in one call (`pay_claim_once`): the idempotency record and, when fresh, the claim.
+    /// P2 in one call (`pay_claim_once`): the idempotency record and, when fresh, the claim;
+    /// `proven` when the token's proof was verified (it then counts in `max_seen_token`).
     pub async fn claim_once(
         mut tx: Tx,
         scope: &Scope,
@@ -151,19 +152,21 @@ impl PayStore {
         payout_id: Uuid,
         expected_state: PayoutState,
         max_attempts: i32,
+        proven: bool,
     ) -> StoreResult<Once<ClaimOutcome>> {
         let row: ClaimOnceRow = scope
             .bind_begin(
                 sqlx::query_as(
                     "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
                     attempt_count, claim_token, account_id, available_minor, amount_minor \
-             FROM pay_claim_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             FROM pay_claim_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 ),
                 wait_ms,
             )
             .bind(payout_id)
             .bind(expected_state.as_str())
             .bind(max_attempts)
+            .bind(proven)
             .fetch_one(&mut *tx)
             .await
             .map_err(map_sqlx)?;
@@ -180,19 +183,21 @@ impl PayStore {
         payout_id: Uuid,
         rail_reference: &str,
         submission_id: Uuid,
+        proven: bool,
     ) -> StoreResult<Once<(PostOutcome, Vec<LedgerEntry>)>> {
         let row: PostOnceRow = scope
             .bind_begin(
                 sqlx::query_as(
                     "SELECT begin_outcome, response_status, response_body, outcome, state, fence, \
                     account_id, balance_minor, entries \
-             FROM pay_post_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             FROM pay_post_once($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 ),
                 wait_ms,
             )
             .bind(payout_id)
             .bind(rail_reference)
             .bind(submission_id)
+            .bind(proven)
             .fetch_one(&mut *tx)
             .await
             .map_err(map_sqlx)?;

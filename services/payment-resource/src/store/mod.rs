@@ -16,8 +16,9 @@ use uuid::Uuid;
 
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
-    AbandonOutcome, AdvanceOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    FenceMove, FundOutcome, LowerOutcome, PostOutcome, Refusal, ResolveOutcome,
+    AbandonOutcome, AdvanceOutcome, ClaimOutcome, Contradiction, ContradictionKind,
+    CreateAccountOutcome, CreatePayoutOutcome, FenceMove, FundOutcome, LowerOutcome, PostOutcome,
+    Refusal, ResolveOutcome,
 };
 pub use writes::Audit;
 

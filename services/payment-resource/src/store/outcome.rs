@@ -336,6 +336,13 @@ pub enum LowerOutcome {
     },
     /// The fence was already at or below the token.
     Unchanged(FenceMove),
+    /// The token is below `seen_token`, the highest token the account admitted with a proof
+    /// (`accounts.max_seen_token`): lowering to it would readmit the holders in between. Nothing
+    /// changed; the fence stays at `fence`.
+    BelowSeen {
+        fence: i64,
+        seen_token: i64,
+    },
     NotFound,
 }
 
@@ -344,6 +351,7 @@ pub(super) struct LowerRow {
     #[sqlx(flatten)]
     fence: FenceRow,
     recovery_id: Option<i64>,
+    seen_token: Option<i64>,
 }
 
 impl LowerRow {
@@ -354,6 +362,10 @@ impl LowerRow {
                 recovery_id: self.recovery_id,
             },
             "unchanged" => LowerOutcome::Unchanged(self.fence.fence_move()?),
+            "below_seen" => LowerOutcome::BelowSeen {
+                fence: self.fence.fence_move()?.fence,
+                seen_token: self.seen_token.ok_or_else(|| missing("seen token"))?,
+            },
             "not_found" => LowerOutcome::NotFound,
             other => return Err(unknown("pay_lower_fence", other)),
         })
@@ -370,7 +382,31 @@ pub enum ResolveOutcome {
     NotClaimable {
         state: Option<String>,
     },
+    /// The resolution contradicts what the rail proxy recorded for the payout's attempt.
+    Contradicted(Contradiction),
     NotFound,
+}
+
+/// What the rail proxy recorded for a payout's attempt that a resolution contradicts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contradiction {
+    pub kind: ContradictionKind,
+    /// The attempt's outcome as recorded (its late answer when the rail answered after the
+    /// attempt was timed out).
+    pub recorded_outcome: Option<String>,
+    /// The reference the rail acknowledged, when it did.
+    pub recorded_reference: Option<String>,
+    pub submission_id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContradictionKind {
+    /// POSTED under another reference than the one the rail acknowledged.
+    ReferenceMismatch,
+    /// FAILED, but the rail acknowledged the transfer.
+    RailAcked,
+    /// POSTED, but the rail declined the transfer.
+    RailRejected,
 }
 
 #[derive(Debug, Clone, FromRow)]
@@ -378,10 +414,27 @@ pub(super) struct ResolveRow {
     outcome: String,
     state: Option<String>,
     balance_minor: Option<i64>,
+    recorded_outcome: Option<String>,
+    recorded_reference: Option<String>,
+    submission_id: Option<Uuid>,
 }
 
 impl ResolveRow {
     pub(super) fn into_outcome(self) -> StoreResult<ResolveOutcome> {
+        let kind = match self.outcome.as_str() {
+            "reference_mismatch" => Some(ContradictionKind::ReferenceMismatch),
+            "rail_acked" => Some(ContradictionKind::RailAcked),
+            "rail_rejected" => Some(ContradictionKind::RailRejected),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            return Ok(ResolveOutcome::Contradicted(Contradiction {
+                kind,
+                recorded_outcome: self.recorded_outcome,
+                recorded_reference: self.recorded_reference,
+                submission_id: self.submission_id,
+            }));
+        }
         Ok(match self.outcome.as_str() {
             "resolved" => ResolveOutcome::Resolved {
                 state: parse_state(self.state.as_deref().unwrap_or_default())?,

@@ -104,25 +104,27 @@ impl PayStore {
 
     /// Cancels a PENDING or CLAIMED payout: ABANDONED under a fenced token (`fence < token`,
     /// the fence advances), recorded in `payout_abandonments`. The database refuses it once an
-    /// attempt reached the rail proxy.
+    /// attempt reached the rail proxy. `proven`: the token's proof was verified.
     pub async fn abandon(
         conn: &mut PgConnection,
         payout_id: Uuid,
         token: i64,
         expected_state: PayoutState,
+        proven: bool,
         audit: &Audit<'_>,
     ) -> StoreResult<AbandonOutcome> {
         let row: AbandonRow = call!(
             conn,
             "SELECT outcome, state, fence, attempt_count, account_id \
-             FROM pay_abandon($1, $2, $3, 'cancelled', $4, $5, $6, $7)",
+             FROM pay_abandon($1, $2, $3, 'cancelled', $4, $5, $6, $7, $8)",
             payout_id,
             token,
             expected_state.as_str(),
             audit.owner_id,
             audit.identity,
             audit.operator,
-            audit.reason
+            audit.reason,
+            proven
         )?;
         row.into_outcome()
     }
@@ -178,8 +180,8 @@ impl PayStore {
     ) -> StoreResult<ResolveOutcome> {
         let row: ResolveRow = call!(
             conn,
-            "SELECT outcome, state, balance_minor \
-             FROM pay_resolve($1, $2, $3, $4, $5, $6, $7)",
+            "SELECT outcome, state, balance_minor, recorded_outcome, recorded_reference, \
+                    submission_id FROM pay_resolve($1, $2, $3, $4, $5, $6, $7)",
             payout_id,
             outcome.as_str(),
             rail_reference,
@@ -191,14 +193,15 @@ impl PayStore {
         row.into_outcome()
     }
 
-    /// D-8 recovery: lowers a poisoned account fence to `to`, recorded in `fence_recoveries`.
+    /// D-8 recovery: lowers a poisoned account fence to `to`, recorded in `fence_recoveries`;
+    /// never below the highest token the account admitted with a proof (`max_seen_token`).
     pub async fn lower_fence(
         conn: &mut PgConnection,
         account_id: &str,
         to: i64,
         audit: &Audit<'_>,
     ) -> StoreResult<LowerOutcome> {
-        let sql = "SELECT outcome, previous_fence, fence, recovery_id \
+        let sql = "SELECT outcome, previous_fence, fence, recovery_id, seen_token \
                    FROM pay_lower_fence($1, $2, $3, $4, $5, $6)";
         let row: LowerRow = audit
             .lowering(sql, account_id, to)
