@@ -58,11 +58,15 @@ fn held_locks() {}
 fn acquire() {}
 
 /// L5: renew a grant; the token never changes.
+///
+/// Only the session that holds the grant, under the grant's owner, may renew it: the answer
+/// carries the grant's proof.
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", request_body = RenewRequest,
     params(("key" = String, Path), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
     security(("bearerAuth" = [])),
     responses((status = 200, body = LockGrant), InvalidToken, Unauthorized, SessionGone, NotLeader,
-        (status = 409, description = "LOCK_LOST", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: X-Owner-Id does not belong to the authenticated identity (an operator too renews only under an owner of its own)", body = ErrorBody),
+        (status = 409, description = "LOCK_LOST: the grant ended, was taken over, or is not held by the caller's owner and session", body = ErrorBody),
     ))]
 fn renew() {}
 

@@ -85,6 +85,7 @@ fn advance_fence() {}
     security(("bearerAuth" = [])),
     responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: the token is below the highest token the account admitted with a proof (details.highestToken); nothing changed", body = ErrorBody),
     ))]
 fn lower_fence() {}
 
@@ -129,6 +130,10 @@ fn claim() {}
 fn post_payout() {}
 
 /// Out-of-band resolution of a RAIL_AMBIGUOUS payout (operator).
+///
+/// It must agree with what the rail proxy recorded for the payout's attempt: POSTED names the
+/// reference the rail acknowledged, FAILED is refused after an acknowledgement, POSTED after a
+/// decline (400 VALIDATION_FAILED naming the field and both references; nothing changed).
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolve", request_body = ResolveRequest,
     params(("payoutId" = String, Path), Write),
     security(("bearerAuth" = [])),
