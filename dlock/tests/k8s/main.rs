@@ -2,6 +2,8 @@
 //! kube-scheduler built from the upstream Go modules, etcd, and KWOK for nodes and pods
 //! (services/devstack/src/kube.rs). The operator runs as a separate process under the chart's
 //! RBAC, the services as real processes, and the pods of Jobs as local processes (kubelet.rs).
+//! The real_pods scenarios run everything as pods instead, on a real node (real_node.rs:
+//! containerd, runc, the kubelet, kube-proxy, CoreDNS), installed with helm.
 //!
 //! Run with `./scripts/test-k8s` (it builds the control plane once, cached by version); the
 //! default `./scripts/test` leaves this binary out because it needs Go.
@@ -13,6 +15,8 @@ mod locks;
 mod operations;
 mod payout_batch;
 mod plugin;
+mod real_node;
+mod real_pods;
 mod reconciliation;
 mod references;
 mod revoke;

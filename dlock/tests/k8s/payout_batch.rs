@@ -12,20 +12,14 @@ use serde_json::Value;
 
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest};
-use crate::world::{World, condition, repo};
+use crate::world::{World, condition};
 
 const NS: &str = "payroll";
 const BATCH: &str = "payroll-2026-12";
 
 /// The example batch with the executor's credential: the Secret the operator hands to the Job.
 fn batch_yaml() -> String {
-    let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        example.contains("executor:"),
-        "examples/payoutbatch.yaml names the executor's credential"
-    );
-    example
+    crate::world::example_batch_with_executor_credential()
 }
 
 /// Every payout of the batch with its state, from the real payment resource.

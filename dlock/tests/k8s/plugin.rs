@@ -15,7 +15,7 @@ use uuid::Uuid;
 use crate::locks::table;
 use crate::shared::accounts::open_account;
 use crate::stack::{Held, Stale, hold};
-use crate::world::{EXE, World, condition, repo};
+use crate::world::{EXE, World, condition};
 
 const NS: &str = "oncall";
 const BATCH: &str = "payroll-2026-12";
@@ -197,8 +197,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     // kubectl apply -f examples/payoutbatch.yaml; its Job runs and leaves 4 RAIL_AMBIGUOUS.
     // `kubectl dlock batch -w` follows it from the start until its Job has ended.
     let plugin = Plugin::install(&world);
-    let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let example = crate::world::example_batch_with_executor_credential();
     world
         .apply(NS, &example)
         .unwrap_or_else(|e| panic!("{e:#}"));

@@ -26,6 +26,24 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// examples/payoutbatch.yaml for the services of `dlock dev up` (a tokens file): its executor
+/// presents the Secret `executor-credential` as `executor`, the form the example's comment gives,
+/// where the example itself uses a ServiceAccount's projected token (TokenReview).
+pub fn example_batch_with_executor_credential() -> String {
+    let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let token_review = "  executor:\n    serviceAccountName: dlock-executor\n";
+    assert!(
+        example.contains(token_review),
+        "examples/payoutbatch.yaml no longer names its executor's ServiceAccount as {token_review:?}"
+    );
+    example.replace(
+        token_review,
+        "  executor:\n    identity: executor\n    credentialSecret:\n      \
+         name: executor-credential\n      key: token\n",
+    )
+}
+
 /// `dlock dev up` as a process: the four services, PostgreSQL, authentication on.
 pub use crate::shared::dev_up::DevUp as DevStack;
 

@@ -142,6 +142,23 @@ impl PgServer {
         Self::start_with(dir, extra, |_| Ok(Vec::new()))
     }
 
+    /// Like [`PgServer::start_listening`], also trusting clients from `networks` (CIDRs): the
+    /// pods of a real node reach the machine's address from their own network.
+    pub fn start_trusting(dir: Option<&Path>, extra: &[IpAddr], networks: &[&str]) -> Result<Self> {
+        Self::start_with(dir, extra, |dir| {
+            let hba = dir.join("data").join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).context("reading pg_hba.conf")?;
+            for network in networks {
+                let line = format!("host all all {network} trust");
+                if !text.lines().any(|l| l.trim() == line) {
+                    text = format!("{text}\n{line}\n");
+                }
+            }
+            std::fs::write(&hba, text).context("writing pg_hba.conf")?;
+            Ok(Vec::new())
+        })
+    }
+
     /// Starts a server with the `-c name=value` settings that `prepare` returns once it has
     /// seen the server's directory (the data directory is `dir/data`).
     pub(crate) fn start_with(
