@@ -49,8 +49,10 @@ BEGIN
     RETURN NEW;
 END $$;
 DROP TRIGGER IF EXISTS accounts_seen_guard ON accounts;
+-- The WHEN clause keeps the function off the claim and post path: it runs only for a lowering.
 CREATE TRIGGER accounts_seen_guard BEFORE UPDATE OF max_seen_token ON accounts
-    FOR EACH ROW EXECUTE FUNCTION pay_accounts_seen_guard();
+    FOR EACH ROW WHEN (NEW.max_seen_token < OLD.max_seen_token)
+    EXECUTE FUNCTION pay_accounts_seen_guard();
 
 -- The fenced writes take one more parameter, p_proven: whether the payment resource verified the
 -- token's proof (with proof keys configured, every fenced write is proven before it reaches

@@ -196,6 +196,40 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
     assert_eq!(body["details"]["presentedToken"], json!(a.fencing_token));
     assert_eq!(fence().await, b.fencing_token, "the fence stays at B");
     assert_eq!(recoveries().await, 0);
+    // The schema holds the rule whatever the code path: a lowering under B with its recovery
+    // row, in one transaction (what the guard on the fence asks for), breaks the CHECK; and the
+    // mark itself never goes down.
+    let mut tx = pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(
+        "INSERT INTO fence_recoveries (resource, account_id, previous_token, new_token, \
+         operator, identity, owner_id, reason) \
+         VALUES ('account', 'acct-e', $1, $2, 'psql', 'psql', 'psql', 'a quiet lowering')",
+    )
+    .bind(b.fencing_token)
+    .bind(a.fencing_token)
+    .execute(&mut *tx)
+    .await
+    .unwrap_or_else(|e| panic!("the recovery row: {e}"));
+    let quiet = sqlx::query("UPDATE accounts SET fence = $1 WHERE account_id = 'acct-e'")
+        .bind(a.fencing_token)
+        .execute(&mut *tx)
+        .await;
+    assert!(
+        quiet
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("accounts_fence_covers_seen_check")),
+        "a recorded lowering under B in SQL: {quiet:?}"
+    );
+    tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+    let down = sqlx::query("UPDATE accounts SET max_seen_token = 0 WHERE account_id = 'acct-e'")
+        .execute(&pool)
+        .await;
+    assert!(
+        down.as_ref()
+            .is_err_and(|e| e.to_string().contains("may not go down")),
+        "the mark went down: {down:?}"
+    );
+    assert_eq!(fence().await, b.fencing_token);
 
     // The legitimate recovery: a revocation floor far above every token issued (a lock store
     // restored from an old snapshot hands out tokens below it) fences the next worker out.
