@@ -28,8 +28,16 @@ pub const SERVICE_ACCOUNT: &str = "dlock-service";
 pub const FENCING_PROOF_KEYS_DIR: &str = "/etc/dlock/fencing-proof-keys";
 /// Termination grace of the services that hold no forward in flight.
 pub const TERMINATION_GRACE_SECONDS_DEFAULT: i64 = 30;
-/// How much longer than the rail read timeout a rail-proxy pod may take to stop.
-pub const TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS: i64 = 10;
+/// How much longer than the rail read timeout a rail-proxy pod may take to stop (the preStop
+/// sleep included).
+pub const TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS: i64 = 10 + PRE_STOP_SLEEP_SECONDS;
+/// How long a service pod keeps serving after it is told to stop, before its process gets
+/// SIGTERM (the kubelet's native `preStop` sleep): the time the endpoints controller and every
+/// node's kube-proxy take to stop sending it new connections. Without it the process closes its
+/// listener while Services still route to it, and callers see refused and reset connections
+/// during every rollout (seen on a real node: the payment resource's roll answered a funding
+/// call with no answer at all).
+pub const PRE_STOP_SLEEP_SECONDS: i64 = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Component {

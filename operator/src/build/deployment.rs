@@ -4,9 +4,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
-    Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, Lifecycle,
+    LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
+    SecurityContext, SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -231,6 +231,16 @@ fn service_container(
             ..ContainerPort::default()
         }]),
         readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        // Keep serving while the Service's endpoints drop this pod, then stop (SIGTERM).
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: crate::workload::PRE_STOP_SLEEP_SECONDS,
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         liveness_probe: Some(Probe {
             initial_delay_seconds: Some(10),
             ..http_probe("/healthz", 10, 6)

@@ -242,12 +242,12 @@ fn the_payment_resource_deployment_has_the_cloud_sql_sidecar_and_its_secrets() {
     );
 }
 
-/// The proxy's pods get the read timeout plus ten seconds to stop, or a rollout could cut a
-/// forward in flight and leave its outcome unknown.
+/// The proxy's pods get the preStop sleep, the read timeout and ten seconds more to stop, or a
+/// rollout could cut a forward in flight and leave its outcome unknown.
 #[test]
 fn the_rail_proxy_deployment_outlasts_the_rail_read_timeout() {
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
-    assert_eq!(rail.proxy.termination_grace_period_seconds, 18);
+    assert_eq!(rail.proxy.termination_grace_period_seconds, 5 + 8 + 10);
     assert_snapshot(
         "rail-proxy-deployment",
         &deployment::deployment(&rail.proxy),
