@@ -7,6 +7,8 @@ use std::process::Command;
 
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::Value;
 
 use crate::real_node::RealCluster;
@@ -297,6 +299,149 @@ fn roll(cluster: &RealCluster, objects: &[&str], memory: &str) {
     }
 }
 
+/// Funds and applies a batch of [`ROLL_BATCH`] payouts and waits for it to be Ready; how long
+/// that took from the apply.
+fn run_batch(cluster: &RealCluster, name: &str) -> Duration {
+    let file = rolling_batch(cluster, name);
+    fund(cluster, &file);
+    let applied = std::time::Instant::now();
+    cluster.kubectl(&["apply", "--server-side", "-n", NS, "-f", &file]);
+    cluster.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        &format!("payoutbatch/{name}"),
+        "--timeout=600s",
+    ]);
+    applied.elapsed()
+}
+
+/// The PID of the first container of `pod`, from the node's containerd.
+fn container_pid(cluster: &RealCluster, pod: &str) -> (i32, i64) {
+    let object = cluster.get_json(&["pod", pod, "-n", NS]);
+    let status = &object["status"]["containerStatuses"][0];
+    let id = status["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .unwrap_or_else(|| panic!("{pod}: no containerd container: {status}"));
+    let tasks = cluster.ctr(&["tasks", "ls"]);
+    let pid = tasks
+        .lines()
+        .find(|l| l.starts_with(id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{pod}: container {id} is no task:\n{tasks}"));
+    (pid, status["restartCount"].as_i64().unwrap_or(0))
+}
+
+/// The first pod of a Deployment's label `app.kubernetes.io/instance`.
+fn first_pod(cluster: &RealCluster, instance: &str) -> String {
+    cluster
+        .kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            &format!("app.kubernetes.io/instance={instance}"),
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_service_container_killed_mid_batch_is_restarted_by_the_kubelet_and_nothing_is_paid_twice() {
+    let cluster = RealCluster::start();
+    install(&cluster);
+    cluster.kubectl(&[
+        "patch",
+        "-n",
+        NS,
+        "railproxy/rail-proxy",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"stub":{"failureRate":0}}}"#,
+    ]);
+    cluster.kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        NS,
+        "deployment/rail-proxy-stub",
+        "--timeout=120s",
+    ]);
+    cluster.wait_service_ready(NS, "rail-proxy-stub");
+
+    let mut figures = Vec::new();
+    for (i, instance) in ["payment-resource", "lock-server"].into_iter().enumerate() {
+        let name = format!("killed-{i}");
+        let file = rolling_batch(&cluster, &name);
+        fund(&cluster, &file);
+        cluster.kubectl(&["apply", "--server-side", "-n", NS, "-f", &file]);
+        let before = terminal(&cluster);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while terminal(&cluster) < before + 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "batch {name} made no progress{}",
+                cluster.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // kill -9 of the service's process, as the OOM killer or a crash would: no SIGTERM,
+        // no drain. The kubelet restarts the container in the same pod.
+        let pod = first_pod(&cluster, instance);
+        let (pid, restarts) = container_pid(&cluster, &pod);
+        let killed = std::time::Instant::now();
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+        let deadline = killed + Duration::from_secs(120);
+        loop {
+            let object = cluster.get_json(&["pod", &pod, "-n", NS]);
+            let status = &object["status"]["containerStatuses"][0];
+            if status["restartCount"].as_i64().unwrap_or(0) > restarts && status["ready"] == true {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pod} was not restarted{}",
+                cluster.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        figures.push(format!(
+            "{instance}: pod {pod} killed, restarted and Ready again in {:.1} s",
+            killed.elapsed().as_secs_f64()
+        ));
+        cluster.kubectl(&[
+            "wait",
+            "-n",
+            NS,
+            "--for=condition=Ready",
+            &format!("payoutbatch/{name}"),
+            "--timeout=600s",
+        ]);
+    }
+    let states = payout_states(&cluster);
+    let paid = statement(&cluster);
+    let twice: Vec<_> = paid.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "kill -9 mid-batch:\n  {}\n  states {states:?}\n  transfers {} (paid twice: {})",
+        figures.join("\n  "),
+        paid.len(),
+        twice.len()
+    );
+    assert!(twice.is_empty(), "paid twice: {twice:?}");
+    assert_eq!(
+        states,
+        BTreeMap::from([("POSTED".to_owned(), 2 * ROLL_BATCH)])
+    );
+    assert_eq!(paid.len(), 2 * ROLL_BATCH);
+}
+
 #[test]
 fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_twice() {
     let cluster = RealCluster::start();
@@ -323,6 +468,8 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         "--timeout=120s",
     ]);
     cluster.wait_service_ready(NS, "rail-proxy-stub");
+    // The baseline: one batch of 500 with nothing rolling, from apply to Ready.
+    let baseline = run_batch(&cluster, "baseline");
     let started = std::time::Instant::now();
 
     // Five rolls, each under a fresh batch of 500: the lock server, the payment resource, the
@@ -431,10 +578,16 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
             cycles.push(format!("rolling-{i}: {}", line.trim()));
         }
     }
+    let unrolled = baseline.as_secs_f64() * steps.len() as f64;
     eprintln!(
-        "rolling under load: {} payouts in {:.1} s\n  {}\n  states {states:?}\n  transfers {} (paid twice: {})\n  {}",
+        "rolling under load: {} payouts in {:.1} s (a batch of {ROLL_BATCH} alone: {:.1} s; \
+         {:+.1} s against {} of them one after another)\n  {}\n  states {states:?}\n  \
+         transfers {} (paid twice: {})\n  {}",
         steps.len() * ROLL_BATCH,
         wall.as_secs_f64(),
+        baseline.as_secs_f64(),
+        wall.as_secs_f64() - unrolled,
+        steps.len(),
         figures.join("\n  "),
         paid.len(),
         twice.len(),
@@ -447,7 +600,7 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         "a roll left payouts RAIL_AMBIGUOUS: {states:?}"
     );
     let total: usize = states.values().sum();
-    assert_eq!(total, steps.len() * ROLL_BATCH, "{states:?}");
+    assert_eq!(total, (steps.len() + 1) * ROLL_BATCH, "{states:?}");
     assert_eq!(
         states.get("POSTED").copied().unwrap_or(0) + states.get("FAILED").copied().unwrap_or(0),
         total,
