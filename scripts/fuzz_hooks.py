@@ -47,14 +47,15 @@ PAYMENT_TABLES = [
     "rail_fence_advances",
 ]
 # Idempotency records are left out on purpose: the contract stores a rejected write's answer so
-# that its replay returns the same status and body (C3 §3.1), which is not a change of state.
+# that its replay returns the same status and body (docs/contract.md#idempotency-rules), which is
+# not a change of state.
 # For the rail proxy, rail_submission rows with outcome FENCED are the contract's record of a
-# refused submission (C3 §3.5 step 1), so only the other rows count.
+# refused submission (docs/contract.md#rail-step-1), so only the other rows count.
 RAIL_SUBMISSION = "(SELECT * FROM rail_submission WHERE outcome IS DISTINCT FROM 'FENCED') t"
 
 # Rejections the contract defines as recorded outcomes, not as "nothing happened":
-# INSUFFICIENT_FUNDS moves the payout to FAILED (C3 §3.2), RAIL_AMBIGUOUS quarantines it, and the
-# rail's decline (422) records a REJECTED submission.
+# INSUFFICIENT_FUNDS moves the payout to FAILED (docs/contract.md#error-codes), RAIL_AMBIGUOUS
+# quarantines it, and the rail's decline (422) records a REJECTED submission.
 RECORDED = {"INSUFFICIENT_FUNDS", "RAIL_AMBIGUOUS"}
 
 OPERATOR_SUFFIXES = ("/revoke", "/fence", "/resolve")

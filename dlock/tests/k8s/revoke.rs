@@ -1,7 +1,7 @@
 //! `kubectl annotate lock … dlock.io/revoke-reason=… dlock.io/revoked-by=…` on a lock that a
 //! running `dlock run` executor holds: the operator revokes it at the real lock server and pushes
-//! the new floor to the real payment resource and rail proxy (D-3), and the revoked token is
-//! FENCED_OUT at both.
+//! the new floor to the real payment resource and rail proxy (docs/design.md#d-3), and the
+//! revoked token is FENCED_OUT at both.
 
 use std::collections::BTreeMap;
 use std::path::Path;

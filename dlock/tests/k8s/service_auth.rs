@@ -1,7 +1,8 @@
-//! A dlock service in `auth.mode = "tokenreview"` against the real API server (issue 13 items 2
-//! and 12): projected tokens for the `dlock` audience get in, others are refused; the service's
-//! own credential needs `system:auth-delegator`; a flood of made-up tokens costs the API server
-//! no more TokenReviews than the burst, counted on the API server's own /metrics.
+//! A dlock service in `auth.mode = "tokenreview"` against the real API server
+//! (docs/contract.md#authorization): projected tokens for the `dlock` audience get in, others are
+//! refused; the service's own credential needs `system:auth-delegator`; a flood of made-up tokens
+//! costs the API server no more TokenReviews than the burst, counted on the API server's own
+//! /metrics.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

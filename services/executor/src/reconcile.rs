@@ -1,6 +1,6 @@
-//! The reconciler (FR-26): a detective control off the payout path. It reads paydb and the
-//! rail's statement and reports; it never repairs. Resolving an ambiguous payout is an
-//! attributed human action (`dlock resolve`), never automatic.
+//! The reconciler (docs/design.md#reconciliation): a detective control off the payout path. It
+//! reads paydb and the rail's statement and reports; it never repairs. Resolving an ambiguous
+//! payout is an attributed human action (`dlock resolve`), never automatic.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The payment resource's configuration: one TOML file plus `DLOCK_*` overrides, validated whole
-//! at start (DESIGN §7).
+//! at start (docs/design.md#configuration).
 
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig, Served};
@@ -12,9 +12,10 @@ pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct IdempotencySettings {
-    /// `payment.idempotency.payout-retention-ms`: payout writes (ADR 0004: 72 h).
+    /// `payment.idempotency.payout-retention-ms`: payout writes (72 h, docs/design.md#idempotency).
     pub payout_retention_ms: i64,
-    /// `payment.idempotency.ledger-retention-ms`: ledger postings (ADR 0004: 7 days).
+    /// `payment.idempotency.ledger-retention-ms`: ledger postings (7 days,
+    /// docs/design.md#idempotency).
     pub ledger_retention_ms: i64,
     /// `payment.idempotency.sweep-interval-ms`: how often expired records are deleted.
     pub sweep_interval_ms: u64,
@@ -33,10 +34,11 @@ pub struct PaymentConfig {
     pub operator_token: Option<String>,
     pub idempotency: IdempotencySettings,
     /// `payment.payout.max-attempts`: how many claims a payout gets. A claim that finds it
-    /// claimed this many times abandons it instead (ABANDONED, DESIGN §2).
+    /// claimed this many times abandons it instead (ABANDONED, docs/design.md#payouts).
     pub max_attempts: i32,
-    /// `fencing.proof-keys-file` (DESIGN D-8): when set, claim and post need the lock server's
-    /// `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is possible.
+    /// `fencing.proof-keys-file` (docs/design.md#d-8): when set, claim and post need the lock
+    /// server's `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is
+    /// possible.
     pub proof_keys: Option<ProofKeys>,
 }
 
@@ -51,13 +53,14 @@ fn error(key: &str, message: impl Into<String>) -> ConfigError {
 impl PaymentConfig {
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7071")?;
-        // FR-27: fencing is what this service exists for. There is no configuration in which a
-        // payout may be written without its token being checked, so `false` stops the start.
+        // Fencing is what this service exists for (docs/design.md#configuration). There is no
+        // configuration in which a payout may be written without its token being checked, so
+        // `false` stops the start.
         if !raw.boolean("payment.fencing.enabled", true)? {
             return Err(error(
                 "payment.fencing.enabled",
-                "cannot be false: the payment resource never accepts unfenced writes (FR-27); \
-                 remove the key or set it to true",
+                "cannot be false: the payment resource never accepts unfenced writes \
+                 (docs/design.md#configuration); remove the key or set it to true",
             ));
         }
         let pg = PgSettings::from_raw(

@@ -1,7 +1,8 @@
-//! The dlock payment resource: payouts, accounts and the double-entry ledger (C3 §3.4, P1–P5),
-//! on paydb. This is enforcement point (a): it trusts no lock state, only the token a request
-//! presents and the fence paydb stores, and every money-moving write is one conditional write
-//! that the database itself checks.
+//! The dlock payment resource: payouts, accounts and the double-entry ledger
+//! (docs/contract.md#s3-4, P1–P5), on paydb. This is enforcement point (a,
+//! docs/design.md#enforcement-points): it trusts no lock state, only the token a request presents
+//! and the fence paydb stores, and every money-moving write is one conditional write that the
+//! database itself checks.
 //!
 //! [`app`] builds the router over a [`PayStore`]; [`run`] is what
 //! `dlock serve payment-resource` calls. A replica keeps nothing in memory that decides anything,
@@ -68,8 +69,8 @@ pub async fn run(config: PaymentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes expired idempotency records on a fixed interval (ADR 0004: expiry is a sweep, not a
-/// lazy surprise). A failed sweep is retried on the next tick.
+/// Deletes expired idempotency records on a fixed interval (docs/design.md#idempotency: expiry is
+/// a sweep, not a lazy surprise). A failed sweep is retried on the next tick.
 pub async fn sweep_forever(store: PayStore, every: Duration) {
     let log = dlock_server::sweep::SweepLog {
         swept: "idempotency_sweep",

@@ -1,6 +1,7 @@
-//! The payment resource's metrics: `lock_fenced_out{resource}` (C3 §3.4, C4) and ADR 0004's
-//! idempotency hit ratio, key conflicts and in-progress timeouts. Labels are low-cardinality
-//! enums only; payout ids, keys and owners go to logs, never to labels (NFR-09).
+//! The payment resource's metrics (docs/design.md#observability): `lock_fenced_out{resource}`
+//! (docs/contract.md#fenced-out-details) and the idempotency hit ratio, key conflicts and
+//! in-progress timeouts. Labels are low-cardinality enums only; payout ids, keys and owners go to
+//! logs, never to labels.
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
-//! The payment resource's OpenAPI document (C3 §3.4), served at `GET /v1/openapi.json`. Each
-//! operation documents the handler of its route in `routes/` (both creates are `create`); the
-//! integration test `openapi` sends a request to every documented operation and checks the
-//! status is documented.
+//! The payment resource's OpenAPI document (docs/contract.md#s3-4), served at
+//! `GET /v1/openapi.json`. Each operation documents the handler of its route in `routes/` (both
+//! creates are `create`); the integration test `openapi` sends a request to every documented
+//! operation and checks the status is documented.
 
 #![allow(dead_code)]
 
@@ -16,7 +16,7 @@ use crate::routes::{FenceAdvanced, Resolved};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings (C3 §3.4)."),
+    info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings."),
     paths(create_account, get_account, fund, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
     modifiers(&BearerAuth)
 )]
@@ -68,15 +68,16 @@ fn get_account() {}
     responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn fund() {}
 
-/// D-3: advances an account's fence to a revocation floor (operator).
+/// Advances an account's fence to a revocation floor (operator; docs/design.md#d-3).
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
     params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = FenceAdvanced), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn advance_fence() {}
 
-/// D-8: lowers a fence poisoned by a forged token to the token of the operator's own grant on
-/// `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in fence_recoveries.
+/// Lowers a fence poisoned by a forged token (docs/design.md#d-8) to the token of the operator's
+/// own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in
+/// fence_recoveries.
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence/lower", request_body = FenceLowerRequest,
     params(("accountId" = String, Path),
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
@@ -142,9 +143,9 @@ fn post_payout() {}
     ))]
 fn resolve() {}
 
-/// Not in C3: DESIGN §2's cancel, PENDING | CLAIMED → ABANDONED (operator; a fenced write like a
-/// claim, strict, the fence advances). Refused by paydb once an attempt reached the rail proxy;
-/// recorded in payout_abandonments.
+/// Cancels a payout, PENDING | CLAIMED → ABANDONED (operator; a fenced write like a claim,
+/// strict, the fence advances; docs/contract.md#cancel). Refused by paydb once an attempt
+/// reached the rail proxy; recorded in payout_abandonments.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/cancel", request_body = CancelRequest,
     params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "a grant on payout:{accountId}, decimal int64 > 0"),
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),

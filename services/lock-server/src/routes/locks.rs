@@ -31,7 +31,8 @@ pub(super) async fn renew(
     };
     checks.done()?;
     // Bound to the grant's owner (the caller's X-Owner-Id, which the auth layer binds to its
-    // credential): a non-owner is LOCK_LOST, C3's code for a caller that is not the holder.
+    // credential): a non-owner is LOCK_LOST, the contract's code for a caller that is not the
+    // holder (docs/contract.md#error-codes).
     let owner_id = present(owner)?;
     operator_renews_its_own(&caller, &owner_id)?;
     // And to the grant's session: the store matches (key, token, owner, session), so another

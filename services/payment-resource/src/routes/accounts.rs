@@ -1,5 +1,5 @@
 //! Accounts: creation, P5 (an account with its ledger sum), and the operator's fence writes
-//! (a revocation floor, DESIGN D-8's recovery of a poisoned fence).
+//! (a revocation floor, docs/design.md#d-8's recovery of a poisoned fence).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -150,7 +150,7 @@ async fn fence_effect(
     )
 }
 
-/// DESIGN D-8 recovery: lowers a fence poisoned by a forged token to the token of the
+/// docs/design.md#d-8 recovery: lowers a fence poisoned by a forged token to the token of the
 /// operator's own grant on `payout:{accountId}`. Operator only; needs proof keys, because only
 /// a proven grant shows that the lock server let the operator hold the key, i.e. that the
 /// previous holder's lock was revoked or had lapsed, and that the token is above every token

@@ -20,8 +20,9 @@ pub(super) fn store_error(error: StoreError) -> ApiError {
             )
         }
         // Not NOT_LEADER: paydb is fine, the caller's own identical request holds the record.
-        // C3 has no in-progress code; CONTENTION_EXCEEDED (429) is its answer to a caller whose
-        // own retry came too soon: retry-safe, but only after retryAfterMillis.
+        // The contract has no in-progress code; CONTENTION_EXCEEDED (429) is its answer to a
+        // caller whose own retry came too soon: retry-safe, but only after retryAfterMillis
+        // (docs/contract.md#idempotency-rules).
         StoreError::InProgress => ApiError::new(
             ErrorCode::ContentionExceeded,
             "an identical request (same key, token and body) is still in progress; this one changed nothing, retry after retryAfterMillis to get its answer",
@@ -58,8 +59,9 @@ pub(super) fn refused(state: &AppState, refusal: Refusal, on: &PayoutWrite<'_>) 
     }
 }
 
-/// The 409 FENCED_OUT body is a contract (C3 §3.4): both tokens, the resource and the owner,
-/// enough to alert on without a database query. Also the log event and the counter.
+/// The 409 FENCED_OUT body is a contract (docs/contract.md#fenced-out-details): both tokens, the
+/// resource and the owner, enough to alert on without a database query. Also the log event and
+/// the counter.
 fn fenced_out(state: &AppState, on: &PayoutWrite<'_>, resource_id: &str, highest: i64) -> ApiError {
     state.metrics.fenced_out(on.resource);
     tracing::warn!(

@@ -1,6 +1,7 @@
-//! The idempotency engine (D-7, C3 §3.1): every write claims its record in the transaction that
-//! runs its effect, stores its answer there, and a retry of the identical request gets the
-//! stored bytes back (with [`REPLAY_HEADER`]); a key reused with another body is refused.
+//! The idempotency engine (docs/design.md#d-7, docs/contract.md#idempotency-rules): every write
+//! claims its record in the transaction that runs its effect, stores its answer there, and a
+//! retry of the identical request gets the stored bytes back (with [`REPLAY_HEADER`]); a key
+//! reused with another body is refused.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};

@@ -1,4 +1,5 @@
-//! The HTTP surface: P1–P5, the writes around them (DESIGN §9) and the health endpoints.
+//! The HTTP surface: P1–P5, the writes around them (docs/contract.md#extensions) and the health
+//! endpoints.
 //!
 //! Every write follows one shape: validate everything (nothing is written for bad input), open
 //! the transaction and claim the idempotency record in it, run the effect (one paydb function),

@@ -118,10 +118,10 @@ pub(super) async fn get_payout(
     }
 }
 
-/// DESIGN D-8: with proof keys configured, a claim or post must carry the lock server's proof of
-/// its token on `payout:{accountId}` of the payout's account. Checked before the idempotency
-/// record and before any fence, so a refused write leaves nothing behind. A payout that does
-/// not exist is 404, as the write itself would answer.
+/// docs/design.md#d-8: with proof keys configured, a claim or post must carry the lock server's
+/// proof of its token on `payout:{accountId}` of the payout's account. Checked before the
+/// idempotency record and before any fence, so a refused write leaves nothing behind. A payout
+/// that does not exist is 404, as the write itself would answer.
 async fn prove(
     state: &AppState,
     headers: &HeaderMap,
@@ -437,11 +437,12 @@ pub struct Resolved {
     pub identity: String,
 }
 
-/// Not in C3 (its tables stop at P5): DESIGN §2's `cancel` transition, PENDING | CLAIMED →
-/// ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a grant on
-/// `payout:{accountId}`, with its proof when proof keys are configured): strict `fence < token`,
-/// the fence advances, so no older holder can act on the payout afterwards. paydb refuses it
-/// once an attempt reached the rail proxy, and records it in `payout_abandonments`.
+/// A dlock extension beyond P1–P5 (docs/contract.md#cancel): the `cancel` transition, PENDING |
+/// CLAIMED → ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a
+/// grant on `payout:{accountId}`, with its proof when proof keys are configured): strict
+/// `fence < token`, the fence advances, so no older holder can act on the payout afterwards.
+/// paydb refuses it once an attempt reached the rail proxy, and records it in
+/// `payout_abandonments`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
     PathWrite(caller, payout_id, headers, body): PathWrite<CancelRequest, Caller>,

@@ -1,7 +1,7 @@
-//! The idempotency record of a write (D-7): claimed at the start of the write's transaction,
-//! answered at its end, so the effect and the stored answer commit together or not at all. The
-//! `*_once` calls claim the record and run the effect in one round trip (`pay_claim_once`,
-//! `pay_post_once`).
+//! The idempotency record of a write (docs/design.md#d-7): claimed at the start of the write's
+//! transaction, answered at its end, so the effect and the stored answer commit together or not
+//! at all. The `*_once` calls claim the record and run the effect in one round trip
+//! (`pay_claim_once`, `pay_post_once`).
 
 use dlock_contract::payment::{LedgerEntry, PayoutState};
 use sqlx::{FromRow, Postgres};
@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::outcome::{ClaimOutcome, ClaimRow, PostOutcome, PostRow, entry};
 use super::{PayStore, StoreError, StoreResult, Tx, map_sqlx, missing, unknown};
 
-/// The scope and contents of one idempotent write (D-7).
+/// The scope and contents of one idempotent write (docs/design.md#d-7).
 #[derive(Debug, Clone)]
 pub struct Scope {
     /// Method and concrete path.

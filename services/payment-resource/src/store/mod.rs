@@ -41,7 +41,7 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// Maps a database failure to what the caller may conclude from it (D-4).
+/// Maps a database failure to what the caller may conclude from it (docs/design.md#d-4).
 pub fn map_sqlx(error: sqlx::Error) -> StoreError {
     if let sqlx::Error::Database(db) = &error
         && db.code().as_deref() == Some("55P03")

@@ -326,7 +326,7 @@ impl FenceRow {
     }
 }
 
-/// What a D-8 fence lowering did.
+/// What a docs/design.md#d-8 fence lowering did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LowerOutcome {
     /// Lowered to the operator's token and recorded in `fence_recoveries`.

@@ -193,8 +193,9 @@ impl PayStore {
         row.into_outcome()
     }
 
-    /// D-8 recovery: lowers a poisoned account fence to `to`, recorded in `fence_recoveries`;
-    /// never below the highest token the account admitted with a proof (`max_seen_token`).
+    /// docs/design.md#d-8 recovery: lowers a poisoned account fence to `to`, recorded in
+    /// `fence_recoveries`; never below the highest token the account admitted with a proof
+    /// (`max_seen_token`).
     pub async fn lower_fence(
         conn: &mut PgConnection,
         account_id: &str,
