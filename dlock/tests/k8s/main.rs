@@ -8,6 +8,7 @@
 //! Run with `./scripts/test-k8s` (it builds the control plane once, cached by version); the
 //! default `./scripts/test` leaves this binary out because it needs Go.
 
+mod contract_rules;
 mod control_plane;
 mod kubelet;
 mod lock_revocation;

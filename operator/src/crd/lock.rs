@@ -19,11 +19,13 @@ dlock_kind! {
     /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes it.
     pub struct LockSpec {
         /// The lock key on the lock server.
+        #[schemars(pattern(dlock_contract::lock::KEY_PATTERN), length(min = 1, max = dlock_contract::lock::KEY_LEN_MAX))]
         pub key: String,
         /// The LockServer that holds it.
         #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub lock_server: String,
         /// The account whose enforcement points a revocation fences (docs/design.md#d-3).
+        #[schemars(pattern(dlock_contract::payment::ACCOUNT_ID_PATTERN), length(min = 1, max = dlock_contract::payment::ACCOUNT_ID_LEN_MAX))]
         pub account_id: String,
     }
 }
@@ -75,7 +77,12 @@ dlock_kind! {
     ],
     /// A forced revocation as a declarative resource, for GitOps. The spec is immutable.
     pub struct LockRevocationSpec {
+        /// The lock key to revoke (1 to 128 of `[a-zA-Z0-9:._-]`).
+        #[schemars(pattern(dlock_contract::lock::KEY_PATTERN), length(min = 1, max = dlock_contract::lock::KEY_LEN_MAX))]
         pub key: String,
+        /// The account whose account fence and rail mark are advanced (1 to 64 of
+        /// `[a-zA-Z0-9:._-]`).
+        #[schemars(pattern(dlock_contract::payment::ACCOUNT_ID_PATTERN), length(min = 1, max = dlock_contract::payment::ACCOUNT_ID_LEN_MAX))]
         pub account_id: String,
         #[schemars(length(min = 8, max = 1024))]
         pub reason: String,

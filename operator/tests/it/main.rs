@@ -9,6 +9,7 @@ mod argocd;
 mod args;
 mod builders;
 mod controllers;
+mod crd_rules;
 mod crds;
 mod examples;
 mod fixtures;

@@ -14,13 +14,21 @@ pub const KEY_LEN_MAX: usize = 128;
 /// The shortest revocation reason.
 pub const REVOKE_REASON_LEN_MIN: usize = 8;
 
+/// The alphabet of a lock key and of an account id: `[a-zA-Z0-9:._-]`, every character a valid
+/// path character. A key's length is 1 to [`KEY_LEN_MAX`]. [`key_is_valid`] matches it, and the
+/// custom resources' schemas carry it.
+pub const KEY_PATTERN: &str = "^[a-zA-Z0-9:._-]*$";
+
+/// Whether every character of `text` is of [`KEY_PATTERN`]'s alphabet.
+pub(crate) fn matches_key_alphabet(text: &str) -> bool {
+    static ALPHABET: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(KEY_PATTERN).ok());
+    ALPHABET.as_ref().is_some_and(|re| re.is_match(text))
+}
+
 /// Whether `key` is a lock key the contract allows: 1–128 of `[a-zA-Z0-9:._-]`.
 pub fn key_is_valid(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= KEY_LEN_MAX
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+    (1..=KEY_LEN_MAX).contains(&key.len()) && matches_key_alphabet(key)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]

@@ -49,20 +49,27 @@ pub fn currency_is_valid(code: &str) -> bool {
 /// What [`account_id_is_valid`] allows, as a validation message says it.
 pub const ACCOUNT_ID_RULE: &str = "must be 1 to 64 of [a-zA-Z0-9:._-]";
 
+/// The alphabet of an account id, the lock keys' ([`crate::lock::KEY_PATTERN`]); its length is
+/// 1 to [`ACCOUNT_ID_LEN_MAX`]. [`account_id_is_valid`] matches it, and the PayoutBatch custom
+/// resource's schema carries it, so the API server refuses what the services would.
+pub const ACCOUNT_ID_PATTERN: &str = crate::lock::KEY_PATTERN;
+
+/// The alphabet of an opaque reference: visible ASCII (`!` to `~`), no spaces; its length is 1 to
+/// [`REFERENCE_LEN_MAX`]. [`reference_is_valid`] matches it, and the custom resources' schemas
+/// carry it.
+pub const REFERENCE_PATTERN: &str = "^[!-~]*$";
+
 /// Whether `id` is an account id the contract allows: 1–64 of `[a-zA-Z0-9:._-]`.
 pub fn account_id_is_valid(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= ACCOUNT_ID_LEN_MAX
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+    (1..=ACCOUNT_ID_LEN_MAX).contains(&id.len()) && crate::lock::matches_key_alphabet(id)
 }
 
 /// Whether `text` is an opaque reference: 1–128 visible ASCII characters, no spaces.
 pub fn reference_is_valid(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= REFERENCE_LEN_MAX
-        && text.bytes().all(|b| b.is_ascii_graphic())
+    static ALPHABET: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(REFERENCE_PATTERN).ok());
+    (1..=REFERENCE_LEN_MAX).contains(&text.len())
+        && ALPHABET.as_ref().is_some_and(|re| re.is_match(text))
 }
 
 /// An account id in `field`, by [`account_id_is_valid`]; the error says the rule.
@@ -456,6 +463,60 @@ mod tests {
             assert_eq!(wire, serde_json::Value::String(state.as_str().to_owned()));
             assert_eq!(PayoutState::parse(state.as_str()), Some(state));
         }
+    }
+
+    /// The patterns are the rules: every byte string of up to two characters, and the limits,
+    /// are judged as the byte-by-byte rules the checks had before they matched a pattern.
+    #[test]
+    fn the_patterns_allow_exactly_the_alphabets() {
+        let old_account = |id: &str| {
+            !id.is_empty()
+                && id.len() <= ACCOUNT_ID_LEN_MAX
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+        };
+        let old_reference = |text: &str| {
+            !text.is_empty()
+                && text.len() <= REFERENCE_LEN_MAX
+                && text.bytes().all(|b| b.is_ascii_graphic())
+        };
+        let mut samples: Vec<String> = vec![
+            String::new(),
+            "acct-17".into(),
+            "acct 17/../x!".into(),
+            "ben 1 with spaces".into(),
+            "a\n".into(),
+            "\na".into(),
+            "é".into(),
+            "a".repeat(ACCOUNT_ID_LEN_MAX),
+            "a".repeat(ACCOUNT_ID_LEN_MAX + 1),
+            "b".repeat(REFERENCE_LEN_MAX),
+            "b".repeat(REFERENCE_LEN_MAX + 1),
+        ];
+        let chars: Vec<char> = (0u8..=0x7f)
+            .map(char::from)
+            .chain(['é', '\u{a0}'])
+            .collect();
+        for a in &chars {
+            samples.push(a.to_string());
+            for b in &chars {
+                samples.push(format!("{a}{b}"));
+            }
+        }
+        for sample in &samples {
+            assert_eq!(
+                account_id_is_valid(sample),
+                old_account(sample),
+                "{sample:?}"
+            );
+            assert_eq!(
+                reference_is_valid(sample),
+                old_reference(sample),
+                "{sample:?}"
+            );
+        }
+        assert!(account_id_is_valid("acct-17") && reference_is_valid("ben-1"));
     }
 
     #[test]

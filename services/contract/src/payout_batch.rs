@@ -45,23 +45,43 @@ pub fn idempotency_key(payout_id: Uuid) -> String {
 }
 
 // One payout of a batch. (No doc comment: the CRD schema would carry it as the items'
-// description.) The schema's bounds are the contract's lengths and amount range, so the API server
-// admits no item longer than `validate` allows; the character rules are `validate`'s alone.
+// description.) The schema carries `validate`'s rules for each field, from the same constants: the
+// lengths, the alphabets' patterns, the amount range, the currencies; and the key's length in bytes,
+// as `validate` counts it (a schema's `maxLength` counts characters), as a CEL rule. So the API
+// server refuses every item `validate` would, naming its field; only the keys' uniqueness is
+// the list's (`x-kubernetes-list-map-keys`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PayoutItem {
     /// Unique within the batch.
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = KEY_LEN_MAX)))]
+    #[cfg_attr(feature = "schemars", schemars(extend("x-kubernetes-validations" = [{
+        "rule": key_bytes_rule(),
+        "message": format!("must be 1 to {KEY_LEN_MAX} bytes"),
+    }])))]
     pub key: String,
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = crate::payment::ACCOUNT_ID_LEN_MAX)))]
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::payment::ACCOUNT_ID_PATTERN))
+    )]
     pub account_id: String,
     #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = AMOUNT_MINOR_MAX)))]
     pub amount_minor: i64,
-    #[cfg_attr(feature = "schemars", schemars(regex(pattern = r"^[A-Z]{3}$")))]
+    #[cfg_attr(feature = "schemars", schemars(extend("enum" = crate::payment::CURRENCIES.as_slice())))]
     pub currency: String,
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = REFERENCE_LEN_MAX)))]
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::payment::REFERENCE_PATTERN))
+    )]
     pub beneficiary_ref: String,
+}
+
+/// The CEL rule of an item key's length in bytes, the way [`PayoutBatch::validate`] counts it.
+pub fn key_bytes_rule() -> String {
+    format!("size(bytes(self)) <= {KEY_LEN_MAX}")
 }
 
 /// The manifest: the same YAML `kubectl apply -f` takes and `dlock run -f` runs, and the one the

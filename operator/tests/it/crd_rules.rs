@@ -1,0 +1,120 @@
+//! The custom resources' schemas carry the contract's rules, from the contract's own constants:
+//! the API server refuses a PayoutBatch item (and a Lock or LockRevocation key or account) the
+//! services would refuse, naming its field, and the two cannot drift apart.
+
+use dlock_contract::lock::{KEY_LEN_MAX as LOCK_KEY_LEN_MAX, KEY_PATTERN};
+use dlock_contract::payment::{
+    ACCOUNT_ID_LEN_MAX, ACCOUNT_ID_PATTERN, AMOUNT_MINOR_MAX, CURRENCIES, REFERENCE_LEN_MAX,
+    REFERENCE_PATTERN,
+};
+use dlock_contract::payout_batch::{KEY_LEN_MAX, key_bytes_rule};
+use dlock_operator::crd::{Lock, LockRevocation, PayoutBatch};
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+/// The schema of `spec` of the CRD's only version.
+fn spec_schema(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Value {
+    let versions = serde_json::to_value(&crd.spec.versions).unwrap();
+    versions[0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+}
+
+/// `field`'s pattern, lengths and CEL rules, as one value to compare whole.
+fn string_rules(field: &Value) -> Value {
+    json!({
+        "type": field["type"],
+        "pattern": field["pattern"],
+        "minLength": field["minLength"],
+        "maxLength": field["maxLength"],
+        "x-kubernetes-validations": field["x-kubernetes-validations"],
+    })
+}
+
+#[test]
+fn every_payout_item_field_carries_the_contracts_rule() {
+    let spec = spec_schema(&PayoutBatch::crd());
+    let item = &spec["properties"]["payouts"]["items"]["properties"];
+    assert_eq!(
+        string_rules(&item["accountId"]),
+        json!({"type": "string", "pattern": ACCOUNT_ID_PATTERN, "minLength": 1,
+               "maxLength": ACCOUNT_ID_LEN_MAX, "x-kubernetes-validations": null})
+    );
+    assert_eq!(
+        string_rules(&item["beneficiaryRef"]),
+        json!({"type": "string", "pattern": REFERENCE_PATTERN, "minLength": 1,
+               "maxLength": REFERENCE_LEN_MAX, "x-kubernetes-validations": null})
+    );
+    assert_eq!(
+        string_rules(&item["key"]),
+        json!({"type": "string", "pattern": null, "minLength": 1, "maxLength": KEY_LEN_MAX,
+        "x-kubernetes-validations": [{
+            "rule": key_bytes_rule(),
+            "message": format!("must be 1 to {KEY_LEN_MAX} bytes"),
+        }]})
+    );
+    // The currency is exactly one of the active codes `check_currency` accepts: an enum, no
+    // pattern beside it.
+    assert_eq!(item["currency"]["enum"], json!(CURRENCIES.as_slice()));
+    assert_eq!(item["currency"]["pattern"], Value::Null);
+    assert_eq!(item["currency"]["type"], "string");
+    // schemars writes the bounds as floats; 10^15 is exact in one.
+    let amount = &item["amountMinor"];
+    assert_eq!(amount["type"], "integer");
+    assert_eq!(amount["minimum"].as_f64(), Some(1.0));
+    assert_eq!(amount["maximum"].as_f64(), Some(AMOUNT_MINOR_MAX as f64));
+    assert_eq!(AMOUNT_MINOR_MAX as f64 as i64, AMOUNT_MINOR_MAX);
+    assert_eq!(
+        spec["properties"]["payouts"]["items"]["required"],
+        json!([
+            "accountId",
+            "amountMinor",
+            "beneficiaryRef",
+            "currency",
+            "key"
+        ])
+    );
+}
+
+#[test]
+fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
+    for spec in [
+        spec_schema(&Lock::crd()),
+        spec_schema(&LockRevocation::crd()),
+    ] {
+        let fields = &spec["properties"];
+        assert_eq!(
+            string_rules(&fields["key"]),
+            json!({"type": "string", "pattern": KEY_PATTERN, "minLength": 1,
+                   "maxLength": LOCK_KEY_LEN_MAX, "x-kubernetes-validations": null})
+        );
+        assert_eq!(
+            string_rules(&fields["accountId"]),
+            json!({"type": "string", "pattern": ACCOUNT_ID_PATTERN, "minLength": 1,
+                   "maxLength": ACCOUNT_ID_LEN_MAX, "x-kubernetes-validations": null})
+        );
+    }
+}
+
+/// The CEL rule counts bytes as `validate` does: a key of 128 two-byte characters fits the
+/// schema's `maxLength` (characters) but not the contract, so the rule is what refuses it.
+#[test]
+fn the_key_rule_counts_bytes_because_the_contract_does() {
+    let mut batch = dlock_contract::payout_batch::PayoutBatch::new(
+        "b",
+        None,
+        1,
+        vec![dlock_contract::payout_batch::PayoutItem {
+            key: "é".repeat(KEY_LEN_MAX),
+            account_id: "acct-1".into(),
+            amount_minor: 1,
+            currency: "EUR".into(),
+            beneficiary_ref: "ben-1".into(),
+        }],
+    );
+    let problems = batch.validate();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].field, "spec.payouts[0].key");
+    batch.spec.payouts[0].key = "é".repeat(KEY_LEN_MAX / 2);
+    assert_eq!(batch.validate(), []);
+}
