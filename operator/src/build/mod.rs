@@ -7,6 +7,7 @@ pub mod job;
 pub mod lock;
 pub mod network_policy;
 pub mod pdb;
+pub mod proof_keys;
 pub mod reconciler;
 pub mod service;
 pub mod service_account;

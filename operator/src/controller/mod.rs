@@ -122,6 +122,8 @@ pub enum Error {
     Service(#[from] ServiceError),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    #[error("the fencing-proof keys Secret of namespace {namespace}: {message}")]
+    ProofKeys { namespace: String, message: String },
 }
 
 impl Error {
@@ -288,6 +290,7 @@ pub fn failure_reason(error: &Error) -> &'static str {
         Error::Service(_) => "ServiceUnavailable",
         Error::Status(_) => "StatusWriteFailed",
         Error::Finalizer(_) => "FinalizerFailed",
+        Error::ProofKeys { .. } => "ProofKeysFailed",
         Error::Malformed(_) | Error::Invalid(_) => "InvalidSpec",
     }
 }

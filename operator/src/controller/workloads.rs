@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -18,7 +19,9 @@ use super::{
     Context, Error, LOCK_MIRROR_MANAGER, Namespaced, Result, apply, apply_status, apply_status_as,
     is_paused, publish, publish_ready_change, reconciled, report_failure,
 };
-use crate::build::{config_map, deployment, lock, network_policy, pdb, service, service_account};
+use crate::build::{
+    config_map, deployment, lock, network_policy, pdb, proof_keys, service, service_account,
+};
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
 use crate::validate;
 use crate::workload::Workload;
@@ -31,6 +34,20 @@ pub struct Prepared {
     pub workloads: Vec<Workload>,
     /// The services' own ingress policy, then (for the rail) the stub's.
     pub network_policies: Vec<NetworkPolicy>,
+    /// The namespace whose [`proof_keys::SECRET`] the workload mounts, because it names no
+    /// `spec.fencingProofKeysSecret`: made before any Deployment when it is missing.
+    pub generated_proof_keys: Option<String>,
+}
+
+/// The namespace of `object` when it names no `spec.fencingProofKeysSecret` (so it mounts the
+/// operator's [`proof_keys::SECRET`]).
+fn generated_proof_keys<K: Resource>(
+    object: &K,
+    spec: &crate::crd::ServiceSettings,
+) -> Option<String> {
+    spec.fencing_proof_keys_secret
+        .is_none()
+        .then(|| object.meta().namespace.clone().unwrap_or_default())
 }
 
 /// What was applied, the only input of the status step.
@@ -53,6 +70,7 @@ pub async fn reconcile_lock_server(object: Arc<LockServer>, ctx: Arc<Context>) -
     let prepared = validate::lock_server(&object, &ctx.settings).map(|w| Prepared {
         network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
+        generated_proof_keys: generated_proof_keys(object.as_ref(), &object.spec.service),
     });
     let (ready, status) =
         reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
@@ -70,6 +88,7 @@ pub async fn reconcile_payment_resource(
     let prepared = validate::payment_resource(&object, &ctx.settings).map(|w| Prepared {
         network_policies: vec![service_policy(&w, &ctx)],
         workloads: vec![w],
+        generated_proof_keys: generated_proof_keys(object.as_ref(), &object.spec.service),
     });
     reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
     Ok(Action::requeue(super::RESYNC))
@@ -88,6 +107,7 @@ pub async fn reconcile_rail_proxy(object: Arc<RailProxy>, ctx: Arc<Context>) -> 
         Prepared {
             workloads,
             network_policies,
+            generated_proof_keys: generated_proof_keys(object.as_ref(), &object.spec.service),
         }
     });
     reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
@@ -190,6 +210,7 @@ async fn apply_prepared(client: &kube::Client, prepared: Prepared) -> Result<App
     let Prepared {
         workloads,
         network_policies,
+        generated_proof_keys,
     } = prepared;
     let mut deployments = Vec::new();
     let url = workloads.first().map(Workload::url).unwrap_or_default();
@@ -201,6 +222,10 @@ async fn apply_prepared(client: &kube::Client, prepared: Prepared) -> Result<App
             &service_account::service_account(&workload.namespace),
         )
         .await?;
+    }
+    // The proof keys before any Deployment that mounts them (a pod without them does not start).
+    if let Some(namespace) = &generated_proof_keys {
+        create_proof_keys(client, namespace).await?;
     }
     for workload in &workloads {
         apply(client, &config_map::config_map(workload)).await?;
@@ -216,6 +241,47 @@ async fn apply_prepared(client: &kube::Client, prepared: Prepared) -> Result<App
         url,
         auth_disabled,
     })
+}
+
+/// Makes the namespace's [`proof_keys::SECRET`] with fresh keys unless it exists. Created, never
+/// applied: an existing Secret is never read nor changed (its keys may have been rotated), so
+/// `create` is all the operator may do with Secrets, and `AlreadyExists` is success.
+async fn create_proof_keys(client: &kube::Client, namespace: &str) -> Result<()> {
+    let secret = proof_keys::random_secret().map_err(|message| Error::ProofKeys {
+        namespace: namespace.to_owned(),
+        message,
+    })?;
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(crate::workload::FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            },
+            &proof_keys::proof_keys_secret(namespace, &secret),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(
+                event = "fencing_proof_keys_created",
+                namespace,
+                secret = proof_keys::SECRET,
+                "made the namespace's fencing-proof keys (new random key material)"
+            );
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(source) => Err(Error::ProofKeys {
+            namespace: namespace.to_owned(),
+            message: format!(
+                "cannot create {} ({source}); the operator needs `create` on Secrets (the chart's \
+                 ClusterRole), or name spec.fencingProofKeysSecret on every LockServer, \
+                 PaymentResource and RailProxy of the namespace",
+                proof_keys::SECRET
+            ),
+        }),
+    }
 }
 
 /// The status of a workload kind from its applied Deployments (pure).

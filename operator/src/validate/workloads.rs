@@ -8,6 +8,7 @@ use super::{
     namespace_of, owner_of,
 };
 use crate::build::deployment::{ETCD_AUTH_DIR, ETCD_TLS_DIR};
+use crate::build::proof_keys;
 use crate::crd::{
     AuthMode, BackendType, CloudSql, LockServer, PaymentResource, RailProxy, ServiceAuth,
     ServiceSettings,
@@ -149,12 +150,19 @@ struct EtcdCredentials {
     password_secret: Option<String>,
 }
 
-/// `fencing.proof-keys-file` and the Secret to mount for `spec.fencingProofKeysSecret`.
+/// `fencing.proof-keys-file` and the Secret to mount: `spec.fencingProofKeysSecret`, else the
+/// namespace's own [`proof_keys::SECRET`], which the controller makes when it is missing. Never
+/// none: a service without proof keys accepts forged fencing tokens (and refuses to start).
 fn fencing_proof_keys(
     spec: Option<&crate::crd::SecretKeyRef>,
 ) -> Result<(config::Fencing, Option<String>), Invalid> {
     let Some(secret) = spec else {
-        return Ok((config::Fencing::default(), None));
+        return Ok((
+            config::Fencing {
+                proof_keys_file: Some(format!("{FENCING_PROOF_KEYS_DIR}/{}", proof_keys::KEY)),
+            },
+            Some(proof_keys::SECRET.to_owned()),
+        ));
     };
     check_mounted_secret(secret, "spec.fencingProofKeysSecret")?;
     Ok((

@@ -2,7 +2,8 @@
 //! ones, committed YAML snapshots for the rest).
 
 use dlock_operator::build::{
-    config_map, deployment, job, lock, network_policy, pdb, reconciler, service, service_account,
+    config_map, deployment, job, lock, network_policy, pdb, proof_keys, reconciler, service,
+    service_account,
 };
 use dlock_operator::validate;
 use serde_json::json;
@@ -120,7 +121,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
             "kind": "ConfigMap",
             "metadata": workload_meta("LockServer", "lock-server"),
             "data": {
-                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n",
+                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n",
             },
         }),
     );
@@ -133,7 +134,7 @@ fn an_etcd_lock_server_config_lists_the_endpoints() {
     let workload = validate::lock_server(&object, &settings()).unwrap();
     assert_eq!(
         workload.config_toml,
-        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"lock.etcd.ca-file\" = \"/etc/dlock/etcd-tls/ca.crt\"\n\"lock.etcd.cert-file\" = \"/etc/dlock/etcd-tls/tls.crt\"\n\"lock.etcd.key-file\" = \"/etc/dlock/etcd-tls/tls.key\"\n\"lock.etcd.username\" = \"dlock\"\n\"lock.etcd.password-file\" = \"/etc/dlock/etcd-auth/password\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"lock.etcd.ca-file\" = \"/etc/dlock/etcd-tls/ca.crt\"\n\"lock.etcd.cert-file\" = \"/etc/dlock/etcd-tls/tls.crt\"\n\"lock.etcd.key-file\" = \"/etc/dlock/etcd-tls/tls.key\"\n\"lock.etcd.username\" = \"dlock\"\n\"lock.etcd.password-file\" = \"/etc/dlock/etcd-auth/password\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
     );
     assert!(workload.secret_env.is_empty());
     assert_snapshot(
@@ -196,7 +197,9 @@ fn the_etcd_tls_secret_and_password_are_mounted_and_named_by_the_lock_etcd_keys(
     });
     let workload = validate::lock_server(&plain, &settings()).unwrap();
     assert!(
-        !workload.config_toml.contains("-file") && !workload.config_toml.contains("username"),
+        !workload.config_toml.contains("lock.etcd.ca-file")
+            && !workload.config_toml.contains("password-file")
+            && !workload.config_toml.contains("username"),
         "{}",
         workload.config_toml
     );
@@ -722,15 +725,106 @@ fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_conf
         !stub.config_toml.contains("fencing"),
         "the stub checks no proof"
     );
-    // Without the field: no proofs, no mount.
-    let plain = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    assert!(!plain.config_toml.contains("fencing"));
-    assert_eq!(plain.fencing_proof_keys_secret, None);
     for key in ["..", "a/b", ""] {
         lock_server.spec.service.fencing_proof_keys_secret = Some(fixtures::secret("keys", key));
         let error = validate::lock_server(&lock_server, &settings()).unwrap_err();
         assert_eq!(error.field, "spec.fencingProofKeysSecret.key", "{key:?}");
     }
+}
+
+/// Safe by default (docs/threat-model.md#safe-defaults): a LockServer, PaymentResource or
+/// RailProxy that names no `spec.fencingProofKeysSecret` still proves its fencing tokens. All
+/// three mount the one Secret the operator makes for the namespace (`dlock-fencing-proof-keys`)
+/// as a read-only directory, exactly as a named Secret is mounted, and `fencing.proof-keys-file`
+/// names its key; the stub checks no proof and mounts nothing.
+#[test]
+fn without_a_named_secret_all_three_mount_the_namespaces_generated_proof_keys() {
+    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    for workload in [
+        validate::lock_server(&fixtures::lock_server(), &settings()).unwrap(),
+        validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap(),
+        rail.proxy,
+    ] {
+        assert_eq!(
+            workload.fencing_proof_keys_secret.as_deref(),
+            Some(proof_keys::SECRET),
+            "{:?}",
+            workload.component
+        );
+        assert!(
+            workload.config_toml.ends_with(
+                "\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
+            ),
+            "{}",
+            workload.config_toml
+        );
+        let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap()["spec"]
+            ["template"]["spec"]
+            .clone();
+        assert!(
+            pod["containers"][0]["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({
+                    "name": "fencing-proof-keys",
+                    "mountPath": "/etc/dlock/fencing-proof-keys",
+                    "readOnly": true,
+                })),
+            "{pod}"
+        );
+        assert!(
+            pod["volumes"].as_array().unwrap().contains(&json!({
+                "name": "fencing-proof-keys",
+                "secret": {"secretName": "dlock-fencing-proof-keys"},
+            })),
+            "{}",
+            pod["volumes"]
+        );
+    }
+    let stub = rail.stub.unwrap();
+    assert!(
+        !stub.config_toml.contains("fencing"),
+        "the stub checks no proof"
+    );
+    assert_eq!(stub.fencing_proof_keys_secret, None);
+}
+
+/// The Secret the operator makes: no owner (every service of the namespace shares it), the key
+/// the services mount, and a keys file the services accept, whose one line holds 64 hex digits
+/// from the CSPRNG, fresh for every Secret.
+#[test]
+fn the_generated_proof_keys_secret_holds_a_keys_file_the_services_accept() {
+    let secret = proof_keys::random_secret().unwrap();
+    assert_eq!(secret.len(), 64, "{secret}");
+    assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()), "{secret}");
+    assert_ne!(
+        secret,
+        proof_keys::random_secret().unwrap(),
+        "fresh every time"
+    );
+    let built = serde_json::to_value(proof_keys::proof_keys_secret("team-a", &secret)).unwrap();
+    assert_eq!(
+        built,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": "dlock-fencing-proof-keys",
+                "namespace": "team-a",
+                "labels": {
+                    "app.kubernetes.io/name": "dlock",
+                    "app.kubernetes.io/component": "fencing-proof-keys",
+                    "app.kubernetes.io/managed-by": "dlock-operator",
+                },
+            },
+            "type": "Opaque",
+            "stringData": {"keys": proof_keys::keys_file(&secret)},
+        })
+    );
+    let keys = dlock_server::proof::ProofKeys::from_text(&proof_keys::keys_file(&secret)).unwrap();
+    assert_eq!(keys.key_ids(), vec!["generated-1".to_owned()]);
+    let proof = keys.sign("payout:acct-17", 42).unwrap();
+    assert_eq!(keys.verify("payout:acct-17", 42, &proof), Ok(()));
 }
 
 /// Only the executor and reconciler pods of the namespace and the operator's pods (in the

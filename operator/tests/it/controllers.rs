@@ -480,6 +480,10 @@ async fn answer_ready_lock_server_objects(api: &mut ApiServerVerifier) -> Call {
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
+    // The proof keys exist from the first reconcile: left as they are.
+    expect_proof_keys_create(api)
+        .await
+        .reply(409, &already_exists("dlock-fencing-proof-keys"));
     for kind in ["configmaps", "services"] {
         api.expect_apply(&format!("{NS}/{kind}/lock-server"))
             .await
@@ -536,6 +540,10 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
         call.body["metadata"].get("ownerReferences").is_none(),
         "shared by the namespace's services: no owner"
     );
+    call.echo();
+    // Then the namespace's proof keys, before the Deployment that mounts them.
+    let call = expect_proof_keys_create(&mut api).await;
+    created_keys(&call);
     call.echo();
     let call = api
         .expect_apply(&format!("{NS}/configmaps/lock-server"))
@@ -958,6 +966,36 @@ fn success() -> Value {
 fn not_found() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
            "code": 404, "message": "not found", "metadata": {}})
+}
+
+fn already_exists(name: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists",
+           "code": 409, "message": format!("secrets {name:?} already exists"), "metadata": {}})
+}
+
+/// The next call, which must create (POST, never apply nor patch) the namespace's fencing-proof
+/// keys Secret; unanswered.
+async fn expect_proof_keys_create(api: &mut ApiServerVerifier) -> Call {
+    let call = api.expect(Method::POST, &format!("{NS}/secrets")).await;
+    assert_eq!(call.body["kind"], "Secret", "{}", call.body);
+    assert_eq!(call.body["metadata"]["name"], "dlock-fencing-proof-keys");
+    assert!(
+        call.body["metadata"].get("ownerReferences").is_none(),
+        "shared by the namespace's services: no owner"
+    );
+    assert!(
+        call.query.contains("fieldManager=dlock-operator"),
+        "{}",
+        call.query
+    );
+    call
+}
+
+/// The keys file a created proof-keys Secret holds, checked as the services check it.
+fn created_keys(call: &Call) -> String {
+    let keys = call.body["stringData"]["keys"].as_str().unwrap().to_owned();
+    dlock_server::proof::parse_keys_file(&keys).unwrap();
+    keys
 }
 
 /// A Job's pod template is immutable: a running batch whose workers change, or an operator
@@ -1516,12 +1554,15 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         ctx,
     ));
 
+    expect_proof_keys_create(&mut api)
+        .await
+        .reply(409, &already_exists("dlock-fencing-proof-keys"));
     let call = api
         .expect_apply(&format!("{NS}/configmaps/payment-resource"))
         .await;
     assert_eq!(
         call.body["data"]["config.toml"],
-        "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n"
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
     );
     call.echo();
     let call = api.expect_service_and_deployment("payment-resource").await;
@@ -1559,5 +1600,145 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
     call.echo();
 
     reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// Answers a payment resource's applies after its proof keys (ConfigMap, Service, Deployment
+/// ready with 3 replicas, PodDisruptionBudget, NetworkPolicy, status, the Ready Event) and
+/// returns the Deployment's pod spec as applied.
+async fn answer_ready_payment_resource(api: &mut ApiServerVerifier) -> Value {
+    api.expect_apply(&format!("{NS}/configmaps/payment-resource"))
+        .await
+        .echo();
+    let call = api.expect_service_and_deployment("payment-resource").await;
+    let pod = call.body["spec"]["template"]["spec"].clone();
+    let body = ready_deployment(call.body.clone(), 3);
+    call.reply(200, &body);
+    api.echo_applies(after_deployment("payment-resource")).await;
+    api.expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
+        .await
+        .answer(&fixtures::payment_resource());
+    api.event("Ready", Some("Normal")).await;
+    pod
+}
+
+/// The volume of a pod spec that mounts the fencing-proof keys.
+fn proof_keys_volume(pod: &Value) -> Value {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "fencing-proof-keys")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Safe by default (docs/threat-model.md#safe-defaults): a workload that names no
+/// `spec.fencingProofKeysSecret` gets the namespace's `dlock-fencing-proof-keys`, created (POST,
+/// with fresh keys) before its Deployment, which mounts it. Once the Secret exists the operator
+/// never replaces it: the next reconcile's create is answered AlreadyExists and no other call
+/// touches a Secret (no apply, patch, update or read), so rotated keys stay as the platform
+/// left them.
+#[tokio::test]
+async fn the_namespaces_proof_keys_are_created_when_missing_and_never_replaced() {
+    let (_, ctx, mut api) = world(FakeServices::default());
+    let object = Arc::new(fixtures::payment_resource());
+    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
+        object.clone(),
+        ctx,
+    ));
+    api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await
+        .echo();
+    let call = expect_proof_keys_create(&mut api).await;
+    let first = created_keys(&call);
+    call.echo();
+    let pod = answer_ready_payment_resource(&mut api).await;
+    assert_eq!(
+        proof_keys_volume(&pod),
+        json!({"name": "fencing-proof-keys", "secret": {"secretName": "dlock-fencing-proof-keys"}})
+    );
+    reconcile.await.unwrap().unwrap();
+
+    api.done().await;
+
+    // Again (a resync, another service of the namespace, a new leader): the Secret exists.
+    let (_, ctx, mut api) = world(FakeServices::default());
+    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
+        object, ctx,
+    ));
+    api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await
+        .echo();
+    let call = expect_proof_keys_create(&mut api).await;
+    assert_ne!(created_keys(&call), first, "fresh keys for every create");
+    call.reply(409, &already_exists("dlock-fencing-proof-keys"));
+    let pod = answer_ready_payment_resource(&mut api).await;
+    assert_eq!(
+        proof_keys_volume(&pod)["secret"]["secretName"],
+        "dlock-fencing-proof-keys"
+    );
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// A workload that names its own `spec.fencingProofKeysSecret` mounts that one, and the operator
+/// makes no Secret for it.
+#[tokio::test]
+async fn a_named_proof_keys_secret_is_mounted_and_no_secret_is_created() {
+    let (_, ctx, mut api) = world(FakeServices::default());
+    let mut object = fixtures::payment_resource();
+    object.spec.service.fencing_proof_keys_secret = Some(fixtures::secret("team-keys", "keys"));
+    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
+        Arc::new(object),
+        ctx,
+    ));
+    api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await
+        .echo();
+    let pod = answer_ready_payment_resource(&mut api).await;
+    assert_eq!(proof_keys_volume(&pod)["secret"]["secretName"], "team-keys");
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+}
+
+/// An operator that may not create Secrets (an older ClusterRole) stops before any Deployment:
+/// no pod is rolled onto keys that do not exist. The failure is in the status and a Warning
+/// Event, with what to do.
+#[tokio::test]
+async fn a_refused_proof_keys_create_stops_before_any_deployment() {
+    let (_, ctx, mut api) = world(FakeServices::default());
+    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
+        Arc::new(fixtures::payment_resource()),
+        ctx,
+    ));
+    api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
+        .await
+        .echo();
+    expect_proof_keys_create(&mut api).await.reply(
+        403,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                "code": 403, "message": "secrets is forbidden", "metadata": {}}),
+    );
+    let call = api
+        .expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
+        .await;
+    call.expect_field_manager("dlock-operator-failure");
+    let degraded = &call.conditions()[2];
+    assert_eq!(degraded["reason"], "ProofKeysFailed", "{degraded}");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs `create` on Secrets"),
+        "{degraded}"
+    );
+    call.answer(&fixtures::payment_resource());
+    api.event("ProofKeysFailed", Some("Warning")).await;
+    let error = reconcile.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, controller::Error::ProofKeys { .. }),
+        "{error}"
+    );
     api.done().await;
 }
