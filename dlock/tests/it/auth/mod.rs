@@ -1,0 +1,184 @@
+//! Authentication and TLS, end to end: the `dlock dev up` stack (every service with
+//! `auth.mode = "tokens"`), a TLS listener, and TokenReview against a stand-in Kubernetes API.
+//!
+//! Every refused request is checked for the envelope and the JSON content type, and the durable
+//! state of paydb, lockdb and the rail's statement is compared before and after: a refused
+//! request changes nothing.
+
+mod credentials;
+mod tls;
+mod tokenreview;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock_contract::payment_client::PaymentClient;
+use dlock_devstack::{ManagedChild, free_port, spawn_logged};
+use reqwest::Method;
+use serde_json::{Value, json};
+use sqlx::Row;
+
+use crate::harness::{eventually, loopback, raw, until_ready};
+use crate::shared::accounts::open_account;
+
+use crate::shared::dev_up::DevUp;
+use crate::shared::payouts::{Item, batch_manifest};
+
+const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+const JSON: &str = "application/json; charset=utf-8";
+
+/// `dlock dev up` as a process, its JSON line parsed; shared by the tests that need the stack.
+pub(crate) struct DevStack(DevUp);
+
+impl std::ops::Deref for DevStack {
+    type Target = DevUp;
+
+    fn deref(&self) -> &DevUp {
+        &self.0
+    }
+}
+
+impl DevStack {
+    pub(crate) fn start() -> Self {
+        Self::start_with_env(&[])
+    }
+
+    /// The stack with extra environment for every process of it (e.g. an OTLP endpoint).
+    pub(crate) fn start_with_env(env: &[(&str, &str)]) -> Self {
+        Self(DevUp::start(&[], env))
+    }
+
+    /// [`DevStack::start`], off the async runtime's threads.
+    pub(crate) async fn up() -> Self {
+        tokio::task::spawn_blocking(Self::start)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A payment client of the executor identity, with its credential.
+    pub(crate) fn executor_payments(&self) -> PaymentClient {
+        self.payments_as("executor/test")
+    }
+
+    /// `dlock run` of a batch `name` of `n` payouts on `account` (2 workers) as the executor
+    /// identity with its credential; whether it succeeded, and its log.
+    pub(crate) async fn run_batch(&self, name: &str, account: &str, n: usize) -> (bool, String) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let text = batch_manifest(
+            name,
+            2,
+            (0..n).map(|i| Item::numbered(i, format!("item-{i:02}"), account, 100)),
+        );
+        let batch = dir.path().join("batch.yaml");
+        std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
+        let log = dir.path().join("run.log");
+        let args: Vec<String> = [
+            "run",
+            "-f",
+            &batch.display().to_string(),
+            "--lock-server",
+            &self.url("lockServer"),
+            "--payment-resource",
+            &self.url("paymentResource"),
+            "--rail-proxy",
+            &self.url("railProxy"),
+            "--identity",
+            "executor",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let env = vec![("DLOCK_CREDENTIAL".to_owned(), self.token("executor"))];
+        let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        (
+            status.is_some_and(|s| s.success()),
+            std::fs::read_to_string(&log).unwrap_or_default(),
+        )
+    }
+
+    /// The URLs of the lock server, the payment resource and the rail proxy.
+    pub(crate) fn services(&self) -> (String, String, String) {
+        (
+            self.url("lockServer"),
+            self.url("paymentResource"),
+            self.url("railProxy"),
+        )
+    }
+
+    /// The credentials of the executor and the operator identity.
+    pub(crate) fn credentials(&self) -> (String, String) {
+        (self.token("executor"), self.token("operator"))
+    }
+
+    /// A connection pool on the stack's `db` (`paydb`, `lockdb`).
+    pub(crate) async fn pool(&self, db: &str) -> sqlx::PgPool {
+        sqlx::PgPool::connect(&self.url(db))
+            .await
+            .unwrap_or_else(|e| panic!("{db}: {e}"))
+    }
+
+    /// A digest of every row of every table of paydb and lockdb, and the rail's statement.
+    async fn snapshot(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for db in ["paydb", "lockdb"] {
+            let pool = self.pool(db).await;
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            for table in tables {
+                // The table names come from pg_tables, quoted.
+                let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*)::text AS n, \
+                     coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') AS d \
+                     FROM \"{table}\" t"
+                )))
+                .fetch_one(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{table}: {e}"));
+                let n: String = row.get("n");
+                let d: String = row.get("d");
+                out.push((format!("{db}.{table}"), format!("{n}:{d}")));
+            }
+            pool.close().await;
+        }
+        let (_, _, statement) = raw(
+            Method::GET,
+            &format!("{}/statement", self.url("railStub")),
+            &[],
+            None,
+        )
+        .await;
+        out.push(("rail statement".into(), statement.to_string()));
+        out
+    }
+}
+
+fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: &str) {
+    let (got, content_type, body) = answer;
+    assert_eq!(*got, status, "{step}: {body}");
+    assert_eq!(content_type, JSON, "{step}: content type");
+    assert_eq!(body["code"], code, "{step}: {body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{step}: the envelope says what happened: {body}"
+    );
+    assert_eq!(
+        body["retrySafe"],
+        json!(code == "AUTH_UNAVAILABLE"),
+        "{step}"
+    );
+}
+
+fn serve(name: &str, env: Vec<(String, String)>, log: &Path) -> ManagedChild {
+    let args = vec!["serve".to_owned(), name.to_owned()];
+    spawn_logged(name, Path::new(EXE), &args, &env, Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
+}
