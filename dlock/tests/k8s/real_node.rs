@@ -174,6 +174,11 @@ impl RealCluster {
         command
     }
 
+    /// `kubectl ARGS` as a command to run later (from another thread, say).
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
+        self.command("kubectl", args)
+    }
+
     /// `kubectl ARGS`, or its error.
     pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
         run(self.command("kubectl", args))

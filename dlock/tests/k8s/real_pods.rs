@@ -190,6 +190,19 @@ fn the_chart_installs_as_the_readme_says_and_the_example_batch_is_paid_once_by_r
                     "{name}: {line:?}, want {key} {want}"
                 );
             }
+            // The root filesystem is mounted read-only in the container: every file a
+            // service writes lives on a declared volume.
+            let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+                .unwrap_or_else(|e| panic!("{name}: /proc/{pid}/mountinfo: {e}"));
+            let root = mountinfo
+                .lines()
+                .find(|l| l.split_whitespace().nth(4) == Some("/"))
+                .unwrap_or_else(|| panic!("{name}: no / in its mountinfo"));
+            let options = root.split_whitespace().nth(5).unwrap_or_default();
+            assert!(
+                options.split(',').any(|o| o == "ro"),
+                "{name}: / is mounted {options}"
+            );
             running += 1;
         }
     }
@@ -493,6 +506,31 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         ),
         ("the operator", &[], &[]),
     ];
+    // `kubectl get locks` while the batches run: the holders the Lock mirror shows.
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let holders = {
+        let watching = watching.clone();
+        let mut get_locks = cluster.kubectl_command(&[
+            "get",
+            "locks",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.items[*].status.holder}",
+        ]);
+        std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while watching.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(out) = get_locks.output() {
+                    for holder in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                        seen.insert(holder.to_owned());
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            seen
+        })
+    };
     let mut figures = Vec::new();
     for (i, (what, objects, deployments)) in steps.iter().enumerate() {
         let name = format!("rolling-{i}");
@@ -564,6 +602,13 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         ]);
     }
     let wall = started.elapsed();
+    watching.store(false, std::sync::atomic::Ordering::SeqCst);
+    let holders = holders.join().unwrap_or_default();
+    // Each holder is a worker of one of the running batches (`<identity>/<batch>`).
+    assert!(
+        holders.iter().any(|h| h.contains("/rolling-")),
+        "kubectl get locks never showed a worker of the batches as holder: {holders:?}"
+    );
 
     // The figures: every payout terminal, none ambiguous, none paid twice.
     let states = payout_states(&cluster);
@@ -580,11 +625,12 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
     }
     let unrolled = baseline.as_secs_f64() * steps.len() as f64;
     eprintln!(
-        "rolling under load: {} payouts in {:.1} s (a batch of {ROLL_BATCH} alone: {:.1} s; \
+        "rolling under load: {} payouts in {:.1} s, {} holders seen in kubectl get locks (a batch of {ROLL_BATCH} alone: {:.1} s; \
          {:+.1} s against {} of them one after another)\n  {}\n  states {states:?}\n  \
          transfers {} (paid twice: {})\n  {}",
         steps.len() * ROLL_BATCH,
         wall.as_secs_f64(),
+        holders.len(),
         baseline.as_secs_f64(),
         wall.as_secs_f64() - unrolled,
         steps.len(),
