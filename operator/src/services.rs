@@ -86,6 +86,12 @@ pub trait Services: Send + Sync {
         payout_ids: &'a [String],
     ) -> ServiceFuture<'a, Vec<PayoutState>>;
     fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldList>;
+    /// The fencing token of the grant that holds `key` now (L7), `None` when nothing holds it.
+    fn lock_grant<'a>(
+        &'a self,
+        lock_server_url: &'a str,
+        key: &'a str,
+    ) -> ServiceFuture<'a, Option<i64>>;
     /// The revocation flow's three calls (L8, the account fence, the high-water mark) against
     /// one target's services: the contract's own clients ([`RevokeClients`]) for real.
     fn revoke_steps<'a>(&'a self, target: &'a RevocationTarget) -> Result<Steps<'a>, ServiceError>;
@@ -203,6 +209,21 @@ impl Services for ContractServices {
                     .collect(),
                 truncated: held.truncated,
             })
+        })
+    }
+
+    fn lock_grant<'a>(
+        &'a self,
+        lock_server_url: &'a str,
+        key: &'a str,
+    ) -> ServiceFuture<'a, Option<i64>> {
+        Box::pin(async move {
+            match self.lock(lock_server_url).get(key).await {
+                Ok(info) => Ok(info.fencing_token.filter(|_| info.held)),
+                // A key never locked here, or not granted for the retention: nothing holds it.
+                Err(ClientError::Api { status: 404, .. }) => Ok(None),
+                Err(error) => Err(ServiceError::from_client("lock-server", &error)),
+            }
         })
     }
 

@@ -21,6 +21,7 @@ mod real_pods;
 mod reconciliation;
 mod references;
 mod revoke;
+mod revoke_live;
 mod service_auth;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]

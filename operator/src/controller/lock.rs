@@ -78,25 +78,56 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::await_change());
     }
     let namespace = object.namespace().unwrap_or_default();
-    // The mirrored token guards L8: only the grant this Lock shows is revoked, never a newer one.
+    // The annotations mean "fence out whoever holds this key now": the token is the key's live
+    // grant, read from the lock server when the request is handled (see `live_holder`), never the
+    // mirror's, which may be 15 s old.
     let ask = validate::RevocationAsk {
         order: RevokeOrder {
             key: object.spec.key.clone(),
             account_id: object.spec.account_id.clone(),
             operator: revoked_by,
             reason,
-            expected_token: object.status.as_ref().and_then(|s| s.token),
+            expected_token: None,
         },
         named: [Some(object.spec.lock_server.as_str()), None, None],
     };
-    let result = revoke_or_refuse(
-        &ctx,
-        &namespace,
-        &ask,
-        &request,
-        previous.revocation.as_ref(),
-    )
-    .await?;
+    let recorded = previous.revocation.as_ref();
+    let result = match target_or_refuse(&ctx, &namespace, &ask, &request).await? {
+        Err(refused) => refused,
+        Ok(mut target) => match live_holder(&ctx, &target, &request, recorded).await? {
+            Err(refused) => refused,
+            Ok(token) => {
+                target.order.expected_token = token;
+                match revoke::run(ctx.services.as_ref(), &target, &request, recorded).await {
+                    Ok(result) => result,
+                    Err(unanswered) => {
+                        // L8 may have ended the grant without its answer reaching us: the token
+                        // is recorded, so the retry revokes that grant only, never a newer one.
+                        if let Some(token) = token {
+                            let pinned = revoke::pinned(&request, token, &unanswered);
+                            let status = revoke_fields(
+                                object.metadata.generation,
+                                conditions_of(&pinned).render(
+                                    &previous.conditions,
+                                    object.metadata.generation,
+                                    &ctx.now(),
+                                ),
+                                Some(pinned),
+                            );
+                            apply_status_as(
+                                &ctx.client,
+                                object.as_ref(),
+                                &status,
+                                LOCK_REVOKE_MANAGER,
+                            )
+                            .await?;
+                        }
+                        return Err(unanswered.into());
+                    }
+                }
+            }
+        },
+    };
     let status = revoke_fields(
         object.metadata.generation,
         conditions_of(&result).render(&previous.conditions, object.metadata.generation, &ctx.now()),
@@ -137,6 +168,22 @@ async fn revoke_or_refuse(
     request: &str,
     previous: Option<&RevocationResult>,
 ) -> Result<RevocationResult> {
+    Ok(
+        match target_or_refuse(ctx, namespace, ask, request).await? {
+            Ok(target) => revoke::run(ctx.services.as_ref(), &target, request, previous).await?,
+            Err(refused) => refused,
+        },
+    )
+}
+
+/// Where the revocation `ask` asks for goes, or the refusal to record: a malformed ask, or no
+/// single target of a kind.
+async fn target_or_refuse(
+    ctx: &Context,
+    namespace: &str,
+    ask: &validate::RevocationAsk<'_>,
+    request: &str,
+) -> Result<std::result::Result<validate::RevocationTarget, RevocationResult>> {
     let target = match validate::check_ask(ask) {
         Ok(()) => {
             let present = namespace_targets(ctx, namespace).await?;
@@ -144,9 +191,49 @@ async fn revoke_or_refuse(
         }
         Err(invalid) => Err(invalid),
     };
-    Ok(match target {
-        Ok(target) => revoke::run(ctx.services.as_ref(), &target, request, previous).await?,
-        Err(invalid) => revoke::refused(request, format!("not sent: {invalid}")),
+    Ok(target.map_err(|invalid| revoke::refused(request, format!("not sent: {invalid}"))))
+}
+
+/// The grant a Lock's revoke annotations end: the key's holder at the lock server when the
+/// request is handled (L7), so a busy key whose mirror is a refresh behind still loses its live
+/// holder. L8 carries its token as `expectedToken`, so a grant that changes between the read and
+/// L8 is refused, never another ended unasked. A request already under way keeps its grant: the
+/// token recorded when L8 went unanswered, or nothing at all once L8 has answered (the flow
+/// resumes without it). A key nobody holds now is refused: there is nothing to fence out.
+async fn live_holder(
+    ctx: &Context,
+    target: &validate::RevocationTarget,
+    request: &str,
+    recorded: Option<&RevocationResult>,
+) -> Result<std::result::Result<Option<i64>, RevocationResult>> {
+    if let Some(recorded) = recorded.filter(|r| r.request == request) {
+        if recorded.revocation_id.is_some() {
+            return Ok(Ok(None));
+        }
+        if let Some(token) = recorded.revoked_token {
+            return Ok(Ok(Some(token)));
+        }
+    }
+    let key = &target.order.key;
+    let grant = match ctx.services.lock_grant(&target.lock_server_url, key).await {
+        Ok(grant) => grant,
+        Err(refused @ crate::services::ServiceError::Refused { .. }) => {
+            return Ok(Err(revoke::refused(
+                request,
+                format!("not sent: reading who holds {key}: {refused}"),
+            )));
+        }
+        Err(unavailable) => return Err(unavailable.into()),
+    };
+    Ok(match grant {
+        Some(token) => Ok(Some(token)),
+        None => Err(revoke::refused(
+            request,
+            format!(
+                "not sent: nothing holds {key} at {} now; there is no holder to fence out",
+                target.lock_server_url
+            ),
+        )),
     })
 }
 

@@ -5,9 +5,10 @@
 //!
 //! It runs once per request: a result already recorded for the same request is completed (only
 //! the fences still missing are pushed again, with the recorded floor and revocation id), never
-//! started again, so a retry never revokes a second, newer holder. A Lock's revocation also
-//! carries the mirrored token as L8's `expectedToken`, so a lost answer retried never ends a
-//! newer holder either.
+//! started again, so a retry never revokes a second, newer holder. A Lock's revocation carries
+//! the token of the key's live grant, read from the lock server when the request is handled, as
+//! L8's `expectedToken`, and records it when L8 goes unanswered ([`pinned`]), so a lost answer
+//! retried never ends a newer holder either.
 
 use dlock_contract::revoke::{LockStep, Outcome, Progress};
 
@@ -48,6 +49,21 @@ pub fn recorded_progress(
         payment_fenced: p.payment_fenced,
         rail_fenced: p.rail_fenced,
     }))
+}
+
+/// A Lock revocation whose L8 went unanswered: the grant it was sent for (`revokedToken`), with
+/// no revocation id yet. The retry sends L8 for that token again, and only for it.
+pub fn pinned(request: &str, token: i64, unanswered: &ServiceError) -> RevocationResult {
+    RevocationResult {
+        request: request.to_owned(),
+        outcome: INCOMPLETE.to_owned(),
+        revoked_token: Some(token),
+        summary: Some(format!(
+            "revoking token {token}, the key's holder when the request was handled: {unanswered}; \
+             retried for that grant only"
+        )),
+        ..RevocationResult::default()
+    }
 }
 
 pub fn refused(request: &str, summary: String) -> RevocationResult {

@@ -16,7 +16,9 @@ dlock_kind! {
         ("Revocation", "string", ".status.revocation.summary", priority = 1),
     ],
     /// A held lock, mirrored read-only from a lock server for `kubectl get locks`.
-    /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes it.
+    /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes
+    /// whoever holds the key when the operator handles it (its live grant at the lock server, not
+    /// the token mirrored here).
     pub struct LockSpec {
         /// The lock key on the lock server.
         #[schemars(pattern(dlock_contract::lock::KEY_PATTERN), length(min = 1, max = dlock_contract::lock::KEY_LEN_MAX))]

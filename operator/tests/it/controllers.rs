@@ -33,6 +33,12 @@ struct FakeServices {
     held: Vec<HeldLock>,
     truncated: bool,
     rail_down: bool,
+    /// The token of the key's grant at the lock server (L7); 41, the fixture Lock's, when unset.
+    live_token: Option<i64>,
+    /// Nothing holds the key at the lock server.
+    not_held: bool,
+    /// L8 gets no answer.
+    lock_down: bool,
 }
 
 impl FakeServices {
@@ -76,6 +82,11 @@ impl Services for FakeServices {
                 truncated: self.truncated,
             })
         })
+    }
+    fn lock_grant<'a>(&'a self, url: &'a str, key: &'a str) -> ServiceFuture<'a, Option<i64>> {
+        self.record(format!("GET {url}/v1/locks/{key}"), Value::Null);
+        let grant = (!self.not_held).then(|| self.live_token.unwrap_or(41));
+        Box::pin(async move { Ok(grant) })
     }
     fn revoke_steps<'a>(&'a self, target: &'a RevocationTarget) -> Result<Steps<'a>, ServiceError> {
         Ok(Box::new(FakeSteps {
@@ -129,13 +140,26 @@ impl RevokeSteps for FakeSteps<'_> {
         key: &'a str,
         request: &'a RevokeRequest,
     ) -> StepFuture<'a, Revocation> {
+        if self.services.lock_down {
+            return self.post(
+                &self.target.lock_server_url,
+                format!("/v1/locks/{key}/revoke"),
+                request,
+                Err(ClientError::Transport {
+                    url: self.target.lock_server_url.clone(),
+                    message: "timed out".to_owned(),
+                    connect: false,
+                    timeout: true,
+                }),
+            );
+        }
         self.post(
             &self.target.lock_server_url,
             format!("/v1/locks/{key}/revoke"),
             request,
             Ok(Revocation {
                 key: key.to_owned(),
-                revoked_token: 41,
+                revoked_token: request.expected_token.unwrap_or(41),
                 revoked_owner_id: "executor-7".to_owned(),
                 new_token_floor: 42,
                 revocation_id: REVOCATION_ID.parse().unwrap(),
@@ -722,11 +746,17 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
 }
 
 /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…`: the lock server
-/// revokes, both enforcement points get the new floor with the revocation id and the operator's
-/// name, the result lands in status and an Event; the same annotation value never runs again.
+/// revokes the key's live grant (read from it when the request is handled, not the mirror's
+/// older token), both enforcement points get the new floor with the revocation id and the
+/// operator's name, the result lands in status and an Event; the same annotation value never runs
+/// again.
 #[tokio::test]
 async fn the_revoke_annotations_run_the_revocation_once_per_value() {
-    let (services, ctx, mut api) = world(FakeServices::default());
+    // The mirror shows token 41; the key has changed hands since, to token 57.
+    let (services, ctx, mut api) = world(FakeServices {
+        live_token: Some(57),
+        ..FakeServices::default()
+    });
     let reason = "worker wedged past its lease";
     let lock = fixtures::with_annotations(
         fixtures::lock(),
@@ -750,11 +780,11 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
             "request": "oncall-ana: worker wedged past its lease",
             "outcome": "Complete",
             "revocationId": "7f9c0000-0000-4000-8000-000000000001",
-            "revokedToken": 41,
+            "revokedToken": 57,
             "newTokenFloor": 42,
             "paymentFenced": true,
             "railFenced": true,
-            "summary": "revoked token 41, floor 42 at both fences",
+            "summary": "revoked token 57, floor 42 at both fences",
         })
     );
     // Only the Lock controller's own fields, under its own field manager: the mirror's holder,
@@ -780,10 +810,14 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         services.calls(),
         vec![
             (
+                "GET http://lock-server.default.svc:8080/v1/locks/payout:acct-17".to_owned(),
+                Value::Null
+            ),
+            (
                 "POST http://lock-server.default.svc:8080/v1/locks/payout:acct-17/revoke"
                     .to_owned(),
-                // The mirrored token guards L8: only the holder the Lock shows is revoked.
-                json!({"operator": "oncall-ana", "reason": reason, "expectedToken": 41}),
+                // The live grant's token guards L8: the holder now is revoked, and no other.
+                json!({"operator": "oncall-ana", "reason": reason, "expectedToken": 57}),
             ),
             (
                 format!(
@@ -806,7 +840,95 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         .await
         .unwrap();
     api.done().await;
-    assert_eq!(services.calls().len(), 3);
+    assert_eq!(services.calls().len(), 4);
+}
+
+/// L8 unanswered (it may have ended the grant): the live token it was sent for is recorded, and
+/// the retry sends L8 for that token again without reading the key anew, so it never ends the
+/// newer grant that took the key meanwhile.
+#[tokio::test]
+async fn an_unanswered_revoke_is_retried_for_the_same_grant_only() {
+    let (services, ctx, mut api) = world(FakeServices {
+        live_token: Some(57),
+        lock_down: true,
+        ..FakeServices::default()
+    });
+    let lock = fixtures::revoke_asked(fixtures::lock());
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
+        Arc::new(lock.clone()),
+        ctx,
+    ));
+    answer_fence_targets(&mut api).await;
+    let call = api.next().await;
+    let pinned = call.body["status"]["revocation"].clone();
+    assert_eq!(
+        (
+            &pinned["outcome"],
+            &pinned["revokedToken"],
+            &pinned["revocationId"]
+        ),
+        (&json!("Incomplete"), &json!(57), &Value::Null),
+        "{pinned}"
+    );
+    call.answer(&fixtures::lock());
+    let error = reconcile.await.unwrap().unwrap_err();
+    assert!(!error.is_permanent(), "{error}");
+    assert_eq!(services.calls().len(), 2, "{:?}", services.calls());
+
+    // The key has changed hands again (token 99); the retry revokes 57 or nothing.
+    let (services, ctx, mut api) = world(FakeServices {
+        live_token: Some(99),
+        ..FakeServices::default()
+    });
+    let mut retry = lock;
+    retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(pinned).unwrap());
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
+    answer_fence_targets(&mut api).await;
+    let call = api.next().await;
+    assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
+    assert_eq!(call.body["status"]["revocation"]["revokedToken"], 57);
+    call.answer(&fixtures::lock());
+    api.next().await.echo();
+    reconcile.await.unwrap().unwrap();
+    let calls = services.calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(
+        calls[0].0.ends_with("/v1/locks/payout:acct-17/revoke"),
+        "{calls:?}"
+    );
+    assert_eq!(calls[0].1["expectedToken"], 57);
+}
+
+/// A key nobody holds when the annotations are handled has no holder to fence out: refused and
+/// recorded, with no L8 sent.
+#[tokio::test]
+async fn a_revoke_annotation_on_a_key_nobody_holds_now_is_refused_without_l8() {
+    let (services, ctx, mut api) = world(FakeServices {
+        not_held: true,
+        ..FakeServices::default()
+    });
+    let lock = fixtures::revoke_asked(fixtures::lock());
+    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    answer_fence_targets(&mut api).await;
+    let call = api.next().await;
+    let revocation = &call.body["status"]["revocation"];
+    assert_eq!(revocation["outcome"], "Refused");
+    assert!(
+        revocation["summary"]
+            .as_str()
+            .unwrap()
+            .contains("nothing holds payout:acct-17"),
+        "{revocation}"
+    );
+    call.answer(&fixtures::lock());
+    api.event("RevocationRefused", Some("Warning")).await;
+    reconcile.await.unwrap().unwrap();
+    api.done().await;
+    let calls: Vec<String> = services.calls().into_iter().map(|c| c.0).collect();
+    assert_eq!(
+        calls,
+        ["GET http://lock-server.default.svc:8080/v1/locks/payout:acct-17"]
+    );
 }
 
 /// A fence that did not answer leaves the revocation Incomplete: recorded, warned about, retried
@@ -1296,12 +1418,13 @@ async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy(
     api.next().await.echo();
     reconcile.await.unwrap().unwrap();
     let calls: Vec<String> = services.calls().into_iter().map(|c| c.0).collect();
+    // calls[0] and [1] are the lock server's: who holds the key, then L8.
     assert!(
-        calls[1].starts_with("POST http://payments-eu.default.svc:8080/v1/accounts/acct-17/fence"),
+        calls[2].starts_with("POST http://payments-eu.default.svc:8080/v1/accounts/acct-17/fence"),
         "{calls:?}"
     );
     assert_eq!(
-        calls[2],
+        calls[3],
         "POST http://rail-sepa.default.svc:8080/v1/rail/high-water/acct-17"
     );
 }

@@ -1,0 +1,143 @@
+//! `kubectl annotate lock … dlock.io/revoke-reason=…` means "fence out whoever holds this key
+//! now": on a key that changed hands after the Lock mirror last refreshed (a busy account, a new
+//! grant per payout), the operator reads the key's live grant from the real lock server when it
+//! handles the annotation and revokes that one, not the token the mirror still shows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dlock_contract::auth::Credential;
+use dlock_contract::client::LockClient;
+use dlock_devstack::wait_until;
+use serde_json::Value;
+
+use crate::locks::lock_rows;
+use crate::shared::accounts::open_account;
+use crate::stack::rail_high_water;
+use crate::world::World;
+
+const NS: &str = "live";
+const ACCOUNT: &str = "acct-live";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_revoke_annotation_fences_out_the_live_holder_when_the_mirror_is_a_grant_behind() {
+    let mut world = World::with_operator(NS, &[]).await;
+    world.apply_stack_ready(NS);
+    let services = world.services();
+    let paydb = services.url("paydb");
+    let payment = services.payments_as("executor/setup");
+    open_account(&services.treasury_payments(), ACCOUNT, Some(1_000)).await;
+    let lock = LockClient::new(&services.url("lockServer"), "executor/e2e")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&services.token("executor"))));
+    let session = lock
+        .create_session(Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = format!("payout:{ACCOUNT}");
+
+    // The first grant, as the mirror shows it: the mirror has just refreshed, and its next
+    // refresh is a whole period (15 s) away.
+    let first = lock
+        .acquire(&key, session.session_id, Some(60_000), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut row = BTreeMap::new();
+    let mirrored = wait_until(
+        "the first grant in kubectl get locks",
+        Duration::from_secs(60),
+        || match lock_rows(&world, NS).into_iter().find(|r| {
+            r.get("KEY") == Some(&key) && r.get("TOKEN") == Some(&first.fencing_token.to_string())
+        }) {
+            Some(found) => {
+                row = found;
+                true
+            }
+            None => false,
+        },
+    );
+    if let Err(e) = mirrored {
+        panic!("{e:#}{}", world.diagnostics());
+    }
+    let name = row["NAME"].clone();
+
+    // The key changes hands (the next payout's grant) before the mirror refreshes again.
+    lock.release(&key, session.session_id, first.fencing_token)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let live = lock
+        .acquire(&key, session.session_id, Some(60_000), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(live.fencing_token > first.fencing_token);
+    world.kubectl(&[
+        "annotate",
+        "lock",
+        &name,
+        "-n",
+        NS,
+        "dlock.io/revoke-reason=e2e: the holder looks stuck",
+        "dlock.io/revoked-by=alice",
+    ]);
+    let result = world.wait_for(
+        "the Lock's status records the revocation's outcome",
+        Duration::from_secs(60),
+        || {
+            world
+                .try_kubectl(&["get", "lock", &name, "-n", NS, "-o", "json"])
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .map(|l| l["status"].clone())
+                .unwrap_or(Value::Null)
+        },
+        |status| {
+            status["revocation"]["outcome"] == "Complete"
+                || status["revocation"]["outcome"] == "Refused"
+        },
+    );
+    // The scenario is the one named: when the revocation was recorded, the mirror still showed
+    // the first grant.
+    assert_eq!(
+        result["token"], first.fencing_token,
+        "the mirror refreshed before the annotation was handled; the scenario did not happen: \
+         {result}"
+    );
+    let revocation = &result["revocation"];
+    assert_eq!(revocation["outcome"], "Complete", "{revocation}");
+    assert_eq!(
+        revocation["revokedToken"], live.fencing_token,
+        "the live grant is revoked, not the mirror's: {revocation}"
+    );
+    let floor = revocation["newTokenFloor"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{revocation}"));
+    assert!(floor > live.fencing_token, "{revocation}");
+
+    // The live holder is out: its grant is gone at the lock server (its renew is LOCK_LOST), and
+    // both enforcement points hold the floor above its token.
+    let renew = lock
+        .renew(&key, session.session_id, live.fencing_token, Some(60_000))
+        .await;
+    assert!(
+        matches!(&renew, Err(dlock_contract::client::ClientError::Api { status: 409, body })
+            if body.code == dlock_contract::error::ErrorCode::LockLost),
+        "{renew:?}"
+    );
+    let account = payment
+        .get_account(ACCOUNT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        account.fence >= floor,
+        "account fence {} < {floor}",
+        account.fence
+    );
+    let high = rail_high_water(&paydb, ACCOUNT).await;
+    assert!(high >= floor, "rail high-water {high} < floor {floor}");
+    eprintln!(
+        "mirror showed {}, live {} revoked, floor {floor}; scenario done in {} ms",
+        first.fencing_token,
+        live.fencing_token,
+        world.elapsed_ms()
+    );
+}
