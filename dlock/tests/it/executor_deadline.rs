@@ -16,10 +16,10 @@
 //! A write belongs to the latest grant made before it; its deadline is 0.7 × the lease the server
 //! gave (the smaller of the granted lock expiry and the session's expiry at the acquire).
 //!
-//! For item 5 the same trigger makes paydb stall 750 ms on the first claim and the first post and
-//! then refuse them as a read-only replica would (SQLSTATE 25006): the real payment resource
-//! answers 503 NOT_LEADER, which is what the executor retries once. The sequences counting those
-//! attempts are not transactional, so refused attempts are counted too.
+//! For the retry scenario the same trigger makes paydb stall 750 ms on the first claim and the
+//! first post and then refuse them as a read-only replica would (SQLSTATE 25006): the real
+//! payment resource answers 503 NOT_LEADER, which is what the executor retries once. The sequences
+//! counting those attempts are not transactional, so refused attempts are counted too.
 
 use std::time::Duration;
 
@@ -300,7 +300,7 @@ impl Seen {
     }
 }
 
-/// The item 4 runs: the executor asks for 10 s locks in 15 s sessions, more than a server that
+/// The clamped-TTL runs: the executor asks for 10 s locks in 15 s sessions, more than a server that
 /// grants at most `lock_ttl_max_ms` and `session_ttl_max_ms` gives it; the rail answers in
 /// `rail_latency_ms`.
 async fn run_asking_more_than_granted(
@@ -322,7 +322,7 @@ async fn run_asking_more_than_granted(
     run(setup, asking).await
 }
 
-/// Item 4: the server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
+/// The server clamps the lock TTL (10 s asked, 1 s granted). The deadline is 0.7 × the
 /// granted second, so the post after a 900 ms submit belongs to the next lock cycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
@@ -338,7 +338,7 @@ async fn the_deadline_follows_the_granted_lock_ttl_not_the_requested_one() {
     seen.assert_a_post_was_deferred();
 }
 
-/// Item 4: the server clamps the session TTL (15 s asked, 1.5 s granted). Heartbeats follow the
+/// The server clamps the session TTL (15 s asked, 1.5 s granted). Heartbeats follow the
 /// granted TTL, so the session never lapses, and the deadline is bounded by the session's expiry
 /// when it comes before the lock's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,7 +365,7 @@ async fn heartbeats_and_the_deadline_follow_the_granted_session_ttl() {
     seen.assert_a_post_was_deferred();
 }
 
-/// Item 5: paydb stalls 750 ms on the first claim and the first post and refuses them, so the
+/// Paydb stalls 750 ms on the first claim and the first post and refuses them, so the
 /// payment resource answers 503 under a 700 ms deadline (1 s granted). The one retry they allow
 /// must not start past the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

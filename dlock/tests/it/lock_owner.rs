@@ -15,7 +15,7 @@ fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode
     result.as_ref().err().and_then(ClientError::code)
 }
 
-/// Item 6: a token is public (L7, `GET /v1/locks`), so another identity with a live session of
+/// A token is public (L7, `GET /v1/locks`), so another identity with a live session of
 /// its own can name any grant. Renew and release refuse it with LOCK_LOST and change nothing.
 async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
     let (_stack, url) = LockStack::serving(backend, &[]).await;
@@ -80,7 +80,7 @@ async fn renew_and_release_are_bound_to_the_owner(backend: Backend) {
 
 on_both_backends!(renew_and_release_refuse_a_caller_who_is_not_the_grant_owner_on_both_backends => renew_and_release_are_bound_to_the_owner);
 
-/// Item 7: on pg a revocation deleted the grant and then drew the floor without the per-key lock
+/// On pg a revocation deleted the grant and then drew the floor without the per-key lock
 /// acquires take. A trigger widens the gap between the two (a second's sleep after the delete);
 /// an acquire of the key that arrives inside it must not be granted a token below the floor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -140,7 +140,7 @@ async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_
     }
 }
 
-/// Item 8: every call on a session whose TTL lapsed answers the contract's code, never a 500:
+/// Every call on a session whose TTL lapsed answers the contract's code, never a 500:
 /// a heartbeat is SESSION_EXPIRED on both backends; on pg acquire, renew and end session are too,
 /// and release of its grant is LOCK_LOST.
 /// On etcd a session's lease lapses some hundreds of milliseconds before etcd reaps its keys;

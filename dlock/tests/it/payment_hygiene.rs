@@ -54,7 +54,7 @@ async fn refused_for(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 15: the idempotency sweeper racing a duplicate; an in-progress record is not NOT_LEADER
+// The idempotency sweeper racing a duplicate; an in-progress record is not NOT_LEADER
 // ---------------------------------------------------------------------------------------------
 
 /// The race, made to happen every time: the duplicate's `INSERT ... ON CONFLICT DO NOTHING` sees
@@ -155,7 +155,7 @@ async fn the_sweeper_deleting_a_record_under_a_duplicate_gives_a_clean_answer() 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 16: ABANDONED
+// ABANDONED
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -340,7 +340,7 @@ async fn an_operator_cancels_a_payout_under_a_fenced_token() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 13: the authenticated identity beside the typed-in operator
+// The authenticated identity beside the typed-in operator
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -416,7 +416,7 @@ async fn the_rail_high_water_advance_records_the_authenticated_identity() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 14: RAIL_AMBIGUOUS names no internal address
+// RAIL_AMBIGUOUS names no internal address
 // ---------------------------------------------------------------------------------------------
 
 fn assert_names_no_address(what: &str, body: &Value, addresses: &[&str]) {
@@ -473,7 +473,7 @@ async fn rail_ambiguous_answers_name_no_rail_address_and_say_to_reconcile() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Item 16: FENCED attempts have a retention
+// FENCED attempts have a retention
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

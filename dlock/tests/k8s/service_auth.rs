@@ -199,7 +199,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
         .unwrap_or_default()
         .to_owned();
 
-    // Item 2: the stub's own account without system:auth-delegator may not create
+    // Without system:auth-delegator, the stub's own account may not create
     // tokenreviews; a caller with a good token is told to retry, and nothing internal is named.
     let unbound = start_stub(&world, "stub-unbound", &api, &own_token, &[]);
     let refused = submit(&http, &unbound, &caller, "unbound-1").await;
@@ -262,7 +262,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
         "with auth-delegator: 200 after {} ms ({attempt} attempts)",
         bound_at.elapsed().as_millis()
     );
-    // Item 2 on the same stub, now bound; and the positive control of the counter: every token
+    // The same stub, now bound; and the positive control of the counter: every token
     // not yet known is one TokenReview the API server answers.
     let before = tokenreviews(&world);
     let other = token(&world, CALLER, Some("not-dlock"));
@@ -292,7 +292,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
     );
     drop(unbound);
 
-    // Item 12: a stub with a small burst. The caller's token is reviewed once (the bucket keeps
+    // A stub with a small burst. The caller's token is reviewed once (the bucket keeps
     // BURST - 1), then the flood comes.
     let stub = start_stub(
         &world,
@@ -368,7 +368,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
     );
     assert!(throttled >= FLOOD as u64 - allowed);
 
-    // Item 12: the flood pushed nobody out; the valid token needs no new review.
+    // The flood pushed nobody out; the valid token needs no new review.
     let again = submit(&http, &stub, &caller, "valid-2").await;
     assert_eq!(again.status, 200, "{}", again.body);
     let after_again = tokenreviews(&world);

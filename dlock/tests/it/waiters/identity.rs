@@ -77,7 +77,7 @@ async fn open_named(url: &str, auth: &str, owner: &str) -> (u16, String, Value) 
     open_session(url, auth, None, body).await
 }
 
-/// Item 13: `POST /v1/sessions` with the owner in the body only. The auth layer binds
+/// `POST /v1/sessions` with the owner in the body only. The auth layer binds
 /// `X-Owner-Id`; the body's `ownerId` is bound by the same rule: a worker cannot open a session
 /// in another worker's name (403 FORBIDDEN, nothing stored); its own name, `<identity>/<worker>`
 /// and an operator naming anyone still open one.
@@ -159,7 +159,7 @@ async fn stored_revocation(stack: &LockStack, id: &str) -> (String, Option<Strin
     }
 }
 
-/// Item 13: the body's `operator` is free text; the revocation also records who the credential
+/// The body's `operator` is free text; the revocation also records who the credential
 /// proved the caller to be. Without authentication there is nobody to record.
 async fn revocation_records_identity(backend: Backend) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

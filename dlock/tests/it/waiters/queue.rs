@@ -101,7 +101,7 @@ fn wait_for(client: &LockClient, key: &str, session: Uuid, wait_ms: i64) -> Wait
     })
 }
 
-/// Item 11: the client of a waiting acquire hangs up (its request future is dropped, so its
+/// The client of a waiting acquire hangs up (its request future is dropped, so its
 /// connection closes). Its place must go at once, not at its deadline (waitMillis + 1 s), and
 /// the next waiter must be granted as soon as the holder releases.
 async fn cancelled_waiter_leaves_the_head(backend: Backend) {
@@ -148,7 +148,7 @@ async fn cancelled_waiter_leaves_the_head(backend: Backend) {
 
 on_both_backends!(a_waiter_whose_client_hangs_up_leaves_the_head_at_once_on_both_backends => cancelled_waiter_leaves_the_head);
 
-/// Item 11: with a cap of 3 places, one session's second concurrent wait for the key is
+/// With a cap of 3 places, one session's second concurrent wait for the key is
 /// CONTENTION_EXCEEDED, and another session still gets a place; FIFO order holds.
 async fn a_session_holds_its_share_only(backend: Backend) {
     let (_stack, url) = LockStack::serving(backend, &[("lock.waiters.max-per-key", "3")]).await;
@@ -200,7 +200,7 @@ async fn a_session_holds_its_share_only(backend: Backend) {
 
 on_both_backends!(one_session_cannot_fill_a_keys_waiter_queue_on_both_backends => a_session_holds_its_share_only);
 
-/// Item 11: a replica dies while two of its clients wait (SIGKILL: nothing dequeues them).
+/// A replica dies while two of its clients wait (SIGKILL: nothing dequeues them).
 /// One waiter's session is then ended, the other's expires. Neither may count towards the cap
 /// (2) nor hold the head: two live sessions both get a place, and the first is granted as soon
 /// as the holder releases, long before the dead waiters' entries would lapse (waitMillis + 1 s).
@@ -297,7 +297,7 @@ async fn dead_sessions_waiters_do_not_count(backend: Backend) {
 
 on_both_backends!(waiters_of_dead_sessions_neither_fill_the_cap_nor_hold_the_head_on_both_backends => dead_sessions_waiters_do_not_count);
 
-/// Item 11 (etcd): twelve sessions join a queue of 2 places at once, through two replicas. The
+/// Twelve sessions join a queue of 2 places at once, through two replicas. The
 /// cap is a transaction against the whole queue, so exactly 2 are queued and 10 are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_waiter_cap_holds_under_a_burst_of_enqueues_on_both_backends() {

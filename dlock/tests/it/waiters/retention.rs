@@ -8,7 +8,7 @@ async fn status_of(client: &LockClient, key: &str) -> Option<ErrorCode> {
     code(&client.get(key).await)
 }
 
-/// Item 16: with `lock.keys-seen.retention` at 1 s and a sweep every 100 ms (a real `dlock serve
+/// With `lock.keys-seen.retention` at 1 s and a sweep every 100 ms (a real `dlock serve
 /// lock-server` process), a released key and a revoked key are forgotten (L7 404), a held key is
 /// kept, and the next grants of the forgotten keys are above every token and floor before.
 async fn keys_seen_are_swept(backend: Backend) {
