@@ -483,6 +483,15 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
     cluster.wait_service_ready(NS, "rail-proxy-stub");
     // The baseline: one batch of 500 with nothing rolling, from apply to Ready.
     let baseline = run_batch(&cluster, "baseline");
+    // The executors log each hop refused or cut (debug), through the telemetry ConfigMap.
+    cluster.kubectl(&[
+        "create",
+        "configmap",
+        "dlock-telemetry",
+        "-n",
+        NS,
+        "--from-literal=DLOCK_LOG=info,dlock_executor=debug",
+    ]);
     let started = std::time::Instant::now();
 
     // Five rolls, each under a fresh batch of 500: the lock server, the payment resource, the
@@ -615,6 +624,7 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
     let paid = statement(&cluster);
     let twice: Vec<_> = paid.iter().filter(|(_, n)| **n > 1).collect();
     let mut cycles = Vec::new();
+    let mut refusals = BTreeMap::new();
     for i in 0..steps.len() {
         let logs = cluster
             .try_kubectl(&["logs", "-n", NS, &format!("job/rolling-{i}-executor")])
@@ -622,11 +632,25 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         if let Some(line) = logs.lines().find(|l| l.trim_start().starts_with("cycles")) {
             cycles.push(format!("rolling-{i}: {}", line.trim()));
         }
+        // Each refused or cut hop (`step_failed`, at debug level through the telemetry
+        // ConfigMap's DLOCK_LOG): which hop, and the error's code or kind.
+        for line in logs.lines().filter(|l| l.contains("\"step_failed\"")) {
+            let event: Value = serde_json::from_str(line).unwrap_or_default();
+            let hop = event["hop"].as_str().unwrap_or("?").to_owned();
+            let error = event["error"].as_str().unwrap_or_default();
+            let kind = error
+                .split(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                .find(|w| w.len() >= 4)
+                .map(str::to_owned)
+                .unwrap_or_else(|| error.split(':').next().unwrap_or_default().to_owned());
+            *refusals.entry(format!("{hop}: {kind}")).or_insert(0usize) += 1;
+        }
     }
     let unrolled = baseline.as_secs_f64() * steps.len() as f64;
     eprintln!(
         "rolling under load: {} payouts in {:.1} s, {} holders seen in kubectl get locks (a batch of {ROLL_BATCH} alone: {:.1} s; \
          {:+.1} s against {} of them one after another)\n  {}\n  states {states:?}\n  \
+         hops refused or cut, retried in a later cycle: {refusals:?}\n  \
          transfers {} (paid twice: {})\n  {}",
         steps.len() * ROLL_BATCH,
         wall.as_secs_f64(),
