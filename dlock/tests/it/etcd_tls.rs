@@ -152,9 +152,15 @@ fn with(
     out
 }
 
+/// These lock servers run without fencing-token proofs, said by name
+/// (docs/threat-model.md#safe-defaults): TLS and etcd users are what they test.
+fn without_proofs(pairs: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    with(pairs, "fencing.insecure-no-proofs", "true".to_owned())
+}
+
 /// Starts a lock server process and waits until it is ready.
 fn serve(pairs: &[(&'static str, String)], log: &Path) -> (ManagedChild, String) {
-    serve_process("lock-server", pairs, log)
+    serve_process("lock-server", &without_proofs(pairs), log)
 }
 
 /// Starts `dlock serve {name}` and waits until its `/readyz` answers 200; returns its URL.
@@ -183,7 +189,7 @@ pub(crate) fn serve_process(
 /// Starts a lock server that must refuse to start: it exits non-zero within 20 s (no retry
 /// loop) and its log names the cause. Returns the log.
 fn refused(pairs: &[(&'static str, String)], log: &Path, cause: &[&str]) -> String {
-    refused_process("lock-server", pairs, log, cause)
+    refused_process("lock-server", &without_proofs(pairs), log, cause)
 }
 
 /// Starts `dlock serve {name}`, which must stop at start naming every word of `cause`.

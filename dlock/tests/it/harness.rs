@@ -131,6 +131,11 @@ impl LockStack {
                 pairs.push(("lock.etcd.connect-timeout-ms".into(), "500".into()));
             }
         }
+        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
+        // name, as a service requires (docs/threat-model.md#safe-defaults).
+        if !self.extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
+            pairs.push(("fencing.insecure-no-proofs".into(), "true".into()));
+        }
         pairs.extend(self.extra.iter().cloned());
         pairs
             .into_iter()

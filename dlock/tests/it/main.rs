@@ -28,6 +28,7 @@ mod rail_statement;
 mod rail_validation;
 mod reconcile_findings;
 mod recovery_evidence;
+mod safe_defaults;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;

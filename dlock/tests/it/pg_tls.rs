@@ -12,6 +12,12 @@ use dlock_devstack::certs::TestCa;
 
 use crate::etcd_tls::{lock_cycle, refused_process, serve_process};
 
+/// These services run without fencing-token proofs, said by name
+/// (docs/threat-model.md#safe-defaults): the database connection is what this tests.
+fn no_proofs() -> (&'static str, String) {
+    ("fencing.insecure-no-proofs", "true".to_owned())
+}
+
 fn tls_url(pg: &PgServer, database: &str, ca: &Path) -> String {
     format!(
         "postgres://postgres@127.0.0.1:{}/{database}?sslmode=verify-full&sslrootcert={}",
@@ -38,12 +44,13 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
         &[
             ("lock.backend", "pg".into()),
             ("lock.pg.url", lockdb.clone()),
+            no_proofs(),
         ],
         &logs.join("lock-server.log"),
     );
     let (_payment, payment_url) = serve_process(
         "payment-resource",
-        &[("payment.pg.url", paydb.clone())],
+        &[("payment.pg.url", paydb.clone()), no_proofs()],
         &logs.join("payment-resource.log"),
     );
     let (_stub, stub_url) = serve_process(
@@ -59,6 +66,7 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
         &[
             ("rail.proxy.pg.url", paydb.clone()),
             ("rail.proxy.rail-url", stub_url),
+            no_proofs(),
         ],
         &logs.join("rail-proxy.log"),
     );
@@ -106,13 +114,17 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
         &[
             ("lock.backend", "pg".into()),
             ("lock.pg.url", tls_url(&pg, "lockdb", &stranger.ca_file)),
+            no_proofs(),
         ],
         &logs.join("lock-server-wrong-ca.log"),
         &["UnknownIssuer"],
     );
     refused_process(
         "payment-resource",
-        &[("payment.pg.url", tls_url(&pg, "paydb", &stranger.ca_file))],
+        &[
+            ("payment.pg.url", tls_url(&pg, "paydb", &stranger.ca_file)),
+            no_proofs(),
+        ],
         &logs.join("payment-resource-wrong-ca.log"),
         &["UnknownIssuer"],
     );

@@ -243,12 +243,23 @@ impl StackBuilder {
     fn pairs(&self, role: Role, pairs: Vec<(&str, String)>) -> Vec<(String, String)> {
         let mut pairs: Vec<(String, String)> =
             pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        pairs.extend(
-            self.extra
-                .iter()
-                .filter(|(r, _, _)| *r == role)
-                .map(|(_, k, v)| (k.clone(), v.clone())),
+        let extra: Vec<(String, String)> = self
+            .extra
+            .iter()
+            .filter(|(r, _, _)| *r == role)
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect();
+        // The lock server, payment resource and rail proxy refuse to start without proof keys
+        // unless told by name (docs/threat-model.md#safe-defaults): this stack runs them without
+        // proofs unless a test gives a service its own `fencing.*` keys with `set`.
+        let proves = matches!(
+            role,
+            Role::LockServer | Role::PaymentResource | Role::RailProxy
         );
+        if proves && !extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
+            pairs.push(("fencing.insecure-no-proofs".to_owned(), "true".to_owned()));
+        }
+        pairs.extend(extra);
         pairs
     }
 

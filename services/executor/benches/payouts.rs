@@ -24,8 +24,12 @@ fn pool_max() -> String {
     std::env::var("DLOCK_BENCH_POOL").unwrap_or_else(|_| "32".into())
 }
 
+/// A service's configuration, without fencing-token proofs, said by name
+/// (docs/threat-model.md#safe-defaults); the rail stub ignores the key.
 fn raw(pairs: &[(&str, String)]) -> RawConfig {
-    RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
+    let mut pairs = pairs.to_vec();
+    pairs.push(("fencing.insecure-no-proofs", "true".to_owned()));
+    RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn bind() -> (tokio::net::TcpListener, String) {

@@ -21,7 +21,10 @@ use dlock_server::config::RawConfig;
 use uuid::Uuid;
 
 fn config(env: &[(&str, String)]) -> LockServerConfig {
-    let mut raw = RawConfig::from_pairs(env).unwrap_or_else(|e| panic!("{e}"));
+    // Measured without fencing-token proofs, said by name (docs/threat-model.md#safe-defaults).
+    let mut env = env.to_vec();
+    env.push(("fencing.insecure-no-proofs", "true".to_owned()));
+    let mut raw = RawConfig::from_pairs(&env).unwrap_or_else(|e| panic!("{e}"));
     LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -155,7 +155,9 @@ mod tests {
             refused_key(&[URL, ("payment.fencing.enabled", "false")]).as_deref(),
             Some("payment.fencing.enabled")
         );
-        assert!(load(&[URL, ("payment.fencing.enabled", "true")]).is_ok());
+        // Without proofs, said by name: the service refuses to start otherwise.
+        let no_proofs = ("fencing.insecure-no-proofs", "true");
+        assert!(load(&[URL, ("payment.fencing.enabled", "true"), no_proofs]).is_ok());
     }
 
     #[test]

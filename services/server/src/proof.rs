@@ -17,6 +17,10 @@ use subtle::ConstantTimeEq;
 use crate::config::{ConfigError, RawConfig};
 use crate::watch::{Reload, Watched, pairs};
 
+/// The key that lets a service run without proofs: `true`, by name, or the service does not start
+/// without `fencing.proof-keys-file` (docs/threat-model.md#safe-defaults).
+pub const INSECURE_NO_PROOFS_KEY: &str = "fencing.insecure-no-proofs";
+
 /// The shortest secret accepted: an HMAC key that can be guessed proves nothing.
 pub const SECRET_LEN_MIN: usize = 32;
 /// The longest key id.
@@ -143,12 +147,42 @@ fn read_file(paths: &[PathBuf]) -> Result<Keys, String> {
 }
 
 impl ProofKeys {
-    /// `fencing.proof-keys-file`, read now (a wrong file stops the start); `None` when unset.
+    /// `fencing.proof-keys-file`, read now (a wrong file stops the start). Unset, the service
+    /// does not start unless `fencing.insecure-no-proofs = true` says so by name (`None`: no
+    /// proofs); both set is refused too, as a configuration that contradicts itself.
     pub fn from_raw(raw: &mut RawConfig) -> Result<Option<Self>, ConfigError> {
-        let Some(path) = raw.string_optional(KEYS_FILE_KEY)? else {
-            return Ok(None);
+        let path = raw.string_optional(KEYS_FILE_KEY)?;
+        let insecure = raw.boolean(INSECURE_NO_PROOFS_KEY, false)?;
+        let path = match (path, insecure) {
+            (Some(path), false) => PathBuf::from(path),
+            (None, true) => return Ok(None),
+            (None, false) => {
+                return Err(ConfigError {
+                    key: KEYS_FILE_KEY.into(),
+                    origin: String::new(),
+                    message: format!(
+                        "is not set, and this service does not start without fencing-token \
+                         proofs: any authenticated caller could present a forged token that \
+                         raises a fence for good. Set it to a file of `<key-id> <secret>` lines \
+                         (`openssl rand -hex 32` makes a secret; the same file on the lock \
+                         server, the payment resource and the rail proxy), or set \
+                         {INSECURE_NO_PROOFS_KEY} = true (environment {}) to run without proofs, \
+                         never with real money",
+                        crate::config::env_name(INSECURE_NO_PROOFS_KEY)
+                    ),
+                });
+            }
+            (Some(_), true) => {
+                return Err(ConfigError {
+                    key: INSECURE_NO_PROOFS_KEY.into(),
+                    origin: String::new(),
+                    message: format!(
+                        "is true while {KEYS_FILE_KEY} is set: remove one (with the keys file, \
+                         proofs are made and checked)"
+                    ),
+                });
+            }
         };
-        let path = PathBuf::from(path);
         Self::load(&path).map(Some).map_err(|message| ConfigError {
             key: KEYS_FILE_KEY.into(),
             origin: format!(" ({})", path.display()),
@@ -262,7 +296,8 @@ impl ProofKeys {
 pub fn recovery_disabled() -> ApiError {
     ApiError::new(
         ErrorCode::Forbidden,
-        "lowering a fence needs fencing.proof-keys-file: only a proven grant of the operator on          the account's key shows that nobody else holds it; nothing was changed",
+        "lowering a fence needs fencing.proof-keys-file: only a proven grant of the operator on \
+         the account's key shows that nobody else holds it; nothing was changed",
     )
 }
 
@@ -279,10 +314,10 @@ pub fn announce(keys: Option<&ProofKeys>, service: &str) {
         None => tracing::warn!(
             event = "fencing_tokens_unproven",
             service,
-            "fencing.proof-keys-file is not set: fencing tokens are not proven, and any \
+            "fencing.insecure-no-proofs is true: fencing tokens are not proven, and any \
              authenticated caller can present a forged token that raises a fence for good. Set \
-             it (the same keys on the lock server, payment resource and rail proxy) before this \
-             service moves real money"
+             fencing.proof-keys-file instead (the same keys on the lock server, payment resource \
+             and rail proxy) before this service moves real money"
         ),
         Some(keys) => tracing::info!(
             event = "fencing_tokens_proven",
@@ -390,6 +425,43 @@ mod tests {
         assert_eq!(code(&h), Some(ErrorCode::InvalidToken));
         let refused = k.require(&HeaderMap::new(), "payout:a", 5).err();
         assert_eq!(refused.map(|e| e.code.retry_safe()), Some(false));
+    }
+
+    /// Safe by default: no keys file and no `fencing.insecure-no-proofs = true` stops the start
+    /// with what to do; the flag alone runs without proofs; both together are refused.
+    #[test]
+    fn proofs_are_off_only_by_name() {
+        let from = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(&str, String)> =
+                pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+            let mut raw = RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"));
+            ProofKeys::from_raw(&mut raw).map(|keys| keys.is_some())
+        };
+        let refused = from(&[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            refused.contains("fencing.proof-keys-file")
+                && refused.contains("does not start")
+                && refused.contains("fencing.insecure-no-proofs = true"),
+            "{refused}"
+        );
+        assert_eq!(from(&[("fencing.insecure-no-proofs", "false")]).ok(), None);
+        assert_eq!(
+            from(&[("fencing.insecure-no-proofs", "true")]).ok(),
+            Some(false)
+        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("keys");
+        std::fs::write(&file, format!("k1 {A}\n")).unwrap_or_else(|e| panic!("{e}"));
+        let path = file.display().to_string();
+        assert_eq!(from(&[("fencing.proof-keys-file", &path)]).ok(), Some(true));
+        let both = from(&[
+            ("fencing.proof-keys-file", &path),
+            ("fencing.insecure-no-proofs", "true"),
+        ]);
+        assert_eq!(
+            both.err().map(|e| e.key),
+            Some("fencing.insecure-no-proofs".to_owned())
+        );
     }
 
     #[test]

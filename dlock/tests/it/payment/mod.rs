@@ -109,6 +109,11 @@ impl PayStack {
             ("payment.pg.acquire-timeout-ms".into(), "10000".into()),
             ("payment.operator.token".into(), OPERATOR_TOKEN.into()),
         ];
+        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
+        // name, as a service requires (docs/threat-model.md#safe-defaults).
+        if !extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
+            pairs.push(("fencing.insecure-no-proofs".into(), "true".into()));
+        }
         pairs.extend(
             extra
                 .iter()

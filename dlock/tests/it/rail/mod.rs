@@ -122,6 +122,11 @@ impl RailWorld {
             ("rail.proxy.operator-token", "test-operator".to_owned()),
             ("rail.proxy.pg.acquire-timeout-ms", "1000".to_owned()),
         ];
+        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
+        // name, as a service requires (docs/threat-model.md#safe-defaults).
+        if !settings.iter().any(|(k, _)| k.starts_with("fencing.")) {
+            pairs.push(("fencing.insecure-no-proofs", "true".to_owned()));
+        }
         for (k, v) in settings {
             let key: &'static str = Box::leak(k.to_string().into_boxed_str());
             pairs.push((key, (*v).to_owned()));
