@@ -60,6 +60,7 @@ async fn the_api_server_refuses_every_field_the_contract_refuses_naming_it() {
         batch(Some(("beneficiaryRef", json!("!~".repeat(64))))),
         batch(Some(("currency", json!("ZWL")))),
         revocation(None),
+        revocation(Some(("reason", json!("  eight ch  ")))),
     ] {
         if let Ok(message) = refusal(&good) {
             panic!("a good manifest was refused: {message}\n{good}");
@@ -86,6 +87,9 @@ async fn the_api_server_refuses_every_field_the_contract_refuses_naming_it() {
     for (field, value) in [
         ("key", json!("payout:acct 17")),
         ("accountId", json!("acct/17")),
+        // Eight characters, one once trimmed, as L8 counts a reason.
+        ("reason", json!("   x    ")),
+        ("revokedBy", json!("  ")),
     ] {
         let message = refusal(&revocation(Some((field, value.clone()))))
             .unwrap_or_else(|out| panic!("{field} = {value} was admitted: {out}"));

@@ -86,9 +86,13 @@ dlock_kind! {
         /// `[a-zA-Z0-9:._-]`).
         #[schemars(pattern(dlock_contract::payment::ACCOUNT_ID_PATTERN), length(min = 1, max = dlock_contract::payment::ACCOUNT_ID_LEN_MAX))]
         pub account_id: String,
-        #[schemars(length(min = 8, max = 1024))]
+        /// Why: 8 to 1024 characters once surrounding spaces are trimmed (L8).
+        #[schemars(length(min = dlock_contract::lock::REVOKE_REASON_LEN_MIN, max = dlock_contract::lock::REVOKE_REASON_LEN_MAX))]
+        #[x_kube(validation = Rule::new(trimmed_at_least(dlock_contract::lock::REVOKE_REASON_LEN_MIN)).message(Message::Message(format!("must be {} to {} characters once trimmed", dlock_contract::lock::REVOKE_REASON_LEN_MIN, dlock_contract::lock::REVOKE_REASON_LEN_MAX))))]
         pub reason: String,
-        #[schemars(length(min = 1, max = 128))]
+        /// Who decided: 1 to 128 characters once trimmed (L8's `operator`).
+        #[schemars(length(min = 1, max = dlock_contract::payment::OPERATOR_LEN_MAX))]
+        #[x_kube(validation = Rule::new(trimmed_at_least(1)).message(Message::Message(format!("must be 1 to {} characters once trimmed", dlock_contract::payment::OPERATOR_LEN_MAX))))]
         pub revoked_by: String,
         /// Revoke only the grant with this fencing token (L8's `expectedToken`); the lock server
         /// refuses when another grant holds the key.
@@ -106,6 +110,12 @@ dlock_kind! {
         #[schemars(pattern(crate::workload::SERVICE_NAME_PATTERN), length(min = 1, max = crate::workload::SERVICE_NAME_LEN_MAX))]
         pub rail_proxy: Option<String>,
     }
+}
+
+/// The CEL rule of a text that must keep `min` characters once trimmed, as L8 counts them
+/// (`str::trim` and CEL's `trim()` both drop Unicode white space).
+pub fn trimmed_at_least(min: usize) -> String {
+    format!("self.trim().size() >= {min}")
 }
 
 kind_status! {

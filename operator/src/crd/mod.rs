@@ -102,7 +102,7 @@ mod workloads;
 
 pub use lock::{
     Lock, LockRevocation, LockRevocationSpec, LockRevocationStatus, LockSpec, LockStatus,
-    RevocationResult,
+    RevocationResult, trimmed_at_least,
 };
 pub use payout_batch::{ExecutorSpec, PayoutBatch, PayoutBatchSpec, PayoutBatchStatus};
 pub use reconciliation::{Reconciliation, ReconciliationSpec, ReconciliationStatus};

@@ -16,7 +16,9 @@ pub struct RevocationTarget {
     pub rail_proxy_url: String,
 }
 
+use dlock_contract::lock::REVOKE_REASON_LEN_MAX;
 pub use dlock_contract::lock::REVOKE_REASON_LEN_MIN;
+use dlock_contract::payment::OPERATOR_LEN_MAX;
 
 /// The LockServer, PaymentResource and RailProxy objects present in a namespace, by name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -97,14 +99,19 @@ pub fn check_ask(ask: &RevocationAsk<'_>) -> Result<(), Invalid> {
         expected_token,
     } = &ask.order;
     let operator = operator.trim();
-    if operator.is_empty() || operator.chars().count() > 128 {
-        return Err(invalid("revokedBy", "must be 1 to 128 characters"));
+    if operator.is_empty() || operator.chars().count() > OPERATOR_LEN_MAX {
+        return Err(invalid(
+            "revokedBy",
+            format!("must be 1 to {OPERATOR_LEN_MAX} characters"),
+        ));
     }
     let reason_len = reason.trim().chars().count();
-    if !(REVOKE_REASON_LEN_MIN..=1024).contains(&reason_len) {
+    if !(REVOKE_REASON_LEN_MIN..=REVOKE_REASON_LEN_MAX).contains(&reason_len) {
         return Err(invalid(
             "reason",
-            format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
+            format!(
+                "must be {REVOKE_REASON_LEN_MIN} to {REVOKE_REASON_LEN_MAX} characters, got {reason_len}"
+            ),
         ));
     }
     if account_id.is_empty() {

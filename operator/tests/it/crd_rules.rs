@@ -96,6 +96,60 @@ fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
     }
 }
 
+/// L8 counts a revocation's reason and operator once trimmed: so do the schema's CEL rules, on
+/// top of the lengths, with the contract's bounds.
+#[test]
+fn a_revocations_reason_and_operator_are_counted_trimmed_as_l8_counts_them() {
+    use dlock_contract::lock::{REVOKE_REASON_LEN_MAX, REVOKE_REASON_LEN_MIN};
+    use dlock_contract::payment::OPERATOR_LEN_MAX;
+    use dlock_operator::crd::trimmed_at_least;
+    let spec = spec_schema(&LockRevocation::crd());
+    let fields = &spec["properties"];
+    assert_eq!(
+        string_rules(&fields["reason"]),
+        json!({"type": "string", "pattern": null, "minLength": REVOKE_REASON_LEN_MIN,
+        "maxLength": REVOKE_REASON_LEN_MAX, "x-kubernetes-validations": [{
+            "rule": trimmed_at_least(REVOKE_REASON_LEN_MIN),
+            "message": format!(
+                "must be {REVOKE_REASON_LEN_MIN} to {REVOKE_REASON_LEN_MAX} characters once trimmed"
+            ),
+        }]})
+    );
+    assert_eq!(
+        string_rules(&fields["revokedBy"]),
+        json!({"type": "string", "pattern": null, "minLength": 1,
+        "maxLength": OPERATOR_LEN_MAX, "x-kubernetes-validations": [{
+            "rule": trimmed_at_least(1),
+            "message": format!("must be 1 to {OPERATOR_LEN_MAX} characters once trimmed"),
+        }]})
+    );
+    assert_eq!(trimmed_at_least(8), "self.trim().size() >= 8");
+
+    // The rules evaluated (offline, as the API server would): eight characters, one of them
+    // not a space, are refused; eight once trimmed are admitted.
+    let openapi = serde_json::to_value(&LockRevocation::crd().spec.versions).unwrap()[0]["schema"]
+        ["openAPIV3Schema"]
+        .clone();
+    let object = |reason: &str, revoked_by: &str| {
+        json!({
+            "apiVersion": "dlock.io/v1alpha1", "kind": "LockRevocation",
+            "metadata": {"name": "r1", "namespace": "default"},
+            "spec": {"key": "payout:acct-17", "accountId": "acct-17", "reason": reason,
+                     "revokedBy": revoked_by},
+        })
+    };
+    kube_cel::validate(&openapi, &object("  eight ch  ", "oncall"), None).unwrap();
+    for (reason, by, field) in [
+        ("   x    ", "oncall", "spec.reason"),
+        ("  eight ch  ", "   ", "spec.revokedBy"),
+    ] {
+        let refused = kube_cel::validate(&openapi, &object(reason, by), None)
+            .map_err(|e| format!("{e:?}"))
+            .unwrap_err();
+        assert!(refused.contains(field), "{reason:?} {by:?}: {refused}");
+    }
+}
+
 /// The CEL rule counts bytes as `validate` does: a key of 128 two-byte characters fits the
 /// schema's `maxLength` (characters) but not the contract, so the rule is what refuses it.
 #[test]

@@ -11,8 +11,9 @@ pub const TTL_MS_MAX: i64 = 60_000;
 pub const WAIT_MS_MAX: i64 = 30_000;
 /// The longest lock key.
 pub const KEY_LEN_MAX: usize = 128;
-/// The shortest revocation reason.
+/// The shortest and the longest revocation reason (L8), in characters once trimmed.
 pub const REVOKE_REASON_LEN_MIN: usize = 8;
+pub const REVOKE_REASON_LEN_MAX: usize = 1024;
 
 /// The alphabet of a lock key and of an account id: `[a-zA-Z0-9:._-]`, every character a valid
 /// path character. A key's length is 1 to [`KEY_LEN_MAX`]. [`key_is_valid`] matches it, and the

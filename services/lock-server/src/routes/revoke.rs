@@ -5,6 +5,7 @@ use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
+use dlock_contract::payment::OPERATOR_LEN_MAX;
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
 
@@ -59,16 +60,19 @@ pub(super) async fn revoke(
 /// L8's body: operator 1–128 characters, reason within its bounds, expectedToken positive.
 fn check_body(checks: &mut Checks, body: &RevokeRequest) {
     let operator = body.operator.trim();
-    if operator.is_empty() || operator.chars().count() > 128 {
-        checks
-            .0
-            .push(FieldError::new("operator", "must be 1 to 128 characters"));
+    if operator.is_empty() || operator.chars().count() > OPERATOR_LEN_MAX {
+        checks.0.push(FieldError::new(
+            "operator",
+            format!("must be 1 to {OPERATOR_LEN_MAX} characters"),
+        ));
     }
     let reason_len = body.reason.trim().chars().count();
-    if !(REVOKE_REASON_LEN_MIN..=1024).contains(&reason_len) {
+    if !(REVOKE_REASON_LEN_MIN..=REVOKE_REASON_LEN_MAX).contains(&reason_len) {
         checks.0.push(FieldError::new(
             "reason",
-            format!("must be {REVOKE_REASON_LEN_MIN} to 1024 characters, got {reason_len}"),
+            format!(
+                "must be {REVOKE_REASON_LEN_MIN} to {REVOKE_REASON_LEN_MAX} characters, got {reason_len}"
+            ),
         ));
     }
     if let Some(t) = body.expected_token
