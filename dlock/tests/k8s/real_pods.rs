@@ -261,6 +261,17 @@ fn the_chart_installs_as_the_readme_says_and_the_example_batch_is_paid_once_by_r
     // mirror lists the keys.
     let logs = cluster.kubectl(&["logs", "-n", NS, "deploy/payment-resource"]);
     assert!(logs.contains("payment_resource_started"), "{logs}");
+    // Fencing tokens are proven by default: the operator made the namespace's proof keys, and
+    // no service runs without them.
+    cluster.kubectl(&["get", "secret", "dlock-fencing-proof-keys", "-n", NS]);
+    for service in ["lock-server", "payment-resource", "rail-proxy"] {
+        let logs = cluster.kubectl(&["logs", "-n", NS, &format!("deploy/{service}")]);
+        assert!(
+            !logs.contains("fencing_tokens_unproven"),
+            "{service}: {logs}"
+        );
+        assert!(logs.contains("_started"), "{service}: {logs}");
+    }
     cluster.kubectl(&["get", "locks", "-n", NS]);
 }
 
