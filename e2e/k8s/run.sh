@@ -45,11 +45,11 @@ esac
 step "operator (chart)"
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f -
 kubectl -n "$ns" apply -f examples/stack.yaml --dry-run=client -o yaml >/dev/null
-kubectl -n "$ns" create secret generic dlock-operator-token --from-literal=token=change-me-operator-token \
-  --dry-run=client -o yaml | kubectl apply -f -
+# The operator authenticates with its ServiceAccount's projected token; the services of "$ns"
+# check callers with TokenReview (serviceAuth.namespaces).
 helm upgrade --install dlock charts/dlock -n "$ns" \
   --set image.repository=dlock --set image.tag=e2e --set image.pullPolicy=Never \
-  --set operatorToken.existingSecret=dlock-operator-token --wait --timeout "$timeout"
+  --set "serviceAuth.namespaces={$ns}" --wait --timeout "$timeout"
 kubectl wait --for=condition=Established crd --all --timeout="$timeout"
 kubectl -n "$ns" rollout status deployment/dlock-operator --timeout="$timeout"
 
@@ -60,17 +60,22 @@ kubectl -n "$ns" apply -f examples/stack.yaml
 kubectl -n "$ns" wait --for=condition=Ready \
   lockserver/lock-server paymentresource/payment-resource railproxy/rail-proxy --timeout="$timeout"
 
-step "accounts for the sample batch"
+step "accounts for the sample batch, opened and funded by the treasury"
+# Only the ServiceAccount examples/stack.yaml names as the treasury may create money.
+treasury_token="$(kubectl -n "$ns" create token treasury --audience dlock)"
 kubectl -n "$ns" delete pod e2e-setup --ignore-not-found --wait
-kubectl -n "$ns" run e2e-setup --restart=Never --image=curlimages/curl:8.10.1 --command -- sh -c '
+kubectl -n "$ns" run e2e-setup --restart=Never --image=curlimages/curl:8.10.1 \
+  --env="TOKEN=$treasury_token" --command -- sh -c '
   set -e
   pr=http://payment-resource:8080
   for account in acct-17 acct-18; do
     curl -fsS -X POST "$pr/v1/accounts" -H "Content-Type: application/json" \
-      -H "X-Owner-Id: e2e" -H "X-Idempotency-Key: open-$account" \
+      -H "Authorization: Bearer $TOKEN" \
+      -H "X-Owner-Id: system:serviceaccount:'"$ns"':treasury/e2e" -H "X-Idempotency-Key: open-$account" \
       -d "{\"accountId\":\"$account\",\"currency\":\"EUR\"}" || true
     curl -fsS -X POST "$pr/v1/accounts/$account/fund" -H "Content-Type: application/json" \
-      -H "X-Owner-Id: e2e" -H "X-Idempotency-Key: fund-$account" \
+      -H "Authorization: Bearer $TOKEN" \
+      -H "X-Owner-Id: system:serviceaccount:'"$ns"':treasury/e2e" -H "X-Idempotency-Key: fund-$account" \
       -d "{\"amountMinor\":1000000,\"reference\":\"e2e-$account\"}"
   done'
 kubectl -n "$ns" wait --for=jsonpath='{.status.phase}'=Succeeded pod/e2e-setup --timeout="$timeout"
