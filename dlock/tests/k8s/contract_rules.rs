@@ -3,7 +3,7 @@
 //! field; the user never learns of it later from `Degraded/InvalidSpec`.
 
 use dlock_contract::payment::AMOUNT_MINOR_MAX;
-use dlock_contract::payout_batch::KEY_LEN_MAX;
+use dlock_contract::payout_batch::{KEY_LEN_MAX, NAME_LEN_MAX};
 use serde_json::{Value, json};
 
 use crate::world::World;
@@ -23,6 +23,13 @@ fn batch(field: Option<(&str, Value)>) -> String {
         "spec": {"payouts": [item]},
     })
     .to_string()
+}
+
+/// A PayoutBatch of one good payout named `name`.
+fn named_batch(name: &str) -> String {
+    let mut batch: Value = serde_json::from_str(&batch(None)).unwrap_or_default();
+    batch["metadata"]["name"] = json!(name);
+    batch.to_string()
 }
 
 /// A LockRevocation with `field` of its spec set to `value` when given.
@@ -61,6 +68,7 @@ async fn the_api_server_refuses_every_field_the_contract_refuses_naming_it() {
         batch(Some(("currency", json!("ZWL")))),
         revocation(None),
         revocation(Some(("reason", json!("  eight ch  ")))),
+        named_batch(&"b".repeat(NAME_LEN_MAX)),
     ] {
         if let Ok(message) = refusal(&good) {
             panic!("a good manifest was refused: {message}\n{good}");
@@ -84,6 +92,14 @@ async fn the_api_server_refuses_every_field_the_contract_refuses_naming_it() {
         let at = format!("spec.payouts[0].{field}");
         assert!(message.contains(&at), "{field} = {value}: {message}");
     }
+    // A name the API server allows (a DNS subdomain) but longer than the contract's batch name.
+    let long = "b".repeat(NAME_LEN_MAX + 1);
+    let message = refusal(&named_batch(&long))
+        .unwrap_or_else(|out| panic!("a {}-character name was admitted: {out}", long.len()));
+    assert!(
+        message.contains(&format!("metadata.name must be at most {NAME_LEN_MAX}")),
+        "{message}"
+    );
     for (field, value) in [
         ("key", json!("payout:acct 17")),
         ("accountId", json!("acct/17")),

@@ -29,13 +29,13 @@ pub use dlock_contract::payout_batch::PayoutItem;
 macro_rules! dlock_kind {
     (
         kind: $kind:tt, status: $status:tt, shortname: $short:tt,
-        $(validation: [$($rule:tt)*],)?
+        $(validation: [$($rule:expr),+ $(,)?],)?
         columns: [$($columns:tt)*],
         $($item:tt)*
     ) => {
         dlock_kind!(
             @columns [] [$($columns)*]
-            ($kind, $status, $short, [$(validation = $($rule)*,)?]) $($item)*
+            ($kind, $status, $short, [$($(validation = $rule,)+)?]) $($item)*
         );
     };
     (@columns [$($done:tt)*] [Ready $(($($priority:tt)*))? $(, $($more:tt)*)?] $($rest:tt)*) => {
@@ -104,7 +104,7 @@ pub use lock::{
     Lock, LockRevocation, LockRevocationSpec, LockRevocationStatus, LockSpec, LockStatus,
     RevocationResult, trimmed_at_least,
 };
-pub use payout_batch::{ExecutorSpec, PayoutBatch, PayoutBatchSpec, PayoutBatchStatus};
+pub use payout_batch::{ExecutorSpec, PayoutBatch, PayoutBatchSpec, PayoutBatchStatus, name_rule};
 pub use reconciliation::{Reconciliation, ReconciliationSpec, ReconciliationStatus};
 pub use workloads::{
     BackendType, EtcdAuth, EtcdBackend, LockBackend, LockServer, LockServerSpec, PaymentResource,

@@ -11,7 +11,13 @@ dlock_kind! {
     kind: "PayoutBatch", status: "PayoutBatchStatus", shortname: "pb",
     validation: [
         Rule::new("!has(oldSelf.status) || !has(oldSelf.status.accepted) || !oldSelf.status.accepted || self.spec.payouts == oldSelf.spec.payouts")
-            .message("spec.payouts cannot change once the batch is accepted; create a new batch")
+            .message("spec.payouts cannot change once the batch is accepted; create a new batch"),
+        // The contract's batch name (payout ids derive from it): a DNS name, as every name is
+        // here, of at most NAME_LEN_MAX characters.
+        Rule::new(name_rule()).message(Message::Message(format!(
+            "metadata.name must be at most {} characters: payout ids derive from it",
+            dlock_contract::payout_batch::NAME_LEN_MAX
+        ))),
     ],
     columns: [
         Ready,
@@ -22,7 +28,7 @@ dlock_kind! {
     /// batch name and each item's key, so re-applying or re-creating it never pays twice.
     pub struct PayoutBatchSpec {
         /// Concurrent workers of the executor.
-        #[schemars(range(min = 1, max = 256))]
+        #[schemars(range(min = 1, max = dlock_contract::payout_batch::WORKERS_MAX))]
         pub workers: Option<i32>,
         /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
         /// strings, a 64-character account id and a 16-digit amount) is about 415 bytes of JSON, so
@@ -48,6 +54,15 @@ dlock_kind! {
         #[serde(flatten)]
         pub pod: PodOptions,
     }
+}
+
+/// The CEL rule of a batch name's length, the contract's [`dlock_contract::payout_batch::NAME_LEN_MAX`]
+/// (the API server already holds a name to a DNS subdomain, whose alphabet is the contract's).
+pub fn name_rule() -> String {
+    format!(
+        "size(self.metadata.name) <= {}",
+        dlock_contract::payout_batch::NAME_LEN_MAX
+    )
 }
 
 /// The executor's credential. `dlock run -f` ignores this section.

@@ -96,6 +96,52 @@ fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
     }
 }
 
+/// The batch-wide rules: the name's length (payout ids derive from it) and the workers' range are
+/// the contract's, and the API server evaluates the name rule on create.
+#[test]
+fn a_batchs_name_and_workers_carry_the_contracts_bounds() {
+    use dlock_contract::payout_batch::{NAME_LEN_MAX, WORKERS_MAX};
+    let crd = PayoutBatch::crd();
+    let spec = spec_schema(&crd);
+    assert_eq!(spec["properties"]["workers"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        spec["properties"]["workers"]["maximum"].as_f64(),
+        Some(f64::from(WORKERS_MAX))
+    );
+    let openapi =
+        serde_json::to_value(&crd.spec.versions).unwrap()[0]["schema"]["openAPIV3Schema"].clone();
+    let rules: Vec<&Value> = openapi["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["rule"])
+        .collect();
+    assert!(
+        rules.contains(&&json!(dlock_operator::crd::name_rule())),
+        "{rules:?}"
+    );
+    assert_eq!(
+        dlock_operator::crd::name_rule(),
+        format!("size(self.metadata.name) <= {NAME_LEN_MAX}")
+    );
+    let object = |name: &str| {
+        json!({
+            "apiVersion": "dlock.io/v1alpha1", "kind": "PayoutBatch",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"payouts": [{"key": "p1", "accountId": "acct-17", "amountMinor": 1,
+                                  "currency": "EUR", "beneficiaryRef": "ben-1"}]},
+        })
+    };
+    kube_cel::validate(&openapi, &object(&"b".repeat(NAME_LEN_MAX)), None).unwrap();
+    let refused = kube_cel::validate(&openapi, &object(&"b".repeat(NAME_LEN_MAX + 1)), None)
+        .map_err(|e| format!("{e:?}"))
+        .unwrap_err();
+    assert!(
+        refused.contains("metadata.name must be at most"),
+        "{refused}"
+    );
+}
+
 /// L8 counts a revocation's reason and operator once trimmed: so do the schema's CEL rules, on
 /// top of the lengths, with the contract's bounds.
 #[test]
