@@ -385,3 +385,167 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
         "only the authenticated submits reached the rail"
     );
 }
+
+/// The per-source budget of the fairness scenario, and the shared one around it.
+const SOURCE_BURST: u64 = 2;
+const SHARED_BURST: u64 = 6;
+
+/// A client whose connections come from `ip` (any 127.0.0.0/8 address is this host's).
+fn client_from(ip: [u8; 4]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from(ip))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokenreview_budgets_per_source_so_a_flood_from_one_address_refuses_no_other() {
+    let world = World::start().await;
+    world.namespace(NS);
+    world.kubectl(&["create", "serviceaccount", SERVICE_ACCOUNT, "-n", NS]);
+    world.kubectl(&["create", "serviceaccount", CALLER, "-n", NS]);
+    let api = world.api_server(NS);
+    let own_token = world.cluster.dir().join("rail-stub-sa-token");
+    std::fs::write(&own_token, token(&world, SERVICE_ACCOUNT, None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    world.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "rail-stub-auth-delegator",
+        "--clusterrole=system:auth-delegator",
+        &format!("--serviceaccount={NS}:{SERVICE_ACCOUNT}"),
+    ]);
+    let caller = token(&world, CALLER, Some("dlock"));
+    let flooder = client_from([127, 0, 0, 2]);
+    let legit = client_from([127, 0, 0, 1]);
+
+    // Until RBAC sees the binding, on a stub of its own with the default limits, so the
+    // scenario's stub starts with full budgets.
+    let warm = start_stub(&world, "stub-warm-up", &api, &own_token, &[]);
+    let bound_at = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let answer = submit(&legit, &warm, &caller, &format!("warm-{attempt}")).await;
+        if answer.status == 200 {
+            break;
+        }
+        assert_refused(
+            "until RBAC sees the binding",
+            &answer,
+            503,
+            "AUTH_UNAVAILABLE",
+        );
+        assert!(
+            bound_at.elapsed() < Duration::from_secs(30),
+            "the binding never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(warm);
+
+    let stub = start_stub(
+        &world,
+        "stub-fair",
+        &api,
+        &own_token,
+        &[
+            ("reviews-per-second", 1),
+            ("review-burst", SHARED_BURST),
+            ("source-reviews-per-second", 1),
+            ("source-review-burst", SOURCE_BURST),
+        ],
+    );
+    let before = tokenreviews(&world);
+    let started = Instant::now();
+    // The flood from 127.0.0.2: distinct made-up tokens, one after another; once the first is
+    // throttled, the caller from 127.0.0.1 comes in with its valid token while the flood goes on.
+    let (throttled_tx, throttled_rx) = tokio::sync::oneshot::channel::<usize>();
+    let flood = async {
+        let mut throttled_tx = Some(throttled_tx);
+        let mut answers = Vec::new();
+        for n in 0..FLOOD {
+            let answer = submit(
+                &flooder,
+                &stub,
+                &format!("made-up-fair-token-{n:04}"),
+                &format!("flood-{n}"),
+            )
+            .await;
+            if answer.status == 503
+                && let Some(tx) = throttled_tx.take()
+            {
+                let _ = tx.send(n);
+            }
+            answers.push(answer);
+        }
+        answers
+    };
+    let legit_call = async {
+        let first_throttled = throttled_rx.await.ok();
+        (
+            first_throttled,
+            submit(&legit, &stub, &caller, "fair-valid-1").await,
+        )
+    };
+    let (answers, (first_throttled, admitted)) = tokio::join!(flood, legit_call);
+    let elapsed = started.elapsed();
+    let after = tokenreviews(&world);
+    let first_throttled =
+        first_throttled.unwrap_or_else(|| panic!("the flood of {FLOOD} was never throttled"));
+    let mut unauthenticated = 0u64;
+    let mut throttled = 0u64;
+    for (n, answer) in answers.iter().enumerate() {
+        match answer.status {
+            401 => {
+                assert_refused(&format!("flood {n}"), answer, 401, "UNAUTHENTICATED");
+                unauthenticated += 1;
+            }
+            _ => {
+                assert_refused(&format!("flood {n}"), answer, 503, "AUTH_UNAVAILABLE");
+                assert!(
+                    answer.retry_after.is_some(),
+                    "flood {n}: 503 without Retry-After"
+                );
+                throttled += 1;
+            }
+        }
+    }
+    let reviewed = after - before;
+    // The source's budget holds its burst when the flood starts and earns one a second.
+    let source_allowed = SOURCE_BURST + elapsed.as_secs();
+    eprintln!(
+        "flood of {FLOOD} made-up tokens from 127.0.0.2 in {} ms: first throttled at #{first_throttled}, \
+         {unauthenticated} reviewed (401), {throttled} throttled (503); the valid caller from \
+         127.0.0.1 during the flood: {}; tokenreviews {before} -> {after} (+{reviewed}), the \
+         source allowed at most {source_allowed}, all sources {}",
+        elapsed.as_millis(),
+        admitted.status,
+        SHARED_BURST + elapsed.as_secs()
+    );
+    assert_eq!(
+        admitted.status, 200,
+        "the caller from another address was refused during the flood: {}",
+        admitted.body
+    );
+    assert_eq!(admitted.content_type, JSON);
+    assert!(
+        unauthenticated >= SOURCE_BURST && unauthenticated <= source_allowed,
+        "the flooding address got its own budget and no more: {unauthenticated} reviews, \
+         {source_allowed} allowed"
+    );
+    assert!(throttled >= FLOOD as u64 - source_allowed);
+    assert_eq!(
+        reviewed,
+        unauthenticated + 1,
+        "every 401 of the flood, and the valid caller, was one review; nothing else was asked"
+    );
+    assert!(reviewed <= SHARED_BURST + elapsed.as_secs());
+    assert_eq!(
+        statement_refs(&legit, &stub).await,
+        ["fair-valid-1"],
+        "only the authenticated submit reached the rail"
+    );
+    eprintln!("scenario {} ms", world.elapsed_ms());
+}

@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::connect_info::Connected;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::IncomingStream;
 use dlock_contract::Json;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::{JSON_CONTENT_TYPE, METRICS_CONTENT_TYPE, envelope_for};
@@ -198,15 +200,37 @@ pub async fn serve_until_signal(
     serve_maybe_tls(listener, tls, app, shutdown_signal()).await
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests.
+/// The TCP peer of a request's connection, as `ConnectInfo<PeerAddr>` (the same over plain
+/// HTTP and TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for PeerAddr {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, crate::tls::TlsListener>> for PeerAddr {
+    fn connect_info(stream: IncomingStream<'_, crate::tls::TlsListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains in-flight requests. Every
+/// request carries its TCP peer's address (`ConnectInfo<PeerAddr>`: the auth layer budgets
+/// TokenReviews per source address).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<PeerAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// Serves `app` over TLS when `tls` is set, plain HTTP otherwise, until `shutdown` resolves.
@@ -220,9 +244,12 @@ pub async fn serve_maybe_tls(
         None => serve(listener, app, shutdown).await,
         Some(settings) => {
             let listener = crate::tls::TlsListener::new(listener, settings)?;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<PeerAddr>(),
+            )
+            .with_graceful_shutdown(shutdown)
+            .await
         }
     }
 }

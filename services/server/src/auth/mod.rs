@@ -14,7 +14,10 @@
 //!   `refused-cache-max` refusals (the least recently used goes first). Calls for tokens not in
 //!   the cache are limited to `reviews-per-second` (with `review-burst`) and
 //!   `reviews-in-flight-max` at once; a caller beyond that is `503 AUTH_UNAVAILABLE` with
-//!   `retryAfterMillis` and `Retry-After`, and the API server is not asked.
+//!   `retryAfterMillis` and `Retry-After`, and the API server is not asked. Within that shared
+//!   budget every source address (the TCP peer) has its own, `source-reviews-per-second` with
+//!   `source-review-burst`, so a flood of made-up tokens from one address uses up only that
+//!   address's budget and a caller from another address is still reviewed.
 //! - `none`: nothing is checked (a laptop, the test suite). The service says so at start.
 //!
 //! Then, whatever the mode:
@@ -31,6 +34,7 @@
 //!   any owner, since a revocation acts on someone else's lock.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -117,6 +121,15 @@ pub struct TokenReviewSettings {
     pub review_burst: u32,
     /// `auth.tokenreview.reviews-in-flight-max`: TokenReview calls outstanding at once.
     pub reviews_in_flight_max: usize,
+    /// `auth.tokenreview.source-reviews-per-second`: the steady rate of TokenReview calls for
+    /// one source address (never above `reviews-per-second`).
+    pub source_reviews_per_second: u32,
+    /// `auth.tokenreview.source-review-burst`: one source address's burst (never above
+    /// `review-burst`).
+    pub source_review_burst: u32,
+    /// `auth.tokenreview.sources-max`: source addresses whose budgets are remembered at once;
+    /// when full, the one seen least recently is forgotten.
+    pub sources_max: usize,
 }
 
 /// `auth.*`.
@@ -174,6 +187,11 @@ impl AuthSettings {
         let review_burst = raw.integer("auth.tokenreview.review-burst", 50, 1..=100_000)?;
         let reviews_in_flight_max =
             raw.integer("auth.tokenreview.reviews-in-flight-max", 8, 1..=1_024)?;
+        let source_reviews_per_second =
+            raw.integer("auth.tokenreview.source-reviews-per-second", 5, 1..=10_000)?;
+        let source_review_burst =
+            raw.integer("auth.tokenreview.source-review-burst", 10, 1..=100_000)?;
+        let sources_max = raw.integer("auth.tokenreview.sources-max", 4_096, 1..=1_000_000)?;
         Ok(Self {
             mode,
             tokens_file,
@@ -192,6 +210,9 @@ impl AuthSettings {
                 reviews_per_second: reviews_per_second as u32,
                 review_burst: review_burst as u32,
                 reviews_in_flight_max: reviews_in_flight_max as usize,
+                source_reviews_per_second: source_reviews_per_second.min(reviews_per_second) as u32,
+                source_review_burst: source_review_burst.min(review_burst) as u32,
+                sources_max: sources_max as usize,
             },
         })
     }
@@ -463,7 +484,11 @@ impl Authenticator {
     }
 
     /// Who presented `bearer`, if anyone. `Err` is an answer to send as is.
-    async fn identify(&self, bearer: &str) -> Result<Option<String>, ApiError> {
+    async fn identify(
+        &self,
+        bearer: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<String>, ApiError> {
         if let Some(legacy) = &self.inner.legacy_operator
             && bool::from(digest(bearer).ct_eq(legacy))
         {
@@ -473,18 +498,31 @@ impl Authenticator {
             AuthMode::None => Ok(None),
             AuthMode::Tokens => Ok(self.inner.tokens.as_ref().and_then(|t| t.lookup(bearer))),
             AuthMode::TokenReview => match &self.inner.review {
-                Some(review) => review.review(bearer).await,
+                Some(review) => review.review(bearer, peer).await,
                 None => Ok(None),
             },
         }
     }
 
-    /// The verdict for one request, from its method, path and headers.
+    /// The verdict for one request, from its method, path and headers, as from one unknown
+    /// source address.
     pub async fn check(
         &self,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        self.check_from(method, path, headers, None).await
+    }
+
+    /// [`Self::check`] for a request from `peer` (the TCP peer's address), whose TokenReviews
+    /// are budgeted per source address.
+    pub async fn check_from(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
     ) -> Result<Caller, ApiError> {
         let needs = self.inner.mode != AuthMode::None && needs_credential(method, path);
         let bearer = match bearer(headers) {
@@ -493,7 +531,7 @@ impl Authenticator {
             Err(_) => None,
         };
         let name = match bearer {
-            Some(token) => self.identify(token).await?,
+            Some(token) => self.identify(token, peer).await?,
             None => None,
         };
         if needs && name.is_none() {
@@ -606,7 +644,14 @@ async fn middleware(
     next: Next,
 ) -> Response {
     let path = request.uri().path().to_owned();
-    match auth.check(request.method(), &path, request.headers()).await {
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<crate::http::PeerAddr>>()
+        .map(|info| info.0.0.ip());
+    match auth
+        .check_from(request.method(), &path, request.headers(), peer)
+        .await
+    {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await

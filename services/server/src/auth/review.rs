@@ -105,6 +105,49 @@ impl TokenBucket {
     }
 }
 
+/// Where a credential came from, for the per-source budgets: the TCP peer's address, an IPv6
+/// address by its /64 (what one host is usually given), an IPv4-mapped one as IPv4. Without a
+/// peer (a router served without connection info) every caller is the one unspecified source.
+pub(super) fn source_key(peer: Option<IpAddr>) -> IpAddr {
+    match peer.map(|ip| ip.to_canonical()) {
+        Some(IpAddr::V6(v6)) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        Some(ip) => ip,
+        None => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    }
+}
+
+/// Every source address's own [`TokenBucket`], within `sources-max` addresses: a full table
+/// forgets the address seen least recently (which comes back, if it does, with a full bucket;
+/// the shared bucket still bounds what the API server sees).
+pub(super) struct SourceBudgets {
+    pub(super) buckets: LruCache<IpAddr, TokenBucket>,
+    pub(super) per_second: u32,
+    pub(super) burst: u32,
+}
+
+impl SourceBudgets {
+    pub(super) fn new(settings: &TokenReviewSettings) -> Self {
+        Self {
+            buckets: LruCache::new(
+                NonZeroUsize::new(settings.sources_max).unwrap_or(NonZeroUsize::MIN),
+            ),
+            per_second: settings.source_reviews_per_second,
+            burst: settings.source_review_burst,
+        }
+    }
+
+    /// Takes one call's worth from `source`'s bucket; `Err` is how long until there is one.
+    pub(super) fn take(&mut self, source: IpAddr, now: Instant) -> Result<(), Duration> {
+        let (per_second, burst) = (self.per_second, self.burst);
+        self.buckets
+            .get_or_insert_mut(source, || TokenBucket::new(per_second, burst, now))
+            .take(now)
+    }
+}
+
 /// How long a caller waits for one of the `reviews-in-flight-max` slots before it is told to
 /// come back: short, since the callers' own read timeouts are 1 to 3 s (docs/contract.md#s3-8).
 pub(super) const REVIEW_SLOT_WAIT: Duration = Duration::from_millis(250);
@@ -122,6 +165,8 @@ pub(super) struct TokenReviewer {
     pub(super) http: reqwest::Client,
     pub(super) cache: Mutex<ReviewCache>,
     pub(super) bucket: Mutex<TokenBucket>,
+    /// Each source address's share of `bucket`, taken first.
+    pub(super) sources: Mutex<SourceBudgets>,
     pub(super) slots: tokio::sync::Semaphore,
     /// When a throttled review was last logged, and how many were not logged since.
     pub(super) throttle_log: Mutex<(Option<Instant>, u64)>,
@@ -132,6 +177,9 @@ pub(super) struct TokenReviewer {
 pub(super) enum Throttle {
     /// `reviews-per-second` / `review-burst` used up.
     Rate,
+    /// The caller's source address used up `source-reviews-per-second` /
+    /// `source-review-burst`.
+    SourceRate,
     /// `reviews-in-flight-max` calls outstanding for longer than [`REVIEW_SLOT_WAIT`].
     InFlight,
 }
@@ -177,6 +225,7 @@ impl TokenReviewer {
                 settings.review_burst,
                 Instant::now(),
             )),
+            sources: Mutex::new(SourceBudgets::new(settings)),
             slots: tokio::sync::Semaphore::new(settings.reviews_in_flight_max.max(1)),
             throttle_log: Mutex::new((None, 0)),
         })
@@ -211,6 +260,10 @@ impl TokenReviewer {
             {
                 let limit = match why {
                     Throttle::Rate => "auth.tokenreview.reviews-per-second and review-burst",
+                    Throttle::SourceRate => {
+                        "auth.tokenreview.source-reviews-per-second and source-review-burst \
+                         (one source address)"
+                    }
                     Throttle::InFlight => "auth.tokenreview.reviews-in-flight-max",
                 };
                 tracing::warn!(
@@ -238,8 +291,17 @@ impl TokenReviewer {
         .with_retry_after_ms(millis)
     }
 
-    /// Takes a rate token, or says how long until there is one.
-    pub(super) fn admit(&self) -> Result<(), ApiError> {
+    /// Takes a rate token, first from `source`'s own budget, then from the shared one, or says
+    /// how long until there is one. The source pays first: a source whose budget is spent
+    /// never takes from the shared bucket, so it cannot empty it for the others.
+    pub(super) fn admit(&self, source: IpAddr) -> Result<(), ApiError> {
+        let own = match self.sources.lock() {
+            Ok(mut sources) => sources.take(source, Instant::now()),
+            Err(_) => Err(Duration::from_secs(1)),
+        };
+        if let Err(wait) = own {
+            return Err(self.throttled(Throttle::SourceRate, wait));
+        }
         let verdict = match self.bucket.lock() {
             Ok(mut bucket) => bucket.take(Instant::now()),
             Err(_) => Err(Duration::from_secs(1)),
@@ -247,12 +309,16 @@ impl TokenReviewer {
         verdict.map_err(|wait| self.throttled(Throttle::Rate, wait))
     }
 
-    pub(super) async fn review(&self, token: &str) -> Result<Option<String>, ApiError> {
+    pub(super) async fn review(
+        &self,
+        token: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<String>, ApiError> {
         let key = digest(token);
         if let Some(answer) = self.cached(&key) {
             return Ok(answer);
         }
-        self.admit()?;
+        self.admit(source_key(peer))?;
         let _slot = match tokio::time::timeout(REVIEW_SLOT_WAIT, self.slots.acquire()).await {
             Ok(Ok(permit)) => permit,
             _ => return Err(self.throttled(Throttle::InFlight, REVIEW_SLOT_WAIT)),

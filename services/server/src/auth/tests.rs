@@ -48,7 +48,7 @@ fn bearer(token: &str) -> HeaderMap {
 
 /// What `identify` makes of a token: the identity's name, or `None`.
 async fn identity_of(auth: &Authenticator, token: &str) -> Option<String> {
-    auth.identify(token).await.ok().flatten()
+    auth.identify(token, None).await.ok().flatten()
 }
 
 #[tokio::test]
@@ -308,6 +308,9 @@ fn review_answers_expire_and_refusals_sooner() {
         reviews_per_second: 1,
         review_burst: 1,
         reviews_in_flight_max: 1,
+        source_reviews_per_second: 1,
+        source_review_burst: 1,
+        sources_max: 1,
     };
     let mut cache = ReviewCache::new(&settings);
     let t0 = Instant::now();
@@ -356,6 +359,69 @@ fn the_token_bucket_refills_at_its_rate_up_to_its_burst() {
     assert!(bucket.take(later).is_err());
     // A clock reading from before the last one earns nothing and breaks nothing.
     assert!(bucket.take(t0).is_err());
+}
+
+#[test]
+fn a_source_that_spent_its_budget_leaves_the_shared_one_to_the_others() {
+    let settings = TokenReviewSettings {
+        url: String::new(),
+        ca_file: None,
+        token_file: PathBuf::new(),
+        audiences: vec![],
+        cache_ttl: Duration::from_secs(60),
+        cache_max: 10,
+        refused_cache_max: 10,
+        timeout: Duration::from_secs(1),
+        reviews_per_second: 1,
+        review_burst: 5,
+        reviews_in_flight_max: 1,
+        source_reviews_per_second: 1,
+        source_review_burst: 2,
+        sources_max: 2,
+    };
+    let review = TokenReviewer::new(&settings).unwrap_or_else(|e| panic!("{e}"));
+    let flood = source_key(Some("127.0.0.2".parse().unwrap_or_else(|e| panic!("{e}"))));
+    let caller = source_key(Some("127.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"))));
+    let admitted = (0..20).filter(|_| review.admit(flood).is_ok()).count();
+    assert_eq!(
+        admitted, 2,
+        "the flooding source got its own burst, no more"
+    );
+    let refusal = review
+        .admit(flood)
+        .err()
+        .unwrap_or_else(|| panic!("admitted"));
+    assert_eq!(refusal.code, ErrorCode::AuthUnavailable);
+    assert!(
+        refusal
+            .retry_after_millis
+            .is_some_and(|ms| ms > 0 && ms <= 1_000)
+    );
+    assert!(
+        review.admit(caller).is_ok(),
+        "another source is still reviewed"
+    );
+    // The shared bucket stays the outer bound: 5 in all, however many sources ask.
+    let third = source_key(Some("10.0.0.3".parse().unwrap_or_else(|e| panic!("{e}"))));
+    assert_eq!(review.admit(third).map_err(|e| e.code), Ok(()));
+    assert_eq!(review.admit(third).map_err(|e| e.code), Ok(()));
+    assert!(
+        review.admit(caller).is_err(),
+        "the shared burst of 5 is spent"
+    );
+    // The table keeps `sources-max` addresses; the one seen least recently goes.
+    let sources = review.sources.lock().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sources.buckets.len(), 2);
+    assert!(!sources.buckets.contains(&flood));
+}
+
+#[test]
+fn an_ipv6_source_is_its_64_and_a_mapped_ipv4_is_ipv4() {
+    let key = |s: &str| source_key(Some(s.parse().unwrap_or_else(|e| panic!("{e}"))));
+    assert_eq!(key("2001:db8:1:2:aaaa::1"), key("2001:db8:1:2:bbbb::2"));
+    assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    assert_eq!(key("::ffff:10.1.2.3"), key("10.1.2.3"));
+    assert_eq!(source_key(None), key("0.0.0.0"));
 }
 
 fn unknown_bearer(n: usize) -> HeaderMap {
