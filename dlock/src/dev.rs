@@ -117,6 +117,9 @@ pub struct DownArgs {
 
 /// The operator credential of the local stack (revocation floors, resolutions). Local only.
 pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
+/// The rail proxy's identity towards the rail stub on the local stack: the one identity the
+/// stub takes transfers from (`rail.stub.submitter-identities`' default).
+pub const DEV_RAIL_PROXY_IDENTITY: &str = dlock_rail_stub::DEFAULT_SUBMITTER;
 /// The identity `dlock run` and the demo write as on the local stack.
 pub const DEV_EXECUTOR_IDENTITY: &str = "executor";
 /// The identity that opens and funds accounts on the local stack (`auth.treasury-identities`'
@@ -142,7 +145,7 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
              {DEV_EXECUTOR_IDENTITY} {executor}\n\
              {DEV_TREASURY_IDENTITY} {treasury}\n\
              operator {DEV_OPERATOR_TOKEN}\n\
-             rail-proxy {proxy}\n"
+             {DEV_RAIL_PROXY_IDENTITY} {proxy}\n"
         ),
     )
     .with_context(|| format!("writing {}", tokens.display()))?;

@@ -25,6 +25,7 @@ mod rail;
 mod rail_reason;
 mod rail_replay;
 mod rail_statement;
+mod rail_stub_auth;
 mod rail_validation;
 mod reconcile_findings;
 mod recovery_evidence;

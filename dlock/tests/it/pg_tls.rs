@@ -55,10 +55,13 @@ async fn lockdb_and_paydb_work_over_verified_tls_and_a_wrong_ca_stops_the_servic
     );
     let (_stub, stub_url) = serve_process(
         "rail-stub",
-        &[(
-            "rail.stub.statement-path",
-            logs.join("statement.jsonl").display().to_string(),
-        )],
+        &[
+            (
+                "rail.stub.statement-path",
+                logs.join("statement.jsonl").display().to_string(),
+            ),
+            ("auth.mode", "none".into()),
+        ],
         &logs.join("rail-stub.log"),
     );
     let (_proxy, _) = serve_process(

@@ -47,7 +47,8 @@ fn start_stub(
          \"auth.tokenreview.url\" = {:?}\n\
          \"auth.tokenreview.ca-file\" = {:?}\n\
          \"auth.tokenreview.token-file\" = {:?}\n\
-         \"auth.tokenreview.audiences\" = [\"dlock\"]\n",
+         \"auth.tokenreview.audiences\" = [\"dlock\"]\n\
+         \"rail.stub.submitter-identities\" = [\"system:serviceaccount:{NS}:{CALLER}\"]\n",
         dir.join("statement.jsonl").display().to_string(),
         api.0,
         api.1.display().to_string(),

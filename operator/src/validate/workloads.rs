@@ -437,7 +437,10 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
                 duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
                 redirect_rate: None,
                 statement_path: "/data/rail-statement.jsonl".to_owned(),
-                auth: None,
+                // Said by name: the stub has no default mode. The proxy's pod has no token of
+                // audience `dlock` to present to it yet, so the stub takes transfers from any
+                // pod that can reach its Service (docs/threat-model.md).
+                auth: Some(config::Auth::none()),
             })?,
             secret_env: Vec::new(),
             termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,

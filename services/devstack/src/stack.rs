@@ -354,7 +354,11 @@ impl StackBuilder {
             let statement = dir_path.join(STATEMENT_FILE).display().to_string();
             services.push(service(
                 Role::RailStub,
-                vec![("rail.stub.statement-path", statement)],
+                // Tests reach the stub directly; one that wants it closed sets auth.* itself.
+                vec![
+                    ("rail.stub.statement-path", statement),
+                    ("auth.mode", "none".to_owned()),
+                ],
             ));
         }
         for s in &mut services {

@@ -94,6 +94,7 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
     let (l, stub_addr) = bind().await;
     let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw(&[
         ("server.listen", stub_addr.clone()),
+        ("auth.mode", "none".to_owned()),
         (
             "rail.stub.statement-path",
             dir.join("statement.jsonl").display().to_string(),

@@ -10,10 +10,11 @@ use chrono::Utc;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
+use dlock_server::auth::{AuthMode, Caller};
 use rand::Rng;
 use serde_json::json;
 
-use crate::{RailStubConfig, Statement, StubState, SubmitRequest, Transfer};
+use crate::{RailStubConfig, SUBMITTERS_KEY, Statement, StubState, SubmitRequest, Transfer};
 
 fn new_reference() -> String {
     format!("rail-{}", uuid::Uuid::new_v4().simple())
@@ -48,14 +49,41 @@ fn draw(config: &RailStubConfig) -> Fate {
 }
 
 /// A real rail keeps processing a transfer whose caller hung up, so the work runs in its own
-/// task: a proxy that dies mid-flight cannot cancel it.
+/// task: a proxy that dies mid-flight cannot cancel it. Only a submitter identity gets that far.
 pub(crate) async fn submit(
     State(state): State<StubState>,
+    caller: Caller,
     Json(body): Json<SubmitRequest>,
 ) -> Result<Response, ApiError> {
+    require_submitter(&state.config, &caller)?;
     tokio::spawn(process(state, body))
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(format!("the transfer task failed: {e}"))))
+}
+
+/// The auth middleware has already refused a missing or unknown credential (401); here an
+/// authenticated identity that is not the rail proxy's is refused (403) before anything is
+/// recorded. With `auth.mode = "none"` nobody is identified and anyone may submit.
+fn require_submitter(config: &RailStubConfig, caller: &Caller) -> Result<(), ApiError> {
+    if config.auth.mode() == AuthMode::None {
+        return Ok(());
+    }
+    let name = caller.identity().map_or("", |i| i.name.as_str());
+    if config.submitters.iter().any(|s| s == name) {
+        return Ok(());
+    }
+    tracing::warn!(
+        event = "rail_submit_refused",
+        identity = name,
+        "a transfer from an identity that is not a submitter was refused"
+    );
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "`{name}` may not submit transfers: only the rail proxy may \
+             ({SUBMITTERS_KEY}); nothing was accepted"
+        ),
+    ))
 }
 
 async fn process(state: StubState, body: SubmitRequest) -> Result<Response, ApiError> {

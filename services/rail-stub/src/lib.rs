@@ -9,6 +9,12 @@
 //! accepted transfer is appended to a file before the stub answers. The statement stays on
 //! disk: lookups by clientRef go through an index file beside it (redb, bounded cache) and the
 //! whole statement is streamed from the file, so memory does not grow with the transfers.
+//!
+//! Only the rail proxy may submit: `POST /submit` needs a credential (`auth.mode` tokens or
+//! tokenreview) whose identity is in `rail.stub.submitter-identities`; anything else is refused
+//! before a transfer is recorded. `auth.mode` has no default here, so a stub that takes transfers
+//! from anyone is configured so by name (`auth.mode = "none"`). The statement stays readable
+//! without a credential, for the reconciler and the tour: it shows transfers, it cannot make one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +35,12 @@ mod handlers;
 mod ledger;
 
 pub use ledger::INDEX_CACHE_BYTES;
+
+/// The key naming who may submit transfers.
+pub const SUBMITTERS_KEY: &str = "rail.stub.submitter-identities";
+/// The identity that may submit when `rail.stub.submitter-identities` is not set: the rail
+/// proxy's on the local stack (`dlock dev up`).
+pub const DEFAULT_SUBMITTER: &str = "rail-proxy";
 
 #[derive(Debug, Clone)]
 pub struct RailStubConfig {
@@ -54,13 +66,28 @@ pub struct RailStubConfig {
     pub statement_path: PathBuf,
     /// `server.tls.*`: TLS on the listener when set.
     pub tls: Option<dlock_server::tls::TlsSettings>,
-    /// `auth.*`: who may submit (the rail proxy's identity).
+    /// `auth.*`: how callers are authenticated. `auth.mode` has no default here: a stub that
+    /// takes transfers from anyone says so by name (`auth.mode = "none"`).
     pub auth: dlock_server::auth::Authenticator,
+    /// `rail.stub.submitter-identities`: who may `POST /submit` once authenticated (the rail
+    /// proxy's identity; `rail-proxy` by default). Any other identity is `403 FORBIDDEN`.
+    pub submitters: Vec<String>,
 }
 
 impl RailStubConfig {
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7090")?;
+        if raw.string_optional("auth.mode")?.is_none() {
+            return Err(ConfigError {
+                key: "auth.mode".into(),
+                origin: String::new(),
+                message: format!(
+                    "is required for the rail stub: `tokens` or `tokenreview`, so that only the \
+                     rail proxy ({SUBMITTERS_KEY}, `{DEFAULT_SUBMITTER}` by default) may submit \
+                     transfers; or `none` to take transfers from anyone who can reach it"
+                ),
+            });
+        }
         Ok(Self {
             listen,
             latency_ms: raw.integer("rail.stub.latency-ms", 0, 0..=600_000)? as u64,
@@ -79,6 +106,7 @@ impl RailStubConfig {
                 None,
                 dlock_server::auth::OperatorWithoutAuth::Refused,
             )?,
+            submitters: raw.string_list(SUBMITTERS_KEY, &[DEFAULT_SUBMITTER])?,
         })
     }
 }
@@ -126,6 +154,13 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
     let listen = config.listen;
     let tls = config.tls.clone();
     config.auth.announce("rail-stub");
+    if config.auth.mode() != dlock_server::auth::AuthMode::None {
+        tracing::info!(
+            event = "rail_submitters",
+            submitters = ?config.submitters,
+            "only these identities may submit transfers; the statement stays readable by anyone"
+        );
+    }
     let state = StubState::open(config)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -167,12 +202,15 @@ pub mod openapi {
     #[utoipa::path(post, path = "/submit", request_body = SubmitRequest, responses(
         (status = 200, description = "accepted: railReference, acceptedAt", body = serde_json::Value),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+        (status = 401, description = "UNAUTHENTICATED: no credential, or one that authenticates nobody", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity is not in rail.stub.submitter-identities", body = ErrorBody),
         (status = 402, description = "declined (the rail's own body, not the envelope)", body = serde_json::Value),
         (status = 502, description = "the rail failed (the rail's own body, not the envelope)", body = serde_json::Value),
     ))]
     fn submit() {}
 
-    /// The durable statement, optionally for one clientRef.
+    /// The durable statement, optionally for one clientRef. Readable without a credential: it
+    /// shows transfers, it cannot make one (docs/threat-model.md).
     #[utoipa::path(get, path = "/statement", params(("clientRef" = Option<String>, Query)), responses(
         (status = 200, body = Statement),
         (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),

@@ -35,6 +35,7 @@ async fn a_tls_listener_serves_https_only_to_clients_that_trust_its_ca() {
             "DLOCK_RAIL_STUB_STATEMENT_PATH".to_owned(),
             dir.path().join("statement.jsonl").display().to_string(),
         ),
+        ("DLOCK_AUTH_MODE".to_owned(), "none".to_owned()),
     ];
     let _stub = serve("rail-stub", env, &dir.path().join("stub.log"));
     let tls = dlock_contract::tls::client_config(Some(&cert)).unwrap_or_else(|e| panic!("{e}"));

@@ -91,6 +91,11 @@ async fn tokenreview_names_the_service_account_caches_the_answer_and_fails_close
             "DLOCK_RAIL_STUB_STATEMENT_PATH".to_owned(),
             dir.path().join("statement.jsonl").display().to_string(),
         ),
+        // The review is under test here, not who may submit: the reviewed identity submits.
+        (
+            "DLOCK_RAIL_STUB_SUBMITTER_IDENTITIES".to_owned(),
+            "system:serviceaccount:payments:executor".to_owned(),
+        ),
     ];
     let _stub = serve("rail-stub", env, &dir.path().join("stub.log"));
     let url = format!("http://127.0.0.1:{port}");

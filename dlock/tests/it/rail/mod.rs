@@ -91,6 +91,7 @@ impl RailWorld {
         let (listener, addr) = loopback().await;
         let mut pairs = vec![
             ("server.listen", addr.to_string()),
+            ("auth.mode", "none".to_owned()),
             (
                 "rail.stub.statement-path",
                 self.dir
