@@ -24,21 +24,19 @@ const POD_CIDR: &str = "10.244.0.0/16";
 
 /// The chart's image name at its appVersion: what `helm install` deploys without `--set image`.
 fn chart_image() -> String {
-    let chart = std::fs::read_to_string(repo().join("charts/dlock/Chart.yaml"))
-        .unwrap_or_else(|e| panic!("charts/dlock/Chart.yaml: {e}"));
-    let app_version = chart
-        .lines()
-        .find_map(|l| l.strip_prefix("appVersion:"))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .unwrap_or_else(|| panic!("no appVersion in charts/dlock/Chart.yaml"));
-    let values = std::fs::read_to_string(repo().join("charts/dlock/values.yaml"))
-        .unwrap_or_else(|e| panic!("charts/dlock/values.yaml: {e}"));
-    let repository = values
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("repository:"))
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_else(|| panic!("no image.repository in charts/dlock/values.yaml"));
-    format!("{repository}:{app_version}")
+    let read = |file: &str| -> serde_yaml_ng::Value {
+        let path = repo().join("charts/dlock").join(file);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let (chart, values) = (read("Chart.yaml"), read("values.yaml"));
+    let app_version = chart["appVersion"].as_str();
+    let repository = values["image"]["repository"].as_str();
+    match (repository, app_version) {
+        (Some(repository), Some(version)) => format!("{repository}:{version}"),
+        _ => panic!("charts/dlock names no image.repository or appVersion"),
+    }
 }
 
 pub struct RealCluster {

@@ -162,6 +162,32 @@ fn assert_refused(step: &str, answer: &Answer, status: u16, code: &str) {
     );
 }
 
+/// Submits as `caller` until the stub's TokenReviews are allowed (the ClusterRoleBinding of
+/// `system:auth-delegator` has reached RBAC): 503 AUTH_UNAVAILABLE until then, at most 30 s.
+/// The number of the attempt that was paid; its clientRef is `<prefix>-<attempt>`.
+async fn until_bound(http: &reqwest::Client, stub: &Stub, caller: &str, prefix: &str) -> u32 {
+    let bound_at = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let answer = submit(http, stub, caller, &format!("{prefix}-{attempt}")).await;
+        if answer.status == 200 {
+            return attempt;
+        }
+        assert_refused(
+            "until RBAC sees the binding",
+            &answer,
+            503,
+            "AUTH_UNAVAILABLE",
+        );
+        assert!(
+            bound_at.elapsed() < Duration::from_secs(30),
+            "the binding never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn statement_refs(http: &reqwest::Client, stub: &Stub) -> Vec<String> {
     let statement: Value = http
         .get(format!("{}/statement", stub.url))
@@ -240,25 +266,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
         &format!("--serviceaccount={NS}:{SERVICE_ACCOUNT}"),
     ]);
     let bound_at = Instant::now();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let answer = submit(&http, &unbound, &caller, &format!("bound-{attempt}")).await;
-        if answer.status == 200 {
-            break;
-        }
-        assert_refused(
-            "until RBAC sees the binding",
-            &answer,
-            503,
-            "AUTH_UNAVAILABLE",
-        );
-        assert!(
-            bound_at.elapsed() < Duration::from_secs(30),
-            "the binding never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let attempt = until_bound(&http, &unbound, &caller, "bound").await;
     eprintln!(
         "with auth-delegator: 200 after {} ms ({attempt} attempts)",
         bound_at.elapsed().as_millis()
@@ -424,26 +432,7 @@ async fn tokenreview_budgets_per_source_so_a_flood_from_one_address_refuses_no_o
     // Until RBAC sees the binding, on a stub of its own with the default limits, so the
     // scenario's stub starts with full budgets.
     let warm = start_stub(&world, "stub-warm-up", &api, &own_token, &[]);
-    let bound_at = Instant::now();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let answer = submit(&legit, &warm, &caller, &format!("warm-{attempt}")).await;
-        if answer.status == 200 {
-            break;
-        }
-        assert_refused(
-            "until RBAC sees the binding",
-            &answer,
-            503,
-            "AUTH_UNAVAILABLE",
-        );
-        assert!(
-            bound_at.elapsed() < Duration::from_secs(30),
-            "the binding never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_bound(&legit, &warm, &caller, "warm").await;
     drop(warm);
 
     let stub = start_stub(

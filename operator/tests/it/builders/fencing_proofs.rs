@@ -4,6 +4,38 @@
 
 use super::*;
 
+/// The workload names the keys file in its config, and its pod mounts Secret `secret` read-only
+/// as the directory of that file.
+fn assert_proof_keys_mounted(workload: &dlock_operator::workload::Workload, secret: &str) {
+    assert!(
+        workload
+            .config_toml
+            .ends_with("\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"),
+        "{}",
+        workload.config_toml
+    );
+    let pod =
+        serde_json::to_value(deployment::deployment(workload)).unwrap()["spec"]["template"]["spec"]
+            .clone();
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts.contains(&json!({
+            "name": "fencing-proof-keys",
+            "mountPath": "/etc/dlock/fencing-proof-keys",
+            "readOnly": true,
+        })),
+        "{mounts:?}"
+    );
+    assert!(
+        pod["volumes"].as_array().unwrap().contains(&json!({
+            "name": "fencing-proof-keys",
+            "secret": {"secretName": secret},
+        })),
+        "{}",
+        pod["volumes"]
+    );
+}
+
 /// `spec.fencingProofKeysSecret` (docs/design.md#d-8): the lock server, the payment resource and
 /// the rail proxy mount the same Secret read-only as a directory (never a subPath, so a rotated key
 /// reaches the pod) and `fencing.proof-keys-file` names the key's file in it. A key that could
@@ -23,33 +55,7 @@ fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_conf
         validate::payment_resource(&payment, &settings()).unwrap(),
         rail.proxy,
     ] {
-        assert!(
-            workload.config_toml.ends_with(
-                "\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
-            ),
-            "{}",
-            workload.config_toml
-        );
-        let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap()["spec"]
-            ["template"]["spec"]
-            .clone();
-        let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
-        assert!(
-            mounts.contains(&json!({
-                "name": "fencing-proof-keys",
-                "mountPath": "/etc/dlock/fencing-proof-keys",
-                "readOnly": true,
-            })),
-            "{mounts:?}"
-        );
-        assert!(
-            pod["volumes"].as_array().unwrap().contains(&json!({
-                "name": "fencing-proof-keys",
-                "secret": {"secretName": "fencing-proof-keys"},
-            })),
-            "{}",
-            pod["volumes"]
-        );
+        assert_proof_keys_mounted(&workload, "fencing-proof-keys");
     }
     let stub = rail.stub.unwrap();
     assert!(
@@ -82,35 +88,7 @@ fn without_a_named_secret_all_three_mount_the_namespaces_generated_proof_keys() 
             "{:?}",
             workload.component
         );
-        assert!(
-            workload.config_toml.ends_with(
-                "\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
-            ),
-            "{}",
-            workload.config_toml
-        );
-        let pod = serde_json::to_value(deployment::deployment(&workload)).unwrap()["spec"]
-            ["template"]["spec"]
-            .clone();
-        assert!(
-            pod["containers"][0]["volumeMounts"]
-                .as_array()
-                .unwrap()
-                .contains(&json!({
-                    "name": "fencing-proof-keys",
-                    "mountPath": "/etc/dlock/fencing-proof-keys",
-                    "readOnly": true,
-                })),
-            "{pod}"
-        );
-        assert!(
-            pod["volumes"].as_array().unwrap().contains(&json!({
-                "name": "fencing-proof-keys",
-                "secret": {"secretName": "dlock-fencing-proof-keys"},
-            })),
-            "{}",
-            pod["volumes"]
-        );
+        assert_proof_keys_mounted(&workload, proof_keys::SECRET);
     }
     let stub = rail.stub.unwrap();
     assert!(
