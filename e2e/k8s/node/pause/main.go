@@ -1,7 +1,7 @@
 // Command pause is the sandbox (pause) container of the real node's pods: it holds the pod's
 // namespaces, reaps the zombies it inherits as PID 1, and exits on SIGINT or SIGTERM. It does what
 // Kubernetes' own pause.c does, built from Go so that the test bed needs no C toolchain and no
-// registry (scripts/node-bin builds it, scripts/k8s-up --real-node imports it into containerd).
+// registry (scripts/k8s-bin --node builds it, scripts/real-node imports it into containerd).
 package main
 
 import (
