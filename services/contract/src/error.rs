@@ -8,10 +8,11 @@ use serde_json::Value;
 
 /// Stable machine identifiers. Alerts filter on these, never on the message.
 ///
-/// The first fifteen are the contract's catalogue. The last six are the project's own, for
+/// The first fifteen are the contract's catalogue. The last seven are the project's own, for
 /// situations the catalogue does not name but a JSON client still has to tell apart: an unknown
 /// route, a wrong method, a missing or wrong credential, a credential that could not be checked
-/// because the identity provider (Kubernetes TokenReview) did not answer, and a server fault.
+/// because the identity provider (Kubernetes TokenReview) did not answer, a server fault, and a
+/// write the lock server sent to its backend without hearing back (docs/contract.md#outcome-unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
@@ -36,10 +37,11 @@ pub enum ErrorCode {
     Forbidden,
     AuthUnavailable,
     Internal,
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -61,6 +63,7 @@ impl ErrorCode {
         ErrorCode::Forbidden,
         ErrorCode::AuthUnavailable,
         ErrorCode::Internal,
+        ErrorCode::OutcomeUnknown,
     ];
 
     /// The HTTP status the catalogue assigns to the code.
@@ -70,7 +73,9 @@ impl ErrorCode {
             LockContended | LockLost | FencedOut | PayoutNotClaimable | DuplicateSubmission
             | RailAmbiguous => StatusCode::CONFLICT,
             ContentionExceeded => StatusCode::TOO_MANY_REQUESTS,
-            NotLeader | RailUnavailable | AuthUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            NotLeader | RailUnavailable | AuthUnavailable | OutcomeUnknown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             SessionUnknown | NotFound => StatusCode::NOT_FOUND,
             SessionExpired => StatusCode::GONE,
             InvalidToken | ValidationFailed => StatusCode::BAD_REQUEST,
@@ -125,6 +130,7 @@ impl ErrorCode {
             Forbidden => "FORBIDDEN",
             AuthUnavailable => "AUTH_UNAVAILABLE",
             Internal => "INTERNAL",
+            OutcomeUnknown => "OUTCOME_UNKNOWN",
         }
     }
 }
@@ -371,6 +377,21 @@ mod tests {
             let wire = serde_json::to_value(code).unwrap_or_default();
             assert_eq!(wire, serde_json::Value::String(code.as_str().to_owned()));
         }
+    }
+
+    #[test]
+    fn outcome_unknown_is_a_503_that_is_never_retry_safe() {
+        // The write reached the backend and no answer came back: a blind retry may act twice
+        // (docs/contract.md#outcome-unknown). Only NOT_LEADER says nothing was changed.
+        let code = ErrorCode::OutcomeUnknown;
+        assert_eq!(code.status().as_u16(), 503);
+        assert!(!code.retry_safe());
+        assert!(!code.carries_retry_after());
+        assert_eq!(
+            serde_json::to_value(code).unwrap_or_default(),
+            serde_json::json!("OUTCOME_UNKNOWN")
+        );
+        assert!(ErrorCode::NotLeader.retry_safe());
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! (connections are accepted and read, nothing is forwarded, nothing is answered) and resets
 //! (every connection, open or new, is closed with an RST).
 //!
+//! It can also wait for one request and strike right after it ([`FaultProxy::after_request`]):
+//! the request (a chunk sent upstream containing a given pattern) goes through untouched, and
+//! then its answer is delayed or cut. That is the fault where a write reached the peer and was
+//! applied but its sender never heard so.
+//!
 //! It runs on its own thread with its own runtime, so it keeps time however busy the caller's
 //! runtime is, and it can be used from synchronous and asynchronous code alike.
 //!
@@ -17,8 +22,8 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -36,6 +41,32 @@ pub enum Mode {
     Blackhole,
     /// Reset every open connection and every new one.
     Reset,
+}
+
+/// What happens once the request [`FaultProxy::after_request`] waits for has gone through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterMatch {
+    /// Every answer from then on, on every connection, is held back this long (as
+    /// [`FaultProxy::set_latency`] downstream, which sets it back).
+    DelayAnswers(Duration),
+    /// The connection that carried the request: the next answer the peer sends on it is
+    /// swallowed, and the connection is reset both ways. The peer has answered, so it has
+    /// handled the request; its sender hears a broken connection instead.
+    CutAnswer,
+}
+
+/// An armed [`FaultProxy::after_request`].
+struct Trigger {
+    pattern: Vec<u8>,
+    skip: usize,
+    then: AfterMatch,
+}
+
+/// Per connection: whether its next answer is to be cut, and the signal that it was.
+#[derive(Default)]
+struct Cut {
+    armed: AtomicBool,
+    done: tokio::sync::Notify,
 }
 
 /// A direction of traffic through the proxy.
@@ -61,9 +92,38 @@ struct Shared {
     latency_down_us: AtomicU64,
     mode: watch::Sender<Mode>,
     counters: Counters,
+    trigger: Mutex<Option<Trigger>>,
+    fired: AtomicUsize,
 }
 
 impl Shared {
+    /// Called with each chunk going upstream: fires the armed trigger when the chunk has its
+    /// pattern (after `skip` earlier matches), before the chunk is forwarded.
+    fn watch(&self, chunk: &[u8], cut: &Cut) {
+        let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(armed) = trigger.as_mut() else {
+            return;
+        };
+        let pattern = armed.pattern.as_slice();
+        if pattern.is_empty() || !chunk.windows(pattern.len()).any(|w| w == pattern) {
+            return;
+        }
+        if armed.skip > 0 {
+            armed.skip -= 1;
+            return;
+        }
+        let then = armed.then;
+        *trigger = None;
+        match then {
+            AfterMatch::DelayAnswers(latency) => {
+                let us = latency.as_micros().min(u64::MAX as u128) as u64;
+                self.latency_down_us.store(us, Ordering::SeqCst);
+            }
+            AfterMatch::CutAnswer => cut.armed.store(true, Ordering::SeqCst),
+        }
+        self.fired.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn latency(&self, direction: Direction) -> Duration {
         Duration::from_micros(match direction {
             Direction::Upstream => self.latency_up_us.load(Ordering::SeqCst),
@@ -108,6 +168,8 @@ impl FaultProxy {
             latency_down_us: AtomicU64::new(0),
             mode,
             counters: Counters::default(),
+            trigger: Mutex::new(None),
+            fired: AtomicUsize::new(0),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -165,6 +227,26 @@ impl FaultProxy {
 
     pub fn mode(&self) -> Mode {
         *self.shared.mode.borrow()
+    }
+
+    /// Waits for one request: the `skip + 1`-th chunk sent upstream (on any connection) that
+    /// contains `pattern` is forwarded as usual, and then `then` happens. One shot: it is
+    /// disarmed once it fires; arming again replaces a trigger that has not fired.
+    pub fn after_request(&self, pattern: &[u8], skip: usize, then: AfterMatch) {
+        *self
+            .shared
+            .trigger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Trigger {
+            pattern: pattern.to_vec(),
+            skip,
+            then,
+        });
+    }
+
+    /// How many triggers of [`FaultProxy::after_request`] have fired.
+    pub fn fired(&self) -> usize {
+        self.shared.fired.load(Ordering::SeqCst)
     }
 
     pub fn stats(&self) -> Stats {
@@ -258,25 +340,29 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
     let _ = upstream.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let cut = Cut::default();
     let both = async {
         tokio::join!(
             pipe(
                 &mut client_read,
                 &mut upstream_write,
                 &shared,
-                Direction::Upstream
+                Direction::Upstream,
+                &cut,
             ),
             pipe(
                 &mut upstream_read,
                 &mut client_write,
                 &shared,
-                Direction::Downstream
+                Direction::Downstream,
+                &cut,
             ),
         )
     };
     let reset_now = tokio::select! {
         _ = both => false,
         () = reset_signal(mode) => true,
+        () = cut.done.notified() => true,
     };
     if reset_now {
         reset(client_read.as_ref(), &shared);
@@ -285,12 +371,15 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
 }
 
 /// Copies one direction: each chunk is stamped when read and written `latency` later, in order.
-/// In blackhole mode chunks are read and dropped.
+/// In blackhole mode chunks are read and dropped. Upstream chunks are shown to the armed
+/// trigger; downstream, a connection whose answer is to be cut drops its next chunk and signals
+/// `cut.done`.
 async fn pipe(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     shared: &Shared,
     direction: Direction,
+    cut: &Cut,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
@@ -300,7 +389,18 @@ async fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let mode = *shared.mode.borrow();
+                    if direction == Direction::Downstream && cut.armed.load(Ordering::SeqCst) {
+                        shared
+                            .counters
+                            .blackholed_bytes
+                            .fetch_add(n as u64, Ordering::SeqCst);
+                        cut.done.notify_one();
+                        break;
+                    }
                     if mode == Mode::Forward {
+                        if direction == Direction::Upstream {
+                            shared.watch(&buf[..n], cut);
+                        }
                         let due = Instant::now() + shared.latency(direction);
                         if tx.send((due, buf[..n].to_vec())).is_err() {
                             break;
@@ -389,6 +489,69 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(slow >= Duration::from_millis(300), "{slow:?}");
         assert!(proxy.stats().forwarded_bytes >= 16);
+    }
+
+    /// Sends `message` on `s` and reads its echo.
+    async fn echo_on(s: &mut TcpStream, message: &[u8]) -> std::io::Result<()> {
+        s.write_all(message).await?;
+        let mut buf = vec![0u8; message.len()];
+        s.read_exact(&mut buf).await?;
+        assert_eq!(buf, message);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn after_a_matching_request_its_answer_is_cut_or_delayed() {
+        let proxy = proxy(echo().await);
+        proxy.after_request(b"write", 1, AfterMatch::CutAnswer);
+        let mut s = TcpStream::connect(proxy.addr())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Positive control: other requests, and the first match (skipped), are answered.
+        echo_on(&mut s, b"read-1")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        echo_on(&mut s, b"write-1")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(proxy.fired(), 0);
+        let cut = tokio::time::timeout(Duration::from_secs(2), echo_on(&mut s, b"write-2"))
+            .await
+            .unwrap_or_else(|e| panic!("the cut connection hung: {e}"));
+        assert!(cut.is_err(), "the answer to the matching request was cut");
+        assert_eq!(proxy.fired(), 1);
+        // One shot: a new connection is served again.
+        round_trip(proxy.addr())
+            .await
+            .unwrap_or_else(|e| panic!("after the cut: {e}"));
+
+        proxy.after_request(
+            b"slow",
+            0,
+            AfterMatch::DelayAnswers(Duration::from_millis(300)),
+        );
+        let mut s = TcpStream::connect(proxy.addr())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let fast = std::time::Instant::now();
+        echo_on(&mut s, b"quick")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(fast.elapsed() < Duration::from_millis(150));
+        let slow = std::time::Instant::now();
+        echo_on(&mut s, b"slow")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            slow.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            slow.elapsed()
+        );
+        assert_eq!(proxy.fired(), 2);
+        assert_eq!(
+            proxy.latency(Direction::Downstream),
+            Duration::from_millis(300)
+        );
     }
 
     #[tokio::test]
