@@ -80,9 +80,81 @@ pub enum Via {
     Raw,
 }
 
-/// A throwaway PostgreSQL with an empty `database` (panics saying why when it cannot start).
+/// The benches' PostgreSQL mode: `DLOCK_BENCH_PG=fast` for the devstack's fast mode (fsync off),
+/// production's durable mode otherwise (docs/benchmarks.md#running-the-benchmarks). Panics on
+/// any other value, naming the two.
+pub fn durability() -> crate::Durability {
+    match std::env::var("DLOCK_BENCH_PG").as_deref() {
+        Err(_) | Ok("durable") | Ok("") => crate::Durability::Durable,
+        Ok("fast") => crate::Durability::Fast,
+        Ok(other) => panic!("DLOCK_BENCH_PG={other:?}: use `durable` (the default) or `fast`"),
+    }
+}
+
+/// A throwaway PostgreSQL in the mode [`durability`] says (panics saying why when it cannot
+/// start).
+pub fn postgres_server() -> crate::PgServer {
+    crate::PgServer::start_durability(durability()).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The raw baseline of a run, measured on `pg`'s `database` before the service's figures:
+/// commits/s with 1 and with `k` conditional updates per commit from `clients` connections.
+pub struct Baseline {
+    pub one: crate::RawCommits,
+    pub k: crate::RawCommits,
+}
+
+impl Baseline {
+    pub fn measure(pg: &crate::PgServer, database: &str, clients: usize, k: usize) -> Self {
+        let seconds = 3;
+        let measure = |updates| {
+            pg.raw_commits(database, clients, updates, seconds)
+                .unwrap_or_else(|e| panic!("{e:#}"))
+        };
+        Self {
+            one: measure(1),
+            k: measure(k),
+        }
+    }
+
+    /// Updates/s at `k` per commit over updates/s at 1 per commit: what grouping buys at most.
+    pub fn ratio(&self) -> f64 {
+        self.k.updates_per_second() / self.one.updates_per_second().max(f64::MIN_POSITIVE)
+    }
+
+    /// Two lines: the mode and the baseline.
+    pub fn describe(&self, pg: &crate::PgServer) -> String {
+        format!(
+            "PostgreSQL mode: {} (DLOCK_BENCH_PG=fast|durable)\n\
+             raw PostgreSQL baseline (pgbench, {} connections, each updating rows of its own): \
+             {:.0} commits/s at 1 update per commit, {:.0} commits/s = {:.0} updates/s at {} per \
+             commit; ratio {:.1}x",
+            pg.durability.name(),
+            self.one.clients,
+            self.one.commits_per_second,
+            self.k.commits_per_second,
+            self.k.updates_per_second(),
+            self.k.updates,
+            self.ratio()
+        )
+    }
+}
+
+/// A throwaway PostgreSQL with an empty `database` (panics saying why when it cannot start), in
+/// the devstack's fast mode (the lock server's bench).
 pub fn postgres(database: &str) -> crate::PgServer {
-    let pg = crate::PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    with_database(
+        crate::PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}")),
+        database,
+    )
+}
+
+/// Like [`postgres`], in the mode [`durability`] says (production's unless told otherwise).
+pub fn postgres_bench(database: &str) -> crate::PgServer {
+    with_database(postgres_server(), database)
+}
+
+fn with_database(pg: crate::PgServer, database: &str) -> crate::PgServer {
     pg.create_database(database)
         .unwrap_or_else(|e| panic!("{e:#}"));
     pg

@@ -116,9 +116,58 @@ pub(crate) fn uuid_like() -> String {
     format!("{}-{nanos}", std::process::id())
 }
 
+/// How a throwaway server writes its WAL and data to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync=off`, `full_page_writes=off`: a commit waits for no disk. A killed process loses
+    /// nothing, a machine crash would; tests and `dlock dev up` run so.
+    Fast,
+    /// Production's settings: `fsync=on`, `full_page_writes=on`, `synchronous_commit=on`, so a
+    /// commit waits for its WAL flush. Benchmarks run so unless told otherwise
+    /// (docs/benchmarks.md#running-the-benchmarks).
+    Durable,
+}
+
+impl Durability {
+    /// The `-c` settings of this mode.
+    fn settings(self) -> [&'static str; 3] {
+        match self {
+            // A throwaway server: an fsync protects against a machine crash, which would take
+            // the test with it. A killed process loses nothing without it.
+            Self::Fast => ["fsync=off", "full_page_writes=off", "synchronous_commit=on"],
+            Self::Durable => ["fsync=on", "full_page_writes=on", "synchronous_commit=on"],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fast => "fast (fsync=off, full_page_writes=off: not production's)",
+            Self::Durable => {
+                "durable (fsync=on, full_page_writes=on, synchronous_commit=on: production's)"
+            }
+        }
+    }
+}
+
+/// Raw PostgreSQL commits, measured by pgbench on the same server: `updates` conditional
+/// `UPDATE`s per transaction, from `clients` connections (each on rows of its own).
+#[derive(Clone, Copy, Debug)]
+pub struct RawCommits {
+    pub clients: usize,
+    pub updates: usize,
+    pub commits_per_second: f64,
+}
+
+impl RawCommits {
+    pub fn updates_per_second(&self) -> f64 {
+        self.commits_per_second * self.updates as f64
+    }
+}
+
 /// A throwaway PostgreSQL server on a free loopback port.
 pub struct PgServer {
     pub port: u16,
+    pub durability: Durability,
     bin: PathBuf,
     dir: PathBuf,
     /// Addresses it listens on besides 127.0.0.1 (a netfault veth, say).
@@ -134,6 +183,11 @@ impl PgServer {
     /// Starts a server in `dir` (initialized from the template if empty) or in a temp dir.
     pub fn start(dir: Option<&Path>) -> Result<Self> {
         Self::start_listening(dir, &[])
+    }
+
+    /// Like [`PgServer::start`] in a temp dir, with the given [`Durability`].
+    pub fn start_durability(durability: Durability) -> Result<Self> {
+        Self::start_inner(None, &[], durability, |_| Ok(Vec::new()))
     }
 
     /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with
@@ -164,6 +218,15 @@ impl PgServer {
     pub(crate) fn start_with(
         dir: Option<&Path>,
         extra: &[IpAddr],
+        prepare: impl FnOnce(&Path) -> Result<Vec<String>>,
+    ) -> Result<Self> {
+        Self::start_inner(dir, extra, Durability::Fast, prepare)
+    }
+
+    fn start_inner(
+        dir: Option<&Path>,
+        extra: &[IpAddr],
+        durability: Durability,
         prepare: impl FnOnce(&Path) -> Result<Vec<String>>,
     ) -> Result<Self> {
         let bin = pg_bin_dir()?;
@@ -202,6 +265,7 @@ impl PgServer {
                 Duration::from_secs(15),
             ),
             port: free_port()?,
+            durability,
             bin,
             dir,
             extra_listen: extra.to_vec(),
@@ -234,13 +298,8 @@ impl PgServer {
                 "max_connections=300",
                 "-c",
                 "shared_buffers=128MB",
-                // A throwaway server: an fsync protects against a machine crash, which would
-                // take the test with it. A killed process loses nothing without it.
-                "-c",
-                "fsync=off",
-                "-c",
-                "full_page_writes=off",
             ])
+            .args(self.durability.settings().iter().flat_map(|s| ["-c", *s]))
             .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]));
         let port = self.port.to_string();
         let pg_isready = self.bin.join("pg_isready");
@@ -291,6 +350,63 @@ impl PgServer {
             self.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;
         }
         Ok(())
+    }
+
+    /// [`RawCommits`] over `seconds` with pgbench, in `database` (its table `raw_commit` is
+    /// created when missing): the bound a service's commits are read against. Each connection
+    /// updates rows of its own, in id order, so the figure is the cost of a commit, not of
+    /// waiting for another connection's row locks.
+    pub fn raw_commits(
+        &self,
+        database: &str,
+        clients: usize,
+        updates: usize,
+        seconds: u64,
+    ) -> Result<RawCommits> {
+        self.psql(
+            database,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS raw_commit (id int PRIMARY KEY, fence bigint NOT NULL \
+                 DEFAULT 0); INSERT INTO raw_commit (id) SELECT g FROM generate_series(0, {}) g \
+                 ON CONFLICT DO NOTHING",
+                clients * updates
+            ),
+        )?;
+        let script = tempfile::NamedTempFile::new().context("creating the pgbench script")?;
+        let mut text = String::from("BEGIN;\n");
+        for j in 0..updates {
+            text.push_str(&format!(
+                "UPDATE raw_commit SET fence = fence + 1 WHERE id = :client_id * {updates} + {j} \
+                 AND fence >= 0;\n"
+            ));
+        }
+        text.push_str("COMMIT;\n");
+        std::fs::write(script.path(), text).context("writing the pgbench script")?;
+        let mut pgbench = Command::new(self.bin.join("pgbench"));
+        pgbench
+            .args(["-n", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-c", &clients.to_string()])
+            .args([
+                "-j",
+                &clients.min(2).to_string(),
+                "-T",
+                &seconds.to_string(),
+            ])
+            .arg("-f")
+            .arg(script.path())
+            .arg(database);
+        let out = run_output(pgbench, "pgbench", None)?;
+        let tps = out
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("tps = "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .ok_or_else(|| anyhow!("pgbench printed no `tps = ` line: {out}"))?;
+        Ok(RawCommits {
+            clients,
+            updates,
+            commits_per_second: tps,
+        })
     }
 
     /// Starts it again on the same port and data.

@@ -7,7 +7,9 @@
 //! time per hop of one payout, and the process's RSS. All services run in this process on real
 //! loopback ports against one throwaway PostgreSQL and one throwaway etcd.
 //!
-//! `cargo bench -p dlock-executor --bench payouts` (optionally `-- --payouts 1200`).
+//! `cargo bench -p dlock-executor --bench payouts` (optionally `-- --payouts 1200`). PostgreSQL
+//! runs with production's durability (fsync on) unless `DLOCK_BENCH_PG=fast`; the raw commit
+//! rate of the same server at 1 and 32 updates per commit (pgbench) is printed first.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -449,7 +451,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let mut pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut pg = dlock_devstack::bench::postgres_server();
     for db in ["lockdb", "paydb", "rawdb"] {
         pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
     }
@@ -458,6 +460,8 @@ fn main() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     runtime.block_on(async {
         let rss_start = rss_mib();
+        let baseline = dlock_devstack::bench::Baseline::measure(&pg, "rawdb", 32, 32);
+        println!("{}", baseline.describe(&pg));
         let raw_seq = raw_commits(&pg.url("rawdb"), 1, 100, Duration::from_secs(2)).await;
         let raw_32 = raw_commits(&pg.url("rawdb"), 32, 100, Duration::from_secs(2)).await;
         let raw_hot = raw_commits(&pg.url("rawdb"), 32, 1, Duration::from_secs(2)).await;

@@ -8,6 +8,8 @@
 //! one statement, then times all posts; pairs/s is pairs over the timed phases.
 //!
 //! `cargo bench -p dlock-payment-resource --bench claim_post` (optionally `-- --seconds 5`).
+//! PostgreSQL runs with production's durability (fsync on) unless `DLOCK_BENCH_PG=fast`; the raw
+//! commit rate of the same server at 1 and 32 updates per commit is printed first.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::{Fence, PaymentClient};
-use dlock_devstack::bench::{Run, Via, postgres, runtime, seconds_arg, timed};
+use dlock_devstack::bench::{Baseline, Run, Via, postgres_bench, runtime, seconds_arg, timed};
 use dlock_payment_resource::store::{Begin, ClaimOutcome, PayStore, PostOutcome, Scope, Tx};
 use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
 use dlock_server::config::RawConfig;
@@ -218,7 +220,8 @@ fn main() {
     let seconds = seconds_arg(4);
     let run_for = Duration::from_secs(seconds);
     let runtime = runtime();
-    let pg = postgres("paydb");
+    let pg = postgres_bench("paydb");
+    println!("{}", Baseline::measure(&pg, "paydb", 16, 32).describe(&pg));
     println!(
         "claim+post pairs, {seconds} s of timed phases per row, one account per payout, rail ack in SQL (untimed)"
     );
