@@ -42,6 +42,15 @@ pub struct OperatorArgs {
     /// The image the operator's pods run when a spec names none (the operator's own image).
     #[arg(long, env = "DLOCK_OPERATOR_IMAGE", default_value = DEFAULT_IMAGE)]
     pub image: String,
+    /// An image a custom resource may name in `spec.image` (or `spec.cloudSql.image`) besides
+    /// --image; repeat for several. A spec naming any other image is refused (InvalidSpec), so
+    /// whoever may create a PayoutBatch cannot run their own image with the services' Secrets.
+    #[arg(
+        long = "allowed-image",
+        env = "DLOCK_OPERATOR_ALLOWED_IMAGES",
+        value_delimiter = ','
+    )]
+    pub allowed_images: Vec<String>,
     /// The Lease of the leader election.
     #[arg(long, env = "DLOCK_OPERATOR_LEASE", default_value = "dlock-operator")]
     pub lease_name: String,
@@ -195,6 +204,7 @@ fn signalled_or_lost(
 fn settings(args: &OperatorArgs) -> Settings {
     Settings {
         image: args.image.clone(),
+        allowed_images: args.allowed_images.clone(),
         operator_namespace: args.lease_namespace.clone(),
         operator_identity: crate::validate::service_account_identity(
             &args.lease_namespace,

@@ -139,7 +139,7 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
     Ok(ValidatedBatch {
         credential,
         pod: PodSettings::from_options(&spec.pod, service_resources()),
-        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
+        image: settings.image_for("spec.image", spec.image.as_ref())?,
         workers,
         manifest_yaml,
         lock_server_url,
@@ -197,7 +197,7 @@ pub fn reconciliation(
     Ok(ValidatedReconciliation {
         pod: PodSettings::from_options(&spec.pod, service_resources()),
         name: object.name_any(),
-        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
+        image: settings.image_for("spec.image", spec.image.as_ref())?,
         schedule: spec.schedule.clone(),
         paydb: spec.database_url_secret.clone(),
         rail_url,

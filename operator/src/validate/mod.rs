@@ -40,6 +40,37 @@ pub struct Settings {
     pub operator_identity: String,
     /// The operator's own namespace: the services' NetworkPolicies let its pods in.
     pub operator_namespace: String,
+    /// The images a custom resource may name besides [`Settings::image`] (the chart's
+    /// `allowedImages`): the platform decides what runs with the services' Secrets, not whoever
+    /// may create a PayoutBatch.
+    pub allowed_images: Vec<String>,
+}
+
+impl Settings {
+    /// The image a pod runs: `named` (the spec's `field`) when the platform allows it, the
+    /// operator's own image when the spec names none.
+    pub fn image_for(&self, field: &str, named: Option<&String>) -> Result<String, Invalid> {
+        match named {
+            None => Ok(self.image.clone()),
+            Some(image) if *image == self.image || self.allowed_images.contains(image) => {
+                Ok(image.clone())
+            }
+            Some(image) => Err(invalid(
+                field,
+                format!(
+                    "the image {image:?} is not one this operator runs: leave {field} out to run \
+                     the operator's own image ({}), or ask the platform team to add it to the \
+                     chart's allowedImages (the operator's --allowed-image){}",
+                    self.image,
+                    if self.allowed_images.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; allowed now: {}", self.allowed_images.join(", "))
+                    }
+                ),
+            )),
+        }
+    }
 }
 
 /// The identity a service account's projected token authenticates as under TokenReview.

@@ -81,3 +81,42 @@ fn a_revocation_target_uses_the_namespaces_objects_never_fixed_names() {
     bad_key.order.account_id = "a/b".to_owned();
     assert!(check_ask(&bad_key).is_err());
 }
+
+#[test]
+fn a_spec_runs_only_the_operators_image_or_one_the_platform_allows() {
+    let settings = Settings {
+        image: "ghcr.io/dlock/dlock:0.1.0".to_owned(),
+        operator_identity: "system:serviceaccount:dlock-system:dlock-operator".to_owned(),
+        operator_namespace: "dlock-system".to_owned(),
+        allowed_images: names(&["registry.example/dlock:0.1.1"]),
+    };
+    let named = |image: &str| settings.image_for("spec.image", Some(&image.to_owned()));
+    assert_eq!(
+        settings.image_for("spec.image", None),
+        Ok(settings.image.clone())
+    );
+    assert_eq!(
+        named("ghcr.io/dlock/dlock:0.1.0"),
+        Ok(settings.image.clone())
+    );
+    assert_eq!(
+        named("registry.example/dlock:0.1.1"),
+        Ok("registry.example/dlock:0.1.1".to_owned())
+    );
+    for hostile in [
+        "evil.example/exfiltrate:latest",
+        "ghcr.io/dlock/dlock:0.1.0-evil",
+        "registry.example/dlock:0.1.1@sha256:0000",
+        "",
+    ] {
+        let Err(refused) = named(hostile) else {
+            panic!("{hostile:?} was allowed");
+        };
+        assert_eq!(refused.field, "spec.image");
+        assert!(
+            refused.message.contains("allowedImages")
+                && refused.message.contains("registry.example/dlock:0.1.1"),
+            "{refused}"
+        );
+    }
+}

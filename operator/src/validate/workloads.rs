@@ -19,14 +19,24 @@ use crate::workload::{
     ValidCloudSql, Workload, service_resources, service_url, small_resources,
 };
 
-fn cloud_sql(spec: Option<&CloudSql>) -> Option<ValidCloudSql> {
-    spec.map(|c| ValidCloudSql {
-        instance_connection_name: c.instance_connection_name.clone(),
-        image: c
-            .image
-            .clone()
-            .unwrap_or_else(|| CLOUD_SQL_PROXY_IMAGE.to_owned()),
+/// The Cloud SQL Auth Proxy sidecar: its default image, or one the platform allows (it runs in
+/// the service's pod, beside the database password).
+fn cloud_sql(
+    spec: Option<&CloudSql>,
+    settings: &Settings,
+) -> Result<Option<ValidCloudSql>, Invalid> {
+    spec.map(|c| {
+        let image = match &c.image {
+            None => CLOUD_SQL_PROXY_IMAGE.to_owned(),
+            Some(image) if image == CLOUD_SQL_PROXY_IMAGE => image.clone(),
+            Some(image) => settings.image_for("spec.cloudSql.image", Some(image))?,
+        };
+        Ok(ValidCloudSql {
+            instance_connection_name: c.instance_connection_name.clone(),
+            image,
+        })
     })
+    .transpose()
 }
 
 fn auth_mode(spec: Option<&ServiceAuth>) -> AuthMode {
@@ -217,12 +227,12 @@ fn service<K: Resource<DynamicType = ()>>(
         namespace,
         component,
         instance: name.clone(),
-        image: spec.image.clone().unwrap_or_else(|| settings.image.clone()),
+        image: settings.image_for("spec.image", spec.image.as_ref())?,
         replicas: replicas(spec.replicas)?,
         config_toml: String::new(),
         secret_env: Vec::new(),
         termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
-        cloud_sql: cloud_sql(spec.cloud_sql.as_ref()),
+        cloud_sql: cloud_sql(spec.cloud_sql.as_ref(), settings)?,
         data_volume: false,
         etcd_tls_secret: None,
         etcd_password_secret: None,
@@ -362,6 +372,8 @@ pub fn payment_resource(
             server: server(),
             pg_url: None,
             auth,
+            // A PaymentResource's spec names no second-approval threshold yet.
+            dual_approval_above: None,
             fencing,
         })?,
         secret_env: secret_env(

@@ -9,6 +9,8 @@ use serde::Serialize;
 
 pub const NAMESPACE: &str = "default";
 pub const IMAGE: &str = "dlock:test";
+/// An image the fixture's platform allows besides [`IMAGE`].
+pub const ALLOWED_IMAGE: &str = "registry.example/dlock:pinned";
 pub const OPERATOR_IDENTITY: &str = "system:serviceaccount:dlock-system:dlock-operator";
 pub const NOW: &str = "2026-12-02T17:00:00Z";
 
@@ -17,6 +19,7 @@ pub fn settings() -> dlock_operator::validate::Settings {
         image: IMAGE.to_owned(),
         operator_identity: OPERATOR_IDENTITY.to_owned(),
         operator_namespace: "dlock-system".to_owned(),
+        allowed_images: vec![ALLOWED_IMAGE.to_owned()],
     }
 }
 

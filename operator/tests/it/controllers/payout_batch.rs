@@ -127,7 +127,7 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     running["status"] = json!({"active": 1});
     let mut changed = batch.clone();
     changed.spec.workers = Some(3);
-    changed.spec.image = Some("dlock:next".to_owned());
+    changed.spec.image = Some(fixtures::ALLOWED_IMAGE.to_owned());
     changed.metadata.generation = Some(2);
     let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
         Arc::new(changed),
