@@ -146,10 +146,7 @@ fn refusal(
         Admission::PayoutUnknown => {
             ApiError::not_found(format!("payout {payout_id} does not exist"))
         }
-        Admission::Mismatch => ApiError::validation(vec![FieldError::new(
-            "payoutId",
-            "accountId, amountMinor and currency must be the payout's own",
-        )]),
+        Admission::Mismatch { fields } => mismatch(&fields, caller, body),
         Admission::Fenced { resource, highest } => fenced(state, resource, highest, caller, body),
         Admission::Duplicate {
             submission_id,
@@ -168,6 +165,33 @@ fn refusal(
             ApiError::internal("an admitted submission was answered as refused")
         }
     }
+}
+
+/// VALIDATION_FAILED naming each field of the submission that is not the registered payout's
+/// (`rail_admit` compared them in paydb): what reaches the rail is the payout as registered, so a
+/// claim on one payout cannot send its money elsewhere or another sum.
+fn mismatch(fields: &[String], caller: &Caller<'_>, body: &SubmissionRequest) -> ApiError {
+    tracing::warn!(
+        event = "rail_submission_mismatch",
+        payout_id = %body.payout_id,
+        account_id = %body.account_id,
+        fields = %fields.join(","),
+        presented_token = caller.token,
+        owner_id = %caller.owner,
+        "a submission that is not the registered payout was refused; nothing was forwarded"
+    );
+    let named: Vec<FieldError> = fields
+        .iter()
+        .map(|field| FieldError::new(field, "must be the registered payout's own"))
+        .collect();
+    if named.is_empty() {
+        // rail_admit always names a field; should it not, the payout still is not forwarded.
+        return ApiError::validation(vec![FieldError::new(
+            "payoutId",
+            "accountId, amountMinor, currency and beneficiaryRef must be the payout's own",
+        )]);
+    }
+    ApiError::validation(named)
 }
 
 /// FENCED_OUT at the rail: a stale token, so two workers believed they held one lock.

@@ -97,8 +97,11 @@ pub enum Admission {
         submission_id: Option<Uuid>,
     },
     PayoutUnknown,
-    /// The account, amount or currency are not the payout's.
-    Mismatch,
+    /// The account, amount, currency or beneficiary are not the payout's: the fields that
+    /// differ, by their names in the request (`amountMinor`, `beneficiaryRef`, …).
+    Mismatch {
+        fields: Vec<String>,
+    },
     /// The token is below the high-water mark or the account's fence.
     Fenced {
         resource: String,
@@ -140,7 +143,15 @@ impl AdmitRow {
                 submission_id: self.submission_id,
             },
             "payout_unknown" => Admission::PayoutUnknown,
-            "mismatch" => Admission::Mismatch,
+            "mismatch" => Admission::Mismatch {
+                fields: self
+                    .resource_type
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter(|f| !f.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            },
             "fenced" => Admission::Fenced {
                 resource: self.resource_type.unwrap_or_else(|| "rail".into()),
                 highest: self.highest_token.unwrap_or_default(),
@@ -246,12 +257,13 @@ pub async fn admit(
     let row: AdmitRow = sqlx::query_as(
         "SELECT outcome, highest_token, resource_type, state, submission_id, submission_outcome, \
                 response_status, response_body \
-         FROM rail_admit($1, $2, $3, $4, $5, $6, $7, $8)",
+         FROM rail_admit($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(body.payout_id)
     .bind(&body.account_id)
     .bind(body.amount_minor)
     .bind(&body.currency)
+    .bind(&body.beneficiary_ref)
     .bind(token)
     .bind(key)
     .bind(submission_id)
