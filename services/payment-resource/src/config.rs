@@ -36,6 +36,10 @@ pub struct PaymentConfig {
     /// `payment.payout.max-attempts`: how many claims a payout gets. A claim that finds it
     /// claimed this many times abandons it instead (ABANDONED, docs/design.md#payouts).
     pub max_attempts: i32,
+    /// `payment.batch.max`: the most claims (or posts) one transaction takes when requests of
+    /// that kind queue behind a running one (docs/design.md#group-commit). 1 runs every request
+    /// in its own transaction.
+    pub batch_max: usize,
     /// `fencing.proof-keys-file` (docs/design.md#d-8): when set, claim and post need the lock
     /// server's `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is
     /// possible.
@@ -105,6 +109,7 @@ impl PaymentConfig {
             )? as i32,
         };
         let max_attempts = raw.integer("payment.payout.max-attempts", 20, 1..=1_000)? as i32;
+        let batch_max = raw.integer("payment.batch.max", 32, 1..=256)? as usize;
         let http = HttpLimits {
             body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
                 as usize,
@@ -123,6 +128,7 @@ impl PaymentConfig {
             operator_token,
             idempotency,
             max_attempts,
+            batch_max,
             proof_keys,
         })
     }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use dlock_server::metrics::FencedOut;
@@ -29,12 +31,32 @@ pub struct LookupLabels {
     pub outcome: Lookup,
 }
 
+/// The writes that are group-committed (docs/design.md#group-commit).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum BatchKind {
+    claim,
+    post,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchLabels {
+    pub kind: BatchKind,
+}
+
+/// Buckets 1, 2, 4, … 256: the batch sizes `payment.batch.max` allows.
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+}
+
 pub struct Metrics {
     pub registry: Registry,
     fenced_out: FencedOut,
     lookups: Family<LookupLabels, Counter>,
     conflicts: Counter,
     in_progress_timeouts: Counter,
+    batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
+    batch_queued: Family<BatchLabels, Gauge>,
 }
 
 impl Metrics {
@@ -57,8 +79,21 @@ impl Metrics {
                 "idempotency_in_progress_timeouts",
                 "Duplicates that stopped waiting for the identical request still in progress",
             ),
+            batch_size: registry.add_made(
+                "payment_batch_size",
+                "Requests per transaction of the claims and posts (1: a request alone)",
+                Family::new_with_constructor(batch_histogram as fn() -> Histogram),
+            ),
+            batch_queued: registry.add(
+                "payment_batch_queued",
+                "Claims and posts waiting for the transaction of their kind that runs",
+            ),
             registry,
         };
+        for kind in [BatchKind::claim, BatchKind::post] {
+            let _ = metrics.batch_size.get_or_create(&BatchLabels { kind });
+            let _ = metrics.batch_queued.get_or_create(&BatchLabels { kind });
+        }
         // Every label value exists from the start, so a dashboard shows 0 rather than nothing.
         for outcome in [Lookup::hit, Lookup::miss] {
             let _ = metrics.lookups.get_or_create(&LookupLabels { outcome });
@@ -80,6 +115,20 @@ impl Metrics {
 
     pub fn in_progress_timeout(&self) {
         self.in_progress_timeouts.inc();
+    }
+
+    /// One transaction of `kind` ran `size` requests.
+    pub fn batch(&self, kind: BatchKind, size: usize) {
+        self.batch_size
+            .get_or_create(&BatchLabels { kind })
+            .observe(size as f64);
+    }
+
+    /// `queued` requests of `kind` wait for the next transaction.
+    pub fn queued(&self, kind: BatchKind, queued: usize) {
+        self.batch_queued
+            .get_or_create(&BatchLabels { kind })
+            .set(queued as i64);
     }
 
     pub fn encode(&self) -> String {

@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod funds;
+mod group_commit;
 mod idempotency;
 mod operator;
 mod rows;

@@ -47,7 +47,7 @@ impl Reply {
         Self::json(StatusCode::CREATED, &row)
     }
 
-    fn into_response(self, replayed: bool) -> Response {
+    pub(super) fn into_response(self, replayed: bool) -> Response {
         let mut response = (self.status, self.body).into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -155,7 +155,11 @@ impl AppState {
         }
     }
 
-    fn started(&self, scope: &Scope, begun: StoreResult<Begin>) -> Result<Started, ApiError> {
+    pub(super) fn started(
+        &self,
+        scope: &Scope,
+        begun: StoreResult<Begin>,
+    ) -> Result<Started, ApiError> {
         match begun {
             Ok(Begin::Fresh(tx)) => {
                 self.metrics.lookup(Lookup::miss);

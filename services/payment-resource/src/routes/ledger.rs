@@ -12,6 +12,7 @@ use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
 use serde_json::json;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use super::AppState;
 use super::checks::{check_account_id, check_amount, check_reference, checked_write};
@@ -19,7 +20,7 @@ use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
 use super::payouts::Fenced;
 use crate::metrics::Resource;
-use crate::store::{FundOutcome, PayStore, PostOutcome};
+use crate::store::{FundOutcome, PayStore, PostOutcome, Scope};
 
 pub(super) async fn fund(
     State(state): State<AppState>,
@@ -88,24 +89,51 @@ pub(super) async fn post_payout(
         check_reference(checks, "railReference", &body.rail_reference);
     })
     .await?;
-    let payout_id = on.payout_id;
-    let route = format!("POST /v1/payouts/{payout_id}/post");
+    let route = format!("POST /v1/payouts/{}/post", on.payout_id);
     let scope = state.scope(route, &on.write, on.token, &body, true)?;
-    // One round trip: the idempotency record, the post and its entries in one call
-    // (`pay_post_once`).
-    let post = |tx, wait| {
-        let (reference, submission) = (&body.rail_reference, body.submission_id);
-        PayStore::post_once(
-            tx, &scope, wait, payout_id, reference, submission, on.proven,
-        )
+    let job = PostJob {
+        on,
+        scope,
+        rail_reference: body.rail_reference,
+        submission_id: body.submission_id,
     };
-    let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
-        post_effect(&state, outcome, entries, &on)
-    };
-    Ok(state.once(&scope, post, answer).await)
+    if state.config.batch_max == 1 {
+        return Ok(post_single(&state, &job).await);
+    }
+    // Group commit (docs/design.md#group-commit): posts that queue behind a running one go
+    // into the next transaction together.
+    let batches = state.batches.clone();
+    Ok(batches
+        .posts
+        .submit(state, job)
+        .await
+        .unwrap_or_else(super::payouts::batch_lost))
 }
 
-fn post_effect(
+/// A post, checked and proven, waiting for its transaction.
+pub(super) struct PostJob {
+    pub(super) on: Fenced,
+    pub(super) scope: Scope,
+    pub(super) rail_reference: String,
+    pub(super) submission_id: Uuid,
+}
+
+/// A post in a transaction of its own: the idempotency record, the post and its entries in one
+/// call (`pay_post_once`).
+pub(super) async fn post_single(state: &AppState, job: &PostJob) -> Response {
+    let (on, scope) = (&job.on, &job.scope);
+    let payout_id = on.payout_id;
+    let post = |tx, wait| {
+        let (reference, submission) = (&job.rail_reference, job.submission_id);
+        PayStore::post_once(tx, scope, wait, payout_id, reference, submission, on.proven)
+    };
+    let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
+        post_effect(state, outcome, entries, on)
+    };
+    state.once(scope, post, answer).await
+}
+
+pub(super) fn post_effect(
     state: &AppState,
     outcome: PostOutcome,
     entries: Vec<LedgerEntry>,
@@ -165,7 +193,6 @@ fn entries_are_one_balanced_pair(entries: &[LedgerEntry], token: i64) -> bool {
 mod tests {
     use super::*;
     use dlock_contract::payment::Direction;
-    use uuid::Uuid;
 
     fn entry(direction: Direction, amount_minor: i64, fence: i64) -> LedgerEntry {
         LedgerEntry {

@@ -40,14 +40,18 @@ pub struct AppState {
     pub store: PayStore,
     pub config: Arc<PaymentConfig>,
     pub metrics: Arc<Metrics>,
+    /// The group-commit queues of claims and posts (docs/design.md#group-commit).
+    batches: Arc<payouts::Batches>,
 }
 
 impl AppState {
     pub fn new(store: PayStore, config: Arc<PaymentConfig>) -> Self {
+        let metrics = Metrics::new();
         Self {
+            batches: Arc::new(payouts::Batches::new(config.batch_max, &metrics)),
             store,
             config,
-            metrics: Metrics::new(),
+            metrics,
         }
     }
 }

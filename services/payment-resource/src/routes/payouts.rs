@@ -4,7 +4,7 @@
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
@@ -17,6 +17,7 @@ use dlock_server::extract::PathWrite;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
+use std::sync::Arc;
 use uuid::Uuid;
 
 use super::AppState;
@@ -28,11 +29,13 @@ use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, idempotent};
-use crate::metrics::Resource;
+use super::idempotency::{Create, Reply, Started, idempotent};
+use super::ledger::{PostJob, post_effect, post_single};
+use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::store::{
-    AbandonOutcome, Audit, ClaimOutcome, Contradiction, ContradictionKind, CreatePayoutOutcome,
-    PayStore, Refusal, ResolveOutcome,
+    AbandonOutcome, Answer, Audit, Begin, ClaimItem, ClaimOutcome, Contradiction,
+    ContradictionKind, CreatePayoutOutcome, GroupCommit, Item, PayStore, PostItem, Refusal,
+    ResolveOutcome, Scope, StoreError, Tx,
 };
 
 impl Create for CreatePayoutRequest {
@@ -207,17 +210,40 @@ pub(super) async fn claim(
         );
     })
     .await?;
-    let payout_id = on.payout_id;
-    let route = format!("POST /v1/payouts/{payout_id}/claim");
+    let route = format!("POST /v1/payouts/{}/claim", on.payout_id);
     let scope = state.scope(route, &on.write, on.token, &body, false)?;
-    let max_attempts = state.config.max_attempts;
-    let (expected, proven) = (body.expected_state, on.proven);
-    // One round trip: the idempotency record and the claim in one call (`pay_claim_once`).
-    let claim = |tx, wait| {
-        PayStore::claim_once(tx, &scope, wait, payout_id, expected, max_attempts, proven)
+    let job = ClaimJob {
+        on,
+        scope,
+        expected: body.expected_state,
     };
-    let answer = |outcome| claim_effect(&state, outcome, &on, expected);
-    Ok(state.once(&scope, claim, answer).await)
+    if state.config.batch_max == 1 {
+        return Ok(claim_single(&state, &job).await);
+    }
+    let batches = state.batches.clone();
+    Ok(batches
+        .claims
+        .submit(state, job)
+        .await
+        .unwrap_or_else(batch_lost))
+}
+
+/// A claim, checked and proven, waiting for its transaction.
+pub(super) struct ClaimJob {
+    on: Fenced,
+    scope: Scope,
+    expected: PayoutState,
+}
+
+/// A claim in a transaction of its own: the idempotency record and the claim in one call
+/// (`pay_claim_once`).
+async fn claim_single(state: &AppState, job: &ClaimJob) -> Response {
+    let (on, scope, expected) = (&job.on, &job.scope, job.expected);
+    let (payout_id, proven, max_attempts) = (on.payout_id, on.proven, state.config.max_attempts);
+    let claim =
+        |tx, wait| PayStore::claim_once(tx, scope, wait, payout_id, expected, max_attempts, proven);
+    let answer = |outcome| claim_effect(state, outcome, on, expected);
+    state.once(scope, claim, answer).await
 }
 
 fn claim_effect(
@@ -507,4 +533,251 @@ async fn cancel_effect(
             body.expected_state.as_str(),
         )),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group commit (docs/design.md#group-commit)
+// ---------------------------------------------------------------------------------------------
+
+/// The queues of the group-committed writes, one per kind.
+pub struct Batches {
+    claims: GroupCommit<AppState, ClaimJob, Response>,
+    pub(super) posts: GroupCommit<AppState, PostJob, Response>,
+}
+
+impl Batches {
+    pub fn new(max: usize, metrics: &Arc<Metrics>) -> Self {
+        let gauge = |kind| -> Arc<dyn Fn(usize) + Send + Sync> {
+            let metrics = metrics.clone();
+            Arc::new(move |n| metrics.queued(kind, n))
+        };
+        Self {
+            claims: GroupCommit::new(
+                max,
+                |job: &ClaimJob| job.on.payout_id,
+                |state, jobs| Box::pin(async move { claims_batch(&state, jobs).await }),
+                gauge(BatchKind::claim),
+            ),
+            posts: GroupCommit::new(
+                max,
+                |job: &PostJob| job.on.payout_id,
+                |state, jobs| Box::pin(async move { posts_batch(&state, jobs).await }),
+                gauge(BatchKind::post),
+            ),
+        }
+    }
+}
+
+/// The answer when a batch's task died without answering (a bug): retry-safe, as nothing of
+/// an unanswered batch is committed after its answers are lost.
+pub(super) fn batch_lost() -> Response {
+    ApiError::new(
+        ErrorCode::NotLeader,
+        "the transaction this request was grouped in stopped without an answer; retry",
+    )
+    .into_response()
+}
+
+/// What an item of a batch gets once its verdict is read.
+enum Settled {
+    /// A fresh effect's answer, stored with the batch.
+    Store(Reply),
+    /// A replayed or refused answer (nothing to store).
+    Done(Response),
+    /// Run again on the single path after the batch commits.
+    Single,
+    /// Its answer is a server fault: the single path rolls that back, so the whole batch is
+    /// rolled back and every item runs on the single path.
+    Poison,
+}
+
+fn settle<T>(
+    state: &AppState,
+    scope: &Scope,
+    verdict: Item<T>,
+    answer: impl FnOnce(T) -> Result<Reply, ApiError>,
+) -> Settled {
+    let done = |begun| match state.started(scope, Ok(begun)) {
+        Ok(Started::Done(response)) => Settled::Done(response),
+        Ok(Started::Fresh(_)) => Settled::Single,
+        Err(error) => Settled::Done(error.into_response()),
+    };
+    match verdict {
+        Item::Fresh(outcome) => {
+            state.metrics.lookup(Lookup::miss);
+            match answer(outcome) {
+                Ok(reply) => Settled::Store(reply),
+                Err(error)
+                    if error.status.is_server_error() || error.status == StatusCode::NOT_FOUND =>
+                {
+                    Settled::Poison
+                }
+                Err(error) => match Reply::json(error.status, &error.body()) {
+                    Ok(reply) => Settled::Store(reply),
+                    Err(_) => Settled::Poison,
+                },
+            }
+        }
+        Item::Replay { status, body } => done(Begin::Replay { status, body }),
+        Item::Conflict => done(Begin::Conflict),
+        // The single path answers these as it always does: 404, the in-progress 429, or
+        // whatever rolled the item back (a CHECK, a limit).
+        Item::NotFound | Item::Failed(_) => Settled::Single,
+    }
+}
+
+/// Every item of a batch that failed as a whole: 503, retry-safe, nothing was written (it was
+/// one transaction).
+fn batch_failed(state: &AppState, kind: BatchKind, n: usize, error: &StoreError) -> Vec<Response> {
+    tracing::warn!(event = "payment_batch_failed", kind = ?kind, size = n, error = %error, "a group-committed transaction failed; every request in it is answered 503 and nothing was written");
+    let _ = state;
+    (0..n)
+        .map(|_| {
+            ApiError::new(
+                ErrorCode::NotLeader,
+                "paydb failed the transaction this request was grouped in; nothing was written, retry",
+            )
+            .into_response()
+        })
+        .collect()
+}
+
+/// Stores the settled answers and commits; then the items that run on the single path do.
+async fn commit_batch<J>(
+    state: &AppState,
+    kind: BatchKind,
+    tx: Tx,
+    jobs: &[J],
+    scope: fn(&J) -> &Scope,
+    settled: Vec<Settled>,
+) -> Result<Vec<Option<Response>>, Vec<Response>> {
+    if settled.iter().any(|s| matches!(s, Settled::Poison)) {
+        drop(tx);
+        return Ok(jobs.iter().map(|_| None).collect());
+    }
+    let answers: Vec<Answer> = jobs
+        .iter()
+        .zip(&settled)
+        .filter_map(|(job, s)| match s {
+            Settled::Store(reply) => Some(Answer {
+                scope: scope(job),
+                status: reply.status.as_u16(),
+                body: &reply.body,
+            }),
+            _ => None,
+        })
+        .collect();
+    if let Err(error) = state.store.finish_many(tx, &answers).await {
+        return Err(batch_failed(state, kind, jobs.len(), &error));
+    }
+    Ok(settled
+        .into_iter()
+        .map(|s| match s {
+            Settled::Store(reply) => Some(reply.into_response(false)),
+            Settled::Done(response) => Some(response),
+            Settled::Single | Settled::Poison => None,
+        })
+        .collect())
+}
+
+async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {
+    state.metrics.batch(BatchKind::claim, jobs.len());
+    if let [job] = jobs.as_slice() {
+        return vec![claim_single(state, job).await];
+    }
+    let items: Vec<ClaimItem> = jobs
+        .iter()
+        .map(|job| ClaimItem {
+            scope: &job.scope,
+            payout_id: job.on.payout_id,
+            expected_state: job.expected,
+        })
+        .collect();
+    let config = &state.config;
+    let verdicts = state
+        .store
+        .claim_many(
+            &items,
+            config.idempotency.in_progress_wait_ms,
+            config.max_attempts,
+            config.proof_keys.is_some(),
+        )
+        .await;
+    let (tx, verdicts) = match verdicts {
+        Ok(v) => v,
+        Err(error) => return batch_failed(state, BatchKind::claim, jobs.len(), &error),
+    };
+    let settled = jobs
+        .iter()
+        .zip(verdicts)
+        .map(|(job, verdict)| {
+            settle(state, &job.scope, verdict, |outcome| {
+                claim_effect(state, outcome, &job.on, job.expected)
+            })
+        })
+        .collect();
+    let answers = commit_batch(state, BatchKind::claim, tx, &jobs, |j| &j.scope, settled).await;
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(failed) => return failed,
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, answer) in jobs.iter().zip(answers) {
+        out.push(match answer {
+            Some(response) => response,
+            None => claim_single(state, job).await,
+        });
+    }
+    out
+}
+
+async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
+    state.metrics.batch(BatchKind::post, jobs.len());
+    if let [job] = jobs.as_slice() {
+        return vec![post_single(state, job).await];
+    }
+    let items: Vec<PostItem> = jobs
+        .iter()
+        .map(|job| PostItem {
+            scope: &job.scope,
+            payout_id: job.on.payout_id,
+            rail_reference: &job.rail_reference,
+            submission_id: job.submission_id,
+        })
+        .collect();
+    let config = &state.config;
+    let verdicts = state
+        .store
+        .post_many(
+            &items,
+            config.idempotency.in_progress_wait_ms,
+            config.proof_keys.is_some(),
+        )
+        .await;
+    let (tx, verdicts) = match verdicts {
+        Ok(v) => v,
+        Err(error) => return batch_failed(state, BatchKind::post, jobs.len(), &error),
+    };
+    let settled = jobs
+        .iter()
+        .zip(verdicts)
+        .map(|(job, verdict)| {
+            settle(state, &job.scope, verdict, |(outcome, entries)| {
+                post_effect(state, outcome, entries, &job.on)
+            })
+        })
+        .collect();
+    let answers = commit_batch(state, BatchKind::post, tx, &jobs, |j| &j.scope, settled).await;
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(failed) => return failed,
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, answer) in jobs.iter().zip(answers) {
+        out.push(match answer {
+            Some(response) => response,
+            None => post_single(state, job).await,
+        });
+    }
+    out
 }

@@ -105,12 +105,12 @@ struct PostOnceRow {
 /// One entry of `pay_post_once`'s JSON array.
 #[derive(Debug, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct EntryJson {
-    entry_id: Uuid,
-    account_id: String,
-    direction: String,
-    amount_minor: i64,
-    fence: i64,
+pub(super) struct EntryJson {
+    pub(super) entry_id: Uuid,
+    pub(super) account_id: String,
+    pub(super) direction: String,
+    pub(super) amount_minor: i64,
+    pub(super) fence: i64,
 }
 
 impl PayStore {

@@ -2,6 +2,7 @@
 //! `migrations/paydb`, inside the transaction that also holds the request's idempotency record,
 //! so the effect and the stored answer commit together or not at all.
 
+mod batch;
 mod idempotency;
 mod outcome;
 mod writes;
@@ -14,6 +15,7 @@ use dlock_server::pg::PgSettings;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+pub use batch::{Answer, ClaimItem, GroupCommit, Item, PostItem, Runner};
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
     AbandonOutcome, AdvanceOutcome, ClaimOutcome, Contradiction, ContradictionKind,
