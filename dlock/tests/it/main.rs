@@ -17,6 +17,7 @@ mod harness;
 mod lock_owner;
 mod monitoring;
 mod netfault;
+mod outcome_unknown;
 mod payment;
 mod payment_hygiene;
 mod pg_tls;

@@ -59,6 +59,21 @@ impl ClientError {
         }
     }
 
+    /// Whether a write may have taken effect although no success came back: the lock server's
+    /// `503 OUTCOME_UNKNOWN` (it sent the write to its backend and heard nothing back), a
+    /// `500 INTERNAL` (the contract's "the outcome is unknown"), or no answer at all after the
+    /// request was sent. Such a write is never resent blindly: read the state it would have
+    /// changed (L7 for a key) and act on that (docs/contract.md#outcome-unknown).
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            ClientError::Api { body, .. } => {
+                matches!(body.code, ErrorCode::OutcomeUnknown | ErrorCode::Internal)
+            }
+            ClientError::Transport { connect, .. } => !*connect,
+            ClientError::Protocol { .. } => false,
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ClientError::Api { body, .. } => body.retry_after_millis.map(Duration::from_millis),
@@ -398,6 +413,17 @@ impl LockClient {
         let path = format!("/v1/locks/{key}");
         let (url, req) = self.request(Method::GET, &path, READ_TIMEOUT);
         expect_body(&url, send(&url, req).await?)
+    }
+
+    /// The token of the grant `session_id` holds on `key` now, if any (L7, advisory): what an
+    /// acquire or release whose outcome is unknown is settled by. A key never seen is `None`.
+    pub async fn held_by(&self, key: &str, session_id: Uuid) -> Result<Option<i64>, ClientError> {
+        match self.get(key).await {
+            Ok(info) if info.held && info.session_id == Some(session_id) => Ok(info.fencing_token),
+            Ok(_) => Ok(None),
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The held-locks list, advisory.

@@ -9,10 +9,11 @@
 //! computed from the requested TTL would outlive the real lease. Times are on this process's
 //! monotonic clock, counted from *sending* the request that set them, so they never err late.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use tokio::sync::{RwLock, watch};
 use uuid::Uuid;
 
@@ -56,6 +57,16 @@ struct Inner {
     current: RwLock<Liveness>,
     /// Counts the sessions lost so far; a receiver sees each loss.
     lost: watch::Sender<u64>,
+    /// The (key, token) of every [`HeldLock`] handed out and not yet released: what tells an
+    /// acquire whose outcome is unknown from a lock another worker of this session holds.
+    held: Held,
+}
+
+/// The grants a session's locks carry, shared with each [`HeldLock`].
+type Held = Arc<Mutex<HashSet<(String, i64)>>>;
+
+fn held_set(held: &Held) -> std::sync::MutexGuard<'_, HashSet<(String, i64)>> {
+    held.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A lock-server session kept alive by heartbeats every third of the granted TTL (two tries
@@ -83,6 +94,7 @@ impl LockSession {
             requested_ttl_ms: ttl_ms,
             current: RwLock::new(Liveness::opened(&session, sent)),
             lost: watch::Sender::new(0),
+            held: Held::default(),
         });
         let keeper = tokio::spawn(keep_alive(inner.clone()));
         Ok(Self { inner, keeper })
@@ -105,6 +117,14 @@ impl LockSession {
     /// Acquires `key` under this session through `lock` (the caller's client, e.g. one in a
     /// trace), retrying what is retry-safe 5 times. The deadline counts from sending the acquire
     /// that succeeded and keeps `1 − safety_margin` of the granted lease.
+    ///
+    /// An acquire whose outcome is unknown (`503 OUTCOME_UNKNOWN`, no answer) is never resent
+    /// blindly: the key is read (L7) first. Held by this session under a token no lock of this
+    /// session carries, it is that acquire's grant, whose proof never arrived: it is released
+    /// (a compare-and-delete on its token, which can end no other grant) and the acquire sent
+    /// again. Not held by this session, nothing of it stands and the acquire is sent again. When
+    /// the key cannot be read, the unknown outcome is the answer
+    /// (docs/contract.md#outcome-unknown).
     pub async fn acquire(
         &self,
         lock: &LockClient,
@@ -114,24 +134,87 @@ impl LockSession {
         safety_margin: f64,
     ) -> Result<HeldLock, ClientError> {
         let session = self.id().await;
-        let sent = std::sync::Mutex::new(Instant::now());
-        let grant = (|| {
-            *sent.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-            lock.acquire(key, session, Some(ttl_ms), wait_ms)
-        })
-        .retry(retry_policy(5))
-        .when(|e: &ClientError| e.retry_safe())
-        .await?;
-        let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
-        let deadline = local_deadline(sent, &grant, self.liveness().await, safety_margin);
-        Ok(HeldLock { grant, deadline })
+        let mut backoff = retry_policy(5).build();
+        loop {
+            let sent = Instant::now();
+            let error = match lock.acquire(key, session, Some(ttl_ms), wait_ms).await {
+                Ok(grant) => {
+                    held_set(&self.inner.held).insert((key.to_owned(), grant.fencing_token));
+                    let deadline =
+                        local_deadline(sent, &grant, self.liveness().await, safety_margin);
+                    return Ok(HeldLock {
+                        grant,
+                        deadline,
+                        held: self.inner.held.clone(),
+                    });
+                }
+                Err(e) => e,
+            };
+            if error.outcome_unknown() {
+                self.settle_acquire(lock, key, session, &error).await?;
+            } else if !error.retry_safe() {
+                return Err(error);
+            }
+            match backoff.next() {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(error),
+            }
+        }
+    }
+
+    /// After an acquire of `key` whose outcome is unknown: ends the grant it may have made (see
+    /// [`LockSession::acquire`]); `Err(error)` when the key cannot be read or that grant cannot
+    /// be ended.
+    async fn settle_acquire(
+        &self,
+        lock: &LockClient,
+        key: &str,
+        session: Uuid,
+        error: &ClientError,
+    ) -> Result<(), ClientError> {
+        let Ok(holding) = lock.held_by(key, session).await else {
+            return Err(error.clone());
+        };
+        let Some(token) = holding else {
+            return Ok(());
+        };
+        if held_set(&self.inner.held).contains(&(key.to_owned(), token)) {
+            // Another worker of this session holds it: the acquire made nothing.
+            return Ok(());
+        }
+        tracing::warn!(
+            event = "acquire_outcome_settled",
+            key,
+            token,
+            error = %error,
+            "an acquire whose answer never came did take the lock; ending that grant (its proof never arrived) and acquiring again"
+        );
+        match lock.release(key, session, token).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some(ErrorCode::LockLost) => Ok(()),
+            Err(_) => Err(error.clone()),
+        }
     }
 
     /// Stops the heartbeats and ends the session at the server (its locks are released).
     pub async fn close(self) -> Result<(), ClientError> {
         self.keeper.abort();
         let id = self.id().await;
-        self.inner.lock.end_session(id).await
+        match self.inner.lock.end_session(id).await {
+            // Sent once more: it ends the session, or says the first one did.
+            Err(e) if e.outcome_unknown() => match self.inner.lock.end_session(id).await {
+                Err(again)
+                    if matches!(
+                        again.code(),
+                        Some(ErrorCode::SessionUnknown | ErrorCode::SessionExpired)
+                    ) =>
+                {
+                    Ok(())
+                }
+                other => other,
+            },
+            other => other,
+        }
     }
 }
 
@@ -141,6 +224,8 @@ pub struct HeldLock {
     pub grant: LockGrant,
     /// No protected write may start at or after this instant.
     pub deadline: Instant,
+    /// The session's record of its locks, which a release leaves.
+    held: Held,
 }
 
 impl HeldLock {
@@ -157,14 +242,27 @@ impl HeldLock {
         Instant::now() >= self.deadline
     }
 
-    /// Releases the lock once; if that fails the lease lapses by itself.
+    /// Releases the lock; if that fails the lease lapses by itself. A release whose outcome is
+    /// unknown is settled by reading the key (L7): still held under this token, it is sent once
+    /// more (a compare-and-delete on the token, which can end no other grant); not, it is done.
     pub async fn release(&self, lock: &LockClient) -> Result<(), ClientError> {
-        lock.release(
+        let (key, session, token) = (
             &self.grant.key,
             self.grant.session_id,
             self.grant.fencing_token,
-        )
-        .await
+        );
+        let result = match lock.release(key, session, token).await {
+            Err(e) if e.outcome_unknown() => match lock.get(key).await {
+                Ok(info) if info.held && info.fencing_token == Some(token) => {
+                    lock.release(key, session, token).await
+                }
+                Ok(_) => Ok(()),
+                Err(_) => Err(e),
+            },
+            other => other,
+        };
+        held_set(&self.held).remove(&(key.clone(), token));
+        result
     }
 }
 
@@ -193,7 +291,9 @@ async fn create(lock: &LockClient, ttl_ms: i64) -> Result<(Session, Instant), Cl
         lock.create_session(Some(ttl_ms))
     })
     .retry(retry_policy(5))
-    .when(|e: &ClientError| e.retry_safe())
+    // A session whose opening has an unknown outcome holds nothing and lapses by its TTL: opening
+    // another is safe.
+    .when(|e: &ClientError| e.retry_safe() || e.code() == Some(ErrorCode::OutcomeUnknown))
     .await?;
     let sent = *sent.lock().unwrap_or_else(|e| e.into_inner());
     Ok((session, sent))

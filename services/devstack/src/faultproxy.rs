@@ -5,7 +5,7 @@
 //!
 //! It can also wait for one request and strike right after it ([`FaultProxy::after_request`]):
 //! the request (a chunk sent upstream containing a given pattern) goes through untouched, and
-//! then its answer is delayed or cut. That is the fault where a write reached the peer and was
+//! then its answer is stalled or cut. That is the fault where a write reached the peer and was
 //! applied but its sender never heard so.
 //!
 //! It runs on its own thread with its own runtime, so it keeps time however busy the caller's
@@ -46,9 +46,10 @@ pub enum Mode {
 /// What happens once the request [`FaultProxy::after_request`] waits for has gone through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterMatch {
-    /// Every answer from then on, on every connection, is held back this long (as
-    /// [`FaultProxy::set_latency`] downstream, which sets it back).
-    DelayAnswers(Duration),
+    /// The connection that carried the request: the next answer the peer sends on it is held
+    /// back this long, and what follows waits behind it (answers keep their order). Answers
+    /// read once the stall is over pass as before.
+    StallAnswer(Duration),
     /// The connection that carried the request: the next answer the peer sends on it is
     /// swallowed, and the connection is reset both ways. The peer has answered, so it has
     /// handled the request; its sender hears a broken connection instead.
@@ -62,11 +63,12 @@ struct Trigger {
     then: AfterMatch,
 }
 
-/// Per connection: whether its next answer is to be cut, and the signal that it was.
+/// Per connection: whether its next answer is to be cut (and the signal that it was) or stalled.
 #[derive(Default)]
 struct Cut {
     armed: AtomicBool,
     done: tokio::sync::Notify,
+    stall_us: AtomicU64,
 }
 
 /// A direction of traffic through the proxy.
@@ -115,9 +117,9 @@ impl Shared {
         let then = armed.then;
         *trigger = None;
         match then {
-            AfterMatch::DelayAnswers(latency) => {
-                let us = latency.as_micros().min(u64::MAX as u128) as u64;
-                self.latency_down_us.store(us, Ordering::SeqCst);
+            AfterMatch::StallAnswer(stall) => {
+                let us = stall.as_micros().min(u64::MAX as u128) as u64;
+                cut.stall_us.store(us, Ordering::SeqCst);
             }
             AfterMatch::CutAnswer => cut.armed.store(true, Ordering::SeqCst),
         }
@@ -401,7 +403,10 @@ async fn pipe(
                         if direction == Direction::Upstream {
                             shared.watch(&buf[..n], cut);
                         }
-                        let due = Instant::now() + shared.latency(direction);
+                        let mut due = Instant::now() + shared.latency(direction);
+                        if direction == Direction::Downstream {
+                            due += Duration::from_micros(cut.stall_us.swap(0, Ordering::SeqCst));
+                        }
                         if tx.send((due, buf[..n].to_vec())).is_err() {
                             break;
                         }
@@ -501,7 +506,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn after_a_matching_request_its_answer_is_cut_or_delayed() {
+    async fn after_a_matching_request_its_answer_is_cut_or_stalled() {
         let proxy = proxy(echo().await);
         proxy.after_request(b"write", 1, AfterMatch::CutAnswer);
         let mut s = TcpStream::connect(proxy.addr())
@@ -528,7 +533,7 @@ mod tests {
         proxy.after_request(
             b"slow",
             0,
-            AfterMatch::DelayAnswers(Duration::from_millis(300)),
+            AfterMatch::StallAnswer(Duration::from_millis(300)),
         );
         let mut s = TcpStream::connect(proxy.addr())
             .await
@@ -548,10 +553,12 @@ mod tests {
             slow.elapsed()
         );
         assert_eq!(proxy.fired(), 2);
-        assert_eq!(
-            proxy.latency(Direction::Downstream),
-            Duration::from_millis(300)
-        );
+        // Only that answer was stalled.
+        let after = std::time::Instant::now();
+        echo_on(&mut s, b"quick")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(after.elapsed() < Duration::from_millis(150));
     }
 
     #[tokio::test]

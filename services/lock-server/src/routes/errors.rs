@@ -57,6 +57,19 @@ pub(super) fn store_error(error: StoreError, key: Option<&str>) -> ApiError {
                 "this replica's backend cannot take writes right now; nothing was changed, retry",
             )
         }
+        StoreError::OutcomeUnknown(reason) => {
+            tracing::warn!(event = "backend_outcome_unknown", %reason, "a write reached the backend and its answer never came");
+            let error = ApiError::new(
+                ErrorCode::OutcomeUnknown,
+                "the write was sent to the backend and its answer never came: it may or may not \
+                 have taken effect. Do not resend it blindly: read the key (GET /v1/locks/{key}) \
+                 or the session first and act on what it shows",
+            );
+            match key {
+                Some(key) => error.with_details(json!({ "key": key })),
+                None => error,
+            }
+        }
         StoreError::Backend(reason) => ApiError::internal(reason),
     }
 }

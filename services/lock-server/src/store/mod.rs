@@ -35,6 +35,11 @@ pub enum StoreError {
     /// etcd cluster without a leader or quorum. Nothing was changed.
     #[error("the backend is not available for writes: {0}")]
     NotLeader(String),
+    /// The write was sent to the backend and no answer came back (a timeout, a connection cut
+    /// after the send): it may or may not have taken effect (docs/contract.md#outcome-unknown).
+    /// Never NOT_LEADER, which promises that nothing was changed.
+    #[error("the backend's answer to a write never came: {0}")]
+    OutcomeUnknown(String),
     #[error("backend failure: {0}")]
     Backend(String),
 }

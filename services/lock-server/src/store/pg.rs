@@ -4,7 +4,8 @@
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
 use dlock_server::pg::PgSettings;
-use sqlx::{FromRow, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, FromRow, PgPool, Postgres};
 use uuid::Uuid;
 
 use super::{
@@ -38,6 +39,22 @@ pub fn map_sqlx(error: sqlx::Error) -> StoreError {
     match dlock_server::pg::unavailable(&error, "lockdb") {
         Some(why) => StoreError::NotLeader(why),
         None => StoreError::Backend(error.to_string()),
+    }
+}
+
+/// Maps a failure of a write that was sent on a connection that answered a ping just before: a
+/// broken connection or a garbled answer now means the statement may have run and committed
+/// without its answer reaching us, OUTCOME_UNKNOWN (docs/contract.md#outcome-unknown). An error
+/// PostgreSQL itself answered (a read-only replica, a shutdown that aborted the statement, a
+/// constraint) is an answer: the statement's transaction was rolled back, as before.
+pub fn map_sent(error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
+            StoreError::OutcomeUnknown(format!(
+                "lockdb's connection broke after the statement was sent: {error}"
+            ))
+        }
+        other => map_sqlx(other),
     }
 }
 
@@ -91,8 +108,22 @@ impl ResultRow {
     }
 }
 
-/// Calls one lockdb function that returns a `dlock_result` row.
+/// Calls one lockdb function that returns a `dlock_result` row: on the pool (a read, or a write
+/// whose repetition is harmless), or, `write`, on a connection from [`PgStore::connection`], where
+/// a failure after the send is OUTCOME_UNKNOWN.
 macro_rules! call {
+    (write $store:expr, $function:literal $(, $arg:expr)* $(,)?) => {{
+        let mut connection = $store.connection().await?;
+        sqlx::query_as::<_, ResultRow>(concat!(
+            "SELECT outcome, fencing_token, owner_id, session_id, acquired_at, expires_at, ",
+            "waiter_count, server_time FROM ",
+            $function
+        ))
+        $(.bind($arg))*
+        .fetch_one(&mut *connection)
+        .await
+        .map_err(map_sent)
+    }};
     ($pool:expr, $function:literal $(, $arg:expr)* $(,)?) => {
         sqlx::query_as::<_, ResultRow>(concat!(
             "SELECT outcome, fencing_token, owner_id, session_id, acquired_at, expires_at, ",
@@ -118,6 +149,31 @@ impl PgStore {
         &self.pool
     }
 
+    /// A connection for one write, which answered a ping just now (within the pool's acquire
+    /// timeout). Until the write is sent, nothing can have changed: a pool that gives no
+    /// connection or a connection that does not answer the ping is NOT_LEADER. A pooled
+    /// connection cut while idle fails its ping and is replaced once, so a restarted primary
+    /// costs no caller an OUTCOME_UNKNOWN. After the send, see [`map_sent`].
+    async fn connection(&self) -> StoreResult<PoolConnection<Postgres>> {
+        let wait = self.pool.options().get_acquire_timeout();
+        let mut failure = String::new();
+        for _ in 0..2 {
+            let mut connection = self.pool.acquire().await.map_err(map_sqlx)?;
+            match tokio::time::timeout(wait, connection.ping()).await {
+                Ok(Ok(())) => return Ok(connection),
+                Ok(Err(e)) => failure = format!("lockdb is unreachable: {e}"),
+                Err(_) => {
+                    failure = format!(
+                        "lockdb did not answer a ping within lock.pg.acquire-timeout-ms ({} ms)",
+                        wait.as_millis()
+                    )
+                }
+            }
+            connection.close_on_drop();
+        }
+        Err(StoreError::NotLeader(failure))
+    }
+
     pub async fn create_session(&self, owner_id: &str, ttl_ms: i64) -> StoreResult<Session> {
         let session_id = Uuid::new_v4();
         let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
@@ -128,9 +184,9 @@ impl PgStore {
         .bind(session_id)
         .bind(owner_id)
         .bind(ttl_ms as i32)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *self.connection().await?)
         .await
-        .map_err(map_sqlx)?;
+        .map_err(map_sent)?;
         Ok(Session {
             session_id,
             owner_id: owner_id.to_owned(),
@@ -156,9 +212,9 @@ impl PgStore {
         let (outcome,): (String,) = sqlx::query_as("SELECT dlock_end_session($1, $2)")
             .bind(session_id)
             .bind(owner_id)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.connection().await?)
             .await
-            .map_err(map_sqlx)?;
+            .map_err(map_sent)?;
         match outcome.as_str() {
             "session_unknown" | "session_expired" => Err(session_outcome(&outcome)),
             _ => Ok(()),
@@ -171,7 +227,7 @@ impl PgStore {
         let waiter = attempt.ticket.map(|t| t.id);
         let ttl_ms = attempt.ttl_ms as i32;
         let row = call!(
-            &self.pool,
+            write self,
             "dlock_acquire($1, $2, $3, $4, $5)",
             key,
             session_id,
@@ -193,7 +249,7 @@ impl PgStore {
     ) -> StoreResult<WaiterTicket> {
         let id = Uuid::new_v4();
         let row = call!(
-            &self.pool,
+            write self,
             "dlock_enqueue($1, $2, $3, $4, $5, $6, $7)",
             claim.key,
             claim.session_id,
@@ -234,7 +290,7 @@ impl PgStore {
         let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
         let ttl_ms = renewal.ttl_ms.map(|t| t as i32);
         let row = call!(
-            &self.pool,
+            write self,
             "dlock_renew($1, $2, $3, $4, $5)",
             key,
             session_id,
@@ -253,7 +309,7 @@ impl PgStore {
 
     pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
         let row = call!(
-            &self.pool,
+            write self,
             "dlock_release($1, $2, $3)",
             key,
             token,
@@ -319,7 +375,7 @@ impl PgStore {
     pub async fn revoke(&self, order: &RevokeOrder<'_>) -> StoreResult<Revocation> {
         let revocation_id = Uuid::new_v4();
         let row = call!(
-            &self.pool,
+            write self,
             "dlock_revoke($1, $2, $3, $4, $5, $6)",
             order.key,
             order.expected_token,

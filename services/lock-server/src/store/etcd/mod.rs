@@ -135,6 +135,44 @@ fn map_etcd(error: etcd_client::Error) -> StoreError {
     }
 }
 
+/// Maps the failure of a transaction that writes: as [`map_etcd`], except where the request may
+/// have reached etcd and been applied without its answer reaching us (our deadline,
+/// `lock.etcd.request-timeout-ms`, passed; the connection broke under the request; etcd's own
+/// "request timed out" or "leader changed", after which a proposal may still commit). That is
+/// OUTCOME_UNKNOWN (docs/contract.md#outcome-unknown), never NOT_LEADER. A connection that could
+/// not be opened, etcd's "no leader" (refused before proposing) and refused credentials sent
+/// nothing that could apply: NOT_LEADER, as before.
+fn map_etcd_sent(error: etcd_client::Error) -> StoreError {
+    use super::etcd_conn::{Failure, classify};
+    let (failure, text) = classify(&error);
+    let lower = text.to_lowercase();
+    let not_connected = [
+        "tcp connect error",
+        "error trying to connect",
+        "connection refused",
+        "dns error",
+    ]
+    .iter()
+    .any(|m| lower.contains(m));
+    let unknown = match failure {
+        Failure::Unreachable => !not_connected,
+        Failure::Other => matches!(
+            &error,
+            etcd_client::Error::GRpcStatus(status)
+                if ["timed out", "leader changed"].iter().any(|m| status.message().contains(m))
+        ),
+        Failure::Tls | Failure::Authentication | Failure::Permission => false,
+    };
+    if unknown {
+        StoreError::OutcomeUnknown(format!(
+            "a write was sent to etcd and its answer never came (lock.etcd.request-timeout-ms, a \
+             broken connection, a leader change): {text}"
+        ))
+    } else {
+        map_etcd(error)
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> StoreResult<T> {
     serde_json::from_slice(kv.value()).map_err(|e| {
         StoreError::Backend(format!(

@@ -121,7 +121,15 @@ impl EtcdStore {
                     session_id.to_string(),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
-            let response = self.client().txn(txn).await.map_err(map_etcd)?;
+            let response = match self.client().txn(txn).await {
+                Ok(response) => response,
+                Err(e) => {
+                    // A place that was written lives on this lease: revoking it takes the place
+                    // back (best effort; else it lapses with the lease).
+                    self.drop_lease(lease);
+                    return Err(map_etcd_sent(e));
+                }
+            };
             if response.succeeded() {
                 return Ok(WaiterTicket {
                     id,

@@ -32,7 +32,7 @@ impl EtcdStore {
                     None,
                 )),
             );
-            let response = self.client().txn(txn).await.map_err(map_etcd)?;
+            let response = self.client().txn(txn).await.map_err(map_etcd_sent)?;
             if !response.succeeded() {
                 continue;
             }

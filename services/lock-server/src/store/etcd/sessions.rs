@@ -43,7 +43,7 @@ impl EtcdStore {
                 Some(PutOptions::new().with_lease(tombstone_lease)),
             ),
         ]);
-        self.client().txn(txn).await.map_err(map_etcd)?;
+        self.client().txn(txn).await.map_err(map_etcd_sent)?;
         Ok(Session {
             session_id,
             owner_id: owner_id.to_owned(),
@@ -104,52 +104,115 @@ impl EtcdStore {
         })
     }
 
+    /// L3 in one transaction: the session's key, its tombstone, its index and every grant key
+    /// still the session's go at one revision, or nothing does. Each grant is guarded by the
+    /// ModRevision it was read at, so a grant that lapsed and passed to another session since
+    /// is never touched (the transaction fails, and everything is read again). A session whose
+    /// grants do not fit one transaction (etcd's `--max-txn-ops`) still ends at once: a grant
+    /// is live only while its session's key exists (`holder`), so the session's key goes in the
+    /// first transaction with as many grants as fit, and the rest, dead with it, are cleared
+    /// after.
     pub async fn end_session(&self, session_id: Uuid, owner_id: &str) -> StoreResult<()> {
-        let index = TxnOp::get(
-            self.k_index_prefix(session_id),
-            Some(GetOptions::new().with_prefix().with_keys_only()),
-        );
-        let (_, reads) = self.read_session(session_id, owner_id, Some(index)).await?;
         let index_prefix = self.k_index_prefix(session_id);
-        for index in &reads[2] {
-            let Some(key) = index
-                .key_str()
-                .ok()
-                .and_then(|k| k.strip_prefix(&index_prefix))
-            else {
-                continue;
-            };
-            let lock = self
-                .client()
-                .get(self.k_lock(key), None)
-                .await
-                .map_err(map_etcd)?;
-            if let Some(kv) = lock.kvs().first()
-                && decode::<GrantValue>(kv)?.session_id == session_id
-            {
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(
-                        self.k_lock(key),
-                        CompareOp::Equal,
-                        kv.mod_revision(),
-                    )])
-                    .and_then([TxnOp::delete(self.k_lock(key), None)]);
-                self.client().txn(txn).await.map_err(map_etcd)?;
-            }
-        }
-        let lease = reads[0].first().map(KeyValue::lease).unwrap_or_default();
-        let tombstone_lease = reads[1].first().map(KeyValue::lease).unwrap_or_default();
-        let txn = Txn::new().and_then([
-            TxnOp::delete(self.k_session(session_id), None),
-            TxnOp::delete(self.k_tombstone(session_id), None),
-            TxnOp::delete(
+        for _ in 0..TXN_ATTEMPTS_MAX {
+            let index = TxnOp::get(
                 index_prefix.as_str(),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            ),
-        ]);
-        self.client().txn(txn).await.map_err(map_etcd)?;
-        self.drop_lease(lease);
-        self.drop_lease(tombstone_lease);
-        Ok(())
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            );
+            let (_, reads) = self.read_session(session_id, owner_id, Some(index)).await?;
+            let Some(session) = reads[0].first() else {
+                return Err(StoreError::SessionUnknown);
+            };
+            let keys: Vec<String> = reads[2]
+                .iter()
+                .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&index_prefix))
+                .map(str::to_owned)
+                .collect();
+            // The grant keys, read at one revision; only those still this session's go.
+            let mut grants: Vec<(String, i64, i64)> = Vec::new();
+            for chunk in keys.chunks(TXN_OPS_MAX) {
+                let ops = chunk
+                    .iter()
+                    .map(|k| TxnOp::get(self.k_lock(k), None))
+                    .collect();
+                for kv in self.read(ops).await?.iter().filter_map(|kvs| kvs.first()) {
+                    let value: GrantValue = decode(kv)?;
+                    if value.session_id == session_id {
+                        grants.push((
+                            kv.key_str().unwrap_or_default().to_owned(),
+                            kv.mod_revision(),
+                            value.lease,
+                        ));
+                    }
+                }
+            }
+            // Compares and deletes share the budget with the session's own three operations.
+            let first = grants.len().min(TXN_OPS_MAX - 3);
+            let (now, later) = grants.split_at(first);
+            let mut when = vec![Compare::mod_revision(
+                self.k_session(session_id),
+                CompareOp::Equal,
+                session.mod_revision(),
+            )];
+            let mut then = vec![
+                TxnOp::delete(self.k_session(session_id), None),
+                TxnOp::delete(self.k_tombstone(session_id), None),
+                TxnOp::delete(
+                    index_prefix.as_str(),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ),
+            ];
+            for (lock, revision, _) in now {
+                when.push(Compare::mod_revision(
+                    lock.as_str(),
+                    CompareOp::Equal,
+                    *revision,
+                ));
+                then.push(TxnOp::delete(lock.as_str(), None));
+            }
+            let response = self
+                .client()
+                .txn(Txn::new().when(when).and_then(then))
+                .await
+                .map_err(map_etcd_sent)?;
+            if !response.succeeded() {
+                // The session or one of its grants changed since it was read: read again.
+                continue;
+            }
+            // Dead with the session already; cleared so that they do not wait for their lease,
+            // each only if it is still the one read (another session may hold the key by now).
+            for chunk in later.chunks(TXN_OPS_MAX) {
+                let txn = Txn::new()
+                    .when(
+                        chunk
+                            .iter()
+                            .map(|(lock, revision, _)| {
+                                Compare::mod_revision(lock.as_str(), CompareOp::Equal, *revision)
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                    .and_then(
+                        chunk
+                            .iter()
+                            .map(|(lock, _, _)| TxnOp::delete(lock.as_str(), None))
+                            .collect::<Vec<_>>(),
+                    );
+                if let Err(e) = self.client().txn(txn).await {
+                    tracing::debug!(event = "ended_session_grants_left", session_id = %session_id, error = %e, "grants of an ended session are left to their lease");
+                    break;
+                }
+            }
+            self.drop_lease(session.lease());
+            if let Some(tombstone) = reads[1].first() {
+                self.drop_lease(tombstone.lease());
+            }
+            for (_, _, lease) in &grants {
+                self.drop_lease(*lease);
+            }
+            return Ok(());
+        }
+        Err(StoreError::Backend(format!(
+            "ending session {session_id} lost {TXN_ATTEMPTS_MAX} races in a row"
+        )))
     }
 }
