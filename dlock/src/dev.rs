@@ -44,8 +44,9 @@ pub(crate) struct UpLine {
     pub(crate) credentials: Credentials,
 }
 
-/// The local stack's bearer tokens: `executor` for `dlock run` (owner ids `executor/…`),
-/// `operator` for revocations, fence advances and resolutions.
+/// The local stack's bearer tokens: `executor` for `dlock run`'s payout cycles (owner ids
+/// `executor/…`), `registrar` for its registration of the payouts, `operator` for revocations,
+/// fence advances and resolutions (docs/threat-model.md#roles).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Credentials {
@@ -53,6 +54,8 @@ pub(crate) struct Credentials {
     pub(crate) operator: String,
     /// The treasury's: the only identity that may open and fund accounts.
     pub(crate) treasury: String,
+    /// The registrar's: the only identity that may register payouts.
+    pub(crate) registrar: String,
 }
 
 #[derive(Serialize)]
@@ -94,6 +97,10 @@ pub struct UpArgs {
     /// The rail proxy's read timeout towards the rail, in milliseconds.
     #[arg(long, default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
+    /// A funding above this many minor units waits for a second treasury identity's approval
+    /// (the payment resource's `auth.treasury.dual-approval-above`). Unset: none waits.
+    #[arg(long)]
+    pub treasury_dual_approval_above: Option<i64>,
     /// Keep the databases and logs here (and reuse them next time) instead of a temp dir.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -122,6 +129,8 @@ pub const DEV_OPERATOR_TOKEN: &str = "dev-operator-token";
 pub const DEV_RAIL_PROXY_IDENTITY: &str = dlock_rail_stub::DEFAULT_SUBMITTER;
 /// The identity `dlock run` and the demo write as on the local stack.
 pub const DEV_EXECUTOR_IDENTITY: &str = "executor";
+/// The identity `dlock run` and the demo register payouts as on the local stack.
+pub const DEV_REGISTRAR_IDENTITY: &str = dlock_server::auth::DEFAULT_REGISTRAR_IDENTITY;
 /// The identity that opens and funds accounts on the local stack (`auth.treasury-identities`'
 /// default).
 pub const DEV_TREASURY_IDENTITY: &str = dlock_server::auth::DEFAULT_TREASURY_IDENTITY;
@@ -136,14 +145,17 @@ fn random_token() -> String {
 fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
     let executor = random_token();
     let treasury = random_token();
+    let registrar = random_token();
     let proxy = random_token();
     let tokens = dir.join("tokens");
     write_private(
         &tokens,
         &format!(
-            "# written by `dlock dev up`: <identity> <token>\n\
+            "# written by `dlock dev up`: <identity> <token>; each identity has the role of its \
+             name (auth.<role>-identities' defaults)\n\
              {DEV_EXECUTOR_IDENTITY} {executor}\n\
              {DEV_TREASURY_IDENTITY} {treasury}\n\
+             {DEV_REGISTRAR_IDENTITY} {registrar}\n\
              operator {DEV_OPERATOR_TOKEN}\n\
              {DEV_RAIL_PROXY_IDENTITY} {proxy}\n"
         ),
@@ -158,6 +170,7 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
             executor,
             operator: DEV_OPERATOR_TOKEN.to_owned(),
             treasury,
+            registrar,
         },
     ))
 }
@@ -474,6 +487,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         operator_identities: Vec::new(),
         // The tokens file's `treasury` identity, the services' default treasury identity.
         treasury_identities: Vec::new(),
+        service_accounts: Vec::new(),
     };
     let proof_keys_file = write_proof_keys(&dir)?;
     let fencing = service_config::Fencing {
@@ -503,6 +517,7 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         server: server(payment_listen),
         pg_url: Some(stack.pg.url("paydb")),
         auth: auth.clone(),
+        dual_approval_above: args.treasury_dual_approval_above,
         fencing: fencing.clone(),
     };
     let payment_pid = start_service(

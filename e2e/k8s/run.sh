@@ -49,7 +49,8 @@ kubectl -n "$ns" apply -f examples/stack.yaml --dry-run=client -o yaml >/dev/nul
 # check callers with TokenReview (serviceAuth.namespaces).
 helm upgrade --install dlock charts/dlock -n "$ns" \
   --set image.repository=dlock --set image.tag=e2e --set image.pullPolicy=Never \
-  --set "serviceAuth.namespaces={$ns}" --wait --timeout "$timeout"
+  --set "serviceAuth.namespaces={$ns}" \
+  --set "serviceAuth.roles={$ns/dlock-executor=executor+registrar}" --wait --timeout "$timeout"
 kubectl wait --for=condition=Established crd --all --timeout="$timeout"
 kubectl -n "$ns" rollout status deployment/dlock-operator --timeout="$timeout"
 

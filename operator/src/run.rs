@@ -51,6 +51,17 @@ pub struct OperatorArgs {
         value_delimiter = ','
     )]
     pub allowed_images: Vec<String>,
+    /// A ServiceAccount and its roles at the services, `<namespace>/<name>=<role>[+<role>…]`
+    /// (roles: treasury, registrar, executor, operator, reader); repeat for several. Every
+    /// service gets the list as `auth.tokenreview.service-accounts`; a ServiceAccount named
+    /// nowhere is 403 at every service (docs/contract.md#roles).
+    #[arg(
+        long = "service-account-role",
+        env = "DLOCK_OPERATOR_SERVICE_ACCOUNT_ROLES",
+        value_delimiter = ',',
+        value_parser = service_account_role
+    )]
+    pub service_account_roles: Vec<String>,
     /// The Lease of the leader election.
     #[arg(long, env = "DLOCK_OPERATOR_LEASE", default_value = "dlock-operator")]
     pub lease_name: String,
@@ -200,11 +211,18 @@ fn signalled_or_lost(
     .shared()
 }
 
+/// One `--service-account-role`, checked as the services will check it.
+fn service_account_role(entry: &str) -> Result<String, String> {
+    dlock_server::auth::roles::parse_service_account(entry.trim())?;
+    Ok(entry.trim().to_owned())
+}
+
 /// What the controllers build with, from the operator's arguments.
 fn settings(args: &OperatorArgs) -> Settings {
     Settings {
         image: args.image.clone(),
         allowed_images: args.allowed_images.clone(),
+        service_account_roles: args.service_account_roles.clone(),
         operator_namespace: args.lease_namespace.clone(),
         operator_identity: crate::validate::service_account_identity(
             &args.lease_namespace,

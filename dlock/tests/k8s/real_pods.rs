@@ -45,6 +45,9 @@ pub fn install(cluster: &RealCluster) {
         OPERATOR_NAMESPACE,
         "--set",
         &format!("serviceAuth.namespaces={{{NS}}}"),
+        // The batch's executor Job registers and pays (docs/contract.md#roles).
+        "--set",
+        &format!("serviceAuth.roles={{{NS}/dlock-executor=executor+registrar}}"),
         "--wait",
         "--timeout",
         "180s",

@@ -44,6 +44,11 @@ pub struct Settings {
     /// `allowedImages`): the platform decides what runs with the services' Secrets, not whoever
     /// may create a PayoutBatch.
     pub allowed_images: Vec<String>,
+    /// The ServiceAccount allow-list every service gets as `auth.tokenreview.service-accounts`
+    /// (the chart's `serviceAuth.roles`, `<namespace>/<name>=<role>[+<role>…]`): which
+    /// ServiceAccounts are executors, registrars, treasurers or readers (docs/contract.md#roles).
+    /// A ServiceAccount named nowhere is refused by the services.
+    pub service_account_roles: Vec<String>,
 }
 
 impl Settings {
@@ -100,6 +105,7 @@ pub fn auth_config(
             tokenreview_audiences: vec![TOKEN_AUDIENCE.to_owned()],
             operator_identities: vec![settings.operator_identity.clone()],
             treasury_identities: treasury,
+            service_accounts: settings.service_account_roles.clone(),
         },
     }
 }

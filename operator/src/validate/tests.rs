@@ -89,6 +89,7 @@ fn a_spec_runs_only_the_operators_image_or_one_the_platform_allows() {
         operator_identity: "system:serviceaccount:dlock-system:dlock-operator".to_owned(),
         operator_namespace: "dlock-system".to_owned(),
         allowed_images: names(&["registry.example/dlock:0.1.1"]),
+        service_account_roles: Vec::new(),
     };
     let named = |image: &str| settings.image_for("spec.image", Some(&image.to_owned()));
     assert_eq!(

@@ -20,6 +20,7 @@ pub fn settings() -> dlock_operator::validate::Settings {
         operator_identity: OPERATOR_IDENTITY.to_owned(),
         operator_namespace: "dlock-system".to_owned(),
         allowed_images: vec![ALLOWED_IMAGE.to_owned()],
+        service_account_roles: Vec::new(),
     }
 }
 

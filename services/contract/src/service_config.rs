@@ -55,6 +55,13 @@ pub struct Auth {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub treasury_identities: Vec<String>,
+    /// With `tokenreview`: the ServiceAccount allow-list, `<namespace>/<name>=<role>[+<role>…]`
+    /// (docs/contract.md#roles). A ServiceAccount named nowhere holds no role.
+    #[serde(
+        rename = "auth.tokenreview.service-accounts",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub service_accounts: Vec<String>,
 }
 
 impl Auth {
@@ -66,6 +73,7 @@ impl Auth {
             tokenreview_audiences: Vec::new(),
             operator_identities: Vec::new(),
             treasury_identities: Vec::new(),
+            service_accounts: Vec::new(),
         }
     }
 }
@@ -140,6 +148,13 @@ pub struct PaymentResource {
     pub pg_url: Option<String>,
     #[serde(flatten)]
     pub auth: Auth,
+    /// `auth.treasury.dual-approval-above`: a funding above it waits for a second treasury
+    /// identity (docs/contract.md#dual-approval).
+    #[serde(
+        rename = "auth.treasury.dual-approval-above",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dual_approval_above: Option<i64>,
     #[serde(flatten)]
     pub fencing: Fencing,
 }
@@ -215,6 +230,7 @@ mod tests {
                 tokenreview_audiences: vec!["dlock".into()],
                 operator_identities: vec!["system:serviceaccount:ops:dlock-operator".into()],
                 treasury_identities: Vec::new(),
+                service_accounts: Vec::new(),
             },
             fencing: Fencing::default(),
         };

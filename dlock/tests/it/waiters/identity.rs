@@ -4,12 +4,13 @@
 
 use super::*;
 
-/// A tokens file with a worker and the operator, and its configuration keys.
+/// A tokens file with a worker (the executor role, its third column) and the operator, and its
+/// configuration keys.
 fn auth_files(dir: &std::path::Path) -> (String, [(&'static str, String); 2]) {
     let path = dir.join("tokens");
     std::fs::write(
         &path,
-        "worker-a wrk-a-0123456789abcdef\noperator opr-0123456789abcdef\n",
+        "worker-a wrk-a-0123456789abcdef executor\noperator opr-0123456789abcdef\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
     (

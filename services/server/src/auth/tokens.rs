@@ -2,14 +2,53 @@
 
 use super::*;
 
-/// `auth.tokens-file`: identities and the digests of their tokens, re-read when it changes.
-pub(super) struct TokenTable(pub(super) Watched<Vec<([u8; 32], String)>>);
+/// `auth.tokens-file`: identities, the digests of their tokens and the roles their lines give,
+/// re-read when it changes.
+pub(super) struct TokenTable(pub(super) Watched<Vec<([u8; 32], String, Roles)>>);
 
-/// Parses `<identity> <token>` lines; `#` starts a comment. An identity may have several tokens
+/// One line of a tokens file: its number, identity, token and roles (none when the line has no
+/// third column).
+pub type TokenLine = (usize, String, String, Roles);
+
+/// Parses `<identity> <token> [<role>[,<role>…]]` lines; `#` starts a comment. The third column
+/// adds roles to those the `auth.<role>-identities` lists give
+/// (docs/config.md#every-service-authentication). An identity may have several tokens
 /// (rotation); a token may not belong to two identities.
 pub fn parse_tokens_file(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut entries: Vec<(String, String)> = Vec::new();
-    for (number, identity, token) in pairs(text, "<identity> <token>")? {
+    Ok(parse_token_lines(text)?
+        .into_iter()
+        .map(|(_, identity, token, _)| (identity, token))
+        .collect())
+}
+
+/// [`parse_tokens_file`], with each line's number and roles.
+pub fn parse_token_lines(text: &str) -> Result<Vec<TokenLine>, String> {
+    let mut lines = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let number = number + 1;
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (identity, token, roles) = match words[..] {
+            [identity, token] => (identity, token, Roles::NONE),
+            [identity, token, roles] => (
+                identity,
+                token,
+                Roles::parse_list(roles).map_err(|e| format!("line {number}: the roles {e}"))?,
+            ),
+            _ => {
+                return Err(format!(
+                    "line {number}: expected `<identity> <token> [<role>[,<role>…]]`, two or three \
+                     words"
+                ));
+            }
+        };
+        lines.push((number, identity, token, roles));
+    }
+    let mut entries: Vec<TokenLine> = Vec::new();
+    for (number, identity, token, roles) in lines {
         if identity.len() > 64 {
             return Err(format!(
                 "line {number}: identity `{identity}` is longer than 64 characters (X-Owner-Id's limit)"
@@ -17,25 +56,25 @@ pub fn parse_tokens_file(text: &str) -> Result<Vec<(String, String)>, String> {
         }
         let whose = format!("the token of `{identity}`");
         crate::watch::check_secret(number, &whose, token, TOKEN_LEN_MIN)?;
-        if entries.iter().any(|(_, t)| t == token) {
+        if entries.iter().any(|(_, _, t, _)| t == token) {
             return Err(format!(
                 "line {number}: this token is already listed for another line; every token names one \
                  identity"
             ));
         }
-        entries.push((identity.to_owned(), token.to_owned()));
+        entries.push((number, identity.to_owned(), token.to_owned(), roles));
     }
     Ok(entries)
 }
 
 /// The table of the tokens file at `paths[0]`; a file with no line is refused.
-fn read_table(paths: &[PathBuf]) -> Result<Vec<([u8; 32], String)>, String> {
+fn read_table(paths: &[PathBuf]) -> Result<Vec<([u8; 32], String, Roles)>, String> {
     let path = paths.first().map_or(Path::new(""), PathBuf::as_path);
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("cannot read the tokens file: {e}"))?;
-    let entries = parse_tokens_file(&text)?
+    let entries = parse_token_lines(&text)?
         .into_iter()
-        .map(|(identity, token)| (digest(&token), identity))
+        .map(|(_, identity, token, roles)| (digest(&token), identity, roles))
         .collect::<Vec<_>>();
     if entries.is_empty() {
         return Err("the tokens file lists no `<identity> <token>` line".into());
@@ -67,15 +106,15 @@ impl TokenTable {
         }
     }
 
-    pub(super) fn lookup(&self, token: &str) -> Option<String> {
+    pub(super) fn lookup(&self, token: &str) -> Option<(String, Roles)> {
         self.maybe_reload();
         let presented = digest(token);
         let entries = self.0.read()?;
         // Every entry is compared, so the time taken says nothing about which one matched.
         let mut found = None;
-        for (candidate, identity) in entries.iter() {
+        for (candidate, identity, roles) in entries.iter() {
             if bool::from(candidate.ct_eq(&presented)) {
-                found = Some(identity.clone());
+                found = Some((identity.clone(), *roles));
             }
         }
         found
