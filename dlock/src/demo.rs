@@ -93,6 +93,7 @@ pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
         rail_duplicate_ack_rate: args.rail_duplicate_ack_rate,
         rail_redirect_rate: 0.0,
         rail_read_timeout_ms: args.rail_read_timeout_ms,
+        treasury_dual_approval_above: None,
         data_dir: None,
         detach: false,
         remove_data_dir: false,
@@ -143,6 +144,13 @@ async fn run_demo(
         workers: args.workers,
         owner_id: owner.clone(),
         credential,
+        // The payouts are registered by the registrar, the one role that may.
+        registrar: Some((
+            format!("{}/dlock-demo", crate::dev::DEV_REGISTRAR_IDENTITY),
+            Some(dlock_contract::auth::Credential::fixed(
+                &line.credentials.registrar,
+            )),
+        )),
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         progress: true,
         ..RunOptions::default()

@@ -41,6 +41,14 @@ pub struct RunArgs {
     pub owner_id: Option<String>,
     #[command(flatten)]
     pub credentials: CredentialArgs,
+    /// The identity that registers the batch's payouts (the registrar role) when it is not the
+    /// executor's: its owner ids are `<identity>/…`. With it, `--registrar-credential-file` or
+    /// `DLOCK_REGISTRAR_CREDENTIAL` is its bearer token.
+    #[arg(long, env = "DLOCK_REGISTRAR_IDENTITY")]
+    pub registrar_identity: Option<String>,
+    /// A file holding the registrar's bearer token.
+    #[arg(long, env = "DLOCK_REGISTRAR_CREDENTIAL_FILE")]
+    pub registrar_credential_file: Option<PathBuf>,
     /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s
     /// (docs/contract.md#s3-8). In Kubernetes the operator sets it from the batch's RailProxy.
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
@@ -164,6 +172,17 @@ fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
             dlock_executor::executor::owner_id_for(args.credentials.identity.as_deref())
         }),
         credential: args.credentials.credential()?,
+        registrar: match &args.registrar_identity {
+            Some(identity) => Some((
+                dlock_executor::executor::owner_id_for(Some(identity)),
+                credential_of(
+                    args.registrar_credential_file.as_deref(),
+                    "DLOCK_REGISTRAR_CREDENTIAL_FILE",
+                    "DLOCK_REGISTRAR_CREDENTIAL",
+                )?,
+            )),
+            None => None,
+        },
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,

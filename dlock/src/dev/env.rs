@@ -40,6 +40,9 @@ pub(crate) fn env_file_text(
          # dlock run: who writes (owner ids `executor/<worker>`)\n\
          export DLOCK_IDENTITY={identity}\n\
          export DLOCK_CREDENTIAL={executor}\n\
+         # dlock run registers the batch's payouts as the registrar (the registrar role)\n\
+         export DLOCK_REGISTRAR_IDENTITY={registrar_identity}\n\
+         export DLOCK_REGISTRAR_CREDENTIAL={registrar}\n\
          # dlock accounts: the treasury, the only identity that opens and funds accounts\n\
          export DLOCK_TREASURY_IDENTITY={treasury_identity}\n\
          export DLOCK_TREASURY_CREDENTIAL={treasury}\n\
@@ -67,6 +70,8 @@ pub(crate) fn env_file_text(
         executor = q(&line.credentials.executor),
         treasury_identity = q(crate::dev::DEV_TREASURY_IDENTITY),
         treasury = q(&line.credentials.treasury),
+        registrar_identity = q(crate::dev::DEV_REGISTRAR_IDENTITY),
+        registrar = q(&line.credentials.registrar),
         operator = q(&line.credentials.operator),
         paydb = q(&line.paydb),
     );

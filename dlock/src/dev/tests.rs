@@ -25,6 +25,7 @@ fn line(dir: &Path, executor: &str) -> UpLine {
             executor: executor.into(),
             operator: DEV_OPERATOR_TOKEN.into(),
             treasury: "treasury-token-for-the-test".into(),
+            registrar: "registrar-token-for-the-test".into(),
         },
     }
 }

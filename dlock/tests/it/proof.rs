@@ -100,10 +100,9 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
     );
     let (lock, payment, proxy) = stack.services();
     let executor = stack.token("executor");
-    let client = stack.executor_payments();
     open_account(&stack.treasury_payments(), "acct-p", Some(1_000_000)).await;
     open_account(&stack.treasury_payments(), "acct-q", Some(1_000_000)).await;
-    let payout = register_payout(&client, "acct-p", 100, "ben-forged").await;
+    let payout = register_payout(&stack.registrar_payments(), "acct-p", 100, "ben-forged").await;
     let pool = stack.pool("paydb").await;
 
     // A real grant on another account's key, with its proof.

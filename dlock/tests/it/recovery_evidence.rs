@@ -86,9 +86,9 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
     let (lock, payment, _) = stack.services();
     let (executor, operator) = stack.credentials();
     open_account(&stack.treasury_payments(), "acct-e", Some(1_000_000)).await;
-    let payments = stack.executor_payments();
-    let first = register_payout(&payments, "acct-e", 100, "ben-e1").await;
-    let second = register_payout(&payments, "acct-e", 100, "ben-e2").await;
+    let registrar = stack.registrar_payments();
+    let first = register_payout(&registrar, "acct-e", 100, "ben-e1").await;
+    let second = register_payout(&registrar, "acct-e", 100, "ben-e2").await;
     let pool = stack.pool("paydb").await;
     let fence = || {
         scalar(

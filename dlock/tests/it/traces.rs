@@ -262,14 +262,14 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
     .map(|s| (*s).to_owned())
     .collect();
     // The executor exports over gRPC, the services over HTTP: both protocols reach one trace.
-    let env = vec![
-        ("DLOCK_CREDENTIAL".to_owned(), executor.clone()),
+    let mut env = stack.run_env();
+    env.extend([
         (
             "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
             jaeger.otlp_grpc.clone(),
         ),
         ("OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(), "grpc".to_owned()),
-    ];
+    ]);
     let log = dir.path().join("run.log");
     let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
         .unwrap_or_else(|e| panic!("{e:#}"));

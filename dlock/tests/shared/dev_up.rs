@@ -77,6 +77,32 @@ impl DevUp {
             .with_credential(Some(Credential::fixed(&self.token("treasury"))))
     }
 
+    /// A client of the payment resource with the registrar's credential (owner
+    /// `registrar/setup`): the only identity that may register payouts.
+    #[allow(dead_code)] // the it suite's; the k8s suite includes this file too
+    pub fn registrar_payments(&self) -> PaymentClient {
+        PaymentClient::new(&self.url("paymentResource"), "registrar/setup")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_credential(Some(Credential::fixed(&self.token("registrar"))))
+    }
+
+    /// The environment of a `dlock run` on this stack: the executor's credential for the payout
+    /// cycles, the registrar's for registering the batch.
+    #[allow(dead_code)] // the it suite's; the k8s suite includes this file too
+    pub fn run_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("DLOCK_CREDENTIAL".to_owned(), self.token("executor")),
+            (
+                "DLOCK_REGISTRAR_IDENTITY".to_owned(),
+                "registrar".to_owned(),
+            ),
+            (
+                "DLOCK_REGISTRAR_CREDENTIAL".to_owned(),
+                self.token("registrar"),
+            ),
+        ]
+    }
+
     /// A client of the payment resource with the executor identity's credential, calling as
     /// `owner`.
     pub fn payments_as(&self, owner: &str) -> PaymentClient {

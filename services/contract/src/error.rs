@@ -38,10 +38,12 @@ pub enum ErrorCode {
     AuthUnavailable,
     Internal,
     OutcomeUnknown,
+    /// A payout above its account's limit (docs/contract.md#account-limits).
+    LimitExceeded,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -64,6 +66,7 @@ impl ErrorCode {
         ErrorCode::AuthUnavailable,
         ErrorCode::Internal,
         ErrorCode::OutcomeUnknown,
+        ErrorCode::LimitExceeded,
     ];
 
     /// The HTTP status the catalogue assigns to the code.
@@ -79,7 +82,9 @@ impl ErrorCode {
             SessionUnknown | NotFound => StatusCode::NOT_FOUND,
             SessionExpired => StatusCode::GONE,
             InvalidToken | ValidationFailed => StatusCode::BAD_REQUEST,
-            InsufficientFunds | IdempotencyConflict => StatusCode::UNPROCESSABLE_ENTITY,
+            InsufficientFunds | IdempotencyConflict | LimitExceeded => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Unauthenticated => StatusCode::UNAUTHORIZED,
             Forbidden => StatusCode::FORBIDDEN,
@@ -131,6 +136,7 @@ impl ErrorCode {
             AuthUnavailable => "AUTH_UNAVAILABLE",
             Internal => "INTERNAL",
             OutcomeUnknown => "OUTCOME_UNKNOWN",
+            LimitExceeded => "LIMIT_EXCEEDED",
         }
     }
 }
@@ -367,6 +373,7 @@ mod tests {
             (ErrorCode::DuplicateSubmission, 409, false),
             (ErrorCode::InsufficientFunds, 422, false),
             (ErrorCode::IdempotencyConflict, 422, false),
+            (ErrorCode::LimitExceeded, 422, false),
             (ErrorCode::RailUnavailable, 503, true),
             (ErrorCode::RailAmbiguous, 409, false),
             (ErrorCode::ValidationFailed, 400, false),

@@ -246,6 +246,63 @@ pub struct FundResponse {
     pub balance_minor: i64,
 }
 
+/// `POST /v1/accounts/{accountId}/limits` (docs/contract.md#account-limits): the account's
+/// limits as a whole; an absent or null field is no limit of that kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccountLimitsRequest {
+    /// The largest amount of one payout, minor units (> 0).
+    #[serde(default)]
+    pub max_payout_minor: Option<i64>,
+    /// The most the account's claims may take in one UTC day, minor units (> 0).
+    #[serde(default)]
+    pub daily_outflow_minor: Option<i64>,
+}
+
+/// The limits in force for an account, and the treasury identity that set them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountLimits {
+    pub account_id: String,
+    pub max_payout_minor: Option<i64>,
+    pub daily_outflow_minor: Option<i64>,
+    pub set_by: String,
+}
+
+/// The `202` answer of a funding above the payment resource's
+/// `auth.treasury.dual-approval-above` (docs/contract.md#dual-approval): recorded, not applied,
+/// until a second treasury identity approves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingFunding {
+    pub funding_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub reference: String,
+    pub requested_by: String,
+    /// `PENDING_APPROVAL`, or `APPROVED` when a retry finds it approved already.
+    pub status: String,
+}
+
+/// `POST /v1/fundings/{fundingId}/approve`: an empty object.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveFundingRequest {}
+
+/// The approved funding, applied: its entries and the account's balance after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovedFunding {
+    pub funding_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub reference: String,
+    pub requested_by: String,
+    pub approved_by: String,
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+}
+
 /// Declares a body that carries a payout's order: its id, the account it is paid from, the amount
 /// in minor units with its currency, and the beneficiary. The payment resource registers a payout
 /// from these five fields and the rail proxy submits the same five

@@ -129,6 +129,11 @@ pub async fn execute(
         .with_credential(credential.clone());
     let payment = PaymentClient::new(&endpoints.payment_resource, &options.owner_id)?
         .with_credential(credential.clone());
+    let registrar = match &options.registrar {
+        Some((owner_id, registrar)) => PaymentClient::new(&endpoints.payment_resource, owner_id)?
+            .with_credential(registrar.clone()),
+        None => payment.clone(),
+    };
     let rail = RailClient::new(
         &endpoints.rail_proxy,
         &options.owner_id,
@@ -136,7 +141,7 @@ pub async fn execute(
     )?
     .with_credential(credential);
     if options.register {
-        register(batch, &payment).await?;
+        register(batch, &registrar).await?;
     }
     let session = LockSession::open(lock.clone(), options.session_ttl_ms)
         .await

@@ -44,6 +44,10 @@ pub struct PaymentConfig {
     /// server's `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is
     /// possible.
     pub proof_keys: Option<ProofKeys>,
+    /// `auth.treasury.dual-approval-above` (minor units): a funding above it waits for a second,
+    /// different treasury identity (docs/contract.md#dual-approval). `None`: every funding
+    /// applies at once.
+    pub dual_approval_above: Option<i64>,
 }
 
 fn error(key: &str, message: impl Into<String>) -> ConfigError {
@@ -122,6 +126,13 @@ impl PaymentConfig {
         )?;
         let served = Served::read(raw, listen, http, auth)?;
         let proof_keys = ProofKeys::from_raw(raw)?;
+        // -1, the default, is "not set": every funding applies at once.
+        let dual_approval_above = raw.integer(
+            "auth.treasury.dual-approval-above",
+            -1,
+            -1..=dlock_contract::payment::AMOUNT_MINOR_MAX,
+        )?;
+        let dual_approval_above = (dual_approval_above >= 0).then_some(dual_approval_above);
         Ok(Self {
             served,
             pg,
@@ -130,6 +141,7 @@ impl PaymentConfig {
             max_attempts,
             batch_max,
             proof_keys,
+            dual_approval_above,
         })
     }
 }

@@ -105,7 +105,9 @@ impl RailStubConfig {
                 &dlock_server::auth::AuthSettings::from_raw(raw)?,
                 None,
                 dlock_server::auth::OperatorWithoutAuth::Refused,
-            )?,
+            )?
+            // The stub is no dlock service: it admits rail.stub.submitter-identities itself.
+            .without_roles(),
             submitters: raw.string_list(SUBMITTERS_KEY, &[DEFAULT_SUBMITTER])?,
         })
     }

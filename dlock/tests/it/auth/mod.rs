@@ -6,6 +6,7 @@
 //! request changes nothing.
 
 mod credentials;
+mod roles;
 mod tls;
 mod tokenreview;
 
@@ -90,7 +91,7 @@ impl DevStack {
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-        let env = vec![("DLOCK_CREDENTIAL".to_owned(), self.token("executor"))];
+        let env = self.run_env();
         let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))

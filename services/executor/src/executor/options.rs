@@ -31,6 +31,10 @@ pub struct RunOptions {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The bearer credential presented to every service (`auth.mode` tokens or tokenreview).
     pub credential: Option<dlock_contract::auth::Credential>,
+    /// Who registers the batch's payouts when that is another identity than the executor's
+    /// (the registrar role, docs/threat-model.md#roles): its owner id and credential. `None`
+    /// registers with `credential`.
+    pub registrar: Option<(String, Option<dlock_contract::auth::Credential>)>,
     /// Registers the batch's payouts first (see `register`). Off for callers that register
     /// once and time only the payout cycles (the bench).
     pub register: bool,
@@ -49,6 +53,7 @@ impl Default for RunOptions {
             progress: false,
             metrics: crate::metrics::Metrics::new(),
             credential: None,
+            registrar: None,
             register: true,
         }
     }

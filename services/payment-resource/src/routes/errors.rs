@@ -28,6 +28,20 @@ pub(super) fn store_error(error: StoreError) -> ApiError {
             "an identical request (same key, token and body) is still in progress; this one changed nothing, retry after retryAfterMillis to get its answer",
         ),
         StoreError::Backend(reason) => ApiError::internal(reason),
+        StoreError::LimitExceeded { message, details } => {
+            tracing::warn!(event = "limit_exceeded", %message, "an account limit refused a payout");
+            let error = ApiError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "{message}; nothing was changed. The treasury sets the account's limits \
+                     (POST /v1/accounts/{{accountId}}/limits)"
+                ),
+            );
+            match details {
+                Some(details) => error.with_details(details),
+                None => error,
+            }
+        }
     }
 }
 

@@ -198,7 +198,10 @@ impl AppState {
 
     /// Stores the effect's answer with the effect and commits. A server fault (5xx) rolls the
     /// whole transaction back, record included, so a retry runs again. So does 404: nothing
-    /// happened, and the thing may exist by the time the caller retries.
+    /// happened, and the thing may exist by the time the caller retries. And so does
+    /// LIMIT_EXCEEDED: paydb raised it, so the transaction cannot store anything, and the limit
+    /// may allow the same request later (a new day, a raised limit). And FORBIDDEN (a treasury
+    /// identity approving its own funding): a refusal of who asks keeps nothing.
     pub(super) async fn finish(
         &self,
         tx: Tx,
@@ -208,7 +211,9 @@ impl AppState {
         let reply = match result {
             Ok(reply) => reply,
             Err(error)
-                if error.status.is_server_error() || error.status == StatusCode::NOT_FOUND =>
+                if error.status.is_server_error()
+                    || error.status == StatusCode::NOT_FOUND
+                    || matches!(error.code, ErrorCode::LimitExceeded | ErrorCode::Forbidden) =>
             {
                 drop(tx);
                 return error.into_response();

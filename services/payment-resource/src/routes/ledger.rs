@@ -35,6 +35,16 @@ pub(super) async fn fund(
     })?;
     let route = format!("POST /v1/accounts/{account_id}/fund");
     let scope = state.scope(route, &write, 0, &body, true)?;
+    // Above auth.treasury.dual-approval-above a funding is only recorded: a second treasury
+    // identity applies it (docs/contract.md#dual-approval).
+    if let Some(threshold) = state.config.dual_approval_above
+        && body.amount_minor > threshold
+    {
+        let identity = caller.audit_identity();
+        return Ok(idempotent!(&state, scope, |conn| {
+            super::treasury::request_effect(conn, &account_id, &body, &identity, threshold).await
+        }));
+    }
     Ok(idempotent!(&state, scope, |conn| {
         fund_effect(conn, &account_id, &body).await
     }))

@@ -12,6 +12,7 @@ mod errors;
 mod idempotency;
 mod ledger;
 mod payouts;
+mod treasury;
 
 use std::sync::Arc;
 
@@ -61,6 +62,14 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/accounts", post(create::<CreateAccountRequest>))
         .route("/v1/accounts/{account_id}", get(get_account))
         .route("/v1/accounts/{account_id}/fund", post(fund))
+        .route(
+            "/v1/accounts/{account_id}/limits",
+            post(treasury::set_limits),
+        )
+        .route(
+            "/v1/fundings/{funding_id}/approve",
+            post(treasury::approve_funding),
+        )
         .route("/v1/accounts/{account_id}/fence", post(advance_fence))
         .route("/v1/accounts/{account_id}/fence/lower", post(lower_fence))
         .route(

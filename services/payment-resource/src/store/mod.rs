@@ -5,6 +5,7 @@
 mod batch;
 mod idempotency;
 mod outcome;
+mod treasury;
 mod writes;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ pub use outcome::{
     CreateAccountOutcome, CreatePayoutOutcome, FenceMove, FundOutcome, LowerOutcome, PostOutcome,
     Refusal, ResolveOutcome,
 };
+pub use treasury::{ApproveOutcome, FundingRow, LimitsOutcome, RequestFundingOutcome};
 pub use writes::Audit;
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
@@ -39,6 +41,13 @@ pub enum StoreError {
     InProgress,
     #[error("paydb failure: {0}")]
     Backend(String),
+    /// An account limit refused the write (`account_limits_*`, migrations/paydb/0015): the whole
+    /// transaction rolled back. `details` is the database's JSON DETAIL.
+    #[error("{message}")]
+    LimitExceeded {
+        message: String,
+        details: Option<serde_json::Value>,
+    },
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -50,6 +59,21 @@ pub fn map_sqlx(error: sqlx::Error) -> StoreError {
     {
         // lock_not_available: the bounded wait on an in-progress idempotency record.
         return StoreError::InProgress;
+    }
+    if let sqlx::Error::Database(db) = &error
+        && db.code().as_deref() == Some("23514")
+        && db
+            .constraint()
+            .is_some_and(|name| name.starts_with("account_limits_"))
+    {
+        let details = db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .and_then(|pg| pg.detail())
+            .and_then(|text| serde_json::from_str(text).ok());
+        return StoreError::LimitExceeded {
+            message: db.message().to_owned(),
+            details,
+        };
     }
     match dlock_server::pg::unavailable(&error, "paydb") {
         Some(why) => StoreError::NotLeader(why),

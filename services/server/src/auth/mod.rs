@@ -24,6 +24,9 @@
 //!
 //! - a request that needs a credential (every write; every read under `/v1/` but the OpenAPI
 //!   document) and has none, or a wrong one, is `401 UNAUTHENTICATED` and reaches no handler;
+//! - an authenticated identity needs a role the request allows ([`roles`]: treasury, registrar,
+//!   executor, operator, reader; the one table is [`roles::WRITES`]), else `403 FORBIDDEN`
+//!   before any handler runs: an identity with no role may do nothing but the probes;
 //! - operator-only operations (revoke, fence advance, resolution, high-water floor) need an
 //!   identity listed in `auth.operator-identities`, else `403 FORBIDDEN`;
 //! - treasury operations (opening and funding an account: what creates money in the ledger)
@@ -54,20 +57,26 @@ use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::headers;
 
 use crate::config::{ConfigError, RawConfig};
-use crate::watch::{Reload, Watched, pairs};
+use crate::watch::{Reload, Watched};
 
 mod review;
+pub mod roles;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
 use review::*;
+pub use roles::{Role, RoleMap, Roles};
 pub use tokens::*;
 
 /// The operator identity when `auth.operator-identities` is not set.
 pub const DEFAULT_OPERATOR_IDENTITY: &str = "operator";
 /// The treasury identity when `auth.treasury-identities` is not set.
 pub const DEFAULT_TREASURY_IDENTITY: &str = "treasury";
+/// The registrar identity when `auth.registrar-identities` is not set.
+pub const DEFAULT_REGISTRAR_IDENTITY: &str = "registrar";
+/// The executor identity when `auth.executor-identities` is not set.
+pub const DEFAULT_EXECUTOR_IDENTITY: &str = "executor";
 /// The shortest token accepted in a tokens file: a guessable token is no credential.
 pub const TOKEN_LEN_MIN: usize = 16;
 /// How often a tokens file is looked at for a change.
@@ -142,6 +151,15 @@ pub struct AuthSettings {
     pub operator_identities: Vec<String>,
     /// `auth.treasury-identities`: who may open and fund accounts.
     pub treasury_identities: Vec<String>,
+    /// `auth.registrar-identities`: who may register payouts.
+    pub registrar_identities: Vec<String>,
+    /// `auth.executor-identities`: who may run registered payouts.
+    pub executor_identities: Vec<String>,
+    /// `auth.reader-identities`: who may only read.
+    pub reader_identities: Vec<String>,
+    /// `auth.tokenreview.service-accounts`: the ServiceAccount allow-list, as the identities
+    /// TokenReview names them and their roles.
+    pub service_accounts: Vec<(String, Roles)>,
     /// `auth.owner-binding`.
     pub owner_binding: bool,
     pub tokenreview: TokenReviewSettings,
@@ -172,6 +190,21 @@ impl AuthSettings {
             raw.string_list("auth.operator-identities", &[DEFAULT_OPERATOR_IDENTITY])?;
         let treasury_identities =
             raw.string_list("auth.treasury-identities", &[DEFAULT_TREASURY_IDENTITY])?;
+        let registrar_identities =
+            raw.string_list("auth.registrar-identities", &[DEFAULT_REGISTRAR_IDENTITY])?;
+        let executor_identities =
+            raw.string_list("auth.executor-identities", &[DEFAULT_EXECUTOR_IDENTITY])?;
+        let reader_identities = raw.string_list("auth.reader-identities", &[])?;
+        let service_accounts = raw
+            .string_list("auth.tokenreview.service-accounts", &[])?
+            .iter()
+            .map(|entry| roles::parse_service_account(entry))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|message| ConfigError {
+                key: "auth.tokenreview.service-accounts".into(),
+                origin: String::new(),
+                message,
+            })?;
         let owner_binding = raw.boolean("auth.owner-binding", true)?;
         let url = raw.string("auth.tokenreview.url", "https://kubernetes.default.svc")?;
         let ca_file = raw.string("auth.tokenreview.ca-file", &format!("{SA_DIR}/ca.crt"))?;
@@ -197,6 +230,10 @@ impl AuthSettings {
             tokens_file,
             operator_identities,
             treasury_identities,
+            registrar_identities,
+            executor_identities,
+            reader_identities,
+            service_accounts,
             owner_binding,
             tokenreview: TokenReviewSettings {
                 url: url.trim_end_matches('/').to_owned(),
@@ -234,6 +271,8 @@ pub struct Identity {
     pub operator: bool,
     /// Listed in `auth.treasury-identities`.
     pub treasury: bool,
+    /// Every role it holds ([`roles`]).
+    pub roles: Roles,
 }
 
 /// What the auth middleware found out about a request; every handler can read it.
@@ -373,12 +412,17 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
 #[derive(Clone)]
 pub struct Authenticator {
     inner: Arc<Inner>,
+    /// Whether an identity needs a role for each request (every dlock service); off for the rail
+    /// stub, which admits its own submitters ([`Self::without_roles`]).
+    roles_enforced: bool,
 }
 
 struct Inner {
     mode: AuthMode,
     operators: BTreeSet<String>,
-    treasurers: BTreeSet<String>,
+    /// Roles from the configured lists and the ServiceAccount allow-list; the tokens file's own
+    /// column is added per lookup.
+    roles: RoleMap,
     owner_binding: bool,
     legacy_operator: Option<[u8; 32]>,
     without_auth: OperatorWithoutAuth,
@@ -427,11 +471,27 @@ impl Authenticator {
                 origin: String::new(),
                 message,
             })?;
+        let mut roles = RoleMap::default();
+        for (role, names) in [
+            (Role::Operator, &settings.operator_identities),
+            (Role::Treasury, &settings.treasury_identities),
+            (Role::Registrar, &settings.registrar_identities),
+            (Role::Executor, &settings.executor_identities),
+            (Role::Reader, &settings.reader_identities),
+        ] {
+            for name in names {
+                roles.grant(name, Roles::of(&[role]));
+            }
+        }
+        for (identity, held) in &settings.service_accounts {
+            roles.grant(identity, *held);
+        }
         Ok(Self {
+            roles_enforced: true,
             inner: Arc::new(Inner {
                 mode: settings.mode,
                 operators: settings.operator_identities.iter().cloned().collect(),
-                treasurers: settings.treasury_identities.iter().cloned().collect(),
+                roles,
                 owner_binding: settings.owner_binding,
                 legacy_operator: legacy_operator_token.map(digest),
                 without_auth,
@@ -458,12 +518,24 @@ impl Authenticator {
                 event = "auth_enabled",
                 service,
                 mode = mode.as_str(),
-                operators = ?self.inner.operators,
-                treasury = ?self.inner.treasurers,
+                operators = ?self.inner.roles.holders(Role::Operator),
+                treasury = ?self.inner.roles.holders(Role::Treasury),
+                registrars = ?self.inner.roles.holders(Role::Registrar),
+                executors = ?self.inner.roles.holders(Role::Executor),
+                readers = ?self.inner.roles.holders(Role::Reader),
+                roles_enforced = self.roles_enforced,
                 owner_binding = self.inner.owner_binding,
-                "every write needs a credential"
+                "every write needs a credential, and every identity a role"
             ),
         }
+    }
+
+    /// This authenticator without the role check: credentials are still checked, but any
+    /// identity passes on to the handler, which decides (the rail stub's submitters).
+    #[must_use]
+    pub fn without_roles(mut self) -> Self {
+        self.roles_enforced = false;
+        self
     }
 
     /// Wraps `router` so that every request passes the credential check first.
@@ -484,21 +556,41 @@ impl Authenticator {
     }
 
     /// Who presented `bearer`, if anyone. `Err` is an answer to send as is.
+    #[cfg(test)]
     async fn identify(
         &self,
         bearer: &str,
         peer: Option<IpAddr>,
     ) -> Result<Option<String>, ApiError> {
+        Ok(self
+            .identify_with_roles(bearer, peer)
+            .await?
+            .map(|(name, _)| name))
+    }
+
+    /// [`Self::identify`], with the roles the tokens file's line gives the identity (none in
+    /// other modes).
+    async fn identify_with_roles(
+        &self,
+        bearer: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<(String, Roles)>, ApiError> {
         if let Some(legacy) = &self.inner.legacy_operator
             && bool::from(digest(bearer).ct_eq(legacy))
         {
-            return Ok(Some(self.legacy_operator_name()));
+            return Ok(Some((
+                self.legacy_operator_name(),
+                Roles::of(&[Role::Operator]),
+            )));
         }
         match self.inner.mode {
             AuthMode::None => Ok(None),
             AuthMode::Tokens => Ok(self.inner.tokens.as_ref().and_then(|t| t.lookup(bearer))),
             AuthMode::TokenReview => match &self.inner.review {
-                Some(review) => review.review(bearer, peer).await,
+                Some(review) => Ok(review
+                    .review(bearer, peer)
+                    .await?
+                    .map(|name| (name, Roles::NONE))),
                 None => Ok(None),
             },
         }
@@ -531,7 +623,7 @@ impl Authenticator {
             Err(_) => None,
         };
         let name = match bearer {
-            Some(token) => self.identify(token, peer).await?,
+            Some(token) => self.identify_with_roles(token, peer).await?,
             None => None,
         };
         if needs && name.is_none() {
@@ -545,11 +637,55 @@ impl Authenticator {
                 },
             ));
         }
-        let identity = name.map(|name| Identity {
-            operator: self.inner.operators.contains(&name),
-            treasury: self.inner.treasurers.contains(&name),
-            name,
+        let identity = name.map(|(name, from_file)| {
+            let roles = self.inner.roles.roles_of(&name).union(from_file);
+            Identity {
+                operator: roles.contains(Role::Operator),
+                treasury: roles.contains(Role::Treasury),
+                roles,
+                name,
+            }
         });
+        if let Some(identity) = &identity
+            && needs
+            && self.roles_enforced
+        {
+            let allowed = roles::roles_for(method, path);
+            if !identity.roles.intersects(allowed) {
+                tracing::warn!(
+                    event = "role_refused",
+                    identity = %identity.name,
+                    held = %identity.roles.names(),
+                    needed = %allowed.names(),
+                    %method,
+                    path,
+                    "a request was refused: the identity holds no role this request allows"
+                );
+                let message = if identity.roles.is_empty() {
+                    format!(
+                        "`{}` holds no role here, so it may do nothing but the probes; name it in \
+                         one of auth.<role>-identities, the tokens file's third column or \
+                         auth.tokenreview.service-accounts; nothing was changed",
+                        identity.name
+                    )
+                } else {
+                    format!(
+                        "{method} {path} needs one of the roles {} and `{}` holds {}; nothing was \
+                         changed",
+                        allowed.names(),
+                        identity.name,
+                        identity.roles.names()
+                    )
+                };
+                return Err(ApiError::new(ErrorCode::Forbidden, message).with_details(
+                    serde_json::json!({
+                        "identity": identity.name,
+                        "roles": identity.roles.iter().map(Role::as_str).collect::<Vec<_>>(),
+                        "requiredRoles": allowed.iter().map(Role::as_str).collect::<Vec<_>>(),
+                    }),
+                ));
+            }
+        }
         if let Some(identity) = &identity
             && self.inner.owner_binding
             && !identity.operator

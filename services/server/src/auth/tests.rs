@@ -56,7 +56,7 @@ async fn tokens_mode_names_the_caller_and_binds_the_owner() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let s = settings(
         dir.path(),
-        "# who may write\nworker-a aaaaaaaaaaaaaaaaaaaa\noperator oooooooooooooooooooo\n",
+        "# who may write\nworker-a aaaaaaaaaaaaaaaaaaaa executor\noperator oooooooooooooooooooo\n",
     );
     let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -158,8 +158,199 @@ async fn none_mode_follows_the_operator_policy_and_the_legacy_token() {
     }
 }
 
+/// The answer's code for `method path` by the holder of `token` (`None`: admitted).
+async fn verdict(
+    auth: &Authenticator,
+    method: Method,
+    path: &str,
+    token: &str,
+) -> Option<ErrorCode> {
+    auth.check(&method, path, &bearer(token))
+        .await
+        .err()
+        .map(|e| e.code)
+}
+
+#[tokio::test]
+async fn an_identity_needs_a_role_the_request_allows_and_one_with_none_may_only_probe() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("tokens");
+    std::fs::write(
+        &file,
+        "nobody nnnnnnnnnnnnnnnnnnnn\n\
+         reg rrrrrrrrrrrrrrrrrrrr registrar\n\
+         executor eeeeeeeeeeeeeeeeeeee\n\
+         auditor aaaaaaaaaaaaaaaaaaaa reader\n\
+         treasury tttttttttttttttttttt\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut raw = RawConfig::from_pairs(&[
+        ("auth.mode", "tokens".to_owned()),
+        ("auth.tokens-file", file.display().to_string()),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let s = AuthSettings::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
+    let auth = Authenticator::new(&s, None, OperatorWithoutAuth::Refused)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let forbidden = Some(ErrorCode::Forbidden);
+    // No role: every write and every read under /v1/ is 403; the probes stay open.
+    for (method, path) in [
+        (Method::POST, "/v1/payouts"),
+        (Method::POST, "/v1/payouts/p/claim"),
+        (Method::POST, "/v1/locks/k/acquire"),
+        (Method::GET, "/v1/payouts/p"),
+        (Method::GET, "/v1/locks"),
+        (Method::POST, "/v1/unknown"),
+    ] {
+        assert_eq!(
+            verdict(&auth, method.clone(), path, "nnnnnnnnnnnnnnnnnnnn").await,
+            forbidden,
+            "{method} {path}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/metrics", "/v1/openapi.json"] {
+        assert_eq!(
+            verdict(&auth, Method::GET, path, "nnnnnnnnnnnnnnnnnnnn").await,
+            None
+        );
+    }
+    // Each role its own writes, and reads.
+    for (token, method, path, expected) in [
+        ("rrrrrrrrrrrrrrrrrrrr", Method::POST, "/v1/payouts", None),
+        (
+            "rrrrrrrrrrrrrrrrrrrr",
+            Method::POST,
+            "/v1/payouts/p/claim",
+            forbidden,
+        ),
+        (
+            "eeeeeeeeeeeeeeeeeeee",
+            Method::POST,
+            "/v1/payouts/p/claim",
+            None,
+        ),
+        (
+            "eeeeeeeeeeeeeeeeeeee",
+            Method::POST,
+            "/v1/rail/submissions",
+            None,
+        ),
+        (
+            "eeeeeeeeeeeeeeeeeeee",
+            Method::POST,
+            "/v1/payouts",
+            forbidden,
+        ),
+        (
+            "eeeeeeeeeeeeeeeeeeee",
+            Method::POST,
+            "/v1/accounts/a/fund",
+            forbidden,
+        ),
+        (
+            "eeeeeeeeeeeeeeeeeeee",
+            Method::POST,
+            "/v1/payouts/p/cancel",
+            forbidden,
+        ),
+        ("eeeeeeeeeeeeeeeeeeee", Method::GET, "/v1/payouts/p", None),
+        ("aaaaaaaaaaaaaaaaaaaa", Method::GET, "/v1/payouts/p", None),
+        (
+            "aaaaaaaaaaaaaaaaaaaa",
+            Method::POST,
+            "/v1/payouts",
+            forbidden,
+        ),
+        (
+            "aaaaaaaaaaaaaaaaaaaa",
+            Method::POST,
+            "/v1/locks/k/acquire",
+            forbidden,
+        ),
+        (
+            "tttttttttttttttttttt",
+            Method::POST,
+            "/v1/accounts/a/fund",
+            None,
+        ),
+        (
+            "tttttttttttttttttttt",
+            Method::POST,
+            "/v1/accounts/a/limits",
+            None,
+        ),
+        (
+            "tttttttttttttttttttt",
+            Method::POST,
+            "/v1/payouts",
+            forbidden,
+        ),
+    ] {
+        assert_eq!(
+            verdict(&auth, method.clone(), path, token).await,
+            expected,
+            "{token} {method} {path}"
+        );
+    }
+    let refusal = auth
+        .check(
+            &Method::POST,
+            "/v1/payouts",
+            &bearer("eeeeeeeeeeeeeeeeeeee"),
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("the executor registered"));
+    assert!(refusal.message.contains("registrar"), "{}", refusal.message);
+    // The rail stub's authenticator checks credentials only; its handler admits submitters.
+    let stub = auth.clone().without_roles();
+    assert_eq!(
+        verdict(&stub, Method::POST, "/submit", "nnnnnnnnnnnnnnnnnnnn").await,
+        None
+    );
+}
+
+#[test]
+fn the_service_account_allow_list_gives_roles_and_a_bad_entry_stops_the_start() {
+    let settings = |entries: &str| {
+        let mut raw = RawConfig::from_pairs(&[
+            ("auth.mode", "tokenreview".to_owned()),
+            ("auth.tokenreview.service-accounts", entries.to_owned()),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        AuthSettings::from_raw(&mut raw)
+    };
+    let s = settings("payments/exec=executor, payments/ops=operator+reader")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        s.service_accounts,
+        vec![
+            (
+                "system:serviceaccount:payments:exec".to_owned(),
+                Roles::of(&[Role::Executor])
+            ),
+            (
+                "system:serviceaccount:payments:ops".to_owned(),
+                Roles::of(&[Role::Operator, Role::Reader])
+            ),
+        ]
+    );
+    let error = settings("payments/exec=admin")
+        .err()
+        .unwrap_or_else(|| panic!("an unknown role was accepted"));
+    assert_eq!(error.key, "auth.tokenreview.service-accounts");
+}
+
 #[test]
 fn a_tokens_file_is_checked_line_by_line() {
+    assert!(parse_tokens_file("a bbbbbbbbbbbbbbbbbbbb root").is_err());
+    assert_eq!(
+        parse_token_lines("a bbbbbbbbbbbbbbbbbbbb executor,registrar")
+            .unwrap_or_default()
+            .first()
+            .map(|line| line.3),
+        Some(Roles::of(&[Role::Executor, Role::Registrar]))
+    );
     assert!(parse_tokens_file("a short").is_err());
     assert!(parse_tokens_file("a bbbbbbbbbbbbbbbbbbbb extra").is_err());
     assert!(
@@ -218,6 +409,8 @@ fn reviewing(url: &str, extra: &[(&str, &str)]) -> (tempfile::TempDir, Authentic
         ("auth.tokenreview.url", url.to_owned()),
         ("auth.tokenreview.ca-file", String::new()),
         ("auth.tokenreview.token-file", own.display().to_string()),
+        // The identity the tests' stand-in reviews admit, with a role so it is let in.
+        ("auth.reader-identities", "sa-known".to_owned()),
     ];
     let extra: Vec<_> = extra
         .iter()

@@ -1,0 +1,571 @@
+//! Roles, per-account limits and the second approval of a large funding, through the real
+//! services of `dlock dev up` (docs/threat-model.md#roles): an identity does only what its
+//! role allows and a refusal changes nothing in paydb, lockdb or the rail's statement.
+
+use super::*;
+
+use dlock_contract::auth::Credential;
+use dlock_contract::client::LockClient;
+
+use crate::harness::{hold, release, session};
+use crate::shared::payouts::register_payout;
+
+/// Appends `lines` to the stack's tokens file (each service re-reads it when it changes) and
+/// waits until the first line's token is known at all three services (not 401).
+async fn add_tokens(stack: &DevStack, lines: &[(&str, &str, &str)]) {
+    let path = stack.url("tokensFile");
+    let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    for (identity, token, roles) in lines {
+        text.push_str(&format!("{identity} {token} {roles}\n"));
+    }
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (lock, payment, proxy) = stack.services();
+    let bearer = format!("Bearer {}", lines[0].1);
+    for url in [
+        format!("{lock}/v1/locks"),
+        format!("{payment}/v1/accounts/none"),
+        format!("{proxy}/v1/rail/high-water/none"),
+    ] {
+        let what = format!("{url} reads the new tokens");
+        eventually(&what, Duration::from_secs(20), || {
+            let (url, bearer) = (url.clone(), bearer.clone());
+            async move {
+                let (status, _, _) = raw(
+                    Method::GET,
+                    &url,
+                    &[("authorization", bearer.as_str())],
+                    None,
+                )
+                .await;
+                (status != 401).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// A write with `token`'s credential as `owner` (a fresh idempotency key each time), with a
+/// fencing token and proof when given.
+async fn write_as(
+    url: &str,
+    token: &str,
+    owner: &str,
+    fence: Option<(i64, &str)>,
+    body: &Value,
+) -> (u16, String, Value) {
+    let bearer = format!("Bearer {token}");
+    let key = format!("roles-{}", uuid::Uuid::new_v4());
+    let fence_token = fence.map(|(t, _)| t.to_string());
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", bearer.as_str()),
+        ("x-owner-id", owner),
+        ("x-idempotency-key", key.as_str()),
+    ];
+    if let (Some(token), Some((_, proof))) = (fence_token.as_deref(), fence) {
+        headers.push(("x-fencing-token", token));
+        headers.push(("x-fencing-proof", proof));
+    }
+    raw(Method::POST, url, &headers, Some(&body.to_string())).await
+}
+
+async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+const STRANGER: &str = "stranger-0123456789abcdef";
+const AUDITOR: &str = "auditor-0123456789abcdef";
+const TREASURY_2: &str = "treasury-2-0123456789abcdef";
+
+/// An identity with no role is 403 on every write and every read but the probes; the executor
+/// cannot register payouts, fund, set limits or approve; the registrar cannot claim or submit;
+/// a reader only reads. Nothing refused changes paydb, lockdb or the statement; the registrar
+/// and the executor together still pay a batch (positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_nothing() {
+    let stack = DevStack::up().await;
+    let (lock, payment, proxy) = stack.services();
+    let executor = stack.token("executor");
+    let registrar = stack.token("registrar");
+    let treasury = stack.token("treasury");
+    add_tokens(
+        &stack,
+        &[("stranger", STRANGER, ""), ("auditor", AUDITOR, "reader")],
+    )
+    .await;
+    open_account(&stack.treasury_payments(), "acct-r", Some(100_000)).await;
+    let payout = register_payout(&stack.registrar_payments(), "acct-r", 100, "ben-r").await;
+    let before = stack.snapshot().await;
+
+    let session_id = "0195e3b4-0000-7000-8000-0000000000aa";
+    let other = "0195e3b4-0000-7000-8000-0000000000bb";
+    let new_payout = json!({
+        "payoutId": other, "accountId": "acct-r", "amountMinor": 100,
+        "currency": "EUR", "beneficiaryRef": "ben-x",
+    });
+    let submit = json!({
+        "payoutId": payout, "accountId": "acct-r", "amountMinor": 100,
+        "currency": "EUR", "beneficiaryRef": "ben-r",
+    });
+    let fund = json!({ "amountMinor": 500, "reference": "role-probe" });
+    let limits = json!({ "maxPayoutMinor": 1 });
+    let claim = json!({ "expectedState": "PENDING" });
+    let writes: Vec<(String, Value)> = vec![
+        (
+            format!("{lock}/v1/sessions"),
+            json!({ "ttlMillis": 10_000 }),
+        ),
+        (
+            format!("{lock}/v1/locks/payout:acct-r/acquire"),
+            json!({ "sessionId": session_id, "ttlMillis": 5_000 }),
+        ),
+        (
+            format!("{lock}/v1/locks/payout:acct-r/revoke"),
+            json!({ "operator": "op", "reason": "a paused worker holds it" }),
+        ),
+        (
+            format!("{payment}/v1/accounts"),
+            json!({ "accountId": "acct-z", "currency": "EUR" }),
+        ),
+        (format!("{payment}/v1/accounts/acct-r/fund"), fund.clone()),
+        (
+            format!("{payment}/v1/accounts/acct-r/limits"),
+            limits.clone(),
+        ),
+        (format!("{payment}/v1/fundings/{other}/approve"), json!({})),
+        (format!("{payment}/v1/payouts"), new_payout.clone()),
+        (
+            format!("{payment}/v1/payouts/{payout}/claim"),
+            claim.clone(),
+        ),
+        (
+            format!("{payment}/v1/payouts/{payout}/cancel"),
+            json!({ "expectedState": "PENDING", "operator": "op", "reason": "not wanted" }),
+        ),
+        (format!("{proxy}/v1/rail/submissions"), submit.clone()),
+        (
+            format!("{proxy}/v1/rail/high-water/acct-r"),
+            json!({ "floor": 99, "operator": "op", "reason": "revoked" }),
+        ),
+    ];
+    let mut refused = 0;
+    // No role: every write, and every read under /v1/, is 403 before any handler.
+    for (url, body) in &writes {
+        let answer = write_as(url, STRANGER, "stranger/w", Some((7, "dev.x")), body).await;
+        assert_refused(
+            &format!("POST {url} with no role"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+        refused += 1;
+    }
+    let stranger_bearer = format!("Bearer {STRANGER}");
+    for url in [
+        format!("{payment}/v1/payouts/{payout}"),
+        format!("{payment}/v1/accounts/acct-r"),
+        format!("{payment}/v1/payouts"),
+        format!("{lock}/v1/locks"),
+        format!("{proxy}/v1/rail/high-water/acct-r"),
+    ] {
+        let answer = raw(
+            Method::GET,
+            &url,
+            &[("authorization", stranger_bearer.as_str())],
+            None,
+        )
+        .await;
+        assert_refused(
+            &format!("GET {url} with no role"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+        refused += 1;
+    }
+    // The probes stay open to it.
+    for url in [format!("{payment}/readyz"), format!("{lock}/healthz")] {
+        let (status, _, _) = raw(
+            Method::GET,
+            &url,
+            &[("authorization", stranger_bearer.as_str())],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{url}");
+    }
+    // The executor runs payouts and nothing else: it cannot register, fund, set limits or
+    // approve a funding.
+    for (url, body) in [
+        (format!("{payment}/v1/payouts"), &new_payout),
+        (format!("{payment}/v1/accounts/acct-r/fund"), &fund),
+        (format!("{payment}/v1/accounts/acct-r/limits"), &limits),
+        (format!("{payment}/v1/fundings/{other}/approve"), &json!({})),
+    ] {
+        let answer = write_as(&url, &executor, "executor/test", None, body).await;
+        assert_refused(
+            &format!("POST {url} as the executor"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+        refused += 1;
+    }
+    // The registrar registers and nothing else: it cannot claim, submit, hold a lock or fund.
+    for (url, body) in [
+        (format!("{payment}/v1/payouts/{payout}/claim"), &claim),
+        (format!("{proxy}/v1/rail/submissions"), &submit),
+        (
+            format!("{lock}/v1/sessions"),
+            &json!({ "ttlMillis": 10_000 }),
+        ),
+        (format!("{payment}/v1/accounts/acct-r/fund"), &fund),
+    ] {
+        let answer = write_as(&url, &registrar, "registrar/test", Some((7, "dev.x")), body).await;
+        assert_refused(
+            &format!("POST {url} as the registrar"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+        refused += 1;
+    }
+    // A reader reads, and writes nothing.
+    let (status, _, body) = raw(
+        Method::GET,
+        &format!("{payment}/v1/payouts/{payout}"),
+        &[("authorization", format!("Bearer {AUDITOR}").as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "a reader reads a payout: {body}");
+    for (url, body) in [
+        (format!("{payment}/v1/payouts"), &new_payout),
+        (format!("{payment}/v1/payouts/{payout}/claim"), &claim),
+    ] {
+        let answer = write_as(&url, AUDITOR, "auditor/test", Some((7, "dev.x")), body).await;
+        assert_refused(
+            &format!("POST {url} as a reader"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+        refused += 1;
+    }
+    // The treasury funds, and registers nothing.
+    let answer = write_as(
+        &format!("{payment}/v1/payouts"),
+        &treasury,
+        "treasury/test",
+        None,
+        &new_payout,
+    )
+    .await;
+    assert_refused(
+        "POST /v1/payouts as the treasury",
+        &answer,
+        403,
+        "FORBIDDEN",
+    );
+    refused += 1;
+    let after = stack.snapshot().await;
+    assert_eq!(before, after, "{refused} refused requests changed nothing");
+
+    // Positive control: the registrar registers (the snapshot sees it), and `dlock run` with the
+    // registrar's credential for registering and the executor's for the cycles pays a batch.
+    let answer = write_as(
+        &format!("{payment}/v1/payouts"),
+        &registrar,
+        "registrar/test",
+        None,
+        &new_payout,
+    )
+    .await;
+    assert_eq!(answer.0, 201, "the registrar registers: {}", answer.2);
+    assert_ne!(after, stack.snapshot().await, "an accepted write is seen");
+    let (ok, output) = stack.run_batch("roles-batch", "acct-r", 4).await;
+    assert!(ok, "the registrar and the executor pay a batch: {output}");
+    let pool = stack.pool("paydb").await;
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM payouts WHERE account_id = 'acct-r' AND state = 'POSTED'"
+        )
+        .await,
+        4
+    );
+}
+
+/// One lock cycle on `payout:{account}` as the executor: acquire, claim `payout`, release.
+/// The claim's answer.
+async fn claim_once(
+    stack: &DevStack,
+    locks: &LockClient,
+    account: &str,
+    payout: uuid::Uuid,
+) -> (u16, String, Value) {
+    let (_, payment, _) = stack.services();
+    let key = format!("payout:{account}");
+    let session_id = session(locks, 30_000).await;
+    let grant = hold(locks, &key, session_id, 30_000).await;
+    let proof = grant
+        .fencing_proof
+        .clone()
+        .unwrap_or_else(|| panic!("dev up proves tokens: {grant:?}"));
+    let answer = write_as(
+        &format!("{payment}/v1/payouts/{payout}/claim"),
+        &stack.token("executor"),
+        "executor/test",
+        Some((grant.fencing_token, &proof)),
+        &json!({ "expectedState": "PENDING" }),
+    )
+    .await;
+    release(locks, &key, session_id, grant.fencing_token).await;
+    let _ = locks.end_session(session_id).await;
+    answer
+}
+
+/// The treasury sets an account's limits; paydb refuses a payout above the largest single
+/// payout at registration, and a claim that would take the day's outflow over its limit, with
+/// 422 LIMIT_EXCEEDED and no change (no payout row, no fence advance, no outflow counted);
+/// payouts under the limits pass (positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothing() {
+    let stack = DevStack::up().await;
+    let (_, payment, _) = stack.services();
+    let treasury = stack.token("treasury");
+    open_account(&stack.treasury_payments(), "acct-l", Some(1_000_000)).await;
+    let answer = write_as(
+        &format!("{payment}/v1/accounts/acct-l/limits"),
+        &treasury,
+        "treasury/test",
+        None,
+        &json!({ "maxPayoutMinor": 500, "dailyOutflowMinor": 1_000 }),
+    )
+    .await;
+    assert_eq!(answer.0, 200, "the treasury sets limits: {}", answer.2);
+    assert_eq!(answer.2["maxPayoutMinor"], 500, "{}", answer.2);
+    assert_eq!(answer.2["setBy"], "treasury", "{}", answer.2);
+    let bad = write_as(
+        &format!("{payment}/v1/accounts/acct-l/limits"),
+        &treasury,
+        "treasury/test",
+        None,
+        &json!({ "maxPayoutMinor": 0 }),
+    )
+    .await;
+    assert_refused("a zero limit", &bad, 400, "VALIDATION_FAILED");
+
+    let pool = stack.pool("paydb").await;
+    let registrar = stack.token("registrar");
+    let over = uuid::Uuid::new_v4();
+    let before = stack.snapshot().await;
+    let answer = write_as(
+        &format!("{payment}/v1/payouts"),
+        &registrar,
+        "registrar/test",
+        None,
+        &json!({
+            "payoutId": over, "accountId": "acct-l", "amountMinor": 501,
+            "currency": "EUR", "beneficiaryRef": "ben-over",
+        }),
+    )
+    .await;
+    assert_refused(
+        "a payout above the single limit",
+        &answer,
+        422,
+        "LIMIT_EXCEEDED",
+    );
+    assert_eq!(
+        answer.2["details"]["limit"], "maxPayoutMinor",
+        "{}",
+        answer.2
+    );
+    assert_eq!(answer.2["details"]["limitMinor"], 500, "{}", answer.2);
+    assert_eq!(
+        before,
+        stack.snapshot().await,
+        "the refused registration changed nothing"
+    );
+
+    // Under the single limit: three of 400 register (positive control); the day allows 1 000.
+    let registrar_client = stack.registrar_payments();
+    let mut payouts = Vec::new();
+    for n in 0..3 {
+        payouts.push(register_payout(&registrar_client, "acct-l", 400, &format!("ben-{n}")).await);
+    }
+    let locks = LockClient::new(&stack.url("lockServer"), "executor/test")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(&stack.token("executor"))));
+    for payout in &payouts[..2] {
+        let answer = claim_once(&stack, &locks, "acct-l", *payout).await;
+        assert_eq!(
+            answer.0, 200,
+            "a claim within the day's limit: {}",
+            answer.2
+        );
+    }
+    let outflow = "SELECT coalesce(sum(claimed_minor), 0)::bigint FROM account_daily_outflow \
+                   WHERE account_id = 'acct-l'";
+    assert_eq!(count(&pool, outflow).await, 800);
+    let fence = "SELECT fence FROM accounts WHERE account_id = 'acct-l'";
+    let fence_before = count(&pool, fence).await;
+    let before = stack.snapshot().await;
+    let answer = claim_once(&stack, &locks, "acct-l", payouts[2]).await;
+    assert_refused(
+        "a claim over the day's outflow",
+        &answer,
+        422,
+        "LIMIT_EXCEEDED",
+    );
+    assert_eq!(
+        answer.2["details"]["limit"], "dailyOutflowMinor",
+        "{}",
+        answer.2
+    );
+    assert_eq!(answer.2["details"]["outflowMinor"], 800, "{}", answer.2);
+    assert_eq!(count(&pool, outflow).await, 800, "no outflow counted");
+    assert_eq!(
+        count(&pool, fence).await,
+        fence_before,
+        "the fence did not move"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM payouts WHERE payout_id = $1")
+        .bind(payouts[2])
+        .fetch_one(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(state, "PENDING", "the refused payout stays PENDING");
+    // Only the lock server's tables moved (the cycle's own session and grant); paydb and the
+    // statement did not.
+    let after = stack.snapshot().await;
+    let paydb = |rows: &[(String, String)]| {
+        rows.iter()
+            .filter(|(table, _)| !table.starts_with("lockdb."))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        paydb(&before),
+        paydb(&after),
+        "the refused claim changed nothing in paydb"
+    );
+
+    // Raising the day's limit lets the same payout through (positive control).
+    let answer = write_as(
+        &format!("{payment}/v1/accounts/acct-l/limits"),
+        &treasury,
+        "treasury/test",
+        None,
+        &json!({ "maxPayoutMinor": 500, "dailyOutflowMinor": 2_000 }),
+    )
+    .await;
+    assert_eq!(answer.0, 200, "{}", answer.2);
+    let answer = claim_once(&stack, &locks, "acct-l", payouts[2]).await;
+    assert_eq!(answer.0, 200, "under the raised limit: {}", answer.2);
+    assert_eq!(count(&pool, outflow).await, 1_200);
+}
+
+/// A funding above `auth.treasury.dual-approval-above` is recorded, not applied (202 with its
+/// id); the same treasury identity approving it is 403 and changes nothing; a second, different
+/// treasury identity applies it, once; a funding under the threshold applies at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_is_refused() {
+    let stack = DevStack(crate::shared::dev_up::DevUp::start(
+        &["--treasury-dual-approval-above", "100000"],
+        &[],
+    ));
+    let (_, payment, _) = stack.services();
+    let treasury = stack.token("treasury");
+    add_tokens(&stack, &[("treasury-2", TREASURY_2, "treasury")]).await;
+    open_account(&stack.treasury_payments(), "acct-d", Some(100_000)).await;
+    let pool = stack.pool("paydb").await;
+    let balance = "SELECT balance_minor FROM accounts WHERE account_id = 'acct-d'";
+    assert_eq!(
+        count(&pool, balance).await,
+        100_000,
+        "at the threshold: applied at once"
+    );
+
+    let fund_url = format!("{payment}/v1/accounts/acct-d/fund");
+    let large = json!({ "amountMinor": 5_000_000, "reference": "large-1" });
+    let answer = write_as(&fund_url, &treasury, "treasury/test", None, &large).await;
+    assert_eq!(answer.0, 202, "a large funding waits: {}", answer.2);
+    assert_eq!(answer.2["status"], "PENDING_APPROVAL", "{}", answer.2);
+    assert_eq!(answer.2["requestedBy"], "treasury", "{}", answer.2);
+    let funding = answer.2["fundingId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fundingId: {}", answer.2))
+        .to_owned();
+    assert_eq!(count(&pool, balance).await, 100_000, "not applied");
+
+    let approve_url = format!("{payment}/v1/fundings/{funding}/approve");
+    let before = stack.snapshot().await;
+    let answer = write_as(&approve_url, &treasury, "treasury/test", None, &json!({})).await;
+    assert_refused("approving one's own funding", &answer, 403, "FORBIDDEN");
+    let answer = write_as(
+        &approve_url,
+        &stack.token("executor"),
+        "executor/test",
+        None,
+        &json!({}),
+    )
+    .await;
+    assert_refused("the executor approving", &answer, 403, "FORBIDDEN");
+    assert_eq!(
+        before,
+        stack.snapshot().await,
+        "the refused approvals changed nothing"
+    );
+    assert_eq!(count(&pool, balance).await, 100_000);
+
+    let answer = write_as(
+        &approve_url,
+        TREASURY_2,
+        "treasury-2/test",
+        None,
+        &json!({}),
+    )
+    .await;
+    assert_eq!(
+        answer.0, 200,
+        "a second treasury identity approves: {}",
+        answer.2
+    );
+    assert_eq!(answer.2["approvedBy"], "treasury-2", "{}", answer.2);
+    assert_eq!(answer.2["balanceMinor"], 5_100_000, "{}", answer.2);
+    assert_eq!(count(&pool, balance).await, 5_100_000, "applied");
+    // Once: another approval (a new key) is refused and applies nothing more.
+    let answer = write_as(
+        &approve_url,
+        TREASURY_2,
+        "treasury-2/test",
+        None,
+        &json!({}),
+    )
+    .await;
+    assert_refused("a second approval", &answer, 422, "IDEMPOTENCY_CONFLICT");
+    assert_eq!(count(&pool, balance).await, 5_100_000, "applied once");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM ledger_entries WHERE reference = 'fund:large-1'"
+        )
+        .await,
+        2,
+        "one balanced pair"
+    );
+    // paydb itself keeps the approver apart from the requester, whatever writes the row.
+    let direct = sqlx::query(
+        "INSERT INTO pending_fundings (funding_id, account_id, amount_minor, reference, \
+         requested_by, approved_by, approved_at) \
+         VALUES (gen_random_uuid(), 'acct-d', 1, 'psql', 'treasury', 'treasury', now())",
+    )
+    .execute(&pool)
+    .await;
+    assert!(direct.is_err(), "the CHECK refuses a self-approved row");
+}
