@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn catalogue_statuses_and_retry_safety_match_the_contract() {
-        let expected: [(ErrorCode, u16, bool); 15] = [
+        let expected: [(ErrorCode, u16, bool); 16] = [
             (ErrorCode::LockContended, 409, true),
             (ErrorCode::ContentionExceeded, 429, true),
             (ErrorCode::NotLeader, 503, true),
