@@ -17,7 +17,7 @@ use crate::routes::{FenceAdvanced, Resolved};
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings."),
-    paths(create_account, get_account, fund, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
+    paths(create_account, get_account, fund, set_limits, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -65,8 +65,28 @@ fn get_account() {}
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fund", request_body = FundRequest,
     params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
-    responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
+    responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 202, description = "above auth.treasury.dual-approval-above: recorded, not applied, until a second treasury identity approves it (docs/contract.md#dual-approval)", body = PendingFunding),
+    ))]
 fn fund() {}
+
+/// Sets an account's limits: the largest single payout and the outflow per UTC day (treasury;
+/// docs/contract.md#account-limits). paydb refuses a payout above them with LIMIT_EXCEEDED.
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/limits", request_body = AccountLimitsRequest,
+    params(("accountId" = String, Path), Write),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = AccountLimits), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
+fn set_limits() {}
+
+/// Applies a pending funding, once, by a second treasury identity (docs/contract.md#dual-approval).
+#[utoipa::path(post, path = "/v1/fundings/{fundingId}/approve", request_body = ApproveFundingRequest,
+    params(("fundingId" = String, Path), Write),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = ApprovedFunding), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 403, description = "FORBIDDEN: not a treasury identity, or the identity that asked for the funding; nothing changed", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT: already approved (details.approvedBy)", body = ErrorBody),
+    ))]
+fn approve_funding() {}
 
 /// Advances an account's fence to a revocation floor (operator; docs/design.md#d-3).
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
@@ -96,6 +116,7 @@ fn lower_fence() {}
     security(("bearerAuth" = [])),
     responses((status = 201, body = Payout), Invalid, Unauthorized, Idempotent, NotLeader,
         (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout (docs/contract.md#account-limits); nothing changed", body = ErrorBody),
     ))]
 fn create_payout() {}
 
@@ -117,7 +138,7 @@ fn get_payout() {}
     security(("bearerAuth" = [])),
     responses((status = 200, body = ClaimResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
-        (status = 422, description = "INSUFFICIENT_FUNDS or IDEMPOTENCY_CONFLICT", body = ErrorBody),
+        (status = 422, description = "INSUFFICIENT_FUNDS, IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout or its outflow for the UTC day (docs/contract.md#account-limits; nothing changed)", body = ErrorBody),
     ))]
 fn claim() {}
 
