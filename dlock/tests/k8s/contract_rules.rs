@@ -2,6 +2,7 @@
 //! refuse is refused at admission, by the schema the contract's constants generate, naming the
 //! field; the user never learns of it later from `Degraded/InvalidSpec`.
 
+use dlock_contract::headers::OWNER_ID_LEN_MAX;
 use dlock_contract::payment::AMOUNT_MINOR_MAX;
 use dlock_contract::payout_batch::{KEY_LEN_MAX, NAME_LEN_MAX};
 use serde_json::{Value, json};
@@ -112,6 +113,33 @@ async fn the_api_server_refuses_every_field_the_contract_refuses_naming_it() {
         assert!(
             message.contains(&format!("spec.{field}")),
             "{field} = {value}: {message}"
+        );
+    }
+    // The executor's identity becomes its X-Owner-Id: a header's alphabet, the owner id's length.
+    let with_identity = |identity: &str| {
+        let mut batch: Value = serde_json::from_str(&batch(None)).unwrap_or_default();
+        batch["spec"]["executor"] = json!({
+            "identity": identity,
+            "credentialSecret": {"name": "executor-token", "key": "token"},
+        });
+        batch.to_string()
+    };
+    let longest = "e".repeat(OWNER_ID_LEN_MAX);
+    for good in [
+        "system:serviceaccount:rules:dlock-executor",
+        longest.as_str(),
+    ] {
+        if let Ok(message) = refusal(&with_identity(good)) {
+            panic!("the identity {good:?} was refused: {message}");
+        }
+    }
+    let too_long = "e".repeat(OWNER_ID_LEN_MAX + 1);
+    for bad in ["exécuteur", "tab\there", too_long.as_str()] {
+        let message = refusal(&with_identity(bad))
+            .unwrap_or_else(|out| panic!("the identity {bad:?} was admitted: {out}"));
+        assert!(
+            message.contains("spec.executor.identity"),
+            "{bad:?}: {message}"
         );
     }
 }

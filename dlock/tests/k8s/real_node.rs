@@ -266,6 +266,44 @@ impl RealCluster {
         text += &self
             .try_kubectl(&["get", "pods", "-A", "-o", "wide"])
             .unwrap_or_else(|e| e);
+        // Why a container that is not ready stopped: its last run's log.
+        let pods = self
+            .try_kubectl(&[
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_default();
+        for line in pods.lines().take(12) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [ns, pod, ready, restarts] = fields[..] else {
+                continue;
+            };
+            if ready == "true" {
+                continue;
+            }
+            let previous = if restarts == "0" {
+                "--previous=false"
+            } else {
+                "--previous"
+            };
+            text +=
+                &format!("\n--- {ns}/{pod} (not ready, {restarts} restarts): last log lines ---\n");
+            text += &self
+                .try_kubectl(&["logs", "-n", ns, pod, previous, "--tail=15"])
+                .unwrap_or_else(|e| e);
+        }
+        text += "\n--- node conditions and taints ---\n";
+        text += &self
+            .try_kubectl(&[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}: {range .status.conditions[*]}{.type}={.status} {end}taints={.spec.taints}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_else(|e| e);
         text += "\n--- events ---\n";
         text += &self
             .try_kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"])
@@ -277,6 +315,17 @@ impl RealCluster {
             .join("node/logs");
         for name in ["kubelet", "containerd", "kube-proxy", "coredns"] {
             let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
+            let evictions: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("eviction"))
+                .take(10)
+                .collect();
+            if !evictions.is_empty() {
+                text += &format!(
+                    "\n--- {name}: eviction lines ---\n{}\n",
+                    evictions.join("\n")
+                );
+            }
             let tail: Vec<&str> = log.lines().rev().take(15).collect();
             text += &format!("\n--- {name} (last lines) ---\n");
             for line in tail.into_iter().rev() {

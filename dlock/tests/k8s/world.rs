@@ -489,6 +489,17 @@ pub fn render_chart(values: &[&str]) -> String {
     for v in values {
         command.args(["--set-json", v]);
     }
+    rendered(command)
+}
+
+/// `scripts/render-chart` with values files, as `helm template -f FILE` takes them.
+pub fn render_chart_with_files(files: &[&str]) -> String {
+    let mut command = Command::new(repo().join("scripts/render-chart"));
+    command.args(files);
+    rendered(command)
+}
+
+fn rendered(mut command: Command) -> String {
     let output = command
         .stderr(Stdio::inherit())
         .output()

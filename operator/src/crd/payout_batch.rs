@@ -74,7 +74,10 @@ pub struct ExecutorSpec {
     /// The identity the credential authenticates as; the workers' `X-Owner-Id` is
     /// `<identity>/<batch>`. Without `credentialSecret` it is the service account's
     /// (`system:serviceaccount:<namespace>:<serviceAccountName>`).
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(
+        pattern(dlock_contract::headers::OWNER_ID_PATTERN),
+        length(min = 1, max = dlock_contract::headers::OWNER_ID_LEN_MAX)
+    )]
     pub identity: Option<String>,
     /// A Secret key holding the bearer token (services with `auth.mode = "tokens"`). Absent: a
     /// projected service-account token with audience `dlock` (`auth.mode = "tokenreview"`).

@@ -18,6 +18,10 @@ pub const TRACEPARENT: &str = "traceparent";
 
 /// The longest owner id the contract allows.
 pub const OWNER_ID_LEN_MAX: usize = 64;
+/// What an owner id may hold as a header value: visible ASCII and the space (a header carries no
+/// other character, and [`check_owner_id`] refuses control characters). A schema holds an
+/// identity that becomes an owner id to it.
+pub const OWNER_ID_PATTERN: &str = "^[ -~]*$";
 /// The longest idempotency key this project accepts.
 pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 128;
 
