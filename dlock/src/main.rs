@@ -265,7 +265,8 @@ impl Service {
     }
 }
 
-/// Loads a service's configuration (the file, then the environment over it) and runs it.
+/// Loads a service's configuration (the file; a security setting in the environment stops it,
+/// services/server/src/config.rs) and runs it.
 async fn serve(service: Service) -> anyhow::Result<()> {
     use dlock_lock_server::LockServerConfig;
     use dlock_payment_resource::PaymentConfig;

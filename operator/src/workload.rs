@@ -59,11 +59,40 @@ impl Component {
     }
 }
 
-/// A Secret key exposed to the container as an environment variable (a config-key override).
+/// Where the Secrets of [`SecretFile`]s are mounted, one directory each.
+pub const SECRET_FILES_DIR: &str = "/etc/dlock/secrets";
+
+/// A secret configuration value (a database URL, an operator token) as a file: the Secret is
+/// mounted read-only at `<SECRET_FILES_DIR>/<volume>` and the configuration names the key's file
+/// through `<key>-file`. Never an environment variable: a service takes no security setting from
+/// its environment (services/server/src/config.rs).
 #[derive(Clone, Debug, PartialEq)]
-pub struct SecretEnv {
-    pub name: String,
+pub struct SecretFile {
+    /// The configuration key whose value the file holds (`payment.pg.url`).
+    pub key: String,
+    /// The volume's name, and its directory under [`SECRET_FILES_DIR`].
+    pub volume: String,
     pub secret: SecretKeyRef,
+}
+
+impl SecretFile {
+    /// The file in the container: the Secret's key in the volume's directory.
+    pub fn path(&self) -> String {
+        format!("{SECRET_FILES_DIR}/{}/{}", self.volume, self.secret.key)
+    }
+
+    /// `"<key>-file" = "<path>"` lines for `files`, appended to a service's configuration (flat
+    /// keys, as the contract's `to_toml` writes them).
+    pub fn config_lines(files: &[SecretFile]) -> String {
+        files
+            .iter()
+            .map(|file| {
+                let key = toml::Value::String(format!("{}-file", file.key));
+                let path = toml::Value::String(file.path());
+                format!("{key} = {path}\n")
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,9 +112,10 @@ pub struct Workload {
     pub instance: String,
     pub image: String,
     pub replicas: i32,
-    /// The service's TOML configuration (no secrets: those come from `secret_env`).
+    /// The service's TOML configuration (no secrets: those are in `secret_files`, which it
+    /// names).
     pub config_toml: String,
-    pub secret_env: Vec<SecretEnv>,
+    pub secret_files: Vec<SecretFile>,
     pub termination_grace_period_seconds: i64,
     pub cloud_sql: Option<ValidCloudSql>,
     /// An `emptyDir` mounted at `/data` (the rail stub's statement).

@@ -11,7 +11,6 @@ use std::time::Duration;
 use dlock_devstack::certs::{CertFiles, TestCa, Validity};
 use dlock_devstack::etcd_cluster::{EtcdCluster, EtcdTls};
 use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
-use dlock_server::config::env_name;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
 
 use crate::harness::{hold, party, release};
@@ -136,10 +135,11 @@ impl SecureEtcd {
     }
 }
 
-fn env(port: u16, pairs: &[(&'static str, String)]) -> Vec<(String, String)> {
-    let mut env = vec![(env_name("server.listen"), format!("127.0.0.1:{port}"))];
-    env.extend(pairs.iter().map(|(k, v)| (env_name(k), v.clone())));
-    env
+/// `dlock serve {name}` on `port` with `pairs`, in a configuration file beside `log`.
+fn args(name: &str, port: u16, pairs: &[(&'static str, String)], log: &Path) -> Vec<String> {
+    let mut config = vec![("server.listen".to_owned(), format!("127.0.0.1:{port}"))];
+    config.extend(pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    crate::harness::serve_args(name, &config, log)
 }
 
 fn with(
@@ -170,8 +170,8 @@ pub(crate) fn serve_process(
     log: &Path,
 ) -> (ManagedChild, String) {
     let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-    let args = vec!["serve".to_owned(), name.to_owned()];
-    let mut child = spawn_logged(name, Path::new(EXE), &args, &env(port, pairs), Some(log))
+    let args = args(name, port, pairs, log);
+    let mut child = spawn_logged(name, Path::new(EXE), &args, &[], Some(log))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_until(name, Duration::from_secs(30), || {
@@ -200,8 +200,8 @@ pub(crate) fn refused_process(
     cause: &[&str],
 ) -> String {
     let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-    let args = vec!["serve".to_owned(), name.to_owned()];
-    let mut child = spawn_logged(name, Path::new(EXE), &args, &env(port, pairs), Some(log))
+    let args = args(name, port, pairs, log);
+    let mut child = spawn_logged(name, Path::new(EXE), &args, &[], Some(log))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let status = child.wait_exit(Duration::from_secs(20));
     let text = std::fs::read_to_string(log).unwrap_or_default();

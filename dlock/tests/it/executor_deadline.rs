@@ -143,7 +143,7 @@ spec:
 
 /// Runs one payout through the executor against the real services; returns what they saw.
 async fn run(setup: Setup, options: RunOptions) -> Seen {
-    let stack = Stack::builder(EXE, dlock_server::config::env_name)
+    let stack = Stack::builder(EXE)
         .operator_token(OPERATOR_TOKEN)
         .set(
             Role::LockServer,

@@ -73,7 +73,7 @@ fn states_in_paydb(stack: &Stack) -> BTreeMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_final_report_says_what_paydb_says_whether_a_state_was_answered_or_read() {
-    let stack = Stack::builder(EXE, dlock_server::config::env_name)
+    let stack = Stack::builder(EXE)
         .operator_token("report-operator-token")
         .start();
     let client =

@@ -231,9 +231,10 @@ async fn bad_path_segments_and_bad_bodies_get_the_envelope_on_every_service() {
     assert_eq!(content_type(&headers), JSON);
 }
 
-fn serve(name: &str, env: Vec<(String, String)>, log: &Path) -> ManagedChild {
-    let args = vec!["serve".to_owned(), name.to_owned()];
-    spawn_logged(name, Path::new(EXE), &args, &env, Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
+/// `dlock serve {name}` with the configuration `pairs` (in a file beside `log`).
+fn serve(name: &str, pairs: Vec<(String, String)>, log: &Path) -> ManagedChild {
+    let args = crate::harness::serve_args(name, &pairs, log);
+    spawn_logged(name, Path::new(EXE), &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,18 +248,18 @@ async fn an_unreachable_api_server_and_a_flood_of_unknown_tokens_get_503_that_na
     std::fs::write(&own_token, "the-stub-s-own-token").unwrap_or_else(|e| panic!("{e}"));
     let port = free_port().unwrap_or_else(|e| panic!("{e}"));
     let env: Vec<(String, String)> = [
-        ("DLOCK_SERVER_LISTEN", format!("127.0.0.1:{port}")),
-        ("DLOCK_AUTH_MODE", "tokenreview".to_owned()),
-        ("DLOCK_AUTH_TOKENREVIEW_URL", api_url.clone()),
-        ("DLOCK_AUTH_TOKENREVIEW_CA_FILE", String::new()),
+        ("server.listen", format!("127.0.0.1:{port}")),
+        ("auth.mode", "tokenreview".to_owned()),
+        ("auth.tokenreview.url", api_url.clone()),
+        ("auth.tokenreview.ca-file", String::new()),
         (
-            "DLOCK_AUTH_TOKENREVIEW_TOKEN_FILE",
+            "auth.tokenreview.token-file",
             own_token.display().to_string(),
         ),
-        ("DLOCK_AUTH_TOKENREVIEW_REVIEWS_PER_SECOND", "1".to_owned()),
-        ("DLOCK_AUTH_TOKENREVIEW_REVIEW_BURST", "2".to_owned()),
+        ("auth.tokenreview.reviews-per-second", "1".to_owned()),
+        ("auth.tokenreview.review-burst", "2".to_owned()),
         (
-            "DLOCK_RAIL_STUB_STATEMENT_PATH",
+            "rail.stub.statement-path",
             dir.path().join("statement.jsonl").display().to_string(),
         ),
     ]

@@ -105,8 +105,8 @@ impl LockStack {
         }
     }
 
-    /// The configuration of a lock server on this backend, as environment variables.
-    pub fn env(&self, listen: SocketAddr) -> Vec<(String, String)> {
+    /// The configuration of a lock server on this backend, as `(key, value)` pairs.
+    pub fn pairs(&self, listen: SocketAddr) -> Vec<(String, String)> {
         let mut pairs = vec![("server.listen".to_owned(), listen.to_string())];
         match self.backend {
             Backend::Pg => {
@@ -138,13 +138,14 @@ impl LockStack {
         }
         pairs.extend(self.extra.iter().cloned());
         pairs
-            .into_iter()
-            .map(|(k, v)| (dlock_server::config::env_name(&k), v))
-            .collect()
     }
 
     pub fn config(&self, listen: SocketAddr) -> LockServerConfig {
-        let env: BTreeMap<String, String> = self.env(listen).into_iter().collect();
+        let env: BTreeMap<String, String> = self
+            .pairs(listen)
+            .into_iter()
+            .map(|(k, v)| (dlock_server::config::env_name(&k), v))
+            .collect();
         let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
         LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -172,22 +173,32 @@ impl LockStack {
     /// Starts a lock server as a real `dlock serve lock-server` process on `port`.
     pub fn spawn_process(&self, port: u16, log: &std::path::Path) -> ManagedChild {
         let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-        serve_process("lock-server", listen, &self.env(listen), log)
+        serve_process("lock-server", listen, &self.pairs(listen), log)
     }
 }
 
-/// Starts `dlock serve {service}` with the environment `env`, its output in `log`, and waits
-/// until it answers `/readyz` on `listen`; a start that fails shows the log.
+/// The arguments of `dlock serve {service}` with the configuration `pairs` in a file beside
+/// `log` (services take their configuration from a file, never from the environment).
+pub fn serve_args(service: &str, pairs: &[(String, String)], log: &std::path::Path) -> Vec<String> {
+    let mut args = vec!["serve".to_owned(), service.to_owned()];
+    let file = log.with_extension("toml");
+    args.extend(dlock_devstack::write_config(&file, pairs).unwrap_or_else(|e| panic!("{e:#}")));
+    args
+}
+
+/// Starts `dlock serve {service}` with the configuration `pairs` (in a file beside `log`), its
+/// output in `log`, and waits until it answers `/readyz` on `listen`; a start that fails shows
+/// the log.
 pub fn serve_process(
     service: &str,
     listen: SocketAddr,
-    env: &[(String, String)],
+    pairs: &[(String, String)],
     log: &std::path::Path,
 ) -> ManagedChild {
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
-    let args = vec!["serve".to_owned(), service.to_owned()];
+    let args = serve_args(service, pairs, log);
     let mut child =
-        spawn_logged(service, &exe, &args, env, Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
+        spawn_logged(service, &exe, &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
     let what = format!("{} process", service.replace('-', " "));
     wait_until(&what, Duration::from_secs(30), || {
         !child.exited() && http_status(listen, "/readyz") == Some(200)

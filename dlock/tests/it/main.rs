@@ -6,6 +6,7 @@ mod chaos;
 mod conformance;
 mod crash;
 mod dev_env;
+mod environment;
 mod etcd_leader;
 mod etcd_tls;
 mod exclusion;

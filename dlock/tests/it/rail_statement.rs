@@ -18,7 +18,7 @@ struct Stub(Stack);
 impl Stub {
     fn start(dir: tempfile::TempDir) -> Self {
         Self(
-            Stack::builder(EXE, dlock_server::config::env_name)
+            Stack::builder(EXE)
                 .only(&[Role::RailStub])
                 .in_dir(dir)
                 .start(),

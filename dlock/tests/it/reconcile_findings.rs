@@ -214,9 +214,7 @@ fn state(stack: &Stack, payout: Uuid) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_past_the_proxy_and_an_amount_the_rail_changed_are_reported() {
-    let stack = Stack::builder(EXE, dlock_server::config::env_name)
-        .operator_token(OPERATOR_TOKEN)
-        .start();
+    let stack = Stack::builder(EXE).operator_token(OPERATOR_TOKEN).start();
     let client =
         PaymentClient::new(&stack.payment().url(), "recon").unwrap_or_else(|e| panic!("{e}"));
     open_account(&client, "rich", Some(10_000)).await;
@@ -375,7 +373,7 @@ async fn resolve(
 async fn resolutions_the_rails_statement_contradicts_are_reported() {
     // Every transfer is taken and answered with a redirect, which the proxy does not follow:
     // each payout is RAIL_AMBIGUOUS and on the rail.
-    let mut stack = Stack::builder(EXE, dlock_server::config::env_name)
+    let mut stack = Stack::builder(EXE)
         .operator_token(OPERATOR_TOKEN)
         .rail_stub(&[("rail.stub.redirect-rate", "1.0")])
         .start();

@@ -18,7 +18,6 @@ use dlock_contract::ErrorCode;
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
 use dlock_devstack::ManagedChild;
-use dlock_server::config::env_name;
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -345,16 +344,16 @@ fn process(
     pairs: &[(&str, String)],
 ) -> (ManagedChild, String) {
     let listen: SocketAddr = ([127, 0, 0, 1], port()).into();
-    let mut env: Vec<(String, String)> = vec![(env_name("server.listen"), listen.to_string())];
+    let mut config: Vec<(String, String)> = vec![("server.listen".into(), listen.to_string())];
     // Without fencing-token proofs unless `pairs` gives `fencing.*` keys: said by name, as a
     // service requires (docs/threat-model.md#safe-defaults).
     if !pairs.iter().any(|(k, _)| k.starts_with("fencing.")) {
-        env.push((env_name("fencing.insecure-no-proofs"), "true".to_owned()));
+        config.push(("fencing.insecure-no-proofs".into(), "true".to_owned()));
     }
-    env.extend(pairs.iter().map(|(k, v)| (env_name(k), v.clone())));
+    config.extend(pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     let log = dir.join(format!("{name}.log"));
     (
-        serve_process(service, listen, &env, &log),
+        serve_process(service, listen, &config, &log),
         format!("http://{listen}"),
     )
 }

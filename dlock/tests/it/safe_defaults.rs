@@ -10,7 +10,7 @@ use crate::etcd_tls::{refused_process, serve_process};
 const SECRET: &str = "5f2c8e1a9b7d4f3e6a0c2b8d1e9f7a3c5b4d6e8f0a1c3e5b7d9f2a4c6e8b0d1f";
 
 /// Each service with neither `fencing.proof-keys-file` nor the flag exits non-zero at start with
-/// a message naming the missing key, the flag (and its environment variable) and the danger; the
+/// a message naming the missing key, the flag (in the configuration file) and the danger; the
 /// same configuration with the flag (positive control) starts, serves `/readyz` and warns
 /// `fencing_tokens_unproven`; with a keys file it starts proving tokens; both together are
 /// refused as a contradiction.
@@ -61,8 +61,7 @@ async fn a_service_without_proof_keys_starts_only_with_the_insecure_flag_said_by
                 "fencing.proof-keys-file",
                 "does not start",
                 "forged token",
-                "fencing.insecure-no-proofs = true",
-                "DLOCK_FENCING_INSECURE_NO_PROOFS",
+                "fencing.insecure-no-proofs = true in the configuration file",
             ],
         );
         assert!(

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
 use super::config_map::CONFIG_FILE;
-use crate::workload::{FENCING_PROOF_KEYS_DIR, PORT, Workload};
+use crate::workload::{FENCING_PROOF_KEYS_DIR, PORT, SECRET_FILES_DIR, Workload};
 
 /// The pod annotation that rolls the pods when their configuration changes.
 pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
@@ -86,12 +86,9 @@ pub fn deployment(workload: &Workload) -> Deployment {
     let mut pod_labels = super::pod_labels(workload.component, &workload.instance);
     pod_labels.extend(selector.clone());
 
-    let mut env: Vec<EnvVar> = workload
-        .secret_env
-        .iter()
-        .map(|secret| super::secret_env(&secret.name, &secret.secret))
-        .collect();
-    env.push(super::env("DLOCK_LOG_FORMAT", "json"));
+    // Observability only: a service takes no security setting from its environment (its
+    // secrets are files, `secret_files`), and refuses to start if it finds one there.
+    let mut env: Vec<EnvVar> = vec![super::env("DLOCK_LOG_FORMAT", "json")];
     env.extend(super::telemetry_env());
 
     let (volume_mounts, volumes) = volumes(workload);
@@ -174,6 +171,16 @@ fn volumes(workload: &Workload) -> (Vec<VolumeMount>, Vec<Volume>) {
     ] {
         let Some(secret) = secret else { continue };
         let (mount, volume) = secret_directory(volume, dir, secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
+
+    // The database URL and the operator token, each a directory mount of its Secret (never
+    // environment variables), named in the configuration by `<key>-file`.
+    for file in &workload.secret_files {
+        let dir = format!("{SECRET_FILES_DIR}/{}", file.volume);
+        let (mount, volume) =
+            secret_directory(&format!("secret-{}", file.volume), &dir, &file.secret.name);
         volume_mounts.push(mount);
         volumes.push(volume);
     }

@@ -15,7 +15,7 @@ use crate::crd::{
 };
 use crate::workload::{
     CLOUD_SQL_PROXY_IMAGE, Component, FENCING_PROOF_KEYS_DIR, PORT, PodSettings, SERVICE_ACCOUNT,
-    SecretEnv, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT,
+    SecretFile, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT,
     ValidCloudSql, Workload, service_resources, service_url, small_resources,
 };
 
@@ -230,7 +230,7 @@ fn service<K: Resource<DynamicType = ()>>(
         image: settings.image_for("spec.image", spec.image.as_ref())?,
         replicas: replicas(spec.replicas)?,
         config_toml: String::new(),
-        secret_env: Vec::new(),
+        secret_files: Vec::new(),
         termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
         cloud_sql: cloud_sql(spec.cloud_sql.as_ref(), settings)?,
         data_volume: false,
@@ -264,24 +264,26 @@ fn treasury_identities(
         .collect()
 }
 
-/// The Secret env of a service: its database URL (`<prefix>_PG_URL`) and, when given, the
-/// operator's token (`<prefix>_OPERATOR_TOKEN`).
-fn secret_env(
-    prefix: &str,
+/// The Secret files of a service: its database URL (`pg_url_key`) and, when given, the
+/// operator's token (its key and Secret), each mounted from its Secret.
+fn secret_files_of(
+    pg_url_key: &str,
     database_url: &crate::crd::SecretKeyRef,
-    operator_token: Option<&crate::crd::SecretKeyRef>,
-) -> Vec<SecretEnv> {
-    let mut env = vec![SecretEnv {
-        name: format!("{prefix}_PG_URL"),
+    operator_token: Option<(&str, &crate::crd::SecretKeyRef)>,
+) -> Vec<SecretFile> {
+    let mut files = vec![SecretFile {
+        key: pg_url_key.to_owned(),
+        volume: "database-url".to_owned(),
         secret: database_url.clone(),
     }];
-    if let Some(token) = operator_token {
-        env.push(SecretEnv {
-            name: format!("{prefix}_OPERATOR_TOKEN"),
+    if let Some((key, token)) = operator_token {
+        files.push(SecretFile {
+            key: key.to_owned(),
+            volume: "operator-token".to_owned(),
             secret: token.clone(),
         });
     }
-    env
+    files
 }
 
 /// The section `spec.backend.type` names (`section`), which must be set while the other is not.
@@ -310,16 +312,13 @@ fn backend_section<'a, T>(
 
 pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload, Invalid> {
     let spec = &object.spec;
-    let mut secret_env = Vec::new();
+    let mut secret_files = Vec::new();
     let mut etcd_endpoints = Vec::new();
     let mut etcd = None;
     let backend = match spec.backend.type_ {
         BackendType::Pg => {
             let pg = backend_section(&spec.backend, spec.backend.pg.as_ref())?;
-            secret_env.push(SecretEnv {
-                name: "DLOCK_LOCK_PG_URL".to_owned(),
-                secret: pg.url_secret.clone(),
-            });
+            secret_files = secret_files_of("lock.pg.url", &pg.url_secret, None);
             config::LockBackend::Pg
         }
         BackendType::Etcd => {
@@ -350,10 +349,10 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         etcd_auth,
         auth,
         fencing,
-    })?;
+    })? + &SecretFile::config_lines(&secret_files);
     Ok(Workload {
         config_toml,
-        secret_env,
+        secret_files,
         etcd_tls_secret,
         etcd_password_secret,
         ..workload
@@ -367,6 +366,13 @@ pub fn payment_resource(
     let spec = &object.spec;
     let (workload, auth, fencing) =
         service(object, Component::PaymentResource, &spec.service, settings)?;
+    let secret_files = secret_files_of(
+        "payment.pg.url",
+        &spec.database_url_secret,
+        spec.operator_token_secret
+            .as_ref()
+            .map(|token| ("payment.operator.token", token)),
+    );
     Ok(Workload {
         config_toml: render(&config::PaymentResource {
             server: server(),
@@ -375,12 +381,8 @@ pub fn payment_resource(
             // A PaymentResource's spec names no second-approval threshold yet.
             dual_approval_above: None,
             fencing,
-        })?,
-        secret_env: secret_env(
-            "DLOCK_PAYMENT",
-            &spec.database_url_secret,
-            spec.operator_token_secret.as_ref(),
-        ),
+        })? + &SecretFile::config_lines(&secret_files),
+        secret_files,
         ..workload
     })
 }
@@ -414,6 +416,13 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         return Err(invalid("spec.readTimeoutMs", "must be 100 to 120000"));
     }
     let (workload, auth, fencing) = service(object, Component::RailProxy, &spec.service, settings)?;
+    let secret_files = secret_files_of(
+        "rail.proxy.pg.url",
+        &spec.database_url_secret,
+        spec.operator_token_secret
+            .as_ref()
+            .map(|token| ("rail.proxy.operator-token", token)),
+    );
     let proxy = Workload {
         config_toml: render(&config::RailProxy {
             server: server(),
@@ -423,12 +432,8 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             rail_credential_file: None,
             auth,
             fencing,
-        })?,
-        secret_env: secret_env(
-            "DLOCK_RAIL_PROXY",
-            &spec.database_url_secret,
-            spec.operator_token_secret.as_ref(),
-        ),
+        })? + &SecretFile::config_lines(&secret_files),
+        secret_files,
         // A rollout must never cut a forward in flight: the pod gets the whole read timeout,
         // rounded up, plus room to answer and drain.
         termination_grace_period_seconds: (read_timeout_ms + 999) / 1000
@@ -454,7 +459,7 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
                 // pod that can reach its Service (docs/threat-model.md).
                 auth: Some(config::Auth::none()),
             })?,
-            secret_env: Vec::new(),
+            secret_files: Vec::new(),
             termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
             cloud_sql: None,
             data_volume: true,

@@ -326,6 +326,40 @@ pub(crate) fn log_stdio(log: Option<&Path>) -> Result<(Stdio, Stdio)> {
     }
 }
 
+/// `pairs` as a service's TOML configuration file: one flat quoted key per line, every value a
+/// string (the services read a number, a boolean or a comma-separated list from a string too).
+pub fn config_toml(pairs: &[(String, String)]) -> String {
+    // A JSON string is a TOML basic string: the same quotes and escapes.
+    let quote = |text: &str| {
+        let mut out = String::from("\"");
+        for c in text.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    };
+    pairs
+        .iter()
+        .map(|(key, value)| format!("{} = {}\n", quote(key), quote(value)))
+        .collect()
+}
+
+/// Writes `pairs` ([`config_toml`]) to `path` and returns the `--config` argument naming it:
+/// services take their configuration from a file only, never from the environment.
+pub fn write_config(path: &Path, pairs: &[(String, String)]) -> Result<Vec<String>> {
+    std::fs::write(path, config_toml(pairs))
+        .with_context(|| format!("writing the configuration {}", path.display()))?;
+    Ok(vec!["--config".to_owned(), path.display().to_string()])
+}
+
 /// Spawns `program args` with its output appended to `log`, stopped when the handle drops.
 pub fn spawn_logged(
     name: &str,

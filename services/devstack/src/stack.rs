@@ -4,8 +4,7 @@
 //!
 //! ```no_run
 //! # use dlock_devstack::stack::{LockBackend, Role, Stack};
-//! # let env_name = |key: &str| key.to_owned();
-//! let stack = Stack::builder(env!("CARGO_MANIFEST_DIR"), env_name)
+//! let stack = Stack::builder(env!("CARGO_MANIFEST_DIR"))
 //!     .lock_backend(LockBackend::Etcd)
 //!     .rail_stub(&[("rail.stub.latency-ms", "20")])
 //!     .rail_read_timeout_ms(1_000)
@@ -33,10 +32,6 @@ const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// The rail stub's statement file in the stack's directory (a test may write one first).
 pub const STATEMENT_FILE: &str = "statement.jsonl";
-
-/// How a config key is named as an environment variable (`dlock_server::config::env_name`:
-/// the services' own rule, passed in so that it is written once).
-pub type EnvName = fn(&str) -> String;
 
 /// A service of the payout path, as `dlock serve <name>` starts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +78,8 @@ pub struct Service {
     pub addr: SocketAddr,
     in_ns: bool,
     exe: PathBuf,
-    env: Vec<(String, String)>,
+    /// The `--config` file this service is started with.
+    config: PathBuf,
     pub log: PathBuf,
     child: Option<ManagedChild>,
 }
@@ -95,19 +91,20 @@ impl Service {
         ip: IpAddr,
         in_ns: bool,
         dir: &Path,
-        env_name: EnvName,
         pairs: Vec<(String, String)>,
     ) -> Self {
         let port = free_port().unwrap_or_else(|e| panic!("{e}"));
         let addr = SocketAddr::new(ip, port);
-        let mut env = vec![(env_name("server.listen"), addr.to_string())];
-        env.extend(pairs.into_iter().map(|(k, v)| (env_name(&k), v)));
+        let mut config = vec![("server.listen".to_owned(), addr.to_string())];
+        config.extend(pairs);
+        let path = dir.join(format!("{}.toml", role.name()));
+        crate::write_config(&path, &config).unwrap_or_else(|e| panic!("{e:#}"));
         Self {
             role,
             addr,
             in_ns,
             exe: exe.to_path_buf(),
-            env,
+            config: path,
             log: dir.join(format!("{}.log", role.name())),
             child: None,
         }
@@ -132,12 +129,17 @@ impl Service {
     /// Starts the process (inside `ns` if it is placed there) and waits until it is ready.
     pub fn start(&mut self, ns: Option<&NetNs>) {
         let name = self.role.name();
-        let args = vec!["serve".to_owned(), name.to_owned()];
+        let args = vec![
+            "serve".to_owned(),
+            name.to_owned(),
+            "--config".to_owned(),
+            self.config.display().to_string(),
+        ];
         let command = match ns {
             Some(ns) if self.in_ns => ns.command(&self.exe),
             _ => Command::new(&self.exe),
         };
-        let mut child = spawn_command(name, command, &args, &self.env, Some(&self.log))
+        let mut child = spawn_command(name, command, &args, &[], Some(&self.log))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let addr = self.addr;
         wait_until(name, Duration::from_secs(60), || {
@@ -163,7 +165,6 @@ impl Service {
 /// What to start; [`Stack::builder`] makes one, [`StackBuilder::start`] starts it.
 pub struct StackBuilder {
     exe: PathBuf,
-    env_name: EnvName,
     roles: Vec<Role>,
     backend: LockBackend,
     read_timeout_ms: Option<u64>,
@@ -319,7 +320,6 @@ impl StackBuilder {
                 at(role),
                 self.in_ns.contains(&role),
                 &dir_path,
-                self.env_name,
                 self.pairs(role, pairs),
             )
         };
@@ -422,12 +422,11 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// A builder for a stack whose services are run from the `dlock` binary `exe`, configured
-    /// through environment variables named by `env_name`.
-    pub fn builder(exe: impl Into<PathBuf>, env_name: EnvName) -> StackBuilder {
+    /// A builder for a stack whose services are run from the `dlock` binary `exe`, each with a
+    /// configuration file in the stack's directory (services take nothing from the environment).
+    pub fn builder(exe: impl Into<PathBuf>) -> StackBuilder {
         StackBuilder {
             exe: exe.into(),
-            env_name,
             roles: Role::ALL.to_vec(),
             backend: LockBackend::Pg,
             read_timeout_ms: None,

@@ -77,7 +77,7 @@ impl PaymentConfig {
             32,
             "is required (postgres://user@host:port/paydb)",
         )?;
-        let operator_token = raw.string_optional("payment.operator.token")?;
+        let operator_token = raw.secret("payment.operator.token")?;
         if let Some(token) = &operator_token
             && (token.len() < OPERATOR_TOKEN_LEN_MIN
                 || !token.bytes().all(|b| b.is_ascii_graphic()))

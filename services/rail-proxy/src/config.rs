@@ -54,7 +54,7 @@ impl RailProxyConfig {
         )?;
         let rail_url = raw.string_required("rail.proxy.rail-url", "http://rail-stub:7090")?;
         let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
-        let operator_token = raw.string_optional("rail.proxy.operator-token")?;
+        let operator_token = raw.secret("rail.proxy.operator-token")?;
         let http = HttpLimits {
             body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
                 as usize,

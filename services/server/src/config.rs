@@ -1,11 +1,22 @@
-//! Service configuration: one TOML file plus environment overrides, validated whole at start.
+//! Service configuration: one TOML file, validated whole at start, and files mounted from
+//! Secrets that the file names.
 //!
 //! Keys are the contract's dotted names (`lock.session.ttl`). A key may be written flat
-//! (`"lock.session.ttl" = 10000`) or nested (`[lock.session] ttl = 10000`). Its environment
-//! override is `DLOCK_` followed by the key in upper case with dots and dashes as underscores
-//! (`DLOCK_LOCK_SESSION_TTL`). A bad value, or a key the service does not know, stops the
-//! service at start with a message that names the key: a typo in a money system's configuration
-//! must not quietly fall back to a default.
+//! (`"lock.session.ttl" = 10000`) or nested (`[lock.session] ttl = 10000`). A bad value, or a key
+//! the service does not know, stops the service at start with a message that names the key: a
+//! typo in a money system's configuration must not quietly fall back to a default.
+//!
+//! A service never takes its configuration from the environment. Whoever can change a pod's
+//! environment (a ConfigMap injected into it, say) could otherwise turn authentication off,
+//! empty the proof keys or point the service at another rail. The process path ([`load`])
+//! refuses to start when the environment names a key the service reads (`DLOCK_` and the key in
+//! upper case, dots and dashes as underscores: `DLOCK_AUTH_MODE`), anything under the security
+//! sections ([`SECURITY_SECTIONS`]), or a variable the service's clients would obey
+//! ([`PROCESS_SECURITY_ENV`]); only [`ENVIRONMENT_ALLOWED`] (observability) is taken. A secret
+//! value (a database URL with its password, an operator token) comes from a file mounted from a
+//! Secret, named by the key's `-file` form ([`RawConfig::secret`]). [`RawConfig::from_pairs`] and
+//! [`RawConfig::from_parts`] still read overrides given to them: a test's convenience, never
+//! the process's environment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -118,7 +129,69 @@ pub struct RawConfig {
     env: BTreeMap<String, String>,
 }
 
-/// The environment variable that overrides `key`.
+/// The only `DLOCK_*` environment variables a service obeys: how much it logs and in which
+/// format (read by the telemetry set-up, never by the configuration). The `OTEL_*` variables of
+/// the trace exporter are not `DLOCK_*` and are read as OpenTelemetry defines them. No
+/// configuration key is on this list: every key a service reads changes who may call, what is
+/// fenced, where money goes or whether the service stays up, so it belongs in the file.
+pub const ENVIRONMENT_ALLOWED: [&str; 2] = ["DLOCK_LOG", "DLOCK_LOG_FORMAT"];
+
+/// Sections whose every key is a security setting: who may call (`auth.*`), the fencing-token
+/// proofs (`fencing.*`) and the listener with its TLS (`server.*`). A `DLOCK_AUTH_…`,
+/// `DLOCK_FENCING_…` or `DLOCK_SERVER_…` variable is refused even when this service, as
+/// configured, would not read that key.
+pub const SECURITY_SECTIONS: [&str; 3] = ["auth", "fencing", "server"];
+
+/// Variables outside the configuration that the clients inside a service would obey: the
+/// address map that redirects every service URL ([`dlock_contract::address_map::ENV`]) and the
+/// CA bundle trusted for `https://` services.
+pub const PROCESS_SECURITY_ENV: [&str; 2] = [dlock_contract::address_map::ENV, "DLOCK_CA_FILE"];
+
+/// The first variable of `env` a service must refuse, given the keys it `used`: see
+/// [`ENVIRONMENT_ALLOWED`], [`SECURITY_SECTIONS`] and [`PROCESS_SECURITY_ENV`].
+pub fn refused_variable<'a>(
+    used: &BTreeSet<String>,
+    env: impl IntoIterator<Item = &'a str>,
+) -> Option<ConfigError> {
+    let sections: Vec<String> = SECURITY_SECTIONS
+        .iter()
+        .map(|section| format!("{}_", env_name(section)))
+        .collect();
+    env.into_iter().find_map(|name| {
+        if !name.starts_with("DLOCK_") || ENVIRONMENT_ALLOWED.contains(&name) {
+            return None;
+        }
+        let key = used.iter().find(|key| env_name(key) == name);
+        let what = if let Some(key) = key {
+            format!("would set `{key}`")
+        } else if sections
+            .iter()
+            .any(|prefix| name.starts_with(prefix.as_str()))
+        {
+            "would set a key of an auth, fencing or server section".to_owned()
+        } else if PROCESS_SECURITY_ENV.contains(&name) {
+            "would redirect or re-trust the service's own calls".to_owned()
+        } else {
+            return None;
+        };
+        Some(ConfigError {
+            key: name.to_owned(),
+            origin: " (an environment variable)".to_owned(),
+            message: format!(
+                "{what}, and a service takes no security setting from its environment (whoever \
+                 can change a pod's environment could turn authentication off or redirect \
+                 money). Set it in the configuration file (--config), a secret value such as a \
+                 database URL in a file mounted from a Secret that the key's -file form names, \
+                 and unset {name}. Only {} and OTEL_* are read from the environment \
+                 (docs/config.md#the-environment)",
+                ENVIRONMENT_ALLOWED.join(", ")
+            ),
+        })
+    })
+}
+
+/// The environment variable that would override `key` under [`RawConfig::from_pairs`], and
+/// that [`load`] refuses.
 pub fn env_name(key: &str) -> String {
     let mut name = String::from("DLOCK_");
     name.extend(key.chars().map(|c| match c {
@@ -144,24 +217,38 @@ fn flatten(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, toml::V
     }
 }
 
-/// Reads a whole service configuration: `file` and the environment through `from_raw`, then
-/// refuses any key in the file that `from_raw` did not ask for.
+/// Reads a whole service configuration from `file` through `from_raw`, then refuses a
+/// security setting in the process's environment ([`refused_variable`]) and any key in the file
+/// that `from_raw` did not ask for.
 pub fn load<T>(
     file: Option<&Path>,
     from_raw: impl FnOnce(&mut RawConfig) -> Result<T, ConfigError>,
 ) -> Result<T, ConfigError> {
-    let mut raw = RawConfig::load(file)?;
-    let config = from_raw(&mut raw)?;
+    let env: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    load_with_env(file, env.iter().map(String::as_str), from_raw)
+}
+
+/// [`load`] with the names of the environment's variables given.
+pub fn load_with_env<'a, T>(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = &'a str>,
+    from_raw: impl FnOnce(&mut RawConfig) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    let mut raw = RawConfig::from_parts(file, BTreeMap::new())?;
+    let config = from_raw(&mut raw);
+    // Refused before any other error: the variable is what must change first, and a `from_raw`
+    // that stopped early still read the keys before the one it stopped at.
+    if let Some(refused) = refused_variable(&raw.used, env) {
+        return Err(refused);
+    }
+    let config = config?;
     raw.finish()?;
     Ok(config)
 }
 
 impl RawConfig {
-    /// Reads `file` (when given) and the process environment.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::from_parts(file, std::env::vars().collect())
-    }
-
     /// Reads `file` and the given environment; tests pass their own.
     pub fn from_parts(
         file: Option<&Path>,
@@ -189,8 +276,8 @@ impl RawConfig {
         })
     }
 
-    /// Configuration given as `(key, value)` pairs, as if each came from its environment
-    /// variable: for embedding a service in a test or a benchmark without a file.
+    /// Configuration given as `(key, value)` pairs, as overrides: for embedding a service in a
+    /// test or a benchmark without a file. A `dlock serve` process never reads these ([`load`]).
     pub fn from_pairs(pairs: &[(&str, String)]) -> Result<Self, ConfigError> {
         let env = pairs
             .iter()
@@ -233,6 +320,40 @@ impl RawConfig {
                 &origin,
                 format!("must be a string, got {other}"),
             )),
+        }
+    }
+
+    /// A secret string: the value of `key`, or the contents of the file its `-file` form names
+    /// (`payment.pg.url-file`: a file mounted from a Secret; a trailing newline is dropped).
+    /// Empty counts as absent; both forms set is refused.
+    pub fn secret(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
+        let file_key = format!("{key}-file");
+        let value = self.string_optional(key)?;
+        let file = self.string_optional(&file_key)?;
+        match (value, file) {
+            (Some(_), Some(_)) => Err(ConfigError {
+                key: key.to_owned(),
+                origin: String::new(),
+                message: format!("and `{file_key}` are both set; keep one"),
+            }),
+            (value, None) => Ok(value),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| ConfigError {
+                    key: file_key.clone(),
+                    origin: String::new(),
+                    message: format!("cannot read {path}: {e}"),
+                })?;
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                let text = text.strip_suffix('\r').unwrap_or(text);
+                if text.is_empty() {
+                    return Err(ConfigError {
+                        key: file_key,
+                        origin: String::new(),
+                        message: format!("{path} is empty"),
+                    });
+                }
+                Ok(Some(text.to_owned()))
+            }
         }
     }
 
@@ -455,6 +576,69 @@ mod tests {
             &[("DLOCK_LOCK_SESSION_TTL", "9000")],
         );
         assert_eq!(c.integer("lock.session.ttl", 1, 1..=60_000), Ok(9000));
+    }
+
+    fn used(keys: &[&str]) -> BTreeSet<String> {
+        keys.iter().map(|k| (*k).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_environment_may_set_only_what_is_harmless() {
+        let used = used(&["auth.mode", "lock.pg.url", "rail.proxy.rail-url"]);
+        for (name, named) in [
+            ("DLOCK_AUTH_MODE", "auth.mode"),
+            ("DLOCK_LOCK_PG_URL", "lock.pg.url"),
+            ("DLOCK_RAIL_PROXY_RAIL_URL", "rail.proxy.rail-url"),
+            (
+                "DLOCK_FENCING_PROOF_KEYS_FILE",
+                "DLOCK_FENCING_PROOF_KEYS_FILE",
+            ),
+            ("DLOCK_AUTH_TOKENREVIEW_URL", "DLOCK_AUTH_TOKENREVIEW_URL"),
+            ("DLOCK_SERVICE_ADDRESSES", "DLOCK_SERVICE_ADDRESSES"),
+            ("DLOCK_CA_FILE", "DLOCK_CA_FILE"),
+        ] {
+            let refused = refused_variable(&used, ["PATH", name]).map(|e| e.to_string());
+            assert!(
+                refused
+                    .as_deref()
+                    .is_some_and(|e| e.contains(name) && e.contains(named)),
+                "{name}: {refused:?}"
+            );
+        }
+        // Observability, other programs' variables and keys of other services pass.
+        let env = [
+            "DLOCK_LOG",
+            "DLOCK_LOG_FORMAT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "DLOCK_PG_BIN",
+            "DLOCK_PAYMENT_PG_URL",
+        ];
+        assert_eq!(refused_variable(&used, env), None);
+    }
+
+    #[test]
+    fn a_secret_comes_from_its_value_or_the_file_its_file_form_names() {
+        let dir = std::env::temp_dir().join(format!("dlock-secret-{}", uuid::Uuid::new_v4()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("url");
+        let _ = std::fs::write(&path, "postgres://u:p@db/paydb\n");
+        let file = format!(
+            "\"payment.pg.url-file\" = {:?}\n",
+            path.display().to_string()
+        );
+        let mut c = config(&file, &[]);
+        assert_eq!(
+            c.secret("payment.pg.url"),
+            Ok(Some("postgres://u:p@db/paydb".to_owned()))
+        );
+        assert!(c.finish().is_ok());
+        let both = format!("{file}\"payment.pg.url\" = \"postgres://x\"\n");
+        let err = config(&both, &[]).secret("payment.pg.url").err();
+        assert_eq!(err.map(|e| e.key), Some("payment.pg.url".to_owned()));
+        let _ = std::fs::write(&path, "");
+        let err = config(&file, &[]).secret("payment.pg.url").err();
+        assert_eq!(err.map(|e| e.key), Some("payment.pg.url-file".to_owned()));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -105,10 +105,12 @@ impl PgSettings {
         url_required: &str,
     ) -> Result<Self, ConfigError> {
         let url_key = format!("{prefix}.url");
-        let url = raw.string_optional(&url_key)?.ok_or_else(|| ConfigError {
+        // The URL carries the database password: `{prefix}.url-file` names a file mounted from a
+        // Secret that holds it.
+        let url = raw.secret(&url_key)?.ok_or_else(|| ConfigError {
             key: url_key.clone(),
             origin: String::new(),
-            message: url_required.to_owned(),
+            message: format!("{url_required}; or `{url_key}-file`, a file holding it"),
         })?;
         Ok(Self {
             url,

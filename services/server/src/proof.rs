@@ -166,9 +166,8 @@ impl ProofKeys {
                          raises a fence for good. Set it to a file of `<key-id> <secret>` lines \
                          (`openssl rand -hex 32` makes a secret; the same file on the lock \
                          server, the payment resource and the rail proxy), or set \
-                         {INSECURE_NO_PROOFS_KEY} = true (environment {}) to run without proofs, \
-                         never with real money",
-                        crate::config::env_name(INSECURE_NO_PROOFS_KEY)
+                         {INSECURE_NO_PROOFS_KEY} = true in the configuration file to run without \
+                         proofs, never with real money"
                     ),
                 });
             }

@@ -179,7 +179,8 @@ fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: 
     );
 }
 
-fn serve(name: &str, env: Vec<(String, String)>, log: &Path) -> ManagedChild {
-    let args = vec!["serve".to_owned(), name.to_owned()];
-    spawn_logged(name, Path::new(EXE), &args, &env, Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
+/// `dlock serve {name}` with the configuration `pairs` (in a file beside `log`).
+fn serve(name: &str, pairs: Vec<(String, String)>, log: &Path) -> ManagedChild {
+    let args = crate::harness::serve_args(name, &pairs, log);
+    spawn_logged(name, Path::new(EXE), &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
 }

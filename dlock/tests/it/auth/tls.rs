@@ -19,23 +19,17 @@ async fn a_tls_listener_serves_https_only_to_clients_that_trust_its_ca() {
     let (cert, key) = certificate(dir.path());
     let port = free_port().unwrap_or_else(|e| panic!("{e}"));
     let env = vec![
+        ("server.listen".to_owned(), format!("127.0.0.1:{port}")),
         (
-            "DLOCK_SERVER_LISTEN".to_owned(),
-            format!("127.0.0.1:{port}"),
-        ),
-        (
-            "DLOCK_SERVER_TLS_CERT_FILE".to_owned(),
+            "server.tls.cert-file".to_owned(),
             cert.display().to_string(),
         ),
+        ("server.tls.key-file".to_owned(), key.display().to_string()),
         (
-            "DLOCK_SERVER_TLS_KEY_FILE".to_owned(),
-            key.display().to_string(),
-        ),
-        (
-            "DLOCK_RAIL_STUB_STATEMENT_PATH".to_owned(),
+            "rail.stub.statement-path".to_owned(),
             dir.path().join("statement.jsonl").display().to_string(),
         ),
-        ("DLOCK_AUTH_MODE".to_owned(), "none".to_owned()),
+        ("auth.mode".to_owned(), "none".to_owned()),
     ];
     let _stub = serve("rail-stub", env, &dir.path().join("stub.log"));
     let tls = dlock_contract::tls::client_config(Some(&cert)).unwrap_or_else(|e| panic!("{e}"));

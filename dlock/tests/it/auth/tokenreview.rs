@@ -69,31 +69,25 @@ async fn tokenreview_names_the_service_account_caches_the_answer_and_fails_close
 
     let port = free_port().unwrap_or_else(|e| panic!("{e}"));
     let env = vec![
+        ("server.listen".to_owned(), format!("127.0.0.1:{port}")),
+        ("auth.mode".to_owned(), "tokenreview".to_owned()),
         (
-            "DLOCK_SERVER_LISTEN".to_owned(),
-            format!("127.0.0.1:{port}"),
-        ),
-        ("DLOCK_AUTH_MODE".to_owned(), "tokenreview".to_owned()),
-        (
-            "DLOCK_AUTH_TOKENREVIEW_URL".to_owned(),
+            "auth.tokenreview.url".to_owned(),
             format!("http://{api_addr}"),
         ),
-        ("DLOCK_AUTH_TOKENREVIEW_CA_FILE".to_owned(), String::new()),
+        ("auth.tokenreview.ca-file".to_owned(), String::new()),
         (
-            "DLOCK_AUTH_TOKENREVIEW_TOKEN_FILE".to_owned(),
+            "auth.tokenreview.token-file".to_owned(),
             own_token.display().to_string(),
         ),
+        ("auth.tokenreview.audiences".to_owned(), "dlock".to_owned()),
         (
-            "DLOCK_AUTH_TOKENREVIEW_AUDIENCES".to_owned(),
-            "dlock".to_owned(),
-        ),
-        (
-            "DLOCK_RAIL_STUB_STATEMENT_PATH".to_owned(),
+            "rail.stub.statement-path".to_owned(),
             dir.path().join("statement.jsonl").display().to_string(),
         ),
         // The review is under test here, not who may submit: the reviewed identity submits.
         (
-            "DLOCK_RAIL_STUB_SUBMITTER_IDENTITIES".to_owned(),
+            "rail.stub.submitter-identities".to_owned(),
             "system:serviceaccount:payments:executor".to_owned(),
         ),
     ];

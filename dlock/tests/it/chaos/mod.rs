@@ -68,7 +68,7 @@ pub(crate) fn fault_stack(
     rail: &[(&str, &str)],
     read_timeout_ms: u64,
 ) -> StackBuilder {
-    Stack::builder(EXE, dlock_server::config::env_name)
+    Stack::builder(EXE)
         .lock_backend(match backend {
             Backend::Pg => LockBackend::Pg,
             Backend::Etcd => LockBackend::Etcd,

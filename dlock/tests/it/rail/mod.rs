@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_devstack::{ManagedChild, PgServer};
-use dlock_server::config::{RawConfig, env_name};
+use dlock_server::config::RawConfig;
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -154,13 +154,13 @@ impl RailWorld {
     /// A rail proxy as a real `dlock serve rail-proxy` process on `port`.
     pub fn proxy_process(&self, port: u16, rail: &str, settings: &[(&str, &str)]) -> ManagedChild {
         let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-        let env: Vec<(String, String)> = self
+        let pairs: Vec<(String, String)> = self
             .proxy_pairs(listen, rail, settings)
             .into_iter()
-            .map(|(k, v)| (env_name(k), v))
+            .map(|(k, v)| (k.to_owned(), v))
             .collect();
         let log = self.dir.path().join("rail-proxy.log");
-        serve_process("rail-proxy", listen, &env, &log)
+        serve_process("rail-proxy", listen, &pairs, &log)
     }
 
     /// A world with the three rails both admission suites use (answering at once, after 1.5 s,

@@ -10,7 +10,7 @@ fn assert_proof_keys_mounted(workload: &dlock_operator::workload::Workload, secr
     assert!(
         workload
             .config_toml
-            .ends_with("\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"),
+            .contains("\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"),
         "{}",
         workload.config_toml
     );

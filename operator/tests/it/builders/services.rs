@@ -41,7 +41,7 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
 }
 
 /// The lock server's configuration names the backend and listens on the pod port; the lockdb URL
-/// is not in it (it comes from the Secret through `DLOCK_LOCK_PG_URL`). Authentication is on:
+/// is not in it (`lock.pg.url-file` names the file mounted from its Secret). Authentication is on:
 /// TokenReview with the audience `dlock`, and the operator's service account as the only operator
 /// identity.
 #[test]
@@ -54,7 +54,7 @@ fn the_lock_server_config_map_holds_the_toml_without_secrets() {
             "kind": "ConfigMap",
             "metadata": workload_meta("LockServer", "lock-server"),
             "data": {
-                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n",
+                "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n\"lock.pg.url-file\" = \"/etc/dlock/secrets/database-url/url\"\n",
             },
         }),
     );
@@ -69,7 +69,7 @@ fn an_etcd_lock_server_config_lists_the_endpoints() {
         workload.config_toml,
         "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"etcd\"\n\"lock.etcd.endpoints\" = [\"https://etcd-0.etcd:2379\"]\n\"lock.etcd.ca-file\" = \"/etc/dlock/etcd-tls/ca.crt\"\n\"lock.etcd.cert-file\" = \"/etc/dlock/etcd-tls/tls.crt\"\n\"lock.etcd.key-file\" = \"/etc/dlock/etcd-tls/tls.key\"\n\"lock.etcd.username\" = \"dlock\"\n\"lock.etcd.password-file\" = \"/etc/dlock/etcd-auth/password\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
     );
-    assert!(workload.secret_env.is_empty());
+    assert!(workload.secret_files.is_empty());
     assert_snapshot(
         "lock-server-etcd-deployment",
         &deployment::deployment(&workload),
@@ -195,4 +195,96 @@ fn the_rail_proxy_deployment_outlasts_the_rail_read_timeout() {
     let stub = rail.stub.expect("the stub is asked for");
     assert_snapshot("rail-stub-deployment", &deployment::deployment(&stub));
     assert_snapshot("rail-stub-config-map", &config_map::config_map(&stub));
+}
+
+/// A service's secrets are files mounted from their Secrets, never environment variables: a
+/// service refuses to start when its environment sets a security key
+/// (services/server/src/config.rs). Each of the three services' containers takes only the log
+/// format and the telemetry keys from its environment; its database URL (and the operator token
+/// when the spec names one) is a read-only directory mount of the Secret, named in the
+/// configuration by the key's `-file` form.
+#[test]
+fn the_services_secrets_are_files_from_their_secrets_and_the_environment_is_telemetry_only() {
+    let settings = settings();
+    let lock = validate::lock_server(&fixtures::lock_server(), &settings).unwrap();
+    let payment = validate::payment_resource(&fixtures::payment_resource(), &settings).unwrap();
+    let proxy = validate::rail_proxy(&fixtures::rail_proxy(), &settings)
+        .unwrap()
+        .proxy;
+    let allowed: Vec<&str> = std::iter::once("DLOCK_LOG_FORMAT")
+        .chain(dlock_operator::build::TELEMETRY_KEYS)
+        .collect();
+    for (workload, files) in [
+        (
+            &lock,
+            vec![("lock.pg.url", "database-url", "lockdb", "url")],
+        ),
+        (
+            &payment,
+            vec![
+                ("payment.pg.url", "database-url", "paydb", "url"),
+                (
+                    "payment.operator.token",
+                    "operator-token",
+                    "operator-token",
+                    "token",
+                ),
+            ],
+        ),
+        (
+            &proxy,
+            vec![
+                ("rail.proxy.pg.url", "database-url", "paydb", "url"),
+                (
+                    "rail.proxy.operator-token",
+                    "operator-token",
+                    "operator-token",
+                    "token",
+                ),
+            ],
+        ),
+    ] {
+        let pod = serde_json::to_value(deployment::deployment(workload)).unwrap()["spec"]
+            ["template"]["spec"]
+            .clone();
+        let container = &pod["containers"][0];
+        for var in container["env"].as_array().unwrap() {
+            let name = var["name"].as_str().unwrap();
+            assert!(allowed.contains(&name), "{}: {var}", workload.name);
+            assert!(var["valueFrom"]["secretKeyRef"].is_null(), "{var}");
+        }
+        for (key, volume, secret, secret_key) in files {
+            let dir = format!("/etc/dlock/secrets/{volume}");
+            assert!(
+                workload
+                    .config_toml
+                    .contains(&format!("\"{key}-file\" = \"{dir}/{secret_key}\"\n")),
+                "{}: {}",
+                workload.name,
+                workload.config_toml
+            );
+            assert!(
+                !workload.config_toml.contains(&format!("\"{key}\" =")),
+                "{}",
+                workload.config_toml
+            );
+            let name = format!("secret-{volume}");
+            assert!(
+                container["volumeMounts"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!({"name": name, "mountPath": dir, "readOnly": true})),
+                "{}",
+                container["volumeMounts"]
+            );
+            assert!(
+                pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!({"name": name, "secret": {"secretName": secret}})),
+                "{}",
+                pod["volumes"]
+            );
+        }
+    }
 }

@@ -332,7 +332,7 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         .await;
     assert_eq!(
         call.body["data"]["config.toml"],
-        "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n"
+        "\"server.listen\" = \"0.0.0.0:8080\"\n\"auth.mode\" = \"none\"\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n\"payment.pg.url-file\" = \"/etc/dlock/secrets/database-url/url\"\n\"payment.operator.token-file\" = \"/etc/dlock/secrets/operator-token/token\"\n"
     );
     call.echo();
     let call = api.expect_service_and_deployment("payment-resource").await;
