@@ -6,7 +6,8 @@
 //! changed"). The contract client settles such an acquire by reading the key, never by a blind
 //! retry. Ending a session is one step on both backends: with the end's answer lost, the key
 //! passes to another session and a retry of the end hears 404, never a 204 on a half-ended
-//! session. Positive control: a backend reset before anything is sent is still `NOT_LEADER`,
+//! session. A release whose answer is lost is OUTCOME_UNKNOWN too, and resent it is the benign
+//! LOCK_LOST. Positive control: a backend reset before anything is sent is still `NOT_LEADER`,
 //! retry-safe, and nothing changed.
 
 use std::net::SocketAddr;
@@ -125,6 +126,7 @@ fn assert_outcome_unknown(what: &str, error: &ClientError) {
 /// holds the key under a grant of its own; the positive control: a backend reset before the
 /// write is sent is NOT_LEADER and changes nothing.
 async fn acquire_answer_lost(backend: Backend) {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let p = proxied(backend).await;
     let lock = client(&p.url, "worker-a");
     let sid = session(&lock, 30_000).await;
@@ -190,7 +192,14 @@ async fn acquire_answer_lost(backend: Backend) {
     // Positive control: with every connection to the backend reset, nothing reaches it; the
     // acquire is NOT_LEADER, retry-safe, and took nothing.
     let key_c = format!("ou:{}", Uuid::new_v4());
+    let resets = p.proxy.stats().reset;
     p.proxy.set_mode(Mode::Reset);
+    // The lock server's open connections are reset before the acquire is sent.
+    crate::harness::eventually("the open connections reset", Duration::from_secs(5), || {
+        let reset = p.proxy.stats().reset;
+        async move { (reset > resets).then_some(()) }
+    })
+    .await;
     let refused = lock
         .acquire(&key_c, sid, Some(20_000), None)
         .await
@@ -361,3 +370,74 @@ async fn end_answer_lost(backend: Backend) {
 on_each_backend!(end_answer_lost =>
     ending_a_session_whose_answer_is_lost_is_one_step_on_pg,
     ending_a_session_whose_answer_is_lost_is_one_step_on_etcd);
+
+/// A release whose answer is lost is OUTCOME_UNKNOWN although the grant is gone; resent, it is
+/// the benign LOCK_LOST, never a second effect; `HeldLock::release` through the same fault reads
+/// the key, finds its token gone and is done.
+async fn release_answer_lost(backend: Backend) {
+    let p = proxied(backend).await;
+    let lock = client(&p.url, "releaser");
+    let sid = session(&lock, 30_000).await;
+    // What only the release's write carries: the key in dlock_release's Bind (pg), the grant's
+    // index entry in the deleting transaction (etcd).
+    let pattern = |key: &str, sid: Uuid| match backend {
+        Backend::Pg => key.to_owned(),
+        Backend::Etcd => format!("/i/{sid}/{key}"),
+    };
+    let key = format!("ou:{}", Uuid::new_v4());
+    let grant = hold(&lock, &key, sid, 30_000).await;
+    p.lose_answer_of(pattern(&key, sid).as_bytes(), 0);
+    let lost = lock
+        .release(&key, sid, grant.fencing_token)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{backend:?}: the release's answer was to be lost"));
+    assert_eq!(p.proxy.fired(), 1, "{backend:?}: the release went through");
+    assert_outcome_unknown(&format!("{backend:?} release"), &lost);
+    let info = lock
+        .get(&key)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    assert!(
+        !info.held,
+        "{backend:?}: the release whose answer was lost ended the grant: {info:?}"
+    );
+    let again = lock.release(&key, sid, grant.fencing_token).await;
+    assert_eq!(
+        again.as_ref().err().and_then(ClientError::code),
+        Some(ErrorCode::LockLost),
+        "{backend:?}: the resent release finds the grant gone: {again:?}"
+    );
+
+    let worker = LockSession::open(client(&p.url, "releaser-b"), 30_000)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?} session: {e}"));
+    let lock_b = client(&p.url, "releaser-b");
+    let key_b = format!("ou:{}", Uuid::new_v4());
+    let held = worker
+        .acquire(&lock_b, &key_b, 20_000, None, 0.3)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?} acquire: {e}"));
+    p.lose_answer_of(pattern(&key_b, worker.id().await).as_bytes(), 0);
+    held.release(&lock_b)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?}: the client settles a lost release: {e}"));
+    assert_eq!(
+        p.proxy.fired(),
+        2,
+        "{backend:?}: the release's answer was lost"
+    );
+    let info_b = lock_b
+        .get(&key_b)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    assert!(!info_b.held, "{backend:?}: released: {info_b:?}");
+    println!(
+        "{backend:?}: release with its answer lost -> 503 OUTCOME_UNKNOWN, grant gone, resent -> \
+         409 LOCK_LOST; HeldLock::release settled one by reading the key"
+    );
+}
+
+on_each_backend!(release_answer_lost =>
+    a_release_whose_answer_is_lost_is_outcome_unknown_on_pg,
+    a_release_whose_answer_is_lost_is_outcome_unknown_on_etcd);

@@ -274,15 +274,18 @@ pub fn classify(error: &etcd_client::Error) -> (Failure, String) {
             // expired"): no answer in time, as while the members elect a leader.
             1 if status.message().contains("Timeout expired") => Failure::Unreachable,
             // The connection broke under the request (a member killed or restarted): tonic's
-            // Unknown "transport error" (connection reset, broken pipe, an h2 stream error). A
-            // failed TLS handshake is a transport error too, and stays a TLS failure.
-            2 | 13
+            // Unknown "transport error" (connection reset, broken pipe, an h2 stream error), or
+            // a Cancelled stream of a connection that closed. A failed TLS handshake is a
+            // transport error too, and stays a TLS failure.
+            1 | 2 | 13
                 if !tls
                     && [
                         "transport error",
                         "connection reset",
+                        "connection closed",
                         "broken pipe",
                         "h2 protocol error",
+                        "error trying to connect",
                     ]
                     .iter()
                     .any(|m| message.contains(m)) =>
