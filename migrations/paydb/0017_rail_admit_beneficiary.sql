@@ -104,7 +104,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Step 2: one presented attempt per payout, whatever the token (FR-18).
+    -- Step 2: one presented attempt per payout, whatever the token (docs/contract.md#rail-step-2).
     IF v_existing.submission_id IS NOT NULL THEN
         RETURN QUERY SELECT 'duplicate', v_high, NULL::text, v_payout.state,
                             v_existing.submission_id, v_existing.outcome, NULL::smallint,
