@@ -143,7 +143,8 @@ pub struct EtcdAuth {
 pub struct PaymentResource {
     #[serde(flatten)]
     pub server: Server,
-    /// Absent where the URL comes from the environment (`DLOCK_PAYMENT_PG_URL`).
+    /// Absent where the URL is a file mounted from a Secret (`payment.pg.url-file`, which the
+    /// operator writes after these keys: `SecretFile::config_lines` in operator/src/workload.rs).
     #[serde(rename = "payment.pg.url", skip_serializing_if = "Option::is_none")]
     pub pg_url: Option<String>,
     #[serde(flatten)]
@@ -164,7 +165,7 @@ pub struct PaymentResource {
 pub struct RailProxy {
     #[serde(flatten)]
     pub server: Server,
-    /// Absent where the URL comes from the environment (`DLOCK_RAIL_PROXY_PG_URL`).
+    /// Absent where the URL is a file mounted from a Secret (`rail.proxy.pg.url-file`).
     #[serde(rename = "rail.proxy.pg.url", skip_serializing_if = "Option::is_none")]
     pub pg_url: Option<String>,
     #[serde(rename = "rail.proxy.rail-url")]
