@@ -73,25 +73,27 @@ async fn lock_server(pg: &PgServer, etcd: &EtcdServer, backend: &str) -> String 
     format!("http://{lock_addr}")
 }
 
-/// The payment resource, the rail stub and the rail proxy.
-async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> Endpoints {
+/// The payment resource (with `payment.batch.max = batch_max`), the rail stub and the rail
+/// proxy; and the payment resource's state, whose metrics give the batch sizes.
+async fn stack(
+    pg: &PgServer,
+    dir: &std::path::Path,
+    lock_server: String,
+    batch_max: usize,
+) -> (Endpoints, dlock_payment_resource::AppState) {
     let (l, pay_addr) = bind().await;
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
         ("payment.pg.url", pg.url("paydb")),
         ("payment.pg.pool-max", pool_max()),
+        ("payment.batch.max", batch_max.to_string()),
     ]))
     .unwrap_or_else(|e| panic!("{e}"));
     let store = dlock_payment_resource::open_store(&config)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    serve(
-        l,
-        dlock_payment_resource::app(dlock_payment_resource::AppState::new(
-            store,
-            Arc::new(config),
-        )),
-    );
+    let state = dlock_payment_resource::AppState::new(store, Arc::new(config));
+    serve(l, dlock_payment_resource::app(state.clone()));
 
     let (l, stub_addr) = bind().await;
     let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw(&[
@@ -103,8 +105,8 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
         ),
     ]))
     .unwrap_or_else(|e| panic!("{e}"));
-    let state = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
-    serve(l, dlock_rail_stub::app(state));
+    let stub = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
+    serve(l, dlock_rail_stub::app(stub));
 
     let (l, proxy_addr) = bind().await;
     let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw(&[
@@ -117,15 +119,34 @@ async fn stack(pg: &PgServer, dir: &std::path::Path, lock_server: String) -> End
     let pool = dlock_rail_proxy::connect(&config)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let state =
+    let proxy =
         dlock_rail_proxy::AppState::new(pool, Arc::new(config)).unwrap_or_else(|e| panic!("{e:#}"));
-    serve(l, dlock_rail_proxy::app(state));
+    serve(l, dlock_rail_proxy::app(proxy));
 
-    Endpoints {
-        lock_server,
-        payment_resource: format!("http://{pay_addr}"),
-        rail_proxy: format!("http://{proxy_addr}"),
-    }
+    (
+        Endpoints {
+            lock_server,
+            payment_resource: format!("http://{pay_addr}"),
+            rail_proxy: format!("http://{proxy_addr}"),
+        },
+        state,
+    )
+}
+
+/// (transactions, requests) of the payment resource's group commit so far, claims and posts
+/// together (`payment_batch_size`'s count and sum).
+fn batches(state: &dlock_payment_resource::AppState) -> (f64, f64) {
+    let text = state.metrics.encode();
+    let sum = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sum("payment_batch_size_count"),
+        sum("payment_batch_size_sum"),
+    )
 }
 
 /// Opening and funding an account, the same file as dlock's integration tests use.
@@ -438,6 +459,89 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
     );
 }
 
+/// `--group-commit`: the pg backend over 100 accounts at 1, 8, 32 and 128 workers, the payment
+/// resource's old path (`payment.batch.max = 1`) against group commit (32), in one run, with the
+/// commits, CPU and mean batch size per payout beside the raw baseline of the same server.
+async fn group_commit(
+    pg: &PgServer,
+    etcd: &EtcdServer,
+    dir: &std::path::Path,
+    lock: String,
+    payouts: usize,
+    baseline: &dlock_devstack::bench::Baseline,
+) {
+    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for sub in ["old", "new"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let (old, old_state) = stack(pg, &dir.join("old"), lock.clone(), 1).await;
+    let (new, new_state) = stack(pg, &dir.join("new"), lock, 32).await;
+    let payment =
+        PaymentClient::new(&old.payment_resource, "bench").unwrap_or_else(|e| panic!("{e}"));
+    let bench = Bench {
+        pg,
+        etcd,
+        stats,
+        payment,
+    };
+    println!(
+        "group commit, pg backend, 100 accounts, {payouts} payouts per row (load average at start: {})",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "{:<10} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}",
+        "path",
+        "workers",
+        "payouts/s",
+        "p50 ms",
+        "p99 ms",
+        "xacts/p",
+        "dlock cpu",
+        "pg cpu",
+        "mean batch",
+        "raw commit/s"
+    );
+    for workers in [1usize, 8, 32, 128] {
+        for (label, endpoints, state) in [
+            ("batch 1", &old, &old_state),
+            ("batch 32", &new, &new_state),
+        ] {
+            let raw_now = pg
+                .raw_commits("rawdb", 32, 1, 1)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let before = batches(state);
+            let prefix = format!("gc{}w{workers}", label.replace(' ', ""));
+            let run = bench.run(endpoints, &prefix, 100, payouts, workers).await;
+            let after = batches(state);
+            let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+            println!(
+                "{:<10} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}",
+                label,
+                workers,
+                run.rate,
+                run.p50,
+                run.p99,
+                run.xacts,
+                run.cpu_ms.0,
+                run.cpu_ms.1,
+                mean,
+                raw_now.commits_per_second
+            );
+        }
+    }
+    println!(
+        "(raw commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; \
+         the run's baseline: {:.0}/s at 1 and {:.0} updates/s at {} per commit)",
+        baseline.one.commits_per_second,
+        baseline.k.updates_per_second(),
+        baseline.k.updates
+    );
+}
+
 fn main() {
     use tracing_subscriber::layer::SubscriberExt;
     let payouts: usize = std::env::args()
@@ -470,7 +574,11 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e}"));
         let pg_lock = lock_server(&pg, &etcd, "pg").await;
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
-        let mut endpoints = stack(&pg, dir.path(), pg_lock.clone()).await;
+        if std::env::args().any(|a| a == "--group-commit") {
+            group_commit(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
+            return;
+        }
+        let (mut endpoints, _) = stack(&pg, dir.path(), pg_lock.clone(), 32).await;
         let payment = PaymentClient::new(&endpoints.payment_resource, "bench")
             .unwrap_or_else(|e| panic!("{e}"));
         let bench = Bench {
