@@ -151,12 +151,13 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
     write_private(
         &tokens,
         &format!(
-            "# written by `dlock dev up`: <identity> <token>; each identity has the role of its \
-             name (auth.<role>-identities' defaults)\n\
+            "# written by `dlock dev up`: <identity> <token> [roles]; each identity has the role \
+             of its name (auth.<role>-identities' defaults), and the operator also registers \
+             (the dlock operator registers a PayoutBatch's payouts itself)\n\
              {DEV_EXECUTOR_IDENTITY} {executor}\n\
              {DEV_TREASURY_IDENTITY} {treasury}\n\
              {DEV_REGISTRAR_IDENTITY} {registrar}\n\
-             operator {DEV_OPERATOR_TOKEN}\n\
+             operator {DEV_OPERATOR_TOKEN} registrar\n\
              {DEV_RAIL_PROXY_IDENTITY} {proxy}\n"
         ),
     )

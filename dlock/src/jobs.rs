@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// A file holding the registrar's bearer token.
     #[arg(long, env = "DLOCK_REGISTRAR_CREDENTIAL_FILE")]
     pub registrar_credential_file: Option<PathBuf>,
+    /// Run payouts someone else registered (the operator, for a PayoutBatch's Job): register
+    /// nothing, so the executor's identity needs no registrar role.
+    #[arg(long)]
+    pub no_register: bool,
     /// The rail proxy's read timeout towards the rail; a submit waits this plus 2 s
     /// (docs/contract.md#s3-8). In Kubernetes the operator sets it from the batch's RailProxy.
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
@@ -183,6 +187,7 @@ fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
             )),
             None => None,
         },
+        register: !args.no_register,
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,

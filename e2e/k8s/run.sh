@@ -50,7 +50,7 @@ kubectl -n "$ns" apply -f examples/stack.yaml --dry-run=client -o yaml >/dev/nul
 helm upgrade --install dlock charts/dlock -n "$ns" \
   --set image.repository=dlock --set image.tag=e2e --set image.pullPolicy=Never \
   --set "serviceAuth.namespaces={$ns}" \
-  --set "serviceAuth.roles={$ns/dlock-executor=executor+registrar}" --wait --timeout "$timeout"
+  --set "serviceAuth.roles={$ns/dlock-executor=executor}" --wait --timeout "$timeout"
 kubectl wait --for=condition=Established crd --all --timeout="$timeout"
 kubectl -n "$ns" rollout status deployment/dlock-operator --timeout="$timeout"
 

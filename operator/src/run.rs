@@ -222,7 +222,17 @@ fn settings(args: &OperatorArgs) -> Settings {
     Settings {
         image: args.image.clone(),
         allowed_images: args.allowed_images.clone(),
-        service_account_roles: args.service_account_roles.clone(),
+        // The operator registers PayoutBatches' payouts itself (the registrar role; its Jobs run
+        // them as executors), so its own ServiceAccount is a registrar at every service.
+        service_account_roles: args
+            .service_account_roles
+            .iter()
+            .cloned()
+            .chain([format!(
+                "{}/{}=registrar",
+                args.lease_namespace, args.service_account
+            )])
+            .collect(),
         operator_namespace: args.lease_namespace.clone(),
         operator_identity: crate::validate::service_account_identity(
             &args.lease_namespace,

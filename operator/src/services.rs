@@ -98,6 +98,18 @@ pub trait Services: Send + Sync {
     /// Cancels the payouts (id, account) still PENDING or CLAIMED, under the operator's own
     /// grant per account: they become ABANDONED (a deleted PayoutBatch).
     fn cancel_unfinished<'a>(&'a self, cancel: Cancel<'a>) -> ServiceFuture<'a, CancelReport>;
+    /// Registers a batch's payouts (`manifest_yaml`, as the executor Job reads it) with the
+    /// operator's credential: the operator is the registrar, the Job only runs them
+    /// (docs/contract.md#roles). Idempotent: a payout registered before answers 201 again. The
+    /// controller tests' stand-ins register nothing.
+    fn register_batch<'a>(
+        &'a self,
+        payment_resource_url: &'a str,
+        manifest_yaml: &'a str,
+    ) -> ServiceFuture<'a, ()> {
+        let _ = (payment_resource_url, manifest_yaml);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A deleted batch's cancel: its services, its payouts (id, account) and why.
@@ -236,6 +248,31 @@ impl Services for ContractServices {
                 .rail(&target.rail_proxy_url)
                 .map_err(|e| ServiceError::from_client("rail-proxy", &e))?,
         }))
+    }
+
+    fn register_batch<'a>(
+        &'a self,
+        payment_resource_url: &'a str,
+        manifest_yaml: &'a str,
+    ) -> ServiceFuture<'a, ()> {
+        Box::pin(async move {
+            let batch = dlock_executor::manifest::parse(manifest_yaml).map_err(|e| {
+                ServiceError::Refused {
+                    service: "payment-resource",
+                    status: 400,
+                    body: format!("the batch's manifest does not parse: {e:#}"),
+                }
+            })?;
+            dlock_executor::register(&batch, &self.payment(payment_resource_url))
+                .await
+                .map_err(|e| match e.downcast_ref::<ClientError>() {
+                    Some(client) => ServiceError::from_client("payment-resource", client),
+                    None => ServiceError::Unavailable {
+                        service: "payment-resource",
+                        message: format!("{e:#}"),
+                    },
+                })
+        })
     }
 
     fn cancel_unfinished<'a>(&'a self, cancel: Cancel<'a>) -> ServiceFuture<'a, CancelReport> {

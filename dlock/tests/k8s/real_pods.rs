@@ -45,9 +45,9 @@ pub fn install(cluster: &RealCluster) {
         OPERATOR_NAMESPACE,
         "--set",
         &format!("serviceAuth.namespaces={{{NS}}}"),
-        // The batch's executor Job registers and pays (docs/contract.md#roles).
+        // The batch's executor Job pays what the operator registered (docs/contract.md#roles).
         "--set",
-        &format!("serviceAuth.roles={{{NS}/dlock-executor=executor+registrar}}"),
+        &format!("serviceAuth.roles={{{NS}/dlock-executor=executor}}"),
         "--wait",
         "--timeout",
         "180s",

@@ -279,6 +279,9 @@ fn executor_container(batch: &ValidatedBatch, volume_mounts: Vec<VolumeMount>) -
             format!("/config/{MANIFEST_FILE}"),
             "--owner-id".to_owned(),
             batch.credential.owner_id.clone(),
+            // The operator registered the payouts before it made this Job: the executor's
+            // identity only runs them (docs/contract.md#roles).
+            "--no-register".to_owned(),
             // The executor's own metrics (cycles by outcome, backlog age) for
             // the chart's PodMonitor, on the port named like the services'.
             "--metrics-listen".to_owned(),

@@ -399,7 +399,9 @@ pub fn ambiguous_message(ambiguous: &[String]) -> String {
     )
 }
 
-/// Applies the manifest ConfigMap and creates the executor Job when it is absent. A Job's pod
+/// Applies the manifest ConfigMap and creates the executor Job when it is absent, after
+/// registering the batch's payouts with the operator's own credential (the registrar role; the
+/// Job runs `dlock run --no-register` as an executor, docs/contract.md#roles). A Job's pod
 /// template is immutable, so an existing Job is returned as it is, never patched.
 async fn apply_executor(ctx: &Context, batch: &mut ValidatedBatch, built: &Job) -> Result<Job> {
     batch.rail_read_timeout_ms = rail_read_timeout_ms(ctx, batch).await?;
@@ -414,7 +416,12 @@ async fn apply_executor(ctx: &Context, batch: &mut ValidatedBatch, built: &Job) 
         })?;
     match existing {
         Some(job) => Ok(job),
-        None => apply(&ctx.client, built).await,
+        None => {
+            ctx.services
+                .register_batch(&batch.payment_resource_url, &batch.manifest_yaml)
+                .await?;
+            apply(&ctx.client, built).await
+        }
     }
 }
 
