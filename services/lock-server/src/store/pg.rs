@@ -196,7 +196,7 @@ impl PgStore {
     }
 
     pub async fn heartbeat(&self, session_id: Uuid, owner_id: &str) -> StoreResult<Heartbeat> {
-        let row = call!(&self.pool, "dlock_heartbeat($1, $2)", session_id, owner_id)?;
+        let row = call!(write self, "dlock_heartbeat($1, $2)", session_id, owner_id)?;
         if let outcome @ ("session_unknown" | "session_expired") = row.outcome()? {
             return Err(session_outcome(outcome));
         }

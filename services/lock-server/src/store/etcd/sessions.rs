@@ -68,11 +68,12 @@ impl EtcdStore {
             Err(e) if lost(&e) => return Ok(0),
             Err(e) => return Err(map_etcd(e)),
         };
-        keeper.keep_alive().await.map_err(map_etcd)?;
+        // Sent: from here a failure may hide a renewal that took effect.
+        keeper.keep_alive().await.map_err(map_etcd_sent)?;
         let response = match stream.message().await {
             Ok(response) => response,
             Err(e) if lost(&e) => return Ok(0),
-            Err(e) => return Err(map_etcd(e)),
+            Err(e) => return Err(map_etcd_sent(e)),
         };
         Ok(response.map(|r| r.ttl()).unwrap_or(0))
     }
