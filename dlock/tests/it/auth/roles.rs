@@ -569,3 +569,161 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
     .await;
     assert!(direct.is_err(), "the CHECK refuses a self-approved row");
 }
+
+/// The stand-in Kubernetes API of [`under_tokenreview_a_service_account_outside_the_allow_list_is_refused_and_changes_nothing`]:
+/// each token names one ServiceAccount of `payments`.
+async fn review_service_accounts(
+    axum::Json(review): axum::Json<Value>,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    let account = match review["spec"]["token"].as_str().unwrap_or_default() {
+        "sa-treasury-token" => Some("treasury"),
+        "sa-runner-token" => Some("runner"),
+        "sa-stranger-token" => Some("stranger"),
+        _ => None,
+    };
+    let status = match account {
+        Some(name) => json!({
+            "authenticated": true,
+            "user": {"username": format!("system:serviceaccount:payments:{name}")},
+            "audiences": review["spec"]["audiences"].clone(),
+        }),
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+    };
+    (
+        axum::http::StatusCode::CREATED,
+        axum::Json(
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}),
+        ),
+    )
+}
+
+/// Under TokenReview every ServiceAccount of the cluster authenticates; only those in
+/// `auth.tokenreview.service-accounts` hold roles. A real `dlock serve payment-resource` (paydb
+/// on PostgreSQL) against a stand-in API server: a ServiceAccount outside the list is 403 on a
+/// write and a read and changes nothing; the listed executor cannot open or fund; the listed
+/// treasury opens an account (positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_tokenreview_a_service_account_outside_the_allow_list_is_refused_and_changes_nothing()
+{
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let pg = dlock_devstack::PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    pg.create_database("paydb")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (listener, api_addr) = loopback().await;
+    let app = axum::Router::new().route(
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        axum::routing::post(review_service_accounts),
+    );
+    let api_server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let own_token = dir.path().join("sa-token");
+    std::fs::write(&own_token, "the-service-s-own-token").unwrap_or_else(|e| panic!("{e}"));
+    let port = free_port().unwrap_or_else(|e| panic!("{e}"));
+    let listen: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let pairs: Vec<(String, String)> = [
+        ("server.listen", listen.to_string()),
+        ("payment.pg.url", pg.url("paydb")),
+        ("fencing.insecure-no-proofs", "true".to_owned()),
+        ("auth.mode", "tokenreview".to_owned()),
+        ("auth.tokenreview.url", format!("http://{api_addr}")),
+        ("auth.tokenreview.ca-file", String::new()),
+        (
+            "auth.tokenreview.token-file",
+            own_token.display().to_string(),
+        ),
+        ("auth.tokenreview.audiences", "dlock".to_owned()),
+        (
+            "auth.tokenreview.service-accounts",
+            "payments/treasury=treasury,payments/runner=executor".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let _service = crate::harness::serve_process(
+        "payment-resource",
+        listen,
+        &pairs,
+        &dir.path().join("payment-resource.log"),
+    );
+    let url = format!("http://{listen}");
+    let pool = sqlx::PgPool::connect(&pg.url("paydb"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rows = || async {
+        count(
+            &pool,
+            "SELECT (SELECT count(*) FROM accounts) + (SELECT count(*) FROM idempotency_records)",
+        )
+        .await
+    };
+    let open = json!({ "accountId": "acct-k", "currency": "EUR" });
+    let before = rows().await;
+    let answer = write_as(
+        &format!("{url}/v1/accounts"),
+        "sa-stranger-token",
+        "system:serviceaccount:payments:stranger",
+        None,
+        &open,
+    )
+    .await;
+    assert_refused(
+        "a ServiceAccount outside the allow-list opens",
+        &answer,
+        403,
+        "FORBIDDEN",
+    );
+    assert_eq!(answer.2["details"]["roles"], json!([]), "{}", answer.2);
+    let read = raw(
+        Method::GET,
+        &format!("{url}/v1/payouts"),
+        &[("authorization", "Bearer sa-stranger-token")],
+        None,
+    )
+    .await;
+    assert_refused(
+        "a ServiceAccount outside the allow-list reads",
+        &read,
+        403,
+        "FORBIDDEN",
+    );
+    for (url, body) in [
+        (format!("{url}/v1/accounts"), open.clone()),
+        (
+            format!("{url}/v1/accounts/acct-k/fund"),
+            json!({ "amountMinor": 100, "reference": "sa-fund" }),
+        ),
+    ] {
+        let answer = write_as(
+            &url,
+            "sa-runner-token",
+            "system:serviceaccount:payments:runner",
+            None,
+            &body,
+        )
+        .await;
+        assert_refused(
+            &format!("POST {url} as the listed executor"),
+            &answer,
+            403,
+            "FORBIDDEN",
+        );
+    }
+    assert_eq!(rows().await, before, "the refused requests changed nothing");
+    let answer = write_as(
+        &format!("{url}/v1/accounts"),
+        "sa-treasury-token",
+        "system:serviceaccount:payments:treasury",
+        None,
+        &open,
+    )
+    .await;
+    assert_eq!(
+        answer.0, 201,
+        "the listed treasury opens an account: {}",
+        answer.2
+    );
+    assert!(rows().await > before, "an accepted write is seen");
+    api_server.abort();
+}
