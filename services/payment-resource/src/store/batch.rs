@@ -414,3 +414,61 @@ impl PayStore {
         tx.commit().await.map_err(map_sqlx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Test = GroupCommit<(), (Uuid, u32), u32>;
+
+    fn echo(_: (), items: Vec<(Uuid, u32)>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        Box::pin(async move { items.into_iter().map(|(_, n)| n).collect() })
+    }
+
+    fn queue(max: usize) -> Test {
+        GroupCommit::new(max, |item| item.0, echo, Arc::new(|_| {}))
+    }
+
+    /// Queues items without starting a batch, as if one were running.
+    fn push(q: &Test, items: &[(Uuid, u32)]) -> Vec<oneshot::Receiver<u32>> {
+        let mut queue = q.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.running = true;
+        items
+            .iter()
+            .map(|item| {
+                let (tx, rx) = oneshot::channel();
+                queue.waiting.push_back((*item, tx));
+                rx
+            })
+            .collect()
+    }
+
+    fn taken(q: &Test) -> Vec<u32> {
+        q.take()
+            .map(|(items, _)| items.into_iter().map(|(_, n)| n).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_batch_takes_at_most_max_and_one_per_payout_in_arrival_order() {
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let q = queue(2);
+        let _answers = push(&q, &[(a, 1), (a, 2), (b, 3), (c, 4), (a, 5)]);
+        // 2 waits (a is taken); 4 waits (max 2).
+        assert_eq!(taken(&q), vec![1, 3]);
+        assert_eq!(taken(&q), vec![2, 4]);
+        assert_eq!(taken(&q), vec![5]);
+        // Empty: the queue is idle again, so the next request starts a batch at once.
+        assert!(q.take().is_none());
+        assert!(!q.queue.lock().unwrap_or_else(|e| e.into_inner()).running);
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_is_answered_without_waiting_for_more() {
+        let q = queue(32);
+        let id = Uuid::new_v4();
+        assert_eq!(q.submit((), (id, 7)).await, Some(7));
+        // And again: whether or not the first batch's task has gone idle yet, it is answered.
+        assert_eq!(q.submit((), (id, 8)).await, Some(8));
+    }
+}
