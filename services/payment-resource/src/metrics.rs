@@ -37,6 +37,8 @@ pub struct LookupLabels {
 pub enum BatchKind {
     claim,
     post,
+    /// P4 reads, grouped into one statement the same way.
+    read,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,16 +83,16 @@ impl Metrics {
             ),
             batch_size: registry.add_made(
                 "payment_batch_size",
-                "Requests per transaction of the claims and posts (1: a request alone)",
+                "Requests per transaction of the claims and posts, and per statement of the payout reads (1: a request alone)",
                 Family::new_with_constructor(batch_histogram as fn() -> Histogram),
             ),
             batch_queued: registry.add(
                 "payment_batch_queued",
-                "Claims and posts waiting for the transaction of their kind that runs",
+                "Claims, posts and payout reads waiting for the transaction (statement) of their kind that runs",
             ),
             registry,
         };
-        for kind in [BatchKind::claim, BatchKind::post] {
+        for kind in [BatchKind::claim, BatchKind::post, BatchKind::read] {
             let _ = metrics.batch_size.get_or_create(&BatchLabels { kind });
             let _ = metrics.batch_queued.get_or_create(&BatchLabels { kind });
         }

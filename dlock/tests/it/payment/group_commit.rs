@@ -31,11 +31,16 @@ impl PayStack {
         tx
     }
 
-    /// The backends of paydb waiting for a row lock in a statement that calls `function`.
+    /// The backends of paydb waiting for a lock in a statement that calls `function`.
     fn lock_waiters(&self, function: &str) -> Vec<i64> {
+        self.waiters_on(&format!("{function}("))
+    }
+
+    /// The backends of paydb waiting for a lock in a statement whose text holds `text`.
+    fn waiters_on(&self, text: &str) -> Vec<i64> {
         self.psql(&format!(
             "SELECT pid FROM pg_stat_activity WHERE datname = 'paydb' \
-             AND wait_event_type = 'Lock' AND query LIKE '%{function}(%'"
+             AND wait_event_type = 'Lock' AND query LIKE '%{text}%'"
         ))
         .lines()
         .filter_map(|l| l.trim().parse().ok())
@@ -373,5 +378,65 @@ async fn posts_in_one_batch_each_post_once_with_their_entries() {
     assert_eq!(
         stack.psql("SELECT count(*) FROM ledger_entries WHERE kind = 'payout'"),
         "8"
+    );
+}
+
+#[tokio::test]
+async fn payout_reads_in_one_statement_each_get_their_own_payout() {
+    let (stack, p) = stack_with(&["gr-a", "gr-b", "gr-c"]).await;
+    let token = stack.claimed(p[1]).await;
+    let unknown = Uuid::new_v4();
+    // The gate: the payouts table locked, so the first read waits in its statement.
+    let mut gate = stack.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("LOCK TABLE payouts IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *gate)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let path = |id: Uuid| format!("/v1/payouts/{id}");
+    let paths = [path(p[0]), path(p[1]), path(p[2]), path(unknown)];
+    let (blocker, ((b, c, missing), before)) = tokio::join!(stack.get(&paths[0]), async {
+        eventually("the first read waits", WAIT, || async {
+            stack
+                .waiters_on("LEFT JOIN rail_submission")
+                .first()
+                .copied()
+        })
+        .await;
+        let before = stack.batches("read").await;
+        let answers = tokio::join!(
+            async {
+                tokio::join!(
+                    stack.get(&paths[1]),
+                    stack.get(&paths[2]),
+                    stack.get(&paths[3]),
+                )
+            },
+            async {
+                stack.queued("read", 3).await;
+                gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
+            }
+        )
+        .0;
+        (answers, before)
+    });
+    assert_eq!(
+        blocker.expect("the gate's read", 200, None)["payoutId"],
+        Value::from(p[0].to_string())
+    );
+    let b = b.expect("claimed payout", 200, None);
+    assert_eq!(b["payoutId"], Value::from(p[1].to_string()));
+    assert_eq!(
+        (b["state"].as_str(), b["claimToken"].as_i64()),
+        (Some("CLAIMED"), Some(token))
+    );
+    let c = c.expect("pending payout", 200, None);
+    assert_eq!(c["payoutId"], Value::from(p[2].to_string()));
+    assert_eq!(c["state"], Value::from("PENDING"));
+    missing.expect("unknown payout", 404, Some("NOT_FOUND"));
+    let after = stack.batches("read").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1.0, 3.0),
+        "one statement for the three reads"
     );
 }

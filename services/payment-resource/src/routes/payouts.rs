@@ -10,7 +10,7 @@ use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
-    OPERATOR_LEN_MAX, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
+    OPERATOR_LEN_MAX, Payout, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
@@ -35,7 +35,7 @@ use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::store::{
     AbandonOutcome, Answer, Audit, Begin, ClaimItem, ClaimOutcome, Contradiction,
     ContradictionKind, CreatePayoutOutcome, GroupCommit, Item, PayStore, PostItem, Refusal,
-    ResolveOutcome, Scope, StoreError, Tx,
+    ResolveOutcome, Scope, StoreError, StoreResult, Tx,
 };
 
 impl Create for CreatePayoutRequest {
@@ -110,12 +110,22 @@ pub(super) async fn get_payout(
     let payout_id = path_payout(&mut checks, &payout_id);
     checks.done()?;
     let payout_id = present(payout_id)?;
-    match state
-        .store
-        .read_payout(payout_id)
-        .await
-        .map_err(store_error)?
-    {
+    let read = if state.config.batch_max == 1 {
+        state.store.read_payout(payout_id).await
+    } else {
+        // Grouped with the reads that queue behind a running one (docs/design.md#group-commit).
+        let batches = state.batches.clone();
+        batches
+            .reads
+            .submit(state.clone(), payout_id)
+            .await
+            .unwrap_or_else(|| {
+                Err(StoreError::NotLeader(
+                    "the grouped read stopped without an answer".into(),
+                ))
+            })
+    };
+    match read.map_err(store_error)? {
         Some(payout) => Ok(json_response(StatusCode::OK, &payout)),
         None => Err(payout_not_found(payout_id)),
     }
@@ -543,6 +553,7 @@ async fn cancel_effect(
 pub struct Batches {
     claims: GroupCommit<AppState, ClaimJob, Response>,
     pub(super) posts: GroupCommit<AppState, PostJob, Response>,
+    reads: GroupCommit<AppState, Uuid, StoreResult<Option<Payout>>>,
 }
 
 impl Batches {
@@ -563,6 +574,12 @@ impl Batches {
                 |job: &PostJob| job.on.payout_id,
                 |state, jobs| Box::pin(async move { posts_batch(&state, jobs).await }),
                 gauge(BatchKind::post),
+            ),
+            reads: GroupCommit::new(
+                max,
+                |id: &Uuid| *id,
+                |state, ids| Box::pin(async move { reads_batch(&state, ids).await }),
+                gauge(BatchKind::read),
             ),
         }
     }
@@ -780,4 +797,17 @@ async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
         });
     }
     out
+}
+
+/// P4 of every queued payout in one statement (one snapshot); each read gets its own payout, or
+/// `None`, or the statement's error.
+async fn reads_batch(state: &AppState, ids: Vec<Uuid>) -> Vec<StoreResult<Option<Payout>>> {
+    state.metrics.batch(BatchKind::read, ids.len());
+    match state.store.read_payouts(&ids).await {
+        Ok(payouts) => ids
+            .iter()
+            .map(|id| Ok(payouts.iter().find(|p| p.payout_id == *id).cloned()))
+            .collect(),
+        Err(error) => ids.iter().map(|_| Err(error.clone())).collect(),
+    }
 }

@@ -197,8 +197,9 @@ const ACCOUNT_SELECT: &str = "SELECT a.account_id, a.currency::text AS currency,
         AS ledger_sum_minor \
     FROM accounts a WHERE a.account_id = $1";
 
-/// P4 in one statement, so one snapshot: the payout, once per attempt at the rail (once with
-/// NULL attempt columns when it has none), attempts in the order they were presented.
+/// P4 of any number of payouts in one statement, so one snapshot: each payout, once per attempt
+/// at the rail (once with NULL attempt columns when it has none), attempts in the order they were
+/// presented.
 const PAYOUT_SELECT: &str = "SELECT p.payout_id, p.account_id, p.amount_minor, \
     p.currency::text AS currency, p.beneficiary_ref, p.state, p.attempt_count, p.claim_token, \
     p.rail_reference, p.submission_id, p.created_at, p.updated_at, \
@@ -206,7 +207,7 @@ const PAYOUT_SELECT: &str = "SELECT p.payout_id, p.account_id, p.amount_minor, \
     s.outcome AS sub_outcome, s.rail_reference AS sub_rail_reference, \
     s.submitted_at AS sub_submitted_at, s.resolved_at AS sub_resolved_at \
     FROM payouts p LEFT JOIN rail_submission s ON s.payout_id = p.payout_id \
-    WHERE p.payout_id = $1 ORDER BY s.submitted_at, s.submission_id";
+    WHERE p.payout_id = ANY ($1) ORDER BY p.payout_id, s.submitted_at, s.submission_id";
 
 #[derive(Clone)]
 pub struct PayStore {
@@ -294,36 +295,41 @@ impl PayStore {
 
     /// P4 (and the answer of payout creation): the payout and its rail submissions.
     pub async fn payout(conn: &mut PgConnection, payout_id: Uuid) -> StoreResult<Option<Payout>> {
+        Ok(Self::payouts(conn, &[payout_id]).await?.into_iter().next())
+    }
+
+    /// P4 of each of `ids` that exists, in one statement (one snapshot), ordered by id.
+    pub async fn payouts(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Payout>> {
         let rows: Vec<PayoutSubmissionRow> = sqlx::query_as(PAYOUT_SELECT)
-            .bind(payout_id)
+            .bind(ids)
             .fetch_all(&mut *conn)
             .await
             .map_err(map_sqlx)?;
-        let mut payout = None;
-        let mut submissions = Vec::with_capacity(rows.len());
+        let mut payouts: Vec<Payout> = Vec::new();
         for row in rows {
-            let (p, submission) = row.split();
-            payout.get_or_insert(p);
-            submissions.extend(submission);
+            let (r, submission) = row.split();
+            if payouts.last().map(|p| p.payout_id) != Some(r.payout_id) {
+                payouts.push(Payout {
+                    payout_id: r.payout_id,
+                    account_id: r.account_id,
+                    amount_minor: r.amount_minor,
+                    currency: r.currency,
+                    beneficiary_ref: r.beneficiary_ref,
+                    state: parse_state(&r.state)?,
+                    attempt_count: r.attempt_count,
+                    claim_token: r.claim_token,
+                    rail_reference: r.rail_reference,
+                    submission_id: r.submission_id,
+                    created_at: r.created_at,
+                    updated_at: r.updated_at,
+                    submissions: Vec::new(),
+                });
+            }
+            if let (Some(payout), Some(submission)) = (payouts.last_mut(), submission) {
+                payout.submissions.push(submission);
+            }
         }
-        let Some(r) = payout else {
-            return Ok(None);
-        };
-        Ok(Some(Payout {
-            payout_id: r.payout_id,
-            account_id: r.account_id,
-            amount_minor: r.amount_minor,
-            currency: r.currency,
-            beneficiary_ref: r.beneficiary_ref,
-            state: parse_state(&r.state)?,
-            attempt_count: r.attempt_count,
-            claim_token: r.claim_token,
-            rail_reference: r.rail_reference,
-            submission_id: r.submission_id,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            submissions,
-        }))
+        Ok(payouts)
     }
 
     /// P1: one page in creation order, after the cursor's position. Returns up to `limit + 1`
@@ -383,6 +389,13 @@ impl PayStore {
     pub async fn read_payout(&self, payout_id: Uuid) -> StoreResult<Option<Payout>> {
         let mut conn = self.pool.acquire().await.map_err(map_sqlx)?;
         Self::payout(&mut conn, payout_id).await
+    }
+
+    /// P4 of each of `ids` that exists, in one statement: the grouped reads of
+    /// docs/design.md#group-commit.
+    pub async fn read_payouts(&self, ids: &[Uuid]) -> StoreResult<Vec<Payout>> {
+        let mut conn = self.pool.acquire().await.map_err(map_sqlx)?;
+        Self::payouts(&mut conn, ids).await
     }
 
     /// Ready when paydb answers and takes writes (a primary, not in recovery).
