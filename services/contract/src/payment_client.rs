@@ -117,7 +117,19 @@ macro_rules! unfenced_writes {
 
 unfenced_writes! {
     fn create_account() -> Account = "/v1/accounts", CreateAccountRequest;
+    /// A funding at or below the payment resource's `auth.treasury.dual-approval-above`; above
+    /// it the answer is 202 with a pending funding: [`Self::request_funding`].
     fn fund(account_id: &str) -> FundResponse = "/v1/accounts/{account_id}/fund", FundRequest;
+    /// A funding above `auth.treasury.dual-approval-above`: recorded, not applied
+    /// (docs/contract.md#dual-approval).
+    fn request_funding(account_id: &str) -> PendingFunding =
+        "/v1/accounts/{account_id}/fund", FundRequest;
+    /// Applies a pending funding: another treasury identity than the one that asked.
+    fn approve_funding(funding_id: Uuid) -> ApprovedFunding =
+        "/v1/fundings/{funding_id}/approve", ApproveFundingRequest;
+    /// An account's limits, set by the treasury (docs/contract.md#account-limits).
+    fn set_limits(account_id: &str) -> AccountLimits =
+        "/v1/accounts/{account_id}/limits", AccountLimitsRequest;
     fn create_payout() -> Payout = "/v1/payouts", CreatePayoutRequest;
     /// docs/design.md#d-3: needs [`Self::as_operator`].
     fn advance_fence(account_id: &str) -> FenceResponse =

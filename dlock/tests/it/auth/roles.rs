@@ -455,16 +455,21 @@ async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothin
         "the refused claim changed nothing in paydb"
     );
 
-    // Raising the day's limit lets the same payout through (positive control).
-    let answer = write_as(
-        &format!("{payment}/v1/accounts/acct-l/limits"),
-        &treasury,
-        "treasury/test",
-        None,
-        &json!({ "maxPayoutMinor": 500, "dailyOutflowMinor": 2_000 }),
-    )
-    .await;
-    assert_eq!(answer.0, 200, "{}", answer.2);
+    // Raising the day's limit (through the contract's client) lets the same payout through
+    // (positive control).
+    let raised = stack
+        .treasury_payments()
+        .set_limits(
+            "acct-l",
+            "raise-limits",
+            &dlock_contract::payment::AccountLimitsRequest {
+                max_payout_minor: Some(500),
+                daily_outflow_minor: Some(2_000),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the treasury raises the limit: {e}"));
+    assert_eq!(raised.daily_outflow_minor, Some(2_000));
     let answer = claim_once(&stack, &locks, "acct-l", payouts[2]).await;
     assert_eq!(answer.0, 200, "under the raised limit: {}", answer.2);
     assert_eq!(count(&pool, outflow).await, 1_200);
@@ -523,21 +528,23 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
     );
     assert_eq!(count(&pool, balance).await, 100_000);
 
-    let answer = write_as(
-        &approve_url,
-        TREASURY_2,
-        "treasury-2/test",
-        None,
-        &json!({}),
-    )
-    .await;
-    assert_eq!(
-        answer.0, 200,
-        "a second treasury identity approves: {}",
-        answer.2
-    );
-    assert_eq!(answer.2["approvedBy"], "treasury-2", "{}", answer.2);
-    assert_eq!(answer.2["balanceMinor"], 5_100_000, "{}", answer.2);
+    // The second identity approves through the contract's client.
+    let second = PaymentClient::new(&payment, "treasury-2/test")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_credential(Some(Credential::fixed(TREASURY_2)));
+    let funding_id = uuid::Uuid::parse_str(&funding).unwrap_or_else(|e| panic!("{e}"));
+    let approved = second
+        .approve_funding(
+            funding_id,
+            "approve-large-1",
+            &dlock_contract::payment::ApproveFundingRequest {},
+        )
+        .await
+        .unwrap_or_else(|e| panic!("a second treasury identity approves: {e}"));
+    assert_eq!(approved.approved_by, "treasury-2");
+    assert_eq!(approved.requested_by, "treasury");
+    assert_eq!(approved.balance_minor, 5_100_000);
+    assert_eq!(approved.entries.len(), 2, "one balanced pair");
     assert_eq!(count(&pool, balance).await, 5_100_000, "applied");
     // Once: another approval (a new key) is refused and applies nothing more.
     let answer = write_as(
