@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
@@ -62,6 +63,18 @@ pub struct OperatorArgs {
         value_parser = service_account_role
     )]
     pub service_account_roles: Vec<String>,
+    /// A namespace the operator watches and writes in; repeat or comma-separate for several.
+    /// Absent: every namespace (the chart's ClusterRole). Given: only these, every watch and
+    /// owned-object stream namespaced, so Roles in these namespaces are all the rights it needs
+    /// (the chart's `watchNamespaces`, docs/kubernetes.md#confining-the-operator-to-namespaces).
+    /// The Lease stays in the operator's own namespace.
+    #[arg(
+        long = "watch-namespace",
+        env = "DLOCK_OPERATOR_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        value_parser = watch_namespace
+    )]
+    pub watch_namespaces: Vec<String>,
     /// The Lease of the leader election.
     #[arg(long, env = "DLOCK_OPERATOR_LEASE", default_value = "dlock-operator")]
     pub lease_name: String,
@@ -159,7 +172,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         step_down(stop_tx, leader, lease_task, http).await;
         return Ok(());
     }
-    tracing::info!(event = "leading", identity = %args.identity);
+    tracing::info!(
+        event = "leading",
+        identity = %args.identity,
+        watching = %watched(&args.watch_namespaces)
+    );
 
     let stop = signalled_or_lost(signal, leader.clone());
 
@@ -170,7 +187,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         metrics.clone(),
         controller::system_clock(),
     ));
-    run_controllers(&client, &ctx, stop).await;
+    run_controllers(&client, &ctx, &args.watch_namespaces, stop).await;
     let still_leader = *leader.borrow();
     step_down(stop_tx, leader, lease_task, http).await;
     if !still_leader {
@@ -217,6 +234,61 @@ fn service_account_role(entry: &str) -> Result<String, String> {
     Ok(entry.trim().to_owned())
 }
 
+/// One `--watch-namespace`: a namespace name as Kubernetes spells it (RFC 1123 label), so a
+/// typo stops the start instead of watching a namespace that cannot exist.
+fn watch_namespace(entry: &str) -> Result<String, String> {
+    let name = entry.trim();
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{entry:?} is not a namespace name (1-63 lowercase letters, digits and '-', \
+             starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// The namespaces the controllers watch, for the log: `*` for all.
+fn watched(namespaces: &[String]) -> String {
+    if namespaces.is_empty() {
+        "*".to_owned()
+    } else {
+        namespaces.join(",")
+    }
+}
+
+/// Where the controllers watch: `[None]` is every namespace (`Api::all`), else one scope per
+/// listed namespace (`Api::namespaced`).
+fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        let mut unique = namespaces.to_vec();
+        unique.sort();
+        unique.dedup();
+        unique.into_iter().map(Some).collect()
+    }
+}
+
+/// The API of kind `K` in one scope of [`scopes`].
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// What the controllers build with, from the operator's arguments.
 fn settings(args: &OperatorArgs) -> Settings {
     Settings {
@@ -241,31 +313,37 @@ fn settings(args: &OperatorArgs) -> Settings {
     }
 }
 
-/// Runs every controller until `stop`.
+/// Runs every controller until `stop`, in every namespace or only in `namespaces`.
 async fn run_controllers(
     client: &Client,
     ctx: &Arc<Context>,
+    namespaces: &[String],
     stop: Shared<BoxFuture<'static, ()>>,
 ) {
-    // One controller per kind: the kind, what it owns (watched by the managed label) and its
-    // reconcile, behind the deserialize guard and the pause, stopping with the lease.
+    let scopes = scopes(namespaces);
+    // One controller per kind and scope: the kind, what it owns (watched by the managed label,
+    // in the same scope) and its reconcile, behind the deserialize guard and the pause, stopping
+    // with the lease. Confined to namespaces, each kind runs one controller per namespace, each
+    // of whose watches is namespaced: nothing lists or watches outside them.
     macro_rules! controller {
         ($kind:ty, [$($owned:ty),*], $reconcile:path) => {
-            Controller::new(
-                Api::<DeserializeGuard<$kind>>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            $(.owns(
-                Api::<$owned>::all(client.clone()),
-                watcher::Config::default().labels(MANAGED_SELECTOR),
-            ))*
-            .graceful_shutdown_on(stop.clone())
-            .run(
-                |o, c| guarded(o, c, stringify!($kind), $reconcile),
-                error_policy,
-                ctx.clone(),
-            )
-            .for_each(log_result)
+            futures::future::join_all(scopes.iter().map(|scope| {
+                Controller::new(
+                    scoped::<DeserializeGuard<$kind>>(client, scope.as_deref()),
+                    watcher::Config::default(),
+                )
+                $(.owns(
+                    scoped::<$owned>(client, scope.as_deref()),
+                    watcher::Config::default().labels(MANAGED_SELECTOR),
+                ))*
+                .graceful_shutdown_on(stop.clone())
+                .run(
+                    |o, c| guarded(o, c, stringify!($kind), $reconcile),
+                    error_policy,
+                    ctx.clone(),
+                )
+                .for_each(log_result)
+            }))
         };
     }
     use controller::{lock, payout_batch, reconciliation, workloads};
@@ -430,5 +508,33 @@ mod tests {
         assert!(cli.args.credential().is_err());
         let cli = Cli::parse_from(["dlock-operator", "--owner-id", &"o".repeat(65)]);
         assert!(cli.args.services().is_err());
+    }
+
+    #[test]
+    fn watch_namespaces_repeat_or_comma_separate_and_absent_means_every_namespace() {
+        let cli = Cli::parse_from(["dlock-operator"]);
+        assert!(cli.args.watch_namespaces.is_empty());
+        assert_eq!(scopes(&cli.args.watch_namespaces), vec![None]);
+        let cli = Cli::parse_from([
+            "dlock-operator",
+            "--watch-namespace",
+            "payments,payouts",
+            "--watch-namespace",
+            "payments",
+        ]);
+        assert_eq!(
+            cli.args.watch_namespaces,
+            ["payments", "payouts", "payments"]
+        );
+        assert_eq!(
+            scopes(&cli.args.watch_namespaces),
+            vec![Some("payments".to_owned()), Some("payouts".to_owned())]
+        );
+        for bad in ["Payments", "-a", "a_b", "", &"a".repeat(64)] {
+            assert!(
+                Cli::try_parse_from(["dlock-operator", "--watch-namespace", bad]).is_err(),
+                "{bad:?} was taken as a namespace"
+            );
+        }
     }
 }
