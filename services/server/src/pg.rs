@@ -66,8 +66,10 @@ pub fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOp
         // connection comes back, which catches one broken in use. What is left to catch is a
         // connection cut while idle (a restarted or failed-over primary): only one idle for
         // longer than IDLE_PING_AFTER is pinged. A cut one that slips through fails its call
-        // with an I/O error, NOT_LEADER from the lock server and the payment resource (nothing
-        // happened, retry), and is dropped.
+        // with an I/O error and is dropped. The lock server pings before each write and answers
+        // OUTCOME_UNKNOWN for an I/O error after the send (docs/contract.md#outcome-unknown); the
+        // payment resource answers NOT_LEADER, which its writes bear because each is idempotent
+        // by its key: a retry with the same key replays a write that did commit.
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {
