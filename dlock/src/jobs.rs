@@ -7,7 +7,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment::{CreateAccountRequest, FundRequest, Resolution, ResolveRequest};
+use dlock_contract::payment::{
+    CreateAccountRequest, FundRequest, Funded, Resolution, ResolveRequest,
+};
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::RailClient;
 use dlock_executor::{Endpoints, PayoutBatch, Report, RunOptions};

@@ -127,8 +127,8 @@ pub async fn accounts(command: AccountsCommand) -> Result<()> {
             )
             .await
             .with_context(|| format!("opening account {account}"))?;
-        payment
-            .fund(
+        let funded = payment
+            .fund_or_request(
                 account,
                 &funding.key,
                 &FundRequest {
@@ -143,6 +143,19 @@ pub async fn accounts(command: AccountsCommand) -> Result<()> {
                     funding.amount_minor, funding.currency
                 )
             })?;
+        if let Funded::Pending(pending) = &funded {
+            // Above auth.treasury.dual-approval-above (docs/contract.md#dual-approval).
+            eprintln!(
+                "account {account}: the funding of {} {} waits for a second treasury identity \
+                 ({}, as {}); another treasury identity approves it with POST \
+                 /v1/fundings/{}/approve and body {{}}",
+                funding.amount_minor,
+                funding.currency,
+                pending.status,
+                pending.requested_by,
+                pending.funding_id
+            );
+        }
         let now = payment
             .get_account(account)
             .await

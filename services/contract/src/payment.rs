@@ -284,6 +284,15 @@ pub struct PendingFunding {
     pub status: String,
 }
 
+/// What a fund request answers: applied (200), or above the payment resource's
+/// `auth.treasury.dual-approval-above` recorded for a second treasury identity (202).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Funded {
+    Applied(FundResponse),
+    Pending(PendingFunding),
+}
+
 /// `POST /v1/fundings/{fundingId}/approve`: an empty object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

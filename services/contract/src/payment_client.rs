@@ -124,6 +124,10 @@ unfenced_writes! {
     /// (docs/contract.md#dual-approval).
     fn request_funding(account_id: &str) -> PendingFunding =
         "/v1/accounts/{account_id}/fund", FundRequest;
+    /// A funding whichever the payment resource makes of it: applied, or pending a second
+    /// treasury identity.
+    fn fund_or_request(account_id: &str) -> Funded =
+        "/v1/accounts/{account_id}/fund", FundRequest;
     /// Applies a pending funding: another treasury identity than the one that asked.
     fn approve_funding(funding_id: Uuid) -> ApprovedFunding =
         "/v1/fundings/{funding_id}/approve", ApproveFundingRequest;

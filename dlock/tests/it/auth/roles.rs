@@ -507,6 +507,39 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
         .unwrap_or_else(|| panic!("no fundingId: {}", answer.2))
         .to_owned();
     assert_eq!(count(&pool, balance).await, 100_000, "not applied");
+    // `dlock accounts fund` above the threshold says the funding waits, and applies nothing.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let batch = dir.path().join("batch.yaml");
+    let items = [crate::shared::payouts::Item::numbered(
+        0,
+        "item-0".into(),
+        "acct-d",
+        100,
+    )];
+    std::fs::write(
+        &batch,
+        crate::shared::payouts::batch_manifest("large-batch", 1, items),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let cli = std::process::Command::new(EXE)
+        .args(["accounts", "fund", "-f"])
+        .arg(&batch)
+        .args(["--amount-minor", "2000000", "--payment-resource", &payment])
+        .args(["--identity", "treasury"])
+        .env("DLOCK_TREASURY_CREDENTIAL", &treasury)
+        .output()
+        .unwrap_or_else(|e| panic!("dlock accounts fund: {e}"));
+    let said = String::from_utf8_lossy(&cli.stderr);
+    assert!(cli.status.success(), "dlock accounts fund: {said}");
+    assert!(
+        said.contains("waits for a second treasury identity"),
+        "dlock accounts fund says the funding waits: {said}"
+    );
+    assert_eq!(
+        count(&pool, balance).await,
+        100_000,
+        "the CLI's funding is not applied"
+    );
 
     let approve_url = format!("{payment}/v1/fundings/{funding}/approve");
     let before = stack.snapshot().await;
