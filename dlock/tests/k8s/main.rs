@@ -29,4 +29,5 @@ mod service_auth;
 #[path = "../shared/mod.rs"]
 mod shared;
 mod stack;
+mod watch_namespaces;
 mod world;
