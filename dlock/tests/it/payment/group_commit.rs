@@ -440,3 +440,47 @@ async fn payout_reads_in_one_statement_each_get_their_own_payout() {
         "one statement for the three reads"
     );
 }
+
+#[tokio::test]
+async fn an_item_that_raises_is_rolled_back_alone_and_answered_on_the_single_path() {
+    let (stack, p) = stack_with(&["gl-gate", "gl-limited", "gl-ok"]).await;
+    // gl-limited may send 50 a day: claiming its payout of 100 raises in paydb's limit trigger.
+    stack.psql("SELECT outcome FROM pay_set_limits('gl-limited', NULL, 50, 'test')");
+    let (limited_token, ok_token) = (stack.token(), stack.token());
+    let gate = stack.gate("gl-gate").await;
+    let gate_token = stack.token();
+    let (blocker, ((limited, ok), before)) =
+        tokio::join!(stack.claim(p[0], gate_token, "PENDING"), async {
+            stack.waiting_in("pay_claim_once").await;
+            let before = stack.batches("claim").await;
+            let answers = tokio::join!(
+                async {
+                    tokio::join!(
+                        stack.claim(p[1], limited_token, "PENDING"),
+                        stack.claim(p[2], ok_token, "PENDING"),
+                    )
+                },
+                async {
+                    stack.queued("claim", 2).await;
+                    gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
+                }
+            )
+            .0;
+            (answers, before)
+        });
+    blocker.expect("the gate's claim", 200, None);
+    limited.expect("the claim over the limit", 422, Some("LIMIT_EXCEEDED"));
+    ok.expect("its neighbour", 200, None);
+    let after = stack.batches("claim").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1.0, 2.0),
+        "the two were one batch"
+    );
+    // The limited claim changed nothing; its neighbour's claim committed.
+    assert_eq!(stack.state_of(p[1]).await, "PENDING");
+    assert_eq!(stack.fence_of("gl-limited"), "0");
+    assert_eq!(stack.records_of(p[1]), "0");
+    assert_eq!(stack.state_of(p[2]).await, "CLAIMED");
+    assert_eq!(stack.fence_of("gl-ok"), ok_token.to_string());
+}
