@@ -239,6 +239,28 @@ async fn an_operator_confined_to_one_namespace_reconciles_there_and_has_no_right
             "{object} in {OTHER} has a status: {status}"
         );
     }
+    let events = |namespace: &str| -> Vec<String> {
+        let list = world.get_json(&["events.events.k8s.io", "-n", namespace]);
+        list["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|e| e["reportingController"] == "dlock-operator")
+                    .map(|e| format!("{} {}", e["reason"], e["regarding"]["name"]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        !events(WATCHED).is_empty(),
+        "positive control: no Event of the operator in {WATCHED}"
+    );
+    assert_eq!(
+        events(OTHER),
+        Vec::<String>::new(),
+        "the operator published Events in {OTHER}"
+    );
     let log = world.operator_log(index);
     assert!(
         !log.contains(&format!("{OTHER}/")),
