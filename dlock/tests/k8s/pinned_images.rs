@@ -36,6 +36,13 @@ async fn a_payout_batch_naming_an_image_the_platform_does_not_allow_runs_nothing
     let ns = "images";
     let mut world = World::with_namespace(ns).await;
     world.start_services(&[]);
+    // The operator registers a batch's payouts before it makes the Job: the account exists.
+    crate::shared::accounts::open_account(
+        &world.services().treasury_payments(),
+        "acct-1",
+        Some(1_000_000),
+    )
+    .await;
     world.start_operator(&[ns], &[("DLOCK_OPERATOR_ALLOWED_IMAGES", ALLOWED)]);
 
     world

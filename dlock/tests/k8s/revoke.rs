@@ -35,7 +35,8 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     world.apply_stack_ready(NS);
     let services = world.services();
     let payment = services.payments_as("executor/setup");
-    let executor = services.token("executor");
+    // The executor's credential for the cycles, the registrar's for registering the batch.
+    let run_env = services.run_env();
     let rail_url = services.url("railStub");
     let paydb = services.url("paydb");
     let proof_keys = services.line["proofKeysFile"]
@@ -57,7 +58,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.clone()))
         .collect();
-    env.push(("DLOCK_CREDENTIAL".into(), executor.clone()));
+    env.extend(run_env);
     env.push(("DLOCK_IDENTITY".into(), "executor".into()));
     let log = world.cluster.dir().join("executor.log");
     let mut run = spawn_logged(

@@ -47,17 +47,18 @@ pub struct Stale<'a> {
 }
 
 impl Stale<'_> {
-    /// Registers a new payout on `account` at the stack's payment resource, then claims it
-    /// there and submits it at the stack's rail proxy as the stale worker, with the executor's
-    /// credential: both answers must be 409 FENCED_OUT. Returns the payout's id and the claim's
-    /// answer.
+    /// Registers a new payout on `account` at the stack's payment resource (as the registrar),
+    /// then claims it there and submits it at the stack's rail proxy as the stale worker, with
+    /// the executor's credential: both answers must be 409 FENCED_OUT. Returns the payout's id
+    /// and the claim's answer.
     pub async fn is_fenced_out_at_both_points(
         &self,
         services: &DevStack,
         account: &str,
     ) -> (uuid::Uuid, Value) {
-        let payment = services.payments_as("executor/setup");
-        let stale = register_payout(&payment, account, 500, "ben-stale").await;
+        // Registering is the registrar's; the stale claim and submission are the executor's.
+        let stale =
+            register_payout(&services.registrar_payments(), account, 500, "ben-stale").await;
         let bearer = format!("Bearer {}", services.token("executor"));
         let payment_url = services.url("paymentResource");
         let proxy_url = services.url("railProxy");

@@ -88,7 +88,6 @@ impl DevUp {
 
     /// The environment of a `dlock run` on this stack: the executor's credential for the payout
     /// cycles, the registrar's for registering the batch.
-    #[allow(dead_code)] // the it suite's; the k8s suite includes this file too
     pub fn run_env(&self) -> Vec<(String, String)> {
         vec![
             ("DLOCK_CREDENTIAL".to_owned(), self.token("executor")),
