@@ -58,6 +58,7 @@ pub(crate) fn env_file_text(
          RAIL={stub}\n\
          TOKEN={executor}\n\
          TRTOKEN={treasury}\n\
+         RGTOKEN={registrar}\n\
          OPTOKEN={operator}\n",
         dir = line.data_dir,
         env = line.env_file,

@@ -91,6 +91,7 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "RAIL",
         "TOKEN",
         "TRTOKEN",
+        "RGTOKEN",
         "OPTOKEN",
     ];
     let values = sourced(env, &names);
@@ -113,6 +114,7 @@ fn the_env_file_gives_a_shell_every_variable_the_readme_uses_and_is_private() {
         "http://127.0.0.1:40126",
         "exec-token-0123456789abcdef",
         "treasury-token-for-the-test",
+        "registrar-token-for-the-test",
         DEV_OPERATOR_TOKEN,
     ]
     .map(str::to_owned);
