@@ -368,11 +368,12 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
     assert_eq!(release.parent.as_deref(), Some(cycle.id.as_str()));
 
     // An error envelope's traceId finds its trace: without a traceparent (a fresh trace) and
-    // with one (the caller's trace, the caller's span as the parent).
-    let bearer = format!("Bearer {executor}");
+    // with one (the caller's trace, the caller's span as the parent). The bad body goes to
+    // account opening as the treasury, whose role it is, so the refusal is the body's.
+    let bearer = format!("Bearer {}", stack.token("treasury"));
     let headers = [
         ("content-type", "application/json"),
-        ("x-owner-id", "executor/trace-test"),
+        ("x-owner-id", "treasury"),
         ("x-idempotency-key", "trace-bad-body"),
         ("authorization", bearer.as_str()),
     ];
@@ -401,7 +402,14 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
     let traceparent = format!("00-{caller_trace}-{caller_span}-01");
-    let mut with_parent = headers.to_vec();
+    // A renew with a bad body, as the executor (whose role renews).
+    let executor_bearer = format!("Bearer {executor}");
+    let mut with_parent = vec![
+        ("content-type", "application/json"),
+        ("x-owner-id", "executor/trace-test"),
+        ("x-idempotency-key", "trace-bad-body"),
+        ("authorization", executor_bearer.as_str()),
+    ];
     with_parent.push(("traceparent", traceparent.as_str()));
     let (status, _, body) = raw(
         Method::POST,
