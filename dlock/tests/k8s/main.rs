@@ -25,6 +25,7 @@ mod references;
 mod revoke;
 mod revoke_live;
 mod service_auth;
+mod service_roles;
 /// What both test binaries use (dlock/tests/shared).
 #[path = "../shared/mod.rs"]
 mod shared;
