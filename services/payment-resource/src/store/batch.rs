@@ -14,8 +14,8 @@ use sqlx::FromRow;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::idempotency::{EntryJson, Scope};
-use super::outcome::{ClaimOutcome, ClaimRow, PostOutcome, PostRow, entry};
+use super::idempotency::{Scope, posted};
+use super::outcome::{ClaimOutcome, ClaimRow, PostOutcome, PostRow};
 use super::{PayStore, StoreError, StoreResult, Tx, map_sqlx, missing, unknown};
 
 /// What a batch does with its items: `run` answers each, in order.
@@ -359,28 +359,9 @@ impl PayStore {
             .map(|r| {
                 let item = r.head.item;
                 let (post, entries) = (r.post, r.entries);
-                let verdict = r.head.verdict(|| {
-                    let entries: Vec<EntryJson> = match entries.as_deref() {
-                        Some(text) => serde_json::from_str(text)
-                            .map_err(|e| StoreError::Backend(format!("posting entries: {e}")))?,
-                        None => Vec::new(),
-                    };
-                    Ok((
-                        post.into_outcome("pay_post_many")?,
-                        entries
-                            .into_iter()
-                            .map(|e| {
-                                entry(
-                                    e.entry_id,
-                                    e.account_id,
-                                    &e.direction,
-                                    e.amount_minor,
-                                    e.fence,
-                                )
-                            })
-                            .collect(),
-                    ))
-                });
+                let verdict = r
+                    .head
+                    .verdict(|| posted(post, entries.as_deref(), "pay_post_many"));
                 (item, verdict)
             })
             .collect();

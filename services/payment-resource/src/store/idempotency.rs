@@ -113,6 +113,35 @@ pub(super) struct EntryJson {
     pub(super) fence: i64,
 }
 
+/// A post's outcome and its ledger entries, from the row `function` (`pay_post_once` or
+/// `pay_post_many`) answered: its outcome columns and its entries as a JSON array.
+pub(super) fn posted(
+    post: PostRow,
+    entries: Option<&str>,
+    function: &str,
+) -> StoreResult<(PostOutcome, Vec<LedgerEntry>)> {
+    let entries: Vec<EntryJson> = match entries {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| StoreError::Backend(format!("posting entries: {e}")))?,
+        None => Vec::new(),
+    };
+    Ok((
+        post.into_outcome(function)?,
+        entries
+            .into_iter()
+            .map(|e| {
+                entry(
+                    e.entry_id,
+                    e.account_id,
+                    &e.direction,
+                    e.amount_minor,
+                    e.fence,
+                )
+            })
+            .collect(),
+    ))
+}
+
 impl PayStore {
     /// Opens the write's transaction and claims its idempotency record in it. A duplicate of a
     /// request in flight blocks here until that request commits (then replays its answer) or
@@ -202,26 +231,7 @@ impl PayStore {
             .await
             .map_err(map_sqlx)?;
         row.begin.once(tx, || {
-            let entries: Vec<EntryJson> = match row.entries.as_deref() {
-                Some(text) => serde_json::from_str(text)
-                    .map_err(|e| StoreError::Backend(format!("posting entries: {e}")))?,
-                None => Vec::new(),
-            };
-            Ok((
-                row.post.into_outcome("pay_post_once")?,
-                entries
-                    .into_iter()
-                    .map(|e| {
-                        entry(
-                            e.entry_id,
-                            e.account_id,
-                            &e.direction,
-                            e.amount_minor,
-                            e.fence,
-                        )
-                    })
-                    .collect(),
-            ))
+            posted(row.post, row.entries.as_deref(), "pay_post_once")
         })
     }
 
