@@ -16,8 +16,10 @@ use dlock_executor::{Endpoints, PayoutBatch, Report, RunOptions};
 use uuid::Uuid;
 
 mod accounts;
+mod treasury;
 
 pub use accounts::*;
+pub use treasury::*;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -365,9 +367,14 @@ fn metrics_line(services: &[(&str, &str)], run_metrics: Option<&str>) -> String 
 
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
-    /// paydb (the reconciler reads it directly; it never writes).
-    #[arg(long, env = "DLOCK_PAYDB")]
-    pub paydb: String,
+    /// paydb's URL (the reconciler reads it directly; it never writes). Prefer --paydb-file:
+    /// whoever can read this process's environment or arguments sees this one.
+    #[arg(long, env = "DLOCK_PAYDB", required_unless_present = "paydb_file")]
+    pub paydb: Option<String>,
+    /// A file holding paydb's URL, used instead of --paydb when given (in Kubernetes its
+    /// Secret's key, mounted read-only; the operator names it).
+    #[arg(long, env = "DLOCK_PAYDB_FILE")]
+    pub paydb_file: Option<PathBuf>,
     /// The rail whose statement is compared (the stub in development).
     #[arg(long, env = "DLOCK_RAIL")]
     pub rail: String,
@@ -434,9 +441,34 @@ pub fn termination_summary(findings: &dlock_executor::reconcile::Findings) -> St
     }
 }
 
+/// The secret in `file` (a database URL), trimmed; the error names the file, never its text.
+pub fn secret_from_file(file: &std::path::Path, what: &str) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading {what} from {}", file.display()))?;
+    let value = text.trim();
+    if value.is_empty() {
+        bail!(
+            "{} is empty: it must hold {what} (in Kubernetes, check the Secret's key)",
+            file.display()
+        );
+    }
+    Ok(value.to_owned())
+}
+
+impl ReconcileArgs {
+    /// paydb's URL: the file's when one is given, else `--paydb`.
+    pub fn paydb_url(&self) -> Result<String> {
+        match (&self.paydb_file, &self.paydb) {
+            (Some(file), _) => secret_from_file(file, "paydb's URL"),
+            (None, Some(url)) => Ok(url.clone()),
+            (None, None) => bail!("say where paydb is: --paydb-file FILE (or DLOCK_PAYDB_FILE)"),
+        }
+    }
+}
+
 /// Exit status 2 when a finding is critical.
 pub async fn reconcile(args: ReconcileArgs) -> Result<std::process::ExitCode> {
-    let pool = dlock_executor::reconcile::connect(&args.paydb).await?;
+    let pool = dlock_executor::reconcile::connect(&args.paydb_url()?).await?;
     let options = dlock_executor::reconcile::Options {
         unresolved_budget: Duration::from_millis(args.unresolved_budget_ms),
         settlement_window: Duration::from_millis(args.settlement_window_ms),
@@ -529,16 +561,23 @@ pub struct RevokeArgs {
     pub reason: String,
     #[arg(long)]
     pub operator: String,
-    /// Revoke only the grant with this fencing token (L8's expectedToken guard).
+    /// Revoke only the grant with this fencing token (L8's expectedToken guard). Without it, the
+    /// grant holding the key when it is read just before L8.
     #[arg(long)]
     pub expected_token: Option<i64>,
     /// Resume an earlier revocation that did not reach every fence: its revocation id (printed by
     /// that run). L8 is not called again; both fences get the recorded floor.
-    #[arg(long, requires = "floor")]
+    #[arg(long, requires = "floor", conflicts_with = "settle")]
     pub resume: Option<Uuid>,
     /// The new token floor of the revocation given with --resume.
     #[arg(long, requires = "resume")]
     pub floor: Option<i64>,
+    /// Settle an earlier run whose L8 for this token has no known outcome (that run exited 3):
+    /// the key is read first; still held under the token, L8 is sent for that grant again;
+    /// not, the revocation took effect and both fences get the token after it. Never an L8 for
+    /// another grant.
+    #[arg(long, value_name = "TOKEN", conflicts_with = "expected_token")]
+    pub settle: Option<i64>,
     #[command(flatten)]
     pub services: ServiceArgs,
     #[arg(long, env = "DLOCK_OPERATOR_TOKEN")]
@@ -547,7 +586,11 @@ pub struct RevokeArgs {
     pub json: bool,
 }
 
-pub async fn revoke(args: RevokeArgs) -> Result<()> {
+/// `dlock revoke`'s exit status when L8's outcome is unknown: its answer was lost and the key
+/// could not be read to settle it (1 is a failure, 0 a revocation at both fences).
+pub const EXIT_OUTCOME_UNKNOWN: u8 = 3;
+
+pub async fn revoke(args: RevokeArgs) -> Result<std::process::ExitCode> {
     use dlock_contract::revoke::{Outcome, Progress, RevokeClients, RevokeOrder};
 
     let credential = Some(Credential::fixed(&args.operator_token));
@@ -575,7 +618,12 @@ pub async fn revoke(args: RevokeArgs) -> Result<()> {
         }),
         _ => None,
     };
-    let report = dlock_contract::revoke::run(&clients, &order, resume.as_ref()).await;
+    let report = match (resume, args.settle) {
+        (None, Some(token)) => {
+            dlock_contract::revoke::settle_and_run(&clients, &order, token).await
+        }
+        (resume, _) => dlock_contract::revoke::run(&clients, &order, resume.as_ref()).await,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -584,11 +632,31 @@ pub async fn revoke(args: RevokeArgs) -> Result<()> {
         }
     }
     match (report.outcome, &report.progress) {
-        (Outcome::Complete, _) => Ok(()),
+        (Outcome::Complete, _) => Ok(std::process::ExitCode::SUCCESS),
+        (Outcome::Unknown, _) => {
+            let token = report.unsettled_token().unwrap_or_default();
+            let key = &args.key;
+            eprintln!(
+                "dlock revoke: the outcome of L8 for token {token} is unknown: its answer was \
+                 lost and reading {key} afterwards failed, so it may or may not have revoked \
+                 that grant. Nothing was resent. Check the key at the lock server (GET \
+                 {}/v1/locks/{key}): held under token {token}, nothing was revoked; not, it was, \
+                 and both fences still need floor {}. Either way, run the same command with \
+                 --settle {token} (instead of --expected-token): it reads the key first, then \
+                 revokes that grant only or finishes the fences.",
+                args.services.lock_server.trim_end_matches('/'),
+                token.saturating_add(1)
+            );
+            Ok(std::process::ExitCode::from(EXIT_OUTCOME_UNKNOWN))
+        }
         (Outcome::Incomplete, Some(p)) => bail!(
             "the revocation is not at every fence yet; finish it with --resume {} --floor {}",
             p.revocation_id,
             p.new_token_floor
+        ),
+        (Outcome::Incomplete, None) => bail!(
+            "nothing was revoked ({}); the same command may be run again",
+            report.summary()
         ),
         _ => bail!("the revocation did not complete: {}", report.summary()),
     }

@@ -4,6 +4,7 @@ mod demo;
 mod dev;
 mod jobs;
 mod kubectl;
+mod recover;
 mod telemetry;
 
 use std::path::PathBuf;
@@ -38,10 +39,15 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Registers and executes a PayoutBatch against a running stack.
     Run(jobs::RunArgs),
-    /// Opens and funds the accounts a PayoutBatch pays from.
+    /// Opens and funds the accounts a PayoutBatch pays from, and sets their limits.
     Accounts {
         #[command(subcommand)]
         command: jobs::AccountsCommand,
+    },
+    /// Approves a funding that waits for a second treasury identity.
+    Fundings {
+        #[command(subcommand)]
+        command: jobs::FundingsCommand,
     },
     /// Compares paydb, the ledger and the rail's statement; reports, never repairs.
     Reconcile(jobs::ReconcileArgs),
@@ -49,6 +55,11 @@ enum Command {
     Resolve(jobs::ResolveArgs),
     /// Force-revokes a lock and pushes the new token floor to both enforcement points.
     Revoke(jobs::RevokeArgs),
+    /// Confirms a recovery after a store went back in time (docs/design.md#d-12), audited.
+    Recover {
+        #[command(subcommand)]
+        command: recover::RecoverCommand,
+    },
     /// Runs the Kubernetes operator (leader-elected controllers, /healthz, /metrics).
     Operator(dlock_operator::OperatorArgs),
     /// The kubectl plugin on the current kubeconfig context: status, revoke, resolve, batch
@@ -216,9 +227,11 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => return demo::demo(args).await,
             Command::Run(args) => jobs::run(args).await,
             Command::Accounts { command } => jobs::accounts(command).await,
+            Command::Fundings { command } => jobs::fundings_command(command).await,
             Command::Reconcile(args) => return jobs::reconcile(args).await,
             Command::Resolve(args) => jobs::resolve(args).await,
-            Command::Revoke(args) => jobs::revoke(args).await,
+            Command::Revoke(args) => return jobs::revoke(args).await,
+            Command::Recover { command } => recover::recover(command).await,
             Command::Operator(args) => dlock_operator::run(args).await,
             Command::Kubectl(args) => return Ok(kubectl::run(args).await),
             Command::Openapi { service } => {

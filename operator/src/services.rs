@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::{ClientError, LockClient};
+use dlock_contract::lock::HeldLocks;
+use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_contract::rail::RailClient;
 use dlock_contract::revoke::{RevokeClients, RevokeSteps};
 use dlock_executor::cancel::CancelReport;
 use futures::future::BoxFuture;
 
-use crate::build::lock::HeldLock;
 use crate::validate::RevocationTarget;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -56,18 +57,6 @@ impl ServiceError {
     }
 }
 
-/// A payout's state in paydb (`GET /v1/payouts/{id}`); `None` when it is not registered yet.
-pub type PayoutState = Option<String>;
-
-/// One answer of the held-locks list (`GET /v1/locks`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeldList {
-    pub items: Vec<HeldLock>,
-    /// The lock server holds more than it listed: the mirror must not treat an unlisted key as
-    /// released.
-    pub truncated: bool,
-}
-
 /// The most held locks one list asks for (the lock server's maximum).
 pub const HELD_LIST_LIMIT: u32 = 1_000;
 
@@ -79,13 +68,17 @@ pub type ServiceFuture<'a, T> = BoxFuture<'a, Result<T, ServiceError>>;
 pub type Steps<'a> = Box<dyn RevokeSteps + 'a>;
 
 pub trait Services: Send + Sync {
-    /// The states of the given payouts, in order.
+    /// The states of the given payouts in paydb (`GET /v1/payouts/{id}`), in order; `None` for
+    /// one not registered yet.
     fn payout_states<'a>(
         &'a self,
         payment_resource_url: &'a str,
         payout_ids: &'a [String],
-    ) -> ServiceFuture<'a, Vec<PayoutState>>;
-    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldList>;
+    ) -> ServiceFuture<'a, Vec<Option<PayoutState>>>;
+    /// The held-locks list (`GET /v1/locks`, at most [`HELD_LIST_LIMIT`]). When it is
+    /// `truncated` the lock server holds more than it listed: the mirror must not treat an
+    /// unlisted key as released.
+    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldLocks>;
     /// The fencing token of the grant that holds `key` now (L7), `None` when nothing holds it.
     fn lock_grant<'a>(
         &'a self,
@@ -175,7 +168,7 @@ impl Services for ContractServices {
         &'a self,
         payment_resource_url: &'a str,
         payout_ids: &'a [String],
-    ) -> ServiceFuture<'a, Vec<PayoutState>> {
+    ) -> ServiceFuture<'a, Vec<Option<PayoutState>>> {
         Box::pin(async move {
             let client = self.payment(payment_resource_url);
             let mut states = Vec::with_capacity(payout_ids.len());
@@ -186,7 +179,7 @@ impl Services for ContractServices {
                     continue;
                 };
                 match client.get_payout(uuid).await {
-                    Ok(payout) => states.push(Some(payout.state.as_str().to_owned())),
+                    Ok(payout) => states.push(Some(payout.state)),
                     Err(ClientError::Api { status: 404, .. }) => states.push(None),
                     Err(error) => {
                         return Err(ServiceError::from_client("payment-resource", &error));
@@ -197,30 +190,12 @@ impl Services for ContractServices {
         })
     }
 
-    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldList> {
+    fn held_locks<'a>(&'a self, lock_server_url: &'a str) -> ServiceFuture<'a, HeldLocks> {
         Box::pin(async move {
-            let held = self
-                .lock(lock_server_url)
+            self.lock(lock_server_url)
                 .held(Some(HELD_LIST_LIMIT))
                 .await
-                .map_err(|e| ServiceError::from_client("lock-server", &e))?;
-            let rfc3339 = |t: chrono::DateTime<chrono::Utc>| {
-                t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            };
-            Ok(HeldList {
-                items: held
-                    .items
-                    .into_iter()
-                    .map(|g| HeldLock {
-                        key: g.key,
-                        owner_id: g.owner_id,
-                        fencing_token: g.fencing_token,
-                        acquired_at: rfc3339(g.acquired_at),
-                        expires_at: rfc3339(g.expires_at),
-                    })
-                    .collect(),
-                truncated: held.truncated,
-            })
+                .map_err(|e| ServiceError::from_client("lock-server", &e))
         })
     }
 
@@ -287,5 +262,144 @@ impl Services for ContractServices {
             .await
             .map_err(|e| ServiceError::from_client("lock-server or payment-resource", &e))
         })
+    }
+}
+
+/// Which of a namespace's dlock Services serve TLS, read from their objects' `spec.tls` (never
+/// from a status, which anyone who may write it could point elsewhere), and the Secret whose
+/// `ca.crt` a Job's pod trusts for them (docs/kubernetes.md#tls-between-pods).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceTls {
+    pub namespace: String,
+    /// The Service names that serve HTTPS: each LockServer, PaymentResource and RailProxy with
+    /// `spec.tls`, and a RailProxy's stub (`<name>-stub`), which serves with the proxy's Secret.
+    pub https: std::collections::BTreeSet<String>,
+    /// The first TLS Secret of the namespace by name; the namespace's service certificates are
+    /// signed by one CA, so its `ca.crt` is every caller's trust.
+    pub ca_secret: Option<String>,
+}
+
+impl NamespaceTls {
+    /// From the objects' specs: each `(name, tls Secret, has a stub)`.
+    pub fn from_specs<'a>(
+        namespace: &str,
+        services: impl IntoIterator<Item = (String, Option<&'a str>, bool)>,
+    ) -> Self {
+        let mut tls = Self {
+            namespace: namespace.to_owned(),
+            ..Self::default()
+        };
+        let mut secrets = std::collections::BTreeSet::new();
+        for (name, secret, stub) in services {
+            let Some(secret) = secret else { continue };
+            secrets.insert(secret.to_owned());
+            if stub {
+                tls.https.insert(format!("{name}-stub"));
+            }
+            tls.https.insert(name);
+        }
+        tls.ca_secret = secrets.into_iter().next();
+        tls
+    }
+
+    /// The LockServers, PaymentResources and RailProxies of `namespace`, listed now: their
+    /// names by kind (in that order, each sorted) and their TLS.
+    pub async fn read(
+        client: &kube::Client,
+        namespace: &str,
+    ) -> Result<([Vec<String>; 3], Self), kube::Error> {
+        use crate::crd::{LockServer, PaymentResource, RailProxy};
+        use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+        use kube::{Resource, ResourceExt};
+        let kinds = [
+            ApiResource::erase::<LockServer>(&()),
+            ApiResource::erase::<PaymentResource>(&()),
+            ApiResource::erase::<RailProxy>(&()),
+        ];
+        let mut names: [Vec<String>; 3] = Default::default();
+        let mut services: Vec<(String, Option<String>, bool)> = Vec::new();
+        for (i, kind) in kinds.iter().enumerate() {
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, kind);
+            for object in api.list(&ListParams::default()).await? {
+                let spec = &object.data["spec"];
+                let tls = spec["tls"]["secretName"].as_str().map(str::to_owned);
+                let stub = kind.kind == RailProxy::kind(&()) && !spec["stub"].is_null();
+                names[i].push(object.name_any());
+                services.push((object.name_any(), tls, stub));
+            }
+            names[i].sort();
+        }
+        let tls = Self::from_specs(
+            namespace,
+            services
+                .iter()
+                .map(|(name, tls, stub)| (name.clone(), tls.as_deref(), *stub)),
+        );
+        Ok((names, tls))
+    }
+
+    /// `url`, a URL [`crate::workload::service_url`] built for a Service of this namespace, as
+    /// `https://` when that Service serves TLS; any other URL (a real rail's) as it is.
+    pub fn secure(&self, url: &str) -> String {
+        let Some((name, rest)) = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            return url.to_owned();
+        };
+        let expected = format!("{}.svc:{}", self.namespace, crate::workload::PORT);
+        match crate::workload::ServiceName::new(name) {
+            Ok(service) if rest == expected && self.https.contains(name) => {
+                crate::workload::service_url_with(&service, &self.namespace, true)
+            }
+            _ => url.to_owned(),
+        }
+    }
+}
+
+impl NamespaceTls {
+    /// A batch's three service URLs as `https://` where those Services serve TLS, and the CA
+    /// its executor then trusts.
+    pub fn secure_batch(&self, batch: &mut crate::validate::ValidatedBatch) {
+        for url in [
+            &mut batch.lock_server_url,
+            &mut batch.payment_resource_url,
+            &mut batch.rail_proxy_url,
+        ] {
+            *url = self.secure(url);
+        }
+        let https = [
+            &batch.lock_server_url,
+            &batch.payment_resource_url,
+            &batch.rail_proxy_url,
+        ]
+        .iter()
+        .any(|url| url.starts_with("https://"));
+        batch.ca_secret = if https { self.ca_secret.clone() } else { None };
+    }
+
+    /// A reconciliation's stub URL as `https://` when the stub serves TLS, and the CA its pod
+    /// then trusts.
+    pub fn secure_reconciliation(
+        &self,
+        reconciliation: &mut crate::validate::ValidatedReconciliation,
+    ) {
+        reconciliation.rail_url = self.secure(&reconciliation.rail_url);
+        reconciliation.ca_secret = if reconciliation.rail_url.starts_with("https://") {
+            self.ca_secret.clone()
+        } else {
+            None
+        };
+    }
+
+    /// A revocation's three service URLs as `https://` where those Services serve TLS.
+    pub fn secure_revocation(&self, target: &mut crate::validate::RevocationTarget) {
+        for url in [
+            &mut target.lock_server_url,
+            &mut target.payment_resource_url,
+            &mut target.rail_proxy_url,
+        ] {
+            *url = self.secure(url);
+        }
     }
 }

@@ -26,6 +26,22 @@ pub const CLOUD_SQL_PROXY_IMAGE: &str = "gcr.io/cloud-sql-connectors/cloud-sql-p
 pub const SERVICE_ACCOUNT: &str = "dlock-service";
 /// Where a workload's fencing-token proof keys Secret is mounted.
 pub const FENCING_PROOF_KEYS_DIR: &str = "/etc/dlock/fencing-proof-keys";
+/// Where a service's `spec.tls.secretName` is mounted (a directory, never a subPath, so a
+/// certificate cert-manager renews reaches the pod): `tls.crt` and `tls.key` serve its listener
+/// (`server.tls.cert-file`, `key-file`), `ca.crt` is the CA its own calls trust.
+pub const TLS_DIR: &str = "/etc/dlock/tls";
+/// Where a pod that only calls TLS services (an executor's, a reconciler's) gets the `ca.crt`
+/// of the namespace's TLS Secret, and nothing else of it: never the services' private key.
+pub const CA_DIR: &str = "/etc/dlock/ca";
+/// The CA bundle's file in [`TLS_DIR`] and [`CA_DIR`] (cert-manager's key).
+pub const CA_FILE: &str = "ca.crt";
+/// Where the rail proxy's pod gets a projected token of its ServiceAccount, audience `dlock`,
+/// which it presents to the operator's rail stub (`rail.proxy.rail-credential-file`).
+pub const RAIL_TOKEN_DIR: &str = "/var/run/secrets/dlock/rail";
+/// What a Kubernetes object name of one DNS label is (RFC 1123): the name of a TLS Secret.
+pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// The longest DNS label.
+pub const DNS_LABEL_LEN_MAX: usize = 63;
 /// Termination grace of the services that hold no forward in flight.
 pub const TERMINATION_GRACE_SECONDS_DEFAULT: i64 = 30;
 /// How much longer than the rail read timeout a rail-proxy pod may take to stop (the preStop
@@ -124,14 +140,21 @@ pub struct Workload {
     pub etcd_tls_secret: Option<String>,
     /// The etcd user's password Secret, mounted at `/etc/dlock/etcd-auth`.
     pub etcd_password_secret: Option<String>,
-    /// The pod's service account, with its token mounted (TokenReview needs it); `None`: the
-    /// namespace's default account and no token.
+    /// The pod's service account, with its API token mounted unless `auth_disabled` (TokenReview
+    /// needs it; a rail proxy with `auth.mode: none` runs as it only for its projected rail
+    /// token); `None`: the namespace's default account and no token.
     pub service_account: Option<String>,
     /// The fencing-token proof keys' Secret, mounted (as a directory, so a rotation reaches the
     /// pod) at [`FENCING_PROOF_KEYS_DIR`].
     pub fencing_proof_keys_secret: Option<String>,
     /// `spec.auth.mode: none`: the service checks no caller (the status says so, every time).
     pub auth_disabled: bool,
+    /// `spec.tls.secretName`: mounted at [`TLS_DIR`]; the service serves HTTPS and its URL is
+    /// `https://`.
+    pub tls_secret: Option<String>,
+    /// A projected token of the pod's ServiceAccount, audience `dlock`, at [`RAIL_TOKEN_DIR`]:
+    /// the rail proxy's credential towards the operator's rail stub.
+    pub rail_token: bool,
     pub pod: PodSettings,
     pub owner: OwnerReference,
 }
@@ -140,8 +163,25 @@ impl Workload {
     /// The in-cluster URL of the workload's Service. Its name was checked as a [`ServiceName`]
     /// when the workload was validated.
     pub fn url(&self) -> String {
-        service_url(&ServiceName(self.name.clone()), &self.namespace)
+        service_url_with(
+            &ServiceName(self.name.clone()),
+            &self.namespace,
+            self.tls_secret.is_some(),
+        )
     }
+}
+
+/// Whether `name` is a DNS label (a Secret's name that is also a volume's): 1 to 63 of
+/// lower-case letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= DNS_LABEL_LEN_MAX
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 /// What a Service name is (an RFC 1035 label, as Kubernetes requires of a Service), and so what
@@ -191,9 +231,17 @@ impl std::fmt::Display for ServiceName {
 }
 
 /// The in-cluster URL of a dlock Service of `namespace` (a namespace name, which Kubernetes
-/// already restricts to a DNS label).
+/// already restricts to a DNS label), plain HTTP; [`service_url_with`] for one that may serve
+/// TLS.
 pub fn service_url(name: &ServiceName, namespace: &str) -> String {
-    format!("http://{name}.{namespace}.svc:{PORT}")
+    service_url_with(name, namespace, false)
+}
+
+/// The in-cluster URL of a dlock Service: `https://` when its object has `spec.tls`. Its
+/// certificate must name `<name>.<namespace>.svc` (docs/kubernetes.md#tls-between-pods).
+pub fn service_url_with(name: &ServiceName, namespace: &str, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{name}.{namespace}.svc:{PORT}")
 }
 
 /// A TOML basic string, quoted and escaped.

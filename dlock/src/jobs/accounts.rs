@@ -10,6 +10,10 @@ pub enum AccountsCommand {
     /// It writes as `<identity>/accounts` with the treasury's credential: only an identity the
     /// payment resource lists in `auth.treasury-identities` may open and fund accounts.
     Fund(FundArgs),
+    /// Sets an account's limits as a whole, as a treasury identity: the largest single payout
+    /// and the most its claims may take in one UTC day, in minor units; an option left out is
+    /// no limit of that kind. paydb refuses a payout over them with 422 LIMIT_EXCEEDED.
+    Limits(LimitsArgs),
 }
 
 /// The treasury's credential: opening and funding accounts creates money, so it is never the
@@ -27,7 +31,7 @@ pub struct TreasuryCredentialArgs {
 }
 
 impl TreasuryCredentialArgs {
-    fn credential(&self) -> Result<Option<Credential>> {
+    pub fn credential(&self) -> Result<Option<Credential>> {
         credential_of(
             self.credential_file.as_deref(),
             "DLOCK_TREASURY_CREDENTIAL_FILE",
@@ -99,7 +103,10 @@ pub fn fundings(batch: &PayoutBatch, amount_minor: Option<i64>) -> Result<Vec<Fu
 }
 
 pub async fn accounts(command: AccountsCommand) -> Result<()> {
-    let AccountsCommand::Fund(args) = command;
+    let args = match command {
+        AccountsCommand::Fund(args) => args,
+        AccountsCommand::Limits(args) => return set_limits(args).await,
+    };
     if args.amount_minor.is_some_and(|a| a <= 0) {
         bail!("--amount-minor must be positive");
     }
@@ -147,8 +154,8 @@ pub async fn accounts(command: AccountsCommand) -> Result<()> {
             // Above auth.treasury.dual-approval-above (docs/contract.md#dual-approval).
             eprintln!(
                 "account {account}: the funding of {} {} waits for a second treasury identity \
-                 ({}, as {}); another treasury identity approves it with POST \
-                 /v1/fundings/{}/approve and body {{}}",
+                 ({}, as {}); another treasury identity approves it with `dlock fundings \
+                 approve {}`",
                 funding.amount_minor,
                 funding.currency,
                 pending.status,

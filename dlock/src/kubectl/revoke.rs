@@ -60,6 +60,14 @@ pub fn revocation_steps(
             now.summary.clone().unwrap_or_default()
         ));
     }
+    // L8's answer was lost and the key could not be read: not a failure; the operator's retry
+    // reads the key first (docs/contract.md#outcome-unknown).
+    if changed && now.outcome == "OutcomeUnknown" {
+        lines.push(format!(
+            "outcome unknown, the operator reads the key before anything else and retries: {}",
+            now.summary.clone().unwrap_or_default()
+        ));
+    }
     lines
 }
 

@@ -292,3 +292,69 @@ async fn run(backend: Backend) {
 }
 
 on_each_backend!(run => bad_input_gets_its_code_and_changes_nothing_on_pg, bad_input_gets_its_code_and_changes_nothing_on_etcd);
+
+/// The rail mark's advance refuses a control character in `reason` or `operator` as the
+/// lowering does: 400 VALIDATION_FAILED naming the field, the mark where it was. A NUL in the
+/// reason was a 500 (PostgreSQL's text holds no NUL), found by scripts/fuzz; a good advance
+/// after the refusals moves the mark, so the unchanged reads could see a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_control_character_in_a_high_water_advance_is_validation_failed_not_a_500() {
+    use crate::conformance::assert_envelope;
+    use crate::harness::raw;
+    use crate::rail::RailWorld;
+
+    let (_world, _, proxy) = RailWorld::with_proxy("acct-nul").await;
+    let advance = |operator: &str, reason: &str| {
+        let body =
+            json!({"floor": 996_764_355, "operator": operator, "reason": reason}).to_string();
+        let proxy = proxy.clone();
+        async move {
+            raw(
+                Method::POST,
+                &format!("{proxy}/v1/rail/high-water/acct-nul"),
+                &[
+                    ("content-type", "application/json"),
+                    ("x-owner-id", "ops"),
+                    ("authorization", "Bearer test-operator"),
+                ],
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let mark = || {
+        let proxy = proxy.clone();
+        async move {
+            let (status, _, body) = raw(
+                Method::GET,
+                &format!("{proxy}/v1/rail/high-water/acct-nul"),
+                &[("authorization", "Bearer test-operator")],
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["highestToken"].clone()
+        }
+    };
+    let before = mark().await;
+    for (operator, reason, field) in [
+        ("fuzz", "3z\u{1312e}c\u{0}\u{f5}q&\u{cb}", "reason"),
+        ("fuzz", "a reason\u{7} with a bell", "reason"),
+        ("ops\u{0}", "a reason long enough", "operator"),
+    ] {
+        let (status, _, body) = advance(operator, reason).await;
+        assert_eq!(status, 400, "{operator:?} {reason:?}: {body}");
+        assert_envelope("control character", status, &body, INVALID);
+        assert!(
+            body["details"]["fields"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["field"] == field)),
+            "{field} is named: {body}"
+        );
+        assert_eq!(mark().await, before, "a refused advance moved the mark");
+    }
+    let (status, _, body) = advance("ops", "a reason long enough").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["highestToken"], 996_764_355);
+    assert_ne!(mark().await, before, "the good advance moved the mark");
+}

@@ -28,10 +28,10 @@ const ETCD_TIMEOUT_MS: u64 = 1_000;
 const STALL: Duration = Duration::from_millis(1_600);
 
 /// A lock server whose backend is reached through a fault proxy.
-struct Proxied {
-    stack: LockStack,
-    proxy: FaultProxy,
-    url: String,
+pub(crate) struct Proxied {
+    pub(crate) stack: LockStack,
+    pub(crate) proxy: FaultProxy,
+    pub(crate) url: String,
 }
 
 fn port_of(url: &str) -> u16 {
@@ -42,7 +42,7 @@ fn port_of(url: &str) -> u16 {
         .unwrap_or_else(|e| panic!("no port in {url}: {e}"))
 }
 
-async fn proxied(backend: Backend) -> Proxied {
+pub(crate) async fn proxied(backend: Backend) -> Proxied {
     let mut stack = LockStack::backend(backend, &[]);
     let upstream_port = match backend {
         Backend::Pg => port_of(
@@ -89,7 +89,7 @@ impl Proxied {
     /// Arms the proxy for the write whose request carries `pattern` (after `skip` earlier
     /// requests that carry it): its answer is cut (PostgreSQL, a broken connection after the
     /// statement committed) or stalled past the request deadline (etcd).
-    fn lose_answer_of(&self, pattern: &[u8], skip: usize) {
+    pub(crate) fn lose_answer_of(&self, pattern: &[u8], skip: usize) {
         let then = match self.stack.backend {
             Backend::Pg => AfterMatch::CutAnswer,
             Backend::Etcd => AfterMatch::StallAnswer(STALL),

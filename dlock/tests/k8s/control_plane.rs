@@ -117,7 +117,7 @@ async fn a_stack_becomes_ready_workloads_and_deleting_a_resource_collects_what_i
     let ns = "shop";
     let world = World::with_operator(ns, &[]).await;
     world
-        .apply(ns, &example("stack.yaml"))
+        .apply(ns, &crate::world::without_tls(&example("stack.yaml")))
         .unwrap_or_else(|e| panic!("{e:#}"));
 
     let kinds = [

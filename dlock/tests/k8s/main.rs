@@ -10,6 +10,7 @@
 
 mod contract_rules;
 mod control_plane;
+mod executor_identity;
 mod kubelet;
 mod lock_revocation;
 mod locks;
@@ -30,5 +31,6 @@ mod service_roles;
 #[path = "../shared/mod.rs"]
 mod shared;
 mod stack;
+mod tls_pods;
 mod watch_namespaces;
 mod world;

@@ -500,6 +500,20 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .find(|t| &t.client_ref == target)
         .map(|t| t.rail_reference.clone())
         .unwrap_or_else(|| panic!("{target} on the rail's statement"));
+    // The payout's attempt has no recorded answer (a redirect): its resolution stands on the
+    // reconciler's finding in paydb (docs/contract.md#resolve-evidence).
+    let paydb = world.services().url("paydb");
+    let reconciled = std::process::Command::new(EXE)
+        .args(["reconcile", "--paydb", &paydb, "--rail", &rail_url])
+        .args(["--settlement-window-ms", "0"])
+        .env_remove("DLOCK_TERMINATION_LOG")
+        .output()
+        .unwrap_or_else(|e| panic!("{EXE}: {e}"));
+    assert!(
+        matches!(reconciled.status.code(), Some(0 | 2)),
+        "dlock reconcile: {}",
+        String::from_utf8_lossy(&reconciled.stderr)
+    );
     let addresses = world.service_addresses(&[NS]);
     let resolve = [
         "resolve",

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_devstack::{PgServer, wait_until};
+use dlock_devstack::PgServer;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -225,22 +225,6 @@ impl RealCluster {
             "jsonpath={.spec.clusterIP}",
         ]);
         format!("http://{}:8080", ip.trim())
-    }
-
-    /// Waits until Service `name` of `namespace` answers `GET /readyz` 200 at its address from
-    /// the machine: the pods are ready, their endpoints published and kube-proxy's rules in.
-    pub fn wait_service_ready(&self, namespace: &str, name: &str) {
-        let url = self.service_url(namespace, name);
-        let addr: std::net::SocketAddr = url
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
-        wait_until(
-            &format!("Service {namespace}/{name} answers /readyz"),
-            Duration::from_secs(120),
-            || dlock_devstack::http_status(addr, "/readyz") == Some(200),
-        )
-        .unwrap_or_else(|e| panic!("{e:#}{}", self.diagnostics()));
     }
 
     /// The node's containerd, as `ctr -n k8s.io ARGS`.

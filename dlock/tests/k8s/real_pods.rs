@@ -18,15 +18,18 @@ const NS: &str = "default";
 const BATCH: &str = "payroll-2026-12";
 const TREASURY: &str = "system:serviceaccount:default:treasury";
 
-fn example(name: &str) -> String {
+pub fn example(name: &str) -> String {
     repo().join("examples").join(name).display().to_string()
 }
 
 /// `helm install` as the README gives it, the example stack applied into a namespace where
 /// Pod Security Admission enforces `restricted`, PostgreSQL behind `postgres:5432`, and the
-/// three services Ready.
+/// three services Ready. The example turns TLS between the pods on: the services' CA goes to the
+/// operator as the chart's `serviceTLS.caConfigMap`, and their Secret `dlock-tls` is made once
+/// the operator has made the Services (tls_pods.rs).
 pub fn install(cluster: &RealCluster) {
     cluster.kubectl(&["create", "namespace", OPERATOR_NAMESPACE]);
+    let ca = crate::tls_pods::make_ca(cluster);
     for ns in [OPERATOR_NAMESPACE, NS] {
         cluster.kubectl(&[
             "label",
@@ -48,12 +51,15 @@ pub fn install(cluster: &RealCluster) {
         // The batch's executor Job pays what the operator registered (docs/contract.md#roles).
         "--set",
         &format!("serviceAuth.roles={{{NS}/dlock-executor=executor}}"),
+        "--set",
+        &format!("serviceTLS.caConfigMap={}", crate::tls_pods::CA_CONFIG_MAP),
         "--wait",
         "--timeout",
         "180s",
     ]);
     cluster.postgres_service(NS);
     cluster.kubectl(&["apply", "-n", NS, "-f", &example("stack.yaml")]);
+    crate::tls_pods::issue_secret(cluster, &ca, NS);
     for object in [
         "lockserver/lock-server",
         "paymentresource/payment-resource",
@@ -74,7 +80,7 @@ pub fn install(cluster: &RealCluster) {
         "rail-proxy",
         "rail-proxy-stub",
     ] {
-        cluster.wait_service_ready(NS, service);
+        crate::tls_pods::wait_https_ready(cluster, NS, service);
     }
 }
 
@@ -90,7 +96,7 @@ pub fn fund(cluster: &RealCluster, file: &str) {
         "--audience",
         "dlock",
     ]);
-    let url = cluster.service_url(NS, "payment-resource");
+    let url = crate::tls_pods::https_url(cluster, NS, "payment-resource");
     let out = Command::new(EXE)
         .args([
             "accounts",
@@ -103,6 +109,7 @@ pub fn fund(cluster: &RealCluster, file: &str) {
             TREASURY,
         ])
         .env("DLOCK_TREASURY_CREDENTIAL", token.trim())
+        .env("DLOCK_CA_FILE", crate::tls_pods::ca_file(cluster))
         .output()
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -116,14 +123,11 @@ pub fn fund(cluster: &RealCluster, file: &str) {
 /// The rail's statement (the stub's own record of every transfer it took): transfers per
 /// clientRef (the payout id).
 pub fn statement(cluster: &RealCluster) -> BTreeMap<String, usize> {
-    let url = cluster.service_url(NS, "rail-proxy-stub");
-    let body = Command::new("curl")
-        .args(["-sf", &format!("{url}/statement")])
-        .output()
-        .unwrap_or_else(|e| panic!("curl: {e}"));
-    assert!(body.status.success(), "GET {url}/statement failed");
+    let url = crate::tls_pods::https_url(cluster, NS, "rail-proxy-stub");
+    let (status, body) = crate::tls_pods::curl(cluster, &[&format!("{url}/statement")]);
+    assert_eq!(status, 200, "GET {url}/statement failed: {body}");
     let statement: Value =
-        serde_json::from_slice(&body.stdout).unwrap_or_else(|e| panic!("the statement: {e}"));
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("the statement: {e}"));
     let mut per_payout = BTreeMap::new();
     for transfer in statement["transfers"].as_array().into_iter().flatten() {
         let client_ref = transfer["clientRef"]
@@ -380,7 +384,7 @@ fn first_pod(cluster: &RealCluster, instance: &str) -> String {
 /// The example's stub without failures of its own (it drops a held connection for 1% of
 /// transfers, which is RAIL_AMBIGUOUS by design), so that every ambiguous payout is the
 /// scenario's doing. Its duplicate-ack trap stays: a clientRef presented twice is paid twice.
-fn quiet_stub(cluster: &RealCluster) {
+pub fn quiet_stub(cluster: &RealCluster) {
     cluster.kubectl(&[
         "patch",
         "-n",
@@ -399,7 +403,7 @@ fn quiet_stub(cluster: &RealCluster) {
         "deployment/rail-proxy-stub",
         "--timeout=120s",
     ]);
-    cluster.wait_service_ready(NS, "rail-proxy-stub");
+    crate::tls_pods::wait_https_ready(cluster, NS, "rail-proxy-stub");
 }
 
 /// Waits until 20 more payouts are terminal than when called: batch `name` is under way.

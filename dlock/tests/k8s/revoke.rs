@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::{spawn_logged, wait_until};
 use serde_json::Value;
 
@@ -27,6 +28,82 @@ fn batch(name: &str) -> String {
         1,
         (0..PAYOUTS).map(|i| Item::numbered(i, format!("item-{i}"), ACCOUNT, 1000)),
     )
+}
+
+/// The first row of `kubectl get locks -n ns` that `matches`, waited for up to 60 s; the wait's
+/// error when none came.
+pub(crate) fn wait_for_lock_row(
+    world: &World,
+    ns: &str,
+    what: &str,
+    matches: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut row = BTreeMap::new();
+    wait_until(what, Duration::from_secs(60), || {
+        match lock_rows(world, ns).into_iter().find(|r| matches(r)) {
+            Some(found) => {
+                row = found;
+                true
+            }
+            None => false,
+        }
+    })
+    .map_err(|e| format!("{e:#}"))?;
+    Ok(row)
+}
+
+/// `kubectl annotate lock name -n ns dlock.io/revoke-reason=reason dlock.io/revoked-by=alice`.
+pub(crate) fn annotate_revoke(world: &World, name: &str, ns: &str, reason: &str) {
+    world.kubectl(&[
+        "annotate",
+        "lock",
+        name,
+        "-n",
+        ns,
+        &format!("dlock.io/revoke-reason={reason}"),
+        "dlock.io/revoked-by=alice",
+    ]);
+}
+
+/// The Lock `name`'s status, read until `done` holds (up to 60 s).
+pub(crate) fn lock_status_until(
+    world: &World,
+    name: &str,
+    ns: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    world.wait_for(
+        what,
+        Duration::from_secs(60),
+        || {
+            world
+                .try_kubectl(&["get", "lock", name, "-n", ns, "-o", "json"])
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .map(|l| l["status"].clone())
+                .unwrap_or(Value::Null)
+        },
+        done,
+    )
+}
+
+/// Both enforcement points hold `floor` for `account`: the account's fence (through `payment`)
+/// and the rail high-water mark (in paydb at `paydb`).
+pub(crate) async fn assert_floor_at_both_points(
+    payment: &PaymentClient,
+    paydb: &str,
+    account: &str,
+    floor: i64,
+) {
+    let fence = payment
+        .get_account(account)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .fence;
+    assert!(fence >= floor, "account fence {fence} < floor {floor}");
+    let high = rail_high_water(paydb, account).await;
+    assert!(high >= floor, "rail high-water {high} < floor {floor}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -76,51 +153,29 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
 
     // The held lock as kubectl shows it.
     let key = format!("payout:{ACCOUNT}");
-    let mut row = BTreeMap::new();
-    wait_until(
+    let row = wait_for_lock_row(
+        &world,
+        NS,
         "the executor's lock in kubectl get locks",
-        Duration::from_secs(60),
-        || match lock_rows(&world, NS)
-            .into_iter()
-            .find(|r| r.get("KEY") == Some(&key))
-        {
-            Some(found) => {
-                row = found;
-                true
-            }
-            None => false,
-        },
+        |r| r.get("KEY") == Some(&key),
     )
     .unwrap_or_else(|e| {
         panic!(
-            "{e:#}\n{}{}",
+            "{e}\n{}{}",
             std::fs::read_to_string(&log).unwrap_or_default(),
             world.diagnostics()
         )
     });
     let name = row["NAME"].clone();
-    world.kubectl(&[
-        "annotate",
-        "lock",
+    annotate_revoke(&world, &name, NS, "e2e: the worker looks stuck");
+    let status = lock_status_until(
+        &world,
         &name,
-        "-n",
         NS,
-        "dlock.io/revoke-reason=e2e: the worker looks stuck",
-        "dlock.io/revoked-by=alice",
-    ]);
-    let result = world.wait_for(
         "the Lock's status records the revocation",
-        Duration::from_secs(60),
-        || {
-            world
-                .try_kubectl(&["get", "lock", &name, "-n", NS, "-o", "json"])
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .map(|l| l["status"]["revocation"].clone())
-                .unwrap_or(Value::Null)
-        },
-        |result| result["outcome"] == "Complete",
+        |status| status["revocation"]["outcome"] == "Complete",
     );
+    let result = &status["revocation"];
     assert_eq!(result["paymentFenced"], true, "{result}");
     assert_eq!(result["railFenced"], true, "{result}");
     let revoked = result["revokedToken"]
@@ -132,17 +187,7 @@ async fn kubectl_annotate_revokes_a_running_executors_lock_and_fences_it_out_at_
     assert!(floor > revoked, "{result}");
 
     // Both enforcement points hold the floor, read from the services and paydb.
-    let account = payment
-        .get_account(ACCOUNT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        account.fence >= floor,
-        "account fence {} < floor {floor}",
-        account.fence
-    );
-    let high = rail_high_water(&paydb, ACCOUNT).await;
-    assert!(high >= floor, "rail high-water {high} < floor {floor}");
+    assert_floor_at_both_points(&payment, &paydb, ACCOUNT, floor).await;
 
     // A write with the revoked token is FENCED_OUT at the account and at the rail.
     // The evicted worker still holds its grant: the revoked token and the lock server's proof of

@@ -3,17 +3,13 @@
 //! grant per payout), the operator reads the key's live grant from the real lock server when it
 //! handles the annotation and revokes that one, not the token the mirror still shows.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_devstack::wait_until;
-use serde_json::Value;
 
-use crate::locks::lock_rows;
+use crate::revoke::{
+    annotate_revoke, assert_floor_at_both_points, lock_status_until, wait_for_lock_row,
+};
 use crate::shared::accounts::open_account;
-use crate::stack::rail_high_water;
 use crate::world::World;
 
 const NS: &str = "live";
@@ -42,23 +38,10 @@ async fn the_revoke_annotation_fences_out_the_live_holder_when_the_mirror_is_a_g
         .acquire(&key, session.session_id, Some(60_000), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let mut row = BTreeMap::new();
-    let mirrored = wait_until(
-        "the first grant in kubectl get locks",
-        Duration::from_secs(60),
-        || match lock_rows(&world, NS).into_iter().find(|r| {
-            r.get("KEY") == Some(&key) && r.get("TOKEN") == Some(&first.fencing_token.to_string())
-        }) {
-            Some(found) => {
-                row = found;
-                true
-            }
-            None => false,
-        },
-    );
-    if let Err(e) = mirrored {
-        panic!("{e:#}{}", world.diagnostics());
-    }
+    let row = wait_for_lock_row(&world, NS, "the first grant in kubectl get locks", |r| {
+        r.get("KEY") == Some(&key) && r.get("TOKEN") == Some(&first.fencing_token.to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}{}", world.diagnostics()));
     let name = row["NAME"].clone();
 
     // The key changes hands (the next payout's grant) before the mirror refreshes again.
@@ -70,26 +53,12 @@ async fn the_revoke_annotation_fences_out_the_live_holder_when_the_mirror_is_a_g
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(live.fencing_token > first.fencing_token);
-    world.kubectl(&[
-        "annotate",
-        "lock",
+    annotate_revoke(&world, &name, NS, "e2e: the holder looks stuck");
+    let result = lock_status_until(
+        &world,
         &name,
-        "-n",
         NS,
-        "dlock.io/revoke-reason=e2e: the holder looks stuck",
-        "dlock.io/revoked-by=alice",
-    ]);
-    let result = world.wait_for(
         "the Lock's status records the revocation's outcome",
-        Duration::from_secs(60),
-        || {
-            world
-                .try_kubectl(&["get", "lock", &name, "-n", NS, "-o", "json"])
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .map(|l| l["status"].clone())
-                .unwrap_or(Value::Null)
-        },
         |status| {
             status["revocation"]["outcome"] == "Complete"
                 || status["revocation"]["outcome"] == "Refused"
@@ -123,17 +92,7 @@ async fn the_revoke_annotation_fences_out_the_live_holder_when_the_mirror_is_a_g
             if body.code == dlock_contract::error::ErrorCode::LockLost),
         "{renew:?}"
     );
-    let account = payment
-        .get_account(ACCOUNT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        account.fence >= floor,
-        "account fence {} < {floor}",
-        account.fence
-    );
-    let high = rail_high_water(&paydb, ACCOUNT).await;
-    assert!(high >= floor, "rail high-water {high} < floor {floor}");
+    assert_floor_at_both_points(&payment, &paydb, ACCOUNT, floor).await;
     eprintln!(
         "mirror showed {}, live {} revoked, floor {floor}; scenario done in {} ms",
         first.fencing_token,

@@ -162,6 +162,27 @@ fn assert_refused(step: &str, answer: &Answer, status: u16, code: &str) {
     );
 }
 
+/// Each answer of a flood refused: 401 UNAUTHENTICATED (its token reviewed) or 503
+/// AUTH_UNAVAILABLE (throttled, then checked by `throttled_check`); how many of each.
+fn tally_flood(answers: &[Answer], throttled_check: impl Fn(usize, &Answer)) -> (u64, u64) {
+    let mut unauthenticated = 0u64;
+    let mut throttled = 0u64;
+    for (n, answer) in answers.iter().enumerate() {
+        match answer.status {
+            401 => {
+                assert_refused(&format!("flood {n}"), answer, 401, "UNAUTHENTICATED");
+                unauthenticated += 1;
+            }
+            _ => {
+                assert_refused(&format!("flood {n}"), answer, 503, "AUTH_UNAVAILABLE");
+                throttled_check(n, answer);
+                throttled += 1;
+            }
+        }
+    }
+    (unauthenticated, throttled)
+}
+
 /// Submits as `caller` until the stub's TokenReviews are allowed (the ClusterRoleBinding of
 /// `system:auth-delegator` has reached RBAC): 503 AUTH_UNAVAILABLE until then, at most 30 s.
 /// The number of the attempt that was paid; its clientRef is `<prefix>-<attempt>`.
@@ -207,17 +228,36 @@ async fn statement_refs(http: &reqwest::Client, stub: &Stub) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_a_flood() {
+/// The chart's binding (charts/dlock/templates/rbac.yaml): the stub's service account may create
+/// tokenreviews.
+fn bind_auth_delegator(world: &World) {
+    world.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "rail-stub-auth-delegator",
+        "--clusterrole=system:auth-delegator",
+        &format!("--serviceaccount={NS}:{SERVICE_ACCOUNT}"),
+    ]);
+}
+
+/// The real API server with namespace NS, the stub's service account and the caller's; the
+/// API server's URL and CA, and a file holding the stub's own token.
+async fn tokenreview_world() -> (World, (String, PathBuf), PathBuf) {
     let world = World::start().await;
     world.namespace(NS);
     world.kubectl(&["create", "serviceaccount", SERVICE_ACCOUNT, "-n", NS]);
     world.kubectl(&["create", "serviceaccount", CALLER, "-n", NS]);
     let api = world.api_server(NS);
-    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let own_token = world.cluster.dir().join("rail-stub-sa-token");
     std::fs::write(&own_token, token(&world, SERVICE_ACCOUNT, None))
         .unwrap_or_else(|e| panic!("{e}"));
+    (world, api, own_token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_a_flood() {
+    let (world, api, own_token) = tokenreview_world().await;
+    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let caller = token(&world, CALLER, Some("dlock"));
     let api_authority = api.0.trim_start_matches("https://").to_owned();
     let api_port = api_authority
@@ -258,13 +298,7 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
     eprintln!("without auth-delegator: 503 AUTH_UNAVAILABLE, the log names the API server's 403");
     // Positive control: the chart's binding (charts/dlock/templates/rbac.yaml) lets the same
     // process with the same own token in.
-    world.kubectl(&[
-        "create",
-        "clusterrolebinding",
-        "rail-stub-auth-delegator",
-        "--clusterrole=system:auth-delegator",
-        &format!("--serviceaccount={NS}:{SERVICE_ACCOUNT}"),
-    ]);
+    bind_auth_delegator(&world);
     let bound_at = Instant::now();
     let attempt = until_bound(&http, &unbound, &caller, "bound").await;
     eprintln!(
@@ -338,23 +372,11 @@ async fn tokenreview_against_the_real_api_server_admits_dlock_tokens_and_bounds_
     let elapsed = started.elapsed();
     let after_flood = tokenreviews(&world);
     let reviewed = after_flood - after_step1;
-    let mut unauthenticated = 0u64;
-    let mut throttled = 0u64;
-    for (n, answer) in answers.iter().enumerate() {
-        match answer.status {
-            401 => {
-                assert_refused(&format!("flood {n}"), answer, 401, "UNAUTHENTICATED");
-                unauthenticated += 1;
-            }
-            _ => {
-                assert_refused(&format!("flood {n}"), answer, 503, "AUTH_UNAVAILABLE");
-                let wait = answer.body["retryAfterMillis"].as_u64().unwrap_or_default();
-                assert!(wait > 0 && wait <= 1_000, "flood {n}: {}", answer.body);
-                assert_eq!(answer.retry_after.as_deref(), Some("1"), "flood {n}");
-                throttled += 1;
-            }
-        }
-    }
+    let (unauthenticated, throttled) = tally_flood(&answers, |n, answer| {
+        let wait = answer.body["retryAfterMillis"].as_u64().unwrap_or_default();
+        assert!(wait > 0 && wait <= 1_000, "flood {n}: {}", answer.body);
+        assert_eq!(answer.retry_after.as_deref(), Some("1"), "flood {n}");
+    });
     // The bucket holds at most the burst when the flood starts and earns one a second.
     let allowed = BURST + elapsed.as_secs();
     eprintln!(
@@ -410,21 +432,8 @@ fn client_from(ip: [u8; 4]) -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokenreview_budgets_per_source_so_a_flood_from_one_address_refuses_no_other() {
-    let world = World::start().await;
-    world.namespace(NS);
-    world.kubectl(&["create", "serviceaccount", SERVICE_ACCOUNT, "-n", NS]);
-    world.kubectl(&["create", "serviceaccount", CALLER, "-n", NS]);
-    let api = world.api_server(NS);
-    let own_token = world.cluster.dir().join("rail-stub-sa-token");
-    std::fs::write(&own_token, token(&world, SERVICE_ACCOUNT, None))
-        .unwrap_or_else(|e| panic!("{e}"));
-    world.kubectl(&[
-        "create",
-        "clusterrolebinding",
-        "rail-stub-auth-delegator",
-        "--clusterrole=system:auth-delegator",
-        &format!("--serviceaccount={NS}:{SERVICE_ACCOUNT}"),
-    ]);
+    let (world, api, own_token) = tokenreview_world().await;
+    bind_auth_delegator(&world);
     let caller = token(&world, CALLER, Some("dlock"));
     let flooder = client_from([127, 0, 0, 2]);
     let legit = client_from([127, 0, 0, 1]);
@@ -484,24 +493,12 @@ async fn tokenreview_budgets_per_source_so_a_flood_from_one_address_refuses_no_o
     let after = tokenreviews(&world);
     let first_throttled =
         first_throttled.unwrap_or_else(|| panic!("the flood of {FLOOD} was never throttled"));
-    let mut unauthenticated = 0u64;
-    let mut throttled = 0u64;
-    for (n, answer) in answers.iter().enumerate() {
-        match answer.status {
-            401 => {
-                assert_refused(&format!("flood {n}"), answer, 401, "UNAUTHENTICATED");
-                unauthenticated += 1;
-            }
-            _ => {
-                assert_refused(&format!("flood {n}"), answer, 503, "AUTH_UNAVAILABLE");
-                assert!(
-                    answer.retry_after.is_some(),
-                    "flood {n}: 503 without Retry-After"
-                );
-                throttled += 1;
-            }
-        }
-    }
+    let (unauthenticated, throttled) = tally_flood(&answers, |n, answer| {
+        assert!(
+            answer.retry_after.is_some(),
+            "flood {n}: 503 without Retry-After"
+        );
+    });
     let reviewed = after - before;
     // The source's budget holds its burst when the flood starts and earns one a second.
     let source_allowed = SOURCE_BURST + elapsed.as_secs();

@@ -29,6 +29,19 @@ pub fn repo() -> PathBuf {
 /// examples/payoutbatch.yaml for the services of `dlock dev up` (a tokens file): its executor
 /// presents the Secret `executor-credential` as `executor`, the form the example's comment gives,
 /// where the example itself uses a ServiceAccount's projected token (TokenReview).
+/// `yaml` (examples/stack.yaml) without its `tls: {secretName: …}` lines: plain HTTP.
+pub fn without_tls(yaml: &str) -> String {
+    let kept: Vec<&str> = yaml
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("tls: {secretName:"))
+        .collect();
+    assert!(
+        kept.len() < yaml.lines().count(),
+        "examples/stack.yaml has no `tls: {{secretName: …}}` line any more"
+    );
+    kept.join("\n") + "\n"
+}
+
 pub fn example_batch_with_executor_credential() -> String {
     let example = std::fs::read_to_string(repo().join("examples/payoutbatch.yaml"))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -159,10 +172,13 @@ impl World {
     }
 
     /// `kubectl apply -f examples/stack.yaml` into `namespace` (the three services and their
-    /// Secrets, as a user applies them).
+    /// Secrets, as a user applies them), without its `spec.tls`: the services these scenarios
+    /// call are the dev stack's processes on plain HTTP (`DLOCK_SERVICE_ADDRESSES`), not the
+    /// operator's pods. TLS between the pods is tried on a real node (tls_pods.rs).
     pub fn apply_stack(&self, namespace: &str) {
         let stack = std::fs::read_to_string(repo().join("examples/stack.yaml"))
             .unwrap_or_else(|e| panic!("{e}"));
+        let stack = without_tls(&stack);
         self.apply(namespace, &stack)
             .unwrap_or_else(|e| panic!("examples/stack.yaml: {e:#}"));
     }

@@ -5,15 +5,18 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, Lifecycle,
-    LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
-    SecurityContext, SleepAction, Volume, VolumeMount,
+    LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
+    SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, SleepAction, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
 use super::config_map::CONFIG_FILE;
-use crate::workload::{FENCING_PROOF_KEYS_DIR, PORT, SECRET_FILES_DIR, Workload};
+use crate::workload::{
+    FENCING_PROOF_KEYS_DIR, PORT, RAIL_TOKEN_DIR, SECRET_FILES_DIR, TLS_DIR, Workload,
+};
 
 /// The pod annotation that rolls the pods when their configuration changes.
 pub const CONFIG_HASH_ANNOTATION: &str = "dlock.io/config-hash";
@@ -30,11 +33,14 @@ pub fn config_hash(config_toml: &str) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
+/// A probe of `path` on the `http` port; over HTTPS when the service serves TLS (the kubelet
+/// does not check the certificate of a probe).
+fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32, tls: bool) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
             port: IntOrString::String("http".to_owned()),
+            scheme: tls.then(|| "HTTPS".to_owned()),
             ..HTTPGetAction::default()
         }),
         period_seconds: Some(period_seconds),
@@ -130,8 +136,11 @@ pub fn deployment(workload: &Workload) -> Deployment {
                         workload.termination_grace_period_seconds,
                     ),
                     // The token is mounted only for the TokenReview calls of `auth.mode =
-                    // "tokenreview"`; a pod without a service account needs none.
-                    automount_service_account_token: Some(workload.service_account.is_some()),
+                    // "tokenreview"`; a pod without a service account needs none, nor does a
+                    // rail proxy that has one only for its projected rail token.
+                    automount_service_account_token: Some(
+                        workload.service_account.is_some() && !workload.auth_disabled,
+                    ),
                     service_account_name: workload.service_account.clone(),
                     image_pull_secrets: workload.pod.pull_secrets(),
                     security_context: Some(pod_security_context(true)),
@@ -193,7 +202,47 @@ fn volumes(workload: &Workload) -> (Vec<VolumeMount>, Vec<Volume>) {
         volume_mounts.push(mount);
         volumes.push(volume);
     }
+    if let Some(secret) = &workload.tls_secret {
+        // A directory too: the listener re-reads tls.crt and tls.key every 10 s, so a
+        // certificate cert-manager renews is served without a restart.
+        let (mount, volume) = secret_directory("tls", TLS_DIR, secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
+    if workload.rail_token {
+        let (mount, volume) = projected_token("rail-token", RAIL_TOKEN_DIR);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
     (volume_mounts, volumes)
+}
+
+/// A projected token of the pod's ServiceAccount with the audience `dlock`, at `dir/token`:
+/// kubelet rotates it at 80 % of its hour, and the rail proxy re-reads the file.
+fn projected_token(name: &str, dir: &str) -> (VolumeMount, Volume) {
+    use super::job::{TOKEN_AUDIENCE, TOKEN_EXPIRATION_SECONDS};
+    let mount = VolumeMount {
+        name: name.to_owned(),
+        mount_path: dir.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let volume = Volume {
+        name: name.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: Some(TOKEN_AUDIENCE.to_owned()),
+                    expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
+                    path: "token".to_owned(),
+                }),
+                ..VolumeProjection::default()
+            }]),
+            ..ProjectedVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    (mount, volume)
 }
 
 /// A Secret mounted read-only as the directory `dir`.
@@ -237,7 +286,7 @@ fn service_container(
             protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
-        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        readiness_probe: Some(http_probe("/readyz", 5, 3, workload.tls_secret.is_some())),
         // Keep serving while the Service's endpoints drop this pod, then stop (SIGTERM).
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
@@ -250,7 +299,7 @@ fn service_container(
         }),
         liveness_probe: Some(Probe {
             initial_delay_seconds: Some(10),
-            ..http_probe("/healthz", 10, 6)
+            ..http_probe("/healthz", 10, 6, workload.tls_secret.is_some())
         }),
         volume_mounts: Some(volume_mounts),
         resources: Some(workload.pod.resources.clone()),

@@ -2,65 +2,21 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, PodSpec,
-    ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath,
+    PodSpec, ProjectedVolumeSource, SecretVolumeSource, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use sha2::{Digest, Sha256};
 
 use super::deployment::restricted_security_context;
+use crate::validate::{TokenSource, ValidatedBatch};
 
 /// The manifest's file name inside `/config` of the executor pod.
 pub const MANIFEST_FILE: &str = "payoutbatch.yaml";
 /// Attempts of the executor pod. Re-running is safe: every payout id and idempotency key derives
 /// from the batch name and item key, so a retried pod resumes the same payouts.
 pub const EXECUTOR_BACKOFF_LIMIT: i32 = 6;
-
-/// A validated PayoutBatch: the executor's manifest and where the services are.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ValidatedBatch {
-    pub name: String,
-    pub namespace: String,
-    pub image: String,
-    pub workers: i32,
-    /// The manifest in the format `dlock run -f` reads (docs/design.md#payout-batch), built from
-    /// the spec.
-    pub manifest_yaml: String,
-    pub lock_server_url: String,
-    pub payment_resource_url: String,
-    pub rail_proxy_url: String,
-    /// The RailProxy the executor submits through (`spec.railProxy`, else `rail-proxy`).
-    pub rail_proxy_name: String,
-    /// That RailProxy's read timeout towards the rail: a submit waits this plus 2 s
-    /// (docs/contract.md#s3-8), or it gives up while the proxy still waits and both sides record
-    /// ambiguity. The controller reads it from the RailProxy; it travels in the manifest ConfigMap,
-    /// not in the Job's immutable template.
-    pub rail_read_timeout_ms: i64,
-    /// How the executor authenticates to the services.
-    pub credential: ExecutorCredential,
-    pub pod: crate::workload::PodSettings,
-    pub owner: OwnerReference,
-}
-
-/// The executor's identity and where its bearer token comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExecutorCredential {
-    /// `DLOCK_IDENTITY`: the identity the token authenticates as.
-    pub identity: String,
-    /// `--owner-id`: `<identity>/<batch>`, bound to the identity (`auth.owner-binding`).
-    pub owner_id: String,
-    pub service_account_name: String,
-    pub token: TokenSource,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum TokenSource {
-    /// `DLOCK_CREDENTIAL` from this Secret key.
-    Secret(crate::crd::SecretKeyRef),
-    /// A projected service-account token with this audience, as `DLOCK_CREDENTIAL_FILE`.
-    ProjectedServiceAccountToken { audience: String },
-}
 
 /// The audience of the executor's projected service-account token: the services' default
 /// `auth.tokenreview.audiences`.
@@ -69,6 +25,41 @@ pub const TOKEN_AUDIENCE: &str = "dlock";
 pub const TOKEN_DIR: &str = "/var/run/secrets/dlock/executor";
 /// Seconds a projected token lives; kubelet rotates it at 80 % and `dlock run` re-reads the file.
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+/// Where the executor's credential Secret (`spec.executor.credentialSecret`) is mounted.
+pub const CREDENTIAL_SECRET_DIR: &str = "/etc/dlock/secrets/credential";
+
+/// One key of a Secret as a read-only file: the Secret mounted as the directory `dir` with only
+/// that key in it (a directory, never a subPath, so kubelet updates the file when the Secret
+/// changes). Returns the mount, the volume and the file's path. A Job's secret is a file and
+/// never an environment variable: whoever may read the pod's spec (`kubectl describe`), the
+/// process's environment (`/proc/<pid>/environ`) or a crash dump would see a variable's value.
+pub fn secret_key_file(
+    volume: &str,
+    dir: &str,
+    secret: &crate::crd::SecretKeyRef,
+) -> (VolumeMount, Volume, String) {
+    let mount = VolumeMount {
+        name: volume.to_owned(),
+        mount_path: dir.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let volume = Volume {
+        name: volume.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.name.clone()),
+            items: Some(vec![KeyToPath {
+                key: secret.key.clone(),
+                path: secret.key.clone(),
+                mode: None,
+            }]),
+            optional: Some(false),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    (mount, volume, format!("{dir}/{}", secret.key))
+}
 
 impl ValidatedBatch {
     pub fn manifest_name(&self) -> String {
@@ -135,13 +126,13 @@ pub fn manifest_config_map(batch: &ValidatedBatch) -> ConfigMap {
     }
 }
 
+/// `DLOCK_CREDENTIAL_FILE`: the file of the executor's token, from its Secret or projected.
 fn credential_env(token: &TokenSource) -> EnvVar {
-    match token {
-        TokenSource::Secret(secret) => super::secret_env("DLOCK_CREDENTIAL", secret),
-        TokenSource::ProjectedServiceAccountToken { .. } => {
-            super::env("DLOCK_CREDENTIAL_FILE", format!("{TOKEN_DIR}/token"))
-        }
-    }
+    let path = match token {
+        TokenSource::Secret(secret) => format!("{CREDENTIAL_SECRET_DIR}/{}", secret.key),
+        TokenSource::ProjectedServiceAccountToken { .. } => format!("{TOKEN_DIR}/token"),
+    };
+    super::env("DLOCK_CREDENTIAL_FILE", path)
 }
 
 /// The annotation on the executor Job with [`template_hash`] of the pod template it was created
@@ -219,6 +210,14 @@ fn executor_env(batch: &ValidatedBatch) -> Vec<EnvVar> {
     .chain([
         super::env("DLOCK_LOG_FORMAT", "json"),
         super::env("DLOCK_IDENTITY", batch.credential.identity.clone()),
+    ])
+    .chain(
+        batch
+            .ca_secret
+            .as_deref()
+            .map(|secret| super::ca_trust(secret).2),
+    )
+    .chain([
         credential_env(&batch.credential.token),
         EnvVar {
             name: "DLOCK_RAIL_READ_TIMEOUT_MS".to_owned(),
@@ -236,12 +235,22 @@ fn executor_env(batch: &ValidatedBatch) -> Vec<EnvVar> {
     .collect()
 }
 
-/// The executor's mounts and volumes: the manifest and, for a projected service-account token,
-/// the credential.
+/// The executor's mounts and volumes: the manifest and the credential (its Secret's key, or a
+/// projected service-account token), each a file.
 fn executor_volumes(batch: &ValidatedBatch) -> (Vec<VolumeMount>, Vec<Volume>) {
     let (manifest_mount, manifest_volume) = super::config_volume("manifest", batch.manifest_name());
     let mut volume_mounts = vec![manifest_mount];
     let mut volumes = vec![manifest_volume];
+    if let Some(secret) = &batch.ca_secret {
+        let (mount, volume, _) = super::ca_trust(secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
+    if let TokenSource::Secret(secret) = &batch.credential.token {
+        let (mount, volume, _) = secret_key_file("credential", CREDENTIAL_SECRET_DIR, secret);
+        volume_mounts.push(mount);
+        volumes.push(volume);
+    }
     if let TokenSource::ProjectedServiceAccountToken { audience } = &batch.credential.token {
         volume_mounts.push(VolumeMount {
             name: "credential".to_owned(),

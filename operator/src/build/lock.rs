@@ -3,22 +3,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
+use dlock_contract::lock::LockGrant;
+
 use crate::crd::{Lock, LockSpec};
 
 /// The label naming the LockServer a mirrored Lock comes from.
 pub const LOCK_SERVER_LABEL: &str = "dlock.io/lock-server";
-
-/// A held lock as the lock server reports it (`GET /v1/locks`).
-#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HeldLock {
-    pub key: String,
-    pub owner_id: String,
-    pub fencing_token: i64,
-    /// RFC 3339.
-    pub acquired_at: String,
-    pub expires_at: String,
-}
 
 /// The Lock object's name: a DNS label made from the key, with a hash of the key so two keys
 /// that sanitize alike never share an object.
@@ -50,11 +40,12 @@ pub fn account_of_key(key: &str) -> String {
     key.strip_prefix("payout:").unwrap_or_default().to_owned()
 }
 
-/// The mirrored Lock of one held lock, owned by its LockServer (so it goes with it).
+/// The mirrored Lock of one held lock (an item of the lock server's `GET /v1/locks`), owned by its
+/// LockServer (so it goes with it).
 pub fn mirrored_lock(
     lock_server: &str,
     namespace: &str,
-    held: &HeldLock,
+    held: &LockGrant,
     owner: &OwnerReference,
 ) -> Lock {
     let mut lock = Lock::new(

@@ -15,12 +15,10 @@ pub mod service_account;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, SecretKeySelector,
-    Volume, VolumeMount,
+    ConfigMapVolumeSource, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::crd::SecretKeyRef;
 use crate::workload::{Component, PodSettings, Workload};
 
 pub const MANAGED_BY: &str = "dlock-operator";
@@ -102,20 +100,36 @@ pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-/// An environment variable from a key of a Secret, which must exist.
-pub fn secret_env(name: &str, secret: &SecretKeyRef) -> EnvVar {
-    EnvVar {
-        name: name.to_owned(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.name.clone(),
-                key: secret.key.clone(),
-                optional: Some(false),
+/// What a run-once pod (an executor's, a reconciler's) needs to call `https://` services: the
+/// `ca.crt` of the namespace's TLS Secret `secret`, and no other key of it (never the services'
+/// private key), mounted as a directory at [`crate::workload::CA_DIR`] (so a renewed CA reaches
+/// it), and `DLOCK_CA_FILE` naming the file, which the clients of `dlock run` and `dlock
+/// reconcile` trust instead of the system's roots.
+pub fn ca_trust(secret: &str) -> (VolumeMount, Volume, EnvVar) {
+    use crate::workload::{CA_DIR, CA_FILE};
+    use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource};
+    (
+        VolumeMount {
+            name: "ca".to_owned(),
+            mount_path: CA_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+        Volume {
+            name: "ca".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                items: Some(vec![KeyToPath {
+                    key: CA_FILE.to_owned(),
+                    path: CA_FILE.to_owned(),
+                    ..KeyToPath::default()
+                }]),
+                ..SecretVolumeSource::default()
             }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
+            ..Volume::default()
+        },
+        env("DLOCK_CA_FILE", format!("{CA_DIR}/{CA_FILE}")),
+    )
 }
 
 /// A ConfigMap mounted read-only at `/config`, under the volume name `volume`.

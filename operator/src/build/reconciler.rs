@@ -14,6 +14,9 @@ pub fn reconciler_labels(instance: &str) -> BTreeMap<String, String> {
     super::owned_labels("reconciler", instance)
 }
 
+/// Where the reconciler's paydb URL Secret (`spec.databaseUrlSecret`) is mounted.
+pub const PAYDB_SECRET_DIR: &str = "/etc/dlock/secrets/paydb";
+
 /// Where `dlock reconcile` writes its findings summary: the container's termination message.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
@@ -32,6 +35,10 @@ pub fn object_name(reconciliation: &ValidatedReconciliation) -> String {
 /// leaves a JSON summary of its findings as the container's termination message. One
 /// attempt: a report that found something is an answer, not a failure to retry.
 fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
+    let (paydb_mount, paydb_volume, paydb_file) =
+        super::job::secret_key_file("paydb", PAYDB_SECRET_DIR, &reconciliation.paydb);
+    // An `https://` stub is trusted through the `ca.crt` of the namespace's TLS Secret.
+    let ca = reconciliation.ca_secret.as_deref().map(super::ca_trust);
     JobSpec {
         backoff_limit: Some(0),
         template: super::run_once_template(
@@ -45,21 +52,35 @@ fn job_spec(reconciliation: &ValidatedReconciliation) -> JobSpec {
                     env: Some(
                         [
                             vec![
-                                super::secret_env("DLOCK_PAYDB", &reconciliation.paydb),
+                                // paydb's URL (its password in it) as a file, never a variable.
+                                super::env("DLOCK_PAYDB_FILE", paydb_file.clone()),
                                 super::env("DLOCK_RAIL", reconciliation.rail_url.clone()),
                                 // The compact findings summary the operator reads into status.
                                 super::env("DLOCK_TERMINATION_LOG", TERMINATION_LOG),
                             ],
                             super::telemetry_env(),
+                            ca.iter().map(|(_, _, env)| env.clone()).collect(),
                         ]
                         .concat(),
                     ),
                     termination_message_path: Some(TERMINATION_LOG.to_owned()),
                     termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+                    volume_mounts: Some(
+                        [paydb_mount]
+                            .into_iter()
+                            .chain(ca.as_ref().map(|(mount, _, _)| mount.clone()))
+                            .collect(),
+                    ),
                     resources: Some(reconciliation.pod.resources.clone()),
                     security_context: Some(restricted_security_context()),
                     ..Container::default()
                 }],
+                volumes: Some(
+                    [paydb_volume]
+                        .into_iter()
+                        .chain(ca.map(|(_, volume, _)| volume))
+                        .collect(),
+                ),
                 ..PodSpec::default()
             },
         ),

@@ -10,15 +10,32 @@ use crate::workload::SERVICE_ACCOUNT;
 /// owner would take it away from the others when deleted. It holds no permission of its own; the
 /// chart's ClusterRoleBinding gives it `system:auth-delegator` (TokenReview).
 pub fn service_account(namespace: &str) -> ServiceAccount {
+    labelled(SERVICE_ACCOUNT, "service", namespace)
+}
+
+/// The executors' service account of a namespace
+/// ([`crate::validate::EXECUTOR_SERVICE_ACCOUNT_DEFAULT`]), which a PayoutBatch's Job runs as
+/// unless its PaymentResource allows another. Every batch of the namespace shares it, so it has
+/// no owner reference either, and no permission: the services map it to the executor role
+/// (`auth.tokenreview.service-accounts`), nothing in Kubernetes grants it anything.
+pub fn executor(namespace: &str) -> ServiceAccount {
+    labelled(
+        crate::validate::EXECUTOR_SERVICE_ACCOUNT_DEFAULT,
+        "executor",
+        namespace,
+    )
+}
+
+fn labelled(name: &str, component: &str, namespace: &str) -> ServiceAccount {
     ServiceAccount {
         metadata: ObjectMeta {
-            name: Some(SERVICE_ACCOUNT.to_owned()),
+            name: Some(name.to_owned()),
             namespace: Some(namespace.to_owned()),
             labels: Some(BTreeMap::from([
                 ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
                 (
                     "app.kubernetes.io/component".to_owned(),
-                    "service".to_owned(),
+                    component.to_owned(),
                 ),
                 (
                     "app.kubernetes.io/managed-by".to_owned(),

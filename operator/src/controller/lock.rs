@@ -4,19 +4,15 @@ use std::sync::Arc;
 
 use dlock_contract::revoke::RevokeOrder;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::revoke::{self, COMPLETE, REFUSED};
+use super::revoke::{self, COMPLETE, OUTCOME_UNKNOWN, REFUSED};
 use super::status::Conditions;
 use super::{
     Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, publish, reconciled,
 };
-use crate::crd::{
-    Lock, LockRevocation, LockRevocationStatus, LockServer, LockStatus, PaymentResource, RailProxy,
-    RevocationResult,
-};
+use crate::crd::{Lock, LockRevocation, LockRevocationStatus, LockStatus, RevocationResult};
 use crate::validate;
 
 pub const REVOKE_REASON_ANNOTATION: &str = "dlock.io/revoke-reason";
@@ -42,6 +38,10 @@ fn conditions_of(result: &RevocationResult) -> Conditions {
             "RevocationRefused",
             result.summary.clone().unwrap_or_default(),
         ),
+        // L8 may have ended the grant; the retry reads the key before anything else.
+        OUTCOME_UNKNOWN => {
+            Conditions::progressing("OutcomeUnknown", result.summary.clone().unwrap_or_default())
+        }
         _ => Conditions::progressing("FencePending", result.summary.clone().unwrap_or_default()),
     }
 }
@@ -50,6 +50,7 @@ fn event_of(result: &RevocationResult) -> (EventType, &'static str) {
     match result.outcome.as_str() {
         COMPLETE => (EventType::Normal, "Revoked"),
         REFUSED => (EventType::Warning, "RevocationRefused"),
+        OUTCOME_UNKNOWN => (EventType::Warning, "RevocationOutcomeUnknown"),
         _ => (EventType::Warning, "RevocationIncomplete"),
     }
 }
@@ -186,8 +187,11 @@ async fn target_or_refuse(
 ) -> Result<std::result::Result<validate::RevocationTarget, RevocationResult>> {
     let target = match validate::check_ask(ask) {
         Ok(()) => {
-            let present = namespace_targets(ctx, namespace).await?;
-            validate::revocation_target(namespace, ask, &present)
+            let (present, tls) = namespace_targets(ctx, namespace).await?;
+            validate::revocation_target(namespace, ask, &present).map(|mut target| {
+                tls.secure_revocation(&mut target);
+                target
+            })
         }
         Err(invalid) => Err(invalid),
     };
@@ -239,42 +243,35 @@ async fn live_holder(
 
 /// The names of the LockServers, PaymentResources and RailProxies in `namespace`: a target a
 /// revocation names must be one of them, and one it does not name is the only one of its kind
-/// (see [`validate::fence_target`] for the rule).
-async fn namespace_targets(ctx: &Context, namespace: &str) -> Result<validate::NamespaceTargets> {
-    Ok(validate::NamespaceTargets {
-        lock_servers: names_in::<LockServer>(ctx, namespace, "LockServers").await?,
-        payment_resources: names_in::<PaymentResource>(ctx, namespace, "PaymentResources").await?,
-        rail_proxies: names_in::<RailProxy>(ctx, namespace, "RailProxies").await?,
-    })
-}
-
-async fn names_in<K>(ctx: &Context, namespace: &str, what: &'static str) -> Result<Vec<String>>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-{
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
-    let listed = api
-        .list_metadata(&ListParams::default())
-        .await
-        .map_err(|source| Error::Read { what, source })?;
-    let mut names: Vec<String> = listed.items.iter().map(|o| o.name_any()).collect();
-    names.sort();
-    Ok(names)
+/// (see [`validate::fence_target`] for the rule); and which of them serve TLS, so the revocation
+/// calls them at `https://`.
+async fn namespace_targets(
+    ctx: &Context,
+    namespace: &str,
+) -> Result<(validate::NamespaceTargets, crate::services::NamespaceTls)> {
+    let ([lock_servers, payment_resources, rail_proxies], tls) =
+        super::payout_batch::namespace_services(ctx, namespace).await?;
+    Ok((
+        validate::NamespaceTargets {
+            lock_servers,
+            payment_resources,
+            rail_proxies,
+        },
+        tls,
+    ))
 }
 
 fn outcome_label(outcome: &str) -> &'static str {
     match outcome {
         COMPLETE => COMPLETE,
         REFUSED => REFUSED,
+        OUTCOME_UNKNOWN => OUTCOME_UNKNOWN,
         _ => revoke::INCOMPLETE,
     }
 }
 
-/// Publishes the revocation's Event. An incomplete revocation is retried with back-off; the
-/// others wait for a new request.
+/// Publishes the revocation's Event. An incomplete revocation, or one whose L8 has no known
+/// outcome, is retried with back-off; the others wait for a new request.
 async fn finish<K: kube::Resource<DynamicType = ()>>(
     ctx: &Context,
     object: &K,
@@ -290,9 +287,14 @@ async fn finish<K: kube::Resource<DynamicType = ()>>(
         result.summary.clone().unwrap_or_default(),
     )
     .await;
-    if result.outcome == revoke::INCOMPLETE {
+    if result.outcome == revoke::INCOMPLETE || result.outcome == OUTCOME_UNKNOWN {
+        let service = if result.outcome == OUTCOME_UNKNOWN {
+            "lock-server"
+        } else {
+            "fence"
+        };
         return Err(Error::Service(crate::services::ServiceError::Unavailable {
-            service: "fence",
+            service,
             message: result.summary.clone().unwrap_or_default(),
         }));
     }

@@ -287,6 +287,13 @@ pub fn failure_reason(error: &Error) -> &'static str {
     match error {
         Error::Apply { .. } => "ApplyFailed",
         Error::Read { .. } => "ReadFailed",
+        // paydb refuses writes until an operator runs `dlock recover paydb-epoch`
+        // (docs/runbook.md): a reason of its own, as retrying alone will not clear it.
+        Error::Service(ServiceError::Unavailable { message, .. })
+            if message.contains(dlock_contract::ErrorCode::RecoveryRequired.as_str()) =>
+        {
+            "RecoveryRequired"
+        }
         Error::Service(_) => "ServiceUnavailable",
         Error::Status(_) => "StatusWriteFailed",
         Error::Finalizer(_) => "FinalizerFailed",
@@ -378,5 +385,34 @@ pub async fn publish_ready_change<K: Resource<DynamicType = ()>>(
             ready.reason.as_str()
         };
         publish(ctx, object, type_, reason, ready.message.clone()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paydb_waiting_for_its_recovery_is_a_reason_of_its_own() {
+        let refused = dlock_contract::client::ClientError::Api {
+            status: 503,
+            body: dlock_contract::error::ApiError::new(
+                dlock_contract::ErrorCode::RecoveryRequired,
+                "run dlock recover paydb-epoch",
+            )
+            .body(),
+        };
+        let error = Error::Service(ServiceError::from_client("payment-resource", &refused));
+        assert_eq!(failure_reason(&error), "RecoveryRequired");
+        assert!(!error.is_permanent(), "retried with back-off");
+        assert!(
+            error.to_string().contains("dlock recover paydb-epoch"),
+            "{error}"
+        );
+        let down = Error::Service(ServiceError::Unavailable {
+            service: "payment-resource",
+            message: "503 NOT_LEADER: paydb cannot take writes right now".into(),
+        });
+        assert_eq!(failure_reason(&down), "ServiceUnavailable");
     }
 }

@@ -114,7 +114,10 @@ pub async fn reconcile_reconciliation(
             previous.last_run_job.clone(),
             Err(Error::Invalid(invalid)),
         ),
-        Ok(valid) => {
+        Ok(mut valid) => {
+            super::payout_batch::namespace_tls(&ctx, &valid.namespace)
+                .await?
+                .secure_reconciliation(&mut valid);
             match run_reconciler(&ctx, object.as_ref(), &valid, &mut findings, &mut summary).await {
                 Ok(done) => done,
                 Err(error) => {

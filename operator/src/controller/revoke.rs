@@ -9,6 +9,12 @@
 //! the token of the key's live grant, read from the lock server when the request is handled, as
 //! L8's `expectedToken`, and records it when L8 goes unanswered ([`pinned`]), so a lost answer
 //! retried never ends a newer holder either.
+//!
+//! An L8 whose outcome is unknown (`503 OUTCOME_UNKNOWN` or no answer, and the key could not be
+//! read to settle it) is recorded as [`OUTCOME_UNKNOWN`] with the token it was sent for, never
+//! as a failure, and retried with back-off; the retry reads the key first
+//! ([`dlock_contract::revoke::settle_and_run`]) and completes the revocation that took effect, or
+//! sends L8 for that grant again (docs/contract.md#outcome-unknown).
 
 use dlock_contract::revoke::{LockStep, Outcome, Progress};
 
@@ -19,6 +25,9 @@ use crate::validate::RevocationTarget;
 pub const COMPLETE: &str = "Complete";
 pub const INCOMPLETE: &str = "Incomplete";
 pub const REFUSED: &str = "Refused";
+/// L8 for `revokedToken` may have ended the grant and the key could not be read to tell: retried
+/// (reading first), never a failure.
+pub const OUTCOME_UNKNOWN: &str = "OutcomeUnknown";
 
 /// Whether `previous` already answers `request` for good.
 pub fn is_settled(previous: Option<&RevocationResult>, request: &str) -> bool {
@@ -75,8 +84,29 @@ pub fn refused(request: &str, summary: String) -> RevocationResult {
     }
 }
 
-/// Runs (or resumes) the flow. `Err` only when the lock server gave no answer: nothing is
-/// recorded then, and the controller retries with back-off.
+/// The token of an earlier L8 of the same request with no known outcome: recorded as
+/// [`OUTCOME_UNKNOWN`], or [`pinned`] by a Lock's revocation whose L8 went unanswered. The next
+/// run settles it by reading the key before anything is sent again.
+pub fn unsettled_token(previous: Option<&RevocationResult>, request: &str) -> Option<i64> {
+    previous
+        .filter(|p| p.request == request && p.revocation_id.is_none())
+        .filter(|p| p.outcome == OUTCOME_UNKNOWN || p.outcome == INCOMPLETE)
+        .and_then(|p| p.revoked_token)
+}
+
+/// An L8 for `token` whose outcome is unknown, as recorded.
+pub fn outcome_unknown(request: &str, token: i64, summary: String) -> RevocationResult {
+    RevocationResult {
+        request: request.to_owned(),
+        outcome: OUTCOME_UNKNOWN.to_owned(),
+        revoked_token: Some(token),
+        summary: Some(summary),
+        ..RevocationResult::default()
+    }
+}
+
+/// Runs (or resumes) the flow. `Err` only when the lock server gave no answer and nothing was
+/// revoked: nothing is recorded then, and the controller retries with back-off.
 pub async fn run(
     services: &dyn Services,
     target: &RevocationTarget,
@@ -88,12 +118,24 @@ pub async fn run(
         Err(message) => return Ok(refused(request, message)),
     };
     let steps = services.revoke_steps(target)?;
-    let report = dlock_contract::revoke::run(steps.as_ref(), &target.order, resume.as_ref()).await;
-    if let LockStep::Unavailable(error) = &report.lock {
-        return Err(ServiceError::Unavailable {
-            service: "lock-server",
-            message: error.message.clone(),
-        });
+    let order = &target.order;
+    let report = match (resume, unsettled_token(previous, request)) {
+        (None, Some(token)) => {
+            dlock_contract::revoke::settle_and_run(steps.as_ref(), order, token).await
+        }
+        (resume, _) => dlock_contract::revoke::run(steps.as_ref(), order, resume.as_ref()).await,
+    };
+    match &report.lock {
+        LockStep::Unavailable(error) => {
+            return Err(ServiceError::Unavailable {
+                service: "lock-server",
+                message: error.message.clone(),
+            });
+        }
+        LockStep::Unknown(unsettled) => {
+            return Ok(outcome_unknown(request, unsettled.token, report.summary()));
+        }
+        _ => {}
     }
     let summary = report.summary();
     let Some(progress) = report.progress else {
@@ -103,6 +145,7 @@ pub async fn run(
         Outcome::Complete => COMPLETE,
         Outcome::Incomplete => INCOMPLETE,
         Outcome::Refused => REFUSED,
+        Outcome::Unknown => OUTCOME_UNKNOWN,
     };
     Ok(RevocationResult {
         request: request.to_owned(),
@@ -144,5 +187,17 @@ mod tests {
         assert_eq!(recorded_progress(Some(&recorded), "other"), Ok(None));
         assert_eq!(recorded_progress(Some(&result(None)), "r"), Ok(None));
         assert!(recorded_progress(Some(&result(Some("nope"))), "r").is_err());
+    }
+
+    #[test]
+    fn an_l8_without_a_known_outcome_is_settled_by_the_next_run() {
+        let unknown = outcome_unknown("r", 41, "outcome unknown".into());
+        assert_eq!(unsettled_token(Some(&unknown), "r"), Some(41));
+        assert_eq!(unsettled_token(Some(&unknown), "other"), None);
+        assert!(!is_settled(Some(&unknown), "r"), "retried, never final");
+        // With a revocation id the lock server answered: resumed, not settled again.
+        assert_eq!(unsettled_token(Some(&result(Some("x"))), "r"), None);
+        let refused = refused("r", "no".into());
+        assert_eq!(unsettled_token(Some(&refused), "r"), None);
     }
 }

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_contract::lock::LockGrant;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -24,7 +26,7 @@ use crate::build::{
 };
 use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
 use crate::validate;
-use crate::workload::Workload;
+use crate::workload::{Component, Workload};
 
 /// How often a ready LockServer's held locks are mirrored into Lock objects.
 pub const LOCK_MIRROR_INTERVAL: Duration = Duration::from_secs(15);
@@ -111,7 +113,94 @@ pub async fn reconcile_rail_proxy(object: Arc<RailProxy>, ctx: Arc<Context>) -> 
         }
     });
     reconcile_workloads(object.as_ref(), object.status.as_ref(), prepared, &ctx).await?;
+    // Best effort: the proxy is applied and its status written; what the removed stub left is
+    // looked for again on the next resync.
+    if object.spec.stub.is_none()
+        && let Err(error) = remove_orphaned_stub(&object, &ctx).await
+    {
+        tracing::warn!(
+            event = "rail_stub_not_removed",
+            rail_proxy = %object.name_any(),
+            error = %error,
+            "the objects of a removed rail stub could not be deleted; the operator needs list \
+             and delete on Deployments, Services, ConfigMaps, PodDisruptionBudgets and \
+             NetworkPolicies"
+        );
+    }
     Ok(Action::requeue(super::RESYNC))
+}
+
+/// Deletes what a RailProxy's stub left behind once its spec has no `stub`: the stub's
+/// Deployment, Service, ConfigMap, PodDisruptionBudget and NetworkPolicy, found by their labels
+/// (component `rail-stub`, this RailProxy's instance, managed by the operator) and deleted only
+/// when this RailProxy owns them. Returns how many went (logged at info when any did).
+pub async fn remove_orphaned_stub(object: &RailProxy, ctx: &Context) -> Result<usize> {
+    let namespace = object.namespace().unwrap_or_default();
+    let selector = format!(
+        "app.kubernetes.io/component={},{}={},app.kubernetes.io/managed-by={}",
+        Component::RailStub.as_str(),
+        crate::build::INSTANCE_LABEL,
+        object.name_any(),
+        crate::build::MANAGED_BY,
+    );
+    let owner = object.uid().unwrap_or_default();
+    let client = &ctx.client;
+    let mut removed = Vec::new();
+    removed.extend(delete_owned::<Deployment>(client, &namespace, &selector, &owner).await?);
+    removed.extend(delete_owned::<Service>(client, &namespace, &selector, &owner).await?);
+    removed.extend(delete_owned::<ConfigMap>(client, &namespace, &selector, &owner).await?);
+    removed
+        .extend(delete_owned::<PodDisruptionBudget>(client, &namespace, &selector, &owner).await?);
+    removed.extend(delete_owned::<NetworkPolicy>(client, &namespace, &selector, &owner).await?);
+    if !removed.is_empty() {
+        tracing::info!(event = "rail_stub_removed", rail_proxy = %object.name_any(), objects = %removed.join(", "));
+    }
+    Ok(removed.len())
+}
+
+/// Deletes the objects of kind `T` that match `selector` and are owned by `owner` (a uid);
+/// returns `Kind/name` of each. An object already gone counts as deleted.
+async fn delete_owned<T>(
+    client: &kube::Client,
+    namespace: &str,
+    selector: &str,
+    owner: &str,
+) -> Result<Vec<String>>
+where
+    T: Namespaced,
+{
+    let api: Api<T> = Api::namespaced(client.clone(), namespace);
+    let listed = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|source| Error::Read {
+            what: "the objects of a removed rail stub",
+            source,
+        })?;
+    let mut deleted = Vec::new();
+    for item in listed.items {
+        let owned = item
+            .owner_references()
+            .iter()
+            .any(|reference| reference.uid == owner);
+        if !owned {
+            continue;
+        }
+        let name = item.name_any();
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Apply {
+                    kind: super::kind_name::<T>(),
+                    name,
+                    source,
+                });
+            }
+        }
+        deleted.push(format!("{}/{name}", T::kind(&())));
+    }
+    Ok(deleted)
 }
 
 fn service_policy(workload: &Workload, ctx: &Context) -> NetworkPolicy {
@@ -441,12 +530,12 @@ pub fn mirror_conditions(
 
 /// The Lock status fields the mirror owns (under [`LOCK_MIRROR_MANAGER`]), and only those: the
 /// Lock controller owns `observedGeneration`, `conditions` and `revocation`.
-pub fn mirror_status(grant: &lock::HeldLock) -> LockStatus {
+pub fn mirror_status(grant: &LockGrant) -> LockStatus {
     LockStatus {
         holder: Some(grant.owner_id.clone()),
         token: Some(grant.fencing_token),
-        acquired_at: Some(grant.acquired_at.clone()),
-        expires_at: Some(grant.expires_at.clone()),
+        acquired_at: Some(dlock_contract::time::format(&grant.acquired_at)),
+        expires_at: Some(dlock_contract::time::format(&grant.expires_at)),
         ..LockStatus::default()
     }
 }
@@ -500,7 +589,8 @@ async fn try_mirror_locks(
     let Ok(service) = crate::workload::ServiceName::new(&name) else {
         return Ok(());
     };
-    let url = crate::workload::service_url(&service, &namespace);
+    let tls = object.spec.service.tls.is_some();
+    let url = crate::workload::service_url_with(&service, &namespace, tls);
     let list = ctx.services.held_locks(&url).await?;
     let held = &list.items;
     let mut keep = std::collections::BTreeSet::new();

@@ -20,81 +20,6 @@ use serde::{Deserialize, Serialize};
 /// `dlock run -f` read the same item.
 pub use dlock_contract::payout_batch::PayoutItem;
 
-/// Declares one `dlock.io/v1alpha1` kind on its spec struct (which follows, with its docs):
-/// namespaced, in the `dlock` category, with the given printer columns and then `Age`. The spec's
-/// fields are camelCase and an absent optional field is left out when serialized, as on every CRD
-/// type here; its schema is a [`kube::KubeSchema`], so that it may carry `x_kube` CEL rules.
-/// A column is `Ready` (the Ready condition's status), `Ready(priority = n)`, or
-/// `(name, type, JSONPath)` with an optional `, priority = n`.
-macro_rules! dlock_kind {
-    (
-        kind: $kind:tt, status: $status:tt, shortname: $short:tt,
-        $(validation: [$($rule:expr),+ $(,)?],)?
-        columns: [$($columns:tt)*],
-        $($item:tt)*
-    ) => {
-        dlock_kind!(
-            @columns [] [$($columns)*]
-            ($kind, $status, $short, [$($(validation = $rule,)+)?]) $($item)*
-        );
-    };
-    (@columns [$($done:tt)*] [Ready $(($($priority:tt)*))? $(, $($more:tt)*)?] $($rest:tt)*) => {
-        dlock_kind!(@columns [$($done)* (
-            "Ready", "string", ".status.conditions[?(@.type==\"Ready\")].status" $(, $($priority)*)?
-        )] [$($($more)*)?] $($rest)*);
-    };
-    (@columns [$($done:tt)*] [($($column:tt)*) $(, $($more:tt)*)?] $($rest:tt)*) => {
-        dlock_kind!(@columns [$($done)* ($($column)*)] [$($($more)*)?] $($rest)*);
-    };
-    (
-        @columns [$(($name:tt, $type_:tt, $path:tt $(, priority = $priority:tt)?))*] []
-        ($kind:tt, $status:tt, $short:tt, [$($validation:tt)*]) $($item:tt)*
-    ) => {
-        #[serde_with::skip_serializing_none]
-        #[derive(
-            kube::CustomResource, kube::KubeSchema, Clone, Debug, PartialEq, serde::Serialize,
-            serde::Deserialize,
-        )]
-        #[serde(rename_all = "camelCase")]
-        #[kube(
-            group = "dlock.io",
-            version = "v1alpha1",
-            kind = $kind,
-            namespaced,
-            status = $status,
-            shortname = $short,
-            category = "dlock",
-            $($validation)*
-            $(printcolumn(
-                name = $name, type_ = $type_, json_path = $path $(, priority = $priority)?
-            ),)*
-            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-        )]
-        $($item)*
-    };
-}
-
-/// Declares a kind's status struct: `observedGeneration` and the conditions, which every kind
-/// reports, and then the kind's own fields. Like every CRD type here it defaults, and an absent
-/// optional field is left out when serialized.
-macro_rules! kind_status {
-    ($(#[$attr:meta])* pub struct $name:ident { $($field:tt)* }) => {
-        $(#[$attr])*
-        #[serde_with::skip_serializing_none]
-        #[derive(
-            Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize,
-            schemars::JsonSchema,
-        )]
-        #[serde(rename_all = "camelCase")]
-        pub struct $name {
-            pub observed_generation: Option<i64>,
-            #[serde(default, skip_serializing_if = "Vec::is_empty")]
-            pub conditions: Vec<$crate::crd::Condition>,
-            $($field)*
-        }
-    };
-}
-
 mod lock;
 mod payout_batch;
 mod reconciliation;
@@ -109,6 +34,7 @@ pub use reconciliation::{Reconciliation, ReconciliationSpec, ReconciliationStatu
 pub use workloads::{
     BackendType, EtcdAuth, EtcdBackend, LockBackend, LockServer, LockServerSpec, PaymentResource,
     PaymentResourceSpec, PgBackend, RailProxy, RailProxySpec, RailStubSpec, ServiceSettings,
+    TreasurySpec,
 };
 
 pub const GROUP: &str = "dlock.io";
@@ -191,16 +117,21 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
-kind_status! {
-    /// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
-    pub struct WorkloadStatus {
-        /// Ready replicas of the main Deployment.
-        pub ready_replicas: Option<i32>,
-        /// `ready/desired`, for `kubectl get`.
-        pub summary: Option<String>,
-        /// The in-cluster URL of the Service.
-        pub url: Option<String>,
-    }
+/// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    // Every kind reports these two (the generation they describe, and the conditions).
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Ready replicas of the main Deployment.
+    pub ready_replicas: Option<i32>,
+    /// `ready/desired`, for `kubectl get`.
+    pub summary: Option<String>,
+    /// The in-cluster URL of the Service.
+    pub url: Option<String>,
 }
 
 /// Every CRD with the file name `dlock crdgen` writes it under.

@@ -9,20 +9,127 @@ use super::{
     Invalid, READ_TIMEOUT_MS_DEFAULT, Settings, invalid, namespace_of, owner_of,
     service_account_identity,
 };
-use crate::build::job::{
-    ExecutorCredential, TOKEN_AUDIENCE, TokenSource, ValidatedBatch, executor_owner_id,
-};
+use crate::build::job::{TOKEN_AUDIENCE, executor_owner_id};
 use crate::crd::PayoutBatch;
 use crate::workload::{PodSettings, service_resources, service_url};
 
-/// The service account of executor pods when `spec.executor.serviceAccountName` is absent.
-pub const EXECUTOR_SERVICE_ACCOUNT_DEFAULT: &str = "default";
+/// The service account of executor pods when `spec.executor.serviceAccountName` is absent: the
+/// namespace's executor account, which the operator makes (`build::service_account::executor`)
+/// and every service it deploys maps to the executor role.
+pub const EXECUTOR_SERVICE_ACCOUNT_DEFAULT: &str = "dlock-executor";
+
+/// What the platform's PaymentResource lets a PayoutBatch pick for its executor besides the
+/// defaults (docs/threat-model.md#deployments-made-by-the-operator): whoever may create a
+/// PayoutBatch must not run it as another ServiceAccount (the operator's, a treasury's) nor mount
+/// another Secret of the namespace as its credential.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExecutorAllowance {
+    /// `spec.executorServiceAccounts` of the PaymentResource.
+    pub service_accounts: Vec<String>,
+    /// `spec.executorCredentialSecrets` of the PaymentResource.
+    pub credential_secrets: Vec<String>,
+    /// The PaymentResource the lists come from, for the messages.
+    pub payment_resource: String,
+}
+
+impl ExecutorAllowance {
+    /// The lists of `object`, the PaymentResource named `name`; none when it does not exist.
+    pub fn of(name: &str, object: Option<&crate::crd::PaymentResource>) -> Self {
+        let spec = object.map(|o| &o.spec);
+        Self {
+            service_accounts: spec
+                .and_then(|s| s.executor_service_accounts.clone())
+                .unwrap_or_default(),
+            credential_secrets: spec
+                .and_then(|s| s.executor_credential_secrets.clone())
+                .unwrap_or_default(),
+            payment_resource: name.to_owned(),
+        }
+    }
+
+    /// Exactly what `object` names: for the operator's own calls on a deleted batch, which use
+    /// only the services' URLs, never the executor's credential.
+    pub fn named_by(object: &PayoutBatch) -> Self {
+        let executor = object.spec.executor.as_ref();
+        Self {
+            service_accounts: executor
+                .and_then(|e| e.service_account_name.clone())
+                .into_iter()
+                .collect(),
+            credential_secrets: executor
+                .and_then(|e| e.credential_secret.as_ref())
+                .map(|s| s.name.clone())
+                .into_iter()
+                .collect(),
+            payment_resource: payment_resource_name(object).to_owned(),
+        }
+    }
+}
+
+/// The PaymentResource a batch names (`spec.paymentResource`, else `payment-resource`).
+pub fn payment_resource_name(object: &PayoutBatch) -> &str {
+    object
+        .spec
+        .payment_resource
+        .as_deref()
+        .unwrap_or("payment-resource")
+}
+
+/// A validated PayoutBatch: the executor's manifest and where the services are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedBatch {
+    pub name: String,
+    pub namespace: String,
+    pub image: String,
+    pub workers: i32,
+    /// The manifest in the format `dlock run -f` reads (docs/design.md#payout-batch), built from
+    /// the spec.
+    pub manifest_yaml: String,
+    pub lock_server_url: String,
+    pub payment_resource_url: String,
+    pub rail_proxy_url: String,
+    /// The RailProxy the executor submits through (`spec.railProxy`, else `rail-proxy`).
+    pub rail_proxy_name: String,
+    /// That RailProxy's read timeout towards the rail: a submit waits this plus 2 s
+    /// (docs/contract.md#s3-8), or it gives up while the proxy still waits and both sides record
+    /// ambiguity. The controller reads it from the RailProxy; it travels in the manifest ConfigMap,
+    /// not in the Job's immutable template.
+    pub rail_read_timeout_ms: i64,
+    /// How the executor authenticates to the services.
+    pub credential: ExecutorCredential,
+    /// The namespace's TLS Secret whose `ca.crt` the executor trusts, when a service it calls
+    /// serves TLS (set by the controller from the services' objects).
+    pub ca_secret: Option<String>,
+    pub pod: crate::workload::PodSettings,
+    pub owner: OwnerReference,
+}
+
+/// The executor's identity and where its bearer token comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutorCredential {
+    /// `DLOCK_IDENTITY`: the identity the token authenticates as.
+    pub identity: String,
+    /// `--owner-id`: `<identity>/<batch>`, bound to the identity (`auth.owner-binding`).
+    pub owner_id: String,
+    pub service_account_name: String,
+    pub token: TokenSource,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenSource {
+    /// This Secret key as a file under [`crate::build::job::CREDENTIAL_SECRET_DIR`], named by
+    /// `DLOCK_CREDENTIAL_FILE`.
+    Secret(crate::crd::SecretKeyRef),
+    /// A projected service-account token with this audience, as `DLOCK_CREDENTIAL_FILE`.
+    ProjectedServiceAccountToken { audience: String },
+}
 
 /// The executor's identity, owner id and token source (`spec.executor`).
 pub fn executor_credential(
     spec: Option<&crate::crd::ExecutorSpec>,
     namespace: &str,
     batch: &str,
+    allowance: &ExecutorAllowance,
 ) -> Result<ExecutorCredential, Invalid> {
     let default = crate::crd::ExecutorSpec::default();
     let spec = spec.unwrap_or(&default);
@@ -30,6 +137,33 @@ pub fn executor_credential(
         .service_account_name
         .clone()
         .unwrap_or_else(|| EXECUTOR_SERVICE_ACCOUNT_DEFAULT.to_owned());
+    if service_account_name != EXECUTOR_SERVICE_ACCOUNT_DEFAULT
+        && !allowance.service_accounts.contains(&service_account_name)
+    {
+        return Err(invalid(
+            "spec.executor.serviceAccountName",
+            format!(
+                "the executor may not run as {service_account_name:?}: leave the field out to \
+                 run as {EXECUTOR_SERVICE_ACCOUNT_DEFAULT} (the operator makes it), or ask the \
+                 platform team to list it in spec.executorServiceAccounts of the \
+                 PaymentResource {:?}",
+                allowance.payment_resource
+            ),
+        ));
+    }
+    if let Some(secret) = &spec.credential_secret
+        && !allowance.credential_secrets.contains(&secret.name)
+    {
+        return Err(invalid(
+            "spec.executor.credentialSecret",
+            format!(
+                "the Secret {:?} is not one the executor may mount: leave the field out to \
+                 authenticate with the service account's token, or ask the platform team to \
+                 list it in spec.executorCredentialSecrets of the PaymentResource {:?}",
+                secret.name, allowance.payment_resource
+            ),
+        ));
+    }
     let service_account_identity = service_account_identity(namespace, &service_account_name);
     let given = spec
         .identity
@@ -108,7 +242,13 @@ fn batch_invalid(problems: &[dlock_contract::payout_batch::Problem]) -> Option<I
 
 /// The batch as the executor's manifest (docs/design.md#payout-batch, the format `dlock run -f`
 /// reads), checked by the contract's validator, the one `dlock run -f` applies.
-pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<ValidatedBatch, Invalid> {
+///
+/// `allowance` is what the batch's PaymentResource lets it pick for its executor.
+pub fn payout_batch(
+    object: &PayoutBatch,
+    settings: &Settings,
+    allowance: &ExecutorAllowance,
+) -> Result<ValidatedBatch, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();
     let namespace = namespace_of(object)?;
@@ -135,9 +275,10 @@ pub fn payout_batch(object: &PayoutBatch, settings: &Settings) -> Result<Validat
         "payment-resource",
     )?;
     let rail_proxy_url = url("spec.railProxy", &spec.rail_proxy, "rail-proxy")?;
-    let credential = executor_credential(spec.executor.as_ref(), &namespace, &name)?;
+    let credential = executor_credential(spec.executor.as_ref(), &namespace, &name, allowance)?;
     Ok(ValidatedBatch {
         credential,
+        ca_secret: None,
         pod: PodSettings::from_options(&spec.pod, service_resources()),
         image: settings.image_for("spec.image", spec.image.as_ref())?,
         workers,
@@ -165,6 +306,9 @@ pub struct ValidatedReconciliation {
     pub schedule: Option<String>,
     pub paydb: crate::crd::SecretKeyRef,
     pub rail_url: String,
+    /// The namespace's TLS Secret whose `ca.crt` the reconciler trusts, when the stub it reads
+    /// serves TLS (set by the controller from the RailProxy).
+    pub ca_secret: Option<String>,
     pub pod: PodSettings,
     pub owner: OwnerReference,
 }
@@ -201,6 +345,7 @@ pub fn reconciliation(
         schedule: spec.schedule.clone(),
         paydb: spec.database_url_secret.clone(),
         rail_url,
+        ca_secret: None,
         owner: owner_of(object)?,
         namespace,
     })

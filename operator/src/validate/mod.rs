@@ -17,8 +17,9 @@ mod revocation;
 mod workloads;
 
 pub use jobs::{
-    EXECUTOR_SERVICE_ACCOUNT_DEFAULT, ValidatedReconciliation, executor_credential, payout_batch,
-    reconciliation,
+    EXECUTOR_SERVICE_ACCOUNT_DEFAULT, ExecutorAllowance, ExecutorCredential, TokenSource,
+    ValidatedBatch, ValidatedReconciliation, executor_credential, payment_resource_name,
+    payout_batch, reconciliation,
 };
 pub use revocation::{
     NamespaceTargets, REVOKE_REASON_LEN_MIN, RevocationAsk, RevocationTarget, check_ask,
@@ -91,12 +92,20 @@ pub fn service_account_identity(namespace: &str, service_account: &str) -> Strin
 /// TokenReview names them); none when empty: the services' default treasury identity is no
 /// ServiceAccount's, so under TokenReview nobody may fund until the platform names one.
 ///
+/// The allow-list is the chart's `serviceAuth.roles` plus the namespace's `dlock-executor` as an
+/// executor: the ServiceAccount a PayoutBatch's Job runs as by default.
+///
 /// `spec.auth.mode: none` writes `auth.mode = "none"` and nothing else.
 pub fn auth_config(
     settings: &Settings,
     auth: AuthMode,
     treasury: Vec<String>,
+    namespace: &str,
 ) -> service_config::Auth {
+    let mut service_accounts = settings.service_account_roles.clone();
+    service_accounts.push(format!(
+        "{namespace}/{EXECUTOR_SERVICE_ACCOUNT_DEFAULT}=executor"
+    ));
     match auth {
         AuthMode::None => service_config::Auth::none(),
         AuthMode::TokenReview => service_config::Auth {
@@ -105,7 +114,7 @@ pub fn auth_config(
             tokenreview_audiences: vec![TOKEN_AUDIENCE.to_owned()],
             operator_identities: vec![settings.operator_identity.clone()],
             treasury_identities: treasury,
-            service_accounts: settings.service_account_roles.clone(),
+            service_accounts,
         },
     }
 }

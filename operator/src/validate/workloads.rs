@@ -14,9 +14,10 @@ use crate::crd::{
     ServiceSettings,
 };
 use crate::workload::{
-    CLOUD_SQL_PROXY_IMAGE, Component, FENCING_PROOF_KEYS_DIR, PORT, PodSettings, SERVICE_ACCOUNT,
-    SecretFile, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS, TERMINATION_GRACE_SECONDS_DEFAULT,
-    ValidCloudSql, Workload, service_resources, service_url, small_resources,
+    CA_FILE, CLOUD_SQL_PROXY_IMAGE, Component, FENCING_PROOF_KEYS_DIR, PORT, PodSettings,
+    RAIL_TOKEN_DIR, SERVICE_ACCOUNT, SecretFile, TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS,
+    TERMINATION_GRACE_SECONDS_DEFAULT, TLS_DIR, ValidCloudSql, Workload, service_resources,
+    service_url_with, small_resources, toml_string,
 };
 
 /// The Cloud SQL Auth Proxy sidecar: its default image, or one the platform allows (it runs in
@@ -207,6 +208,38 @@ fn server() -> config::Server {
     }
 }
 
+/// `spec.tls.secretName`, checked: the Secret's name is a DNS label (it names a volume too).
+fn tls_secret(spec: &ServiceSettings) -> Result<Option<String>, Invalid> {
+    let Some(tls) = &spec.tls else {
+        return Ok(None);
+    };
+    if !crate::workload::is_dns_label(&tls.secret_name) {
+        return Err(invalid(
+            "spec.tls.secretName",
+            format!(
+                "{:?} is not a Secret name of one DNS label (1 to 63 of lower-case letters, \
+                 digits and '-', starting and ending with a letter or digit): name the \
+                 kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt) that cert-manager writes",
+                tls.secret_name
+            ),
+        ));
+    }
+    Ok(Some(tls.secret_name.clone()))
+}
+
+/// `server.tls.cert-file` and `key-file` lines for a workload with a TLS Secret (mounted at
+/// [`TLS_DIR`]); nothing for plain HTTP.
+fn tls_config_lines(workload: &Workload) -> String {
+    if workload.tls_secret.is_none() {
+        return String::new();
+    }
+    format!(
+        "\"server.tls.cert-file\" = {}\n\"server.tls.key-file\" = {}\n",
+        toml_string(&format!("{TLS_DIR}/tls.crt")),
+        toml_string(&format!("{TLS_DIR}/tls.key")),
+    )
+}
+
 /// A service's workload as [`ServiceSettings`] and the object make it, with its `auth.*` and
 /// `fencing.*` configuration; the caller adds its own configuration, Secrets and volumes.
 fn service<K: Resource<DynamicType = ()>>(
@@ -223,6 +256,7 @@ fn service<K: Resource<DynamicType = ()>>(
     let treasury = treasury_identities(spec.auth.as_ref(), &namespace)?;
     let (fencing, fencing_proof_keys_secret) =
         fencing_proof_keys(spec.fencing_proof_keys_secret.as_ref())?;
+    let tls_secret = tls_secret(spec)?;
     let workload = Workload {
         namespace,
         component,
@@ -238,12 +272,15 @@ fn service<K: Resource<DynamicType = ()>>(
         etcd_password_secret: None,
         service_account: service_account(auth),
         auth_disabled: auth == AuthMode::None,
+        tls_secret,
+        rail_token: false,
         fencing_proof_keys_secret,
         pod: PodSettings::from_options(&spec.pod, service_resources()),
         owner: owner_of(object)?,
         name,
     };
-    Ok((workload, auth_config(settings, auth, treasury), fencing))
+    let auth = auth_config(settings, auth, treasury, &workload.namespace);
+    Ok((workload, auth, fencing))
 }
 
 /// `spec.auth.treasuryServiceAccounts` as the identities TokenReview gives their tokens.
@@ -349,7 +386,8 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
         etcd_auth,
         auth,
         fencing,
-    })? + &SecretFile::config_lines(&secret_files);
+    })? + &SecretFile::config_lines(&secret_files)
+        + &tls_config_lines(&workload);
     Ok(Workload {
         config_toml,
         secret_files,
@@ -378,13 +416,34 @@ pub fn payment_resource(
             server: server(),
             pg_url: None,
             auth,
-            // A PaymentResource's spec names no second-approval threshold yet.
-            dual_approval_above: None,
+            dual_approval_above: dual_approval_above(spec.treasury.as_ref())?,
             fencing,
-        })? + &SecretFile::config_lines(&secret_files),
+        })? + &SecretFile::config_lines(&secret_files)
+            + &tls_config_lines(&workload),
         secret_files,
         ..workload
     })
+}
+
+/// `spec.treasury.dualApprovalAbove` as `auth.treasury.dual-approval-above`: a positive amount
+/// in minor units, at most the contract's largest amount (the CRD's schema says the same).
+fn dual_approval_above(
+    treasury: Option<&crate::crd::TreasurySpec>,
+) -> Result<Option<i64>, Invalid> {
+    let Some(above) = treasury.and_then(|t| t.dual_approval_above) else {
+        return Ok(None);
+    };
+    let max = dlock_contract::payment::AMOUNT_MINOR_MAX;
+    if !(1..=max).contains(&above) {
+        return Err(invalid(
+            "spec.treasury.dualApprovalAbove",
+            format!(
+                "must be a whole number of minor units from 1 to {max} (a funding above it waits \
+                 for a second treasury identity); remove it to apply every funding at once"
+            ),
+        ));
+    }
+    Ok(Some(above))
 }
 
 /// The rail proxy and, when `spec.stub` is set, the rail stub (`<name>-stub`).
@@ -397,12 +456,16 @@ pub struct ValidatedRail {
 pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRail, Invalid> {
     let spec = &object.spec;
     let name = object.name_any();
+    let namespace = namespace_of(object)?;
     let stub_name = format!("{name}-stub");
+    // The stub serves with the proxy's TLS Secret (its certificate names both Services).
+    let tls = tls_secret(&spec.service)?.is_some();
     let rail_url = match (&spec.rail_url, &spec.stub) {
         (Some(url), None) => url.clone(),
-        (None, Some(_)) => service_url(
+        (None, Some(_)) => service_url_with(
             &super::service_name("metadata.name", &stub_name)?,
-            &namespace_of(object)?,
+            &namespace,
+            tls,
         ),
         _ => {
             return Err(invalid(
@@ -423,56 +486,107 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
             .as_ref()
             .map(|token| ("rail.proxy.operator-token", token)),
     );
+    let stubbed = spec.stub.is_some();
+    // Towards the operator's stub the proxy presents a projected token of its ServiceAccount
+    // (the namespace's `dlock-service`, audience `dlock`), and trusts the CA of its own TLS
+    // Secret, which also signed the stub's certificate.
+    let rail_credential_file = stubbed.then(|| format!("{RAIL_TOKEN_DIR}/token"));
+    let rail_ca_line = if stubbed && tls {
+        format!(
+            "\"rail.proxy.rail-ca-file\" = {}\n",
+            toml_string(&format!("{TLS_DIR}/{CA_FILE}"))
+        )
+    } else {
+        String::new()
+    };
     let proxy = Workload {
         config_toml: render(&config::RailProxy {
             server: server(),
             pg_url: None,
             rail_url,
             read_timeout_ms,
-            rail_credential_file: None,
+            rail_credential_file,
             auth,
             fencing,
-        })? + &SecretFile::config_lines(&secret_files),
+        })? + &SecretFile::config_lines(&secret_files)
+            + &tls_config_lines(&workload)
+            + &rail_ca_line,
         secret_files,
         // A rollout must never cut a forward in flight: the pod gets the whole read timeout,
         // rounded up, plus room to answer and drain.
         termination_grace_period_seconds: (read_timeout_ms + 999) / 1000
             + TERMINATION_GRACE_ABOVE_READ_TIMEOUT_SECONDS,
+        // The stub knows the proxy by its ServiceAccount, whatever the proxy's own auth mode.
+        service_account: if stubbed {
+            Some(SERVICE_ACCOUNT.to_owned())
+        } else {
+            workload.service_account.clone()
+        },
+        rail_token: stubbed,
         ..workload
     };
     let stub = match &spec.stub {
         None => None,
-        Some(stub) => Some(Workload {
-            name: stub_name,
-            component: Component::RailStub,
-            // One stub: its statement is one file, like one rail's books.
-            replicas: 1,
-            config_toml: render(&config::RailStub {
-                server: server(),
-                latency_ms: stub.latency_ms.unwrap_or(0),
-                failure_rate: stub.failure_rate.unwrap_or(0.0),
-                duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
-                redirect_rate: None,
-                statement_path: "/data/rail-statement.jsonl".to_owned(),
-                // Said by name: the stub has no default mode. The proxy's pod has no token of
-                // audience `dlock` to present to it yet, so the stub takes transfers from any
-                // pod that can reach its Service (docs/threat-model.md).
-                auth: Some(config::Auth::none()),
-            })?,
-            secret_files: Vec::new(),
-            termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
-            cloud_sql: None,
-            data_volume: true,
-            service_account: None,
-            auth_disabled: false,
-            fencing_proof_keys_secret: None,
-            pod: PodSettings::from_spec(
-                stub.resources.as_ref(),
-                spec.service.pod.image_pull_secrets.as_ref(),
-                small_resources(),
-            ),
-            ..proxy.clone()
-        }),
+        Some(stub) => Some(rail_stub(&proxy, stub_name, stub, &spec.service)?),
     };
     Ok(ValidatedRail { proxy, stub })
+}
+
+/// The operator's rail stub beside `proxy`: TokenReview on every call, and only the proxy's
+/// ServiceAccount (`rail.stub.submitter-identities`) may submit a transfer; any other pod that
+/// reaches it, with any other token, is refused before a transfer is recorded
+/// (docs/threat-model.md#the-rail-stub). It serves TLS with the proxy's Secret.
+fn rail_stub(
+    proxy: &Workload,
+    name: String,
+    stub: &crate::crd::RailStubSpec,
+    service: &ServiceSettings,
+) -> Result<Workload, Invalid> {
+    let auth = config::Auth {
+        mode: config::AuthMode::TokenReview,
+        tokens_file: None,
+        tokenreview_audiences: vec![crate::build::job::TOKEN_AUDIENCE.to_owned()],
+        operator_identities: Vec::new(),
+        treasury_identities: Vec::new(),
+        service_accounts: Vec::new(),
+    };
+    let proxy_identity = super::service_account_identity(&proxy.namespace, SERVICE_ACCOUNT);
+    let workload = Workload {
+        name,
+        component: Component::RailStub,
+        // One stub: its statement is one file, like one rail's books.
+        replicas: 1,
+        config_toml: String::new(),
+        secret_files: Vec::new(),
+        termination_grace_period_seconds: TERMINATION_GRACE_SECONDS_DEFAULT,
+        cloud_sql: None,
+        data_volume: true,
+        // Its TokenReview calls need the token of `dlock-service` (system:auth-delegator).
+        service_account: Some(SERVICE_ACCOUNT.to_owned()),
+        auth_disabled: false,
+        rail_token: false,
+        fencing_proof_keys_secret: None,
+        pod: PodSettings::from_spec(
+            stub.resources.as_ref(),
+            service.pod.image_pull_secrets.as_ref(),
+            small_resources(),
+        ),
+        ..proxy.clone()
+    };
+    let config_toml = render(&config::RailStub {
+        server: server(),
+        latency_ms: stub.latency_ms.unwrap_or(0),
+        failure_rate: stub.failure_rate.unwrap_or(0.0),
+        duplicate_ack_rate: stub.duplicate_ack_rate.unwrap_or(0.0),
+        redirect_rate: None,
+        statement_path: "/data/rail-statement.jsonl".to_owned(),
+        auth: Some(auth),
+    })? + &format!(
+        "\"rail.stub.submitter-identities\" = [{}]\n",
+        toml_string(&proxy_identity)
+    ) + &tls_config_lines(&workload);
+    Ok(Workload {
+        config_toml,
+        ..workload
+    })
 }

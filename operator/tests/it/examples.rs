@@ -73,8 +73,12 @@ fn the_payout_batch_sample_runs_unchanged_under_dlock_run() {
     let mut object: PayoutBatch = serde_yaml_ng::from_str(&text).unwrap();
     object.metadata.namespace = Some("default".to_owned());
     object.metadata.uid = Some("uid".to_owned());
-    let batch =
-        dlock_operator::validate::payout_batch(&object, &crate::fixtures::settings()).unwrap();
+    let batch = dlock_operator::validate::payout_batch(
+        &object,
+        &crate::fixtures::settings(),
+        &Default::default(),
+    )
+    .unwrap();
     let in_cluster = dlock_executor::manifest::parse(&batch.manifest_yaml).unwrap();
     let ids = |b: &dlock_executor::PayoutBatch| {
         b.plan()

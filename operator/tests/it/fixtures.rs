@@ -14,6 +14,16 @@ pub const ALLOWED_IMAGE: &str = "registry.example/dlock:pinned";
 pub const OPERATOR_IDENTITY: &str = "system:serviceaccount:dlock-system:dlock-operator";
 pub const NOW: &str = "2026-12-02T17:00:00Z";
 
+/// What the fixtures' PaymentResource lets a batch pick for its executor: the ServiceAccount
+/// `payroll-runner` and the Secret `executor-credential`.
+pub fn executor_allowance() -> dlock_operator::validate::ExecutorAllowance {
+    dlock_operator::validate::ExecutorAllowance {
+        service_accounts: vec!["payroll-runner".to_owned()],
+        credential_secrets: vec!["executor-credential".to_owned()],
+        payment_resource: "payment-resource".to_owned(),
+    }
+}
+
 pub fn settings() -> dlock_operator::validate::Settings {
     dlock_operator::validate::Settings {
         image: IMAGE.to_owned(),
@@ -79,6 +89,9 @@ pub fn payment_resource() -> PaymentResource {
         spec: PaymentResourceSpec {
             database_url_secret: secret("paydb", "url"),
             operator_token_secret: Some(secret("operator-token", "token")),
+            treasury: None,
+            executor_service_accounts: None,
+            executor_credential_secrets: None,
             service: ServiceSettings {
                 replicas: Some(3),
                 cloud_sql: Some(CloudSql {

@@ -54,7 +54,7 @@ fn a_batch_naming_a_host_instead_of_a_service_is_refused_before_any_url_is_made(
     named.spec.lock_server = Some("locks".to_owned());
     named.spec.payment_resource = Some("payments".to_owned());
     named.spec.rail_proxy = Some("rail".to_owned());
-    let batch = validate::payout_batch(&named, &settings()).unwrap();
+    let batch = validate::payout_batch(&named, &settings(), &Default::default()).unwrap();
     assert_eq!(
         batch.payment_resource_url,
         "http://payments.default.svc:8080"
@@ -69,7 +69,7 @@ fn a_batch_naming_a_host_instead_of_a_service_is_refused_before_any_url_is_made(
         for bad in hostile() {
             let mut object = named.clone();
             *at(&mut object) = Some(bad.clone());
-            let refused = validate::payout_batch(&object, &settings())
+            let refused = validate::payout_batch(&object, &settings(), &Default::default())
                 .err()
                 .unwrap_or_else(|| panic!("{field} = {bad:?} was accepted"));
             assert_eq!(refused.field, field, "{bad:?}: {refused}");

@@ -65,7 +65,8 @@ fn every_pod_takes_only_the_telemetry_keys_from_the_telemetry_config_map() {
         let spec = deployment.spec.unwrap().template.spec.unwrap();
         assert_key_by_key(&workload.name, &spec);
     }
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings).unwrap();
+    let batch =
+        validate::payout_batch(&fixtures::payout_batch(), &settings, &Default::default()).unwrap();
     let job = build::job::executor_job(&batch);
     assert_key_by_key("executor Job", &job.spec.unwrap().template.spec.unwrap());
 }

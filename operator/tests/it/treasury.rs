@@ -69,3 +69,59 @@ fn a_treasury_entry_that_is_not_a_service_account_name_is_refused_naming_it() {
     assert_eq!(items["pattern"], SERVICE_NAME_PATTERN, "{items}");
     assert_eq!(items["maxLength"], 63, "{items}");
 }
+
+fn with_dual_approval_above(above: Option<i64>) -> PaymentResource {
+    let mut object = fixtures::payment_resource();
+    object.spec.treasury = Some(dlock_operator::crd::TreasurySpec {
+        dual_approval_above: above,
+    });
+    object
+}
+
+#[test]
+fn the_dual_approval_threshold_is_rendered_into_the_payment_resources_config() {
+    let key = "\"auth.treasury.dual-approval-above\"";
+    let set = validate::payment_resource(&with_dual_approval_above(Some(500_000)), &settings())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        set.config_toml.contains(&format!("{key} = 500000\n")),
+        "{}",
+        set.config_toml
+    );
+    // Absent (no treasury, or no threshold in it): the key is left out and every funding
+    // applies at once.
+    for object in [fixtures::payment_resource(), with_dual_approval_above(None)] {
+        let absent =
+            validate::payment_resource(&object, &settings()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!absent.config_toml.contains(key), "{}", absent.config_toml);
+    }
+}
+
+#[test]
+fn a_dual_approval_threshold_that_is_not_a_positive_amount_is_refused_naming_it() {
+    for bad in [
+        0,
+        -1,
+        i64::MIN,
+        dlock_contract::payment::AMOUNT_MINOR_MAX + 1,
+    ] {
+        let refused = validate::payment_resource(&with_dual_approval_above(Some(bad)), &settings())
+            .expect_err(&bad.to_string());
+        assert_eq!(refused.field, "spec.treasury.dualApprovalAbove", "{bad}");
+        assert!(
+            refused.message.contains("minor units"),
+            "{}",
+            refused.message
+        );
+    }
+    // The CRD's schema carries the same range, so the API server refuses it first.
+    let crd = serde_json::to_value(PaymentResource::crd()).unwrap_or_else(|e| panic!("{e}"));
+    let above = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["treasury"]["properties"]["dualApprovalAbove"];
+    assert_eq!(above["minimum"].as_f64(), Some(1.0), "{above}");
+    assert_eq!(
+        above["maximum"].as_f64(),
+        Some(dlock_contract::payment::AMOUNT_MINOR_MAX as f64),
+        "{above}"
+    );
+}

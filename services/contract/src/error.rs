@@ -8,11 +8,12 @@ use serde_json::Value;
 
 /// Stable machine identifiers. Alerts filter on these, never on the message.
 ///
-/// The first fifteen are the contract's catalogue. The last seven are the project's own, for
+/// The first fifteen are the contract's catalogue. The rest are the project's own, for
 /// situations the catalogue does not name but a JSON client still has to tell apart: an unknown
 /// route, a wrong method, a missing or wrong credential, a credential that could not be checked
-/// because the identity provider (Kubernetes TokenReview) did not answer, a server fault, and a
-/// write the lock server sent to its backend without hearing back (docs/contract.md#outcome-unknown).
+/// because the identity provider (Kubernetes TokenReview) did not answer, a server fault, a
+/// write the lock server sent to its backend without hearing back (docs/contract.md#outcome-unknown),
+/// a payout above its account's limit, and paydb refusing writes until an operator's recovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
@@ -40,10 +41,14 @@ pub enum ErrorCode {
     OutcomeUnknown,
     /// A payout above its account's limit (docs/contract.md#account-limits).
     LimitExceeded,
+    /// paydb is on a new timeline after a failover that may have lost writes and refuses every
+    /// write until an operator runs `dlock recover paydb-epoch` (docs/design.md#d-12). Nothing
+    /// was written; unlike NOT_LEADER, no other replica and no retry soon will do better.
+    RecoveryRequired,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -67,6 +72,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::OutcomeUnknown,
         ErrorCode::LimitExceeded,
+        ErrorCode::RecoveryRequired,
     ];
 
     /// The HTTP status the catalogue assigns to the code.
@@ -76,7 +82,7 @@ impl ErrorCode {
             LockContended | LockLost | FencedOut | PayoutNotClaimable | DuplicateSubmission
             | RailAmbiguous => StatusCode::CONFLICT,
             ContentionExceeded => StatusCode::TOO_MANY_REQUESTS,
-            NotLeader | RailUnavailable | AuthUnavailable | OutcomeUnknown => {
+            NotLeader | RailUnavailable | AuthUnavailable | OutcomeUnknown | RecoveryRequired => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             SessionUnknown | NotFound => StatusCode::NOT_FOUND,
@@ -93,16 +99,23 @@ impl ErrorCode {
     }
 
     /// The server's verdict on whether the identical request may be re-sent by the same caller
-    /// with the same token without risking a duplicate side effect. Not "was it transient".
+    /// with the same token without risking a duplicate side effect. Not "was it transient":
+    /// RECOVERY_REQUIRED is retry-safe (nothing was written) and lasts until an operator acts.
     pub fn retry_safe(self) -> bool {
         use ErrorCode::*;
         matches!(
             self,
-            LockContended | ContentionExceeded | NotLeader | RailUnavailable | AuthUnavailable
+            LockContended
+                | ContentionExceeded
+                | NotLeader
+                | RailUnavailable
+                | AuthUnavailable
+                | RecoveryRequired
         )
     }
 
-    /// Whether the catalogue puts `retryAfterMillis` on this code.
+    /// Whether the catalogue puts `retryAfterMillis` on this code. Not on RECOVERY_REQUIRED: it
+    /// ends when an operator has run the recovery, which no server can time.
     pub fn carries_retry_after(self) -> bool {
         use ErrorCode::*;
         matches!(
@@ -137,6 +150,7 @@ impl ErrorCode {
             Internal => "INTERNAL",
             OutcomeUnknown => "OUTCOME_UNKNOWN",
             LimitExceeded => "LIMIT_EXCEEDED",
+            RecoveryRequired => "RECOVERY_REQUIRED",
         }
     }
 }
@@ -399,6 +413,28 @@ mod tests {
             serde_json::json!("OUTCOME_UNKNOWN")
         );
         assert!(ErrorCode::NotLeader.retry_safe());
+    }
+
+    #[test]
+    fn recovery_required_is_a_retry_safe_503_that_promises_no_quick_retry() {
+        // paydb refuses every write until `dlock recover paydb-epoch` (docs/design.md#d-12):
+        // nothing was written, so the identical request may be sent again, but only after the
+        // recovery; no retryAfterMillis, no Retry-After, and never NOT_LEADER's promise.
+        let code = ErrorCode::RecoveryRequired;
+        assert_eq!(code.status().as_u16(), 503);
+        assert!(code.retry_safe());
+        assert!(!code.carries_retry_after());
+        assert_ne!(code, ErrorCode::NotLeader);
+        assert_eq!(
+            serde_json::to_value(code).unwrap_or_default(),
+            serde_json::json!("RECOVERY_REQUIRED")
+        );
+        let parsed = serde_json::from_value::<ErrorCode>(serde_json::json!("RECOVERY_REQUIRED"));
+        assert_eq!(parsed.ok(), Some(code));
+        assert!(ErrorCode::ALL.contains(&code));
+        let response = ApiError::new(code, "x").into_response();
+        assert_eq!(response.status().as_u16(), 503);
+        assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl PayoutState {
         PayoutState::Abandoned,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             PayoutState::Pending => "PENDING",
             PayoutState::Claimed => "CLAIMED",
@@ -312,6 +312,62 @@ pub struct ApprovedFunding {
     pub balance_minor: i64,
 }
 
+/// Which fundings `GET /v1/fundings` lists (docs/contract.md#list-fundings): those waiting for a
+/// second treasury identity (`pending`, the default), those approved and applied (`applied`), or
+/// both (`all`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FundingsFilter {
+    #[default]
+    Pending,
+    Applied,
+    All,
+}
+
+impl FundingsFilter {
+    pub const ALL: [FundingsFilter; 3] = [Self::Pending, Self::Applied, Self::All];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Applied => "applied",
+            Self::All => "all",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.as_str() == text)
+    }
+}
+
+/// One funding that needed a second treasury identity, as `GET /v1/fundings` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FundingSummary {
+    pub funding_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    /// The account's currency.
+    pub currency: String,
+    pub reference: String,
+    /// The treasury identity that asked for it.
+    pub requested_by: String,
+    pub requested_at: DateTime<Utc>,
+    /// `PENDING_APPROVAL`, or `APPROVED` (approved and applied).
+    pub status: String,
+    pub approved_by: Option<String>,
+    pub approved_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /v1/fundings`: the fundings the filter selects, newest request first, at most `limit`
+/// of them; `truncated` when there are more.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FundingList {
+    pub items: Vec<FundingSummary>,
+    pub truncated: bool,
+}
+
 /// Declares a body that carries a payout's order: its id, the account it is paid from, the amount
 /// in minor units with its currency, and the beneficiary. The payment resource registers a payout
 /// from these five fields and the rail proxy submits the same five
@@ -460,14 +516,23 @@ pub struct FenceRequest {
     pub revocation_id: Uuid,
 }
 
+/// The answer of a fence advance (docs/design.md#d-3): the account's fence before and after it,
+/// and who made it, as the audit row records it (the typed-in operator and the authenticated
+/// identity).
+// The payment resource's document names the schema `FenceAdvanced`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = FenceAdvanced)]
 pub struct FenceResponse {
     pub account_id: String,
     pub previous_fence: i64,
     /// `max(previousFence, floor)`.
     pub fence: i64,
     pub revocation_id: Uuid,
+    /// The body's operator, as typed.
+    pub operator: String,
+    /// What the caller's credential authenticated as; recorded beside the operator.
+    pub identity: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -488,10 +553,23 @@ pub struct ResolveRequest {
     pub evidence: String,
 }
 
-/// The answer of a resolution, as a client reads it: a posting's answer, whose entries are the
-/// two rows when resolved POSTED and none when FAILED. (The service's answer also names who
-/// resolved it; a client reading this type skips those fields.)
-pub type ResolveResponse = PostResponse;
+/// The answer of a resolution of a RAIL_AMBIGUOUS payout: its state, its ledger entries and
+/// balance, and who resolved it.
+// The payment resource's document names the schema `Resolved`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = Resolved)]
+pub struct ResolveResponse {
+    pub payout_id: Uuid,
+    pub state: PayoutState,
+    /// Two rows when resolved POSTED, none when FAILED.
+    pub entries: Vec<LedgerEntry>,
+    pub balance_minor: i64,
+    /// The body's operator, as typed.
+    pub operator: String,
+    /// What the caller's credential authenticated as; recorded beside the operator.
+    pub identity: String,
+}
 
 /// Cancels a payout that never reached the rail: PENDING or CLAIMED → ABANDONED
 /// (docs/contract.md#payout-states).
@@ -529,6 +607,53 @@ mod tests {
             assert_eq!(wire, serde_json::Value::String(state.as_str().to_owned()));
             assert_eq!(PayoutState::parse(state.as_str()), Some(state));
         }
+    }
+
+    /// The server and its client share one type per answer; the answers of a fence advance and of
+    /// a resolution spell as the payment resource's document says (`FenceAdvanced`, `Resolved`),
+    /// who made them included, and read back as they were written.
+    #[test]
+    fn operator_answers_spell_as_documented() {
+        let revocation_id = Uuid::from_u128(9);
+        let fenced = FenceResponse {
+            account_id: "acct-17".into(),
+            previous_fence: 3,
+            fence: 7,
+            revocation_id,
+            operator: "alice".into(),
+            identity: "oncall".into(),
+        };
+        let wire = serde_json::json!({
+            "accountId": "acct-17", "previousFence": 3, "fence": 7,
+            "revocationId": revocation_id, "operator": "alice", "identity": "oncall",
+        });
+        assert_eq!(serde_json::to_value(&fenced).ok(), Some(wire.clone()));
+        assert_eq!(
+            serde_json::from_value::<FenceResponse>(wire).ok(),
+            Some(fenced)
+        );
+
+        let resolved = ResolveResponse {
+            payout_id: Uuid::from_u128(5),
+            state: PayoutState::Failed,
+            entries: Vec::new(),
+            balance_minor: 100,
+            operator: "alice".into(),
+            identity: "oncall".into(),
+        };
+        let wire = serde_json::json!({
+            "payoutId": Uuid::from_u128(5), "state": "FAILED", "entries": [],
+            "balanceMinor": 100, "operator": "alice", "identity": "oncall",
+        });
+        assert_eq!(serde_json::to_value(&resolved).ok(), Some(wire.clone()));
+        assert_eq!(
+            serde_json::from_value::<ResolveResponse>(wire).ok(),
+            Some(resolved)
+        );
+
+        use utoipa::ToSchema;
+        assert_eq!(FenceResponse::name(), "FenceAdvanced");
+        assert_eq!(ResolveResponse::name(), "Resolved");
     }
 
     /// The patterns are the rules: every byte string of up to two characters, and the limits,

@@ -195,6 +195,27 @@ impl PaymentClient {
         expect_body(&url, send(&url, req).await?)
     }
 
+    /// The fundings that needed a second treasury identity (docs/contract.md#list-fundings):
+    /// `state` absent lists the pending ones; needs a treasury credential.
+    pub async fn list_fundings(
+        &self,
+        state: Option<FundingsFilter>,
+        limit: Option<i64>,
+    ) -> Result<FundingList, ClientError> {
+        let (url, mut req) = self.request(Method::GET, "/v1/fundings", READ_TIMEOUT);
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(state) = state {
+            query.push(("state", state.as_str().to_owned()));
+        }
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        if !query.is_empty() {
+            req = req.query(&query);
+        }
+        expect_body(&url, send(&url, req).await?)
+    }
+
     /// P2, fenced by `fence`: the grant's token and, when the service checks proofs, its proof as
     /// `X-Fencing-Proof`.
     pub async fn claim(

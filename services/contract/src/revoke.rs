@@ -12,6 +12,14 @@
 //!   same on every retry; the high-water advance is a max and repeats harmlessly.
 //! - A 4xx (but 408 and 429) is a refusal: reported as such and not retried. A 5xx, a 408/429,
 //!   no answer or an answer outside the contract is retryable.
+//! - L8 always carries a token: the order's `expectedToken`, or else the token of the key's
+//!   holder read (L7) just before. An L8 whose outcome is unknown (`503 OUTCOME_UNKNOWN`, a
+//!   `500`, no answer after the request went out) is never resent blindly and never reported as
+//!   a failure: the key is read (L7). Still held under that token, nothing was revoked and L8 is
+//!   sent again; that grant gone, the revocation took effect and the flow goes on to the fences
+//!   with the lowest floor that fences the token out (token + 1), because the lock server's own
+//!   floor never arrived; the read failing, the outcome stays unknown ([`Outcome::Unknown`]) and
+//!   the next run settles it first ([`settle_and_run`]). docs/contract.md#outcome-unknown.
 //! - Lock keys and account ids are checked against the contract's alphabets (`[a-zA-Z0-9:._-]`)
 //!   before anything is sent: every character of them is a valid path character, so the clients
 //!   put them into the path as they are, and nothing else ever reaches a URL.
@@ -19,12 +27,13 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use backon::BackoffBuilder;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::client::{ClientError, LockClient};
 use crate::error::ErrorCode;
-use crate::lock::{REVOKE_REASON_LEN_MIN, Revocation, RevokeRequest, key_is_valid};
+use crate::lock::{LockInfo, REVOKE_REASON_LEN_MIN, Revocation, RevokeRequest, key_is_valid};
 use crate::payment::{FenceRequest, FenceResponse, account_id_is_valid};
 use crate::payment_client::PaymentClient;
 use crate::rail::{HighWater, HighWaterRequest, RailClient};
@@ -32,8 +41,11 @@ use crate::rail::{HighWater, HighWaterRequest, RailClient};
 /// One step's call.
 pub type StepFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClientError>> + Send + 'a>>;
 
-/// The three calls of the flow. [`RevokeClients`] makes them for real; tests substitute fakes.
+/// The calls of the flow. [`RevokeClients`] makes them for real; tests substitute fakes.
 pub trait RevokeSteps: Send + Sync {
+    /// L7 on the lock server: who holds the key now. It pins the grant L8 revokes when the order
+    /// names no token, and settles an L8 whose outcome is unknown.
+    fn read_lock<'a>(&'a self, key: &'a str) -> StepFuture<'a, LockInfo>;
     /// L8 on the lock server.
     fn revoke_lock<'a>(
         &'a self,
@@ -69,6 +81,10 @@ pub struct RevokeClients {
 }
 
 impl RevokeSteps for RevokeClients {
+    fn read_lock<'a>(&'a self, key: &'a str) -> StepFuture<'a, LockInfo> {
+        Box::pin(self.lock.get(key))
+    }
+
     fn revoke_lock<'a>(
         &'a self,
         key: &'a str,
@@ -252,12 +268,53 @@ impl std::fmt::Display for StepError {
 #[serde(tag = "result", rename_all = "camelCase")]
 pub enum LockStep {
     Revoked(Revocation),
+    /// L8's answer was lost, and the key read afterwards (L7) no longer shows the grant it was
+    /// sent for: the revocation took effect. The fences get [`Settled::floor`].
+    Settled(Settled),
     /// Not called: a recorded [`Progress`] was resumed.
     Resumed,
     /// Refused (a 4xx, or an order the contract would refuse, then without a status).
     Refused(StepError),
-    /// No decision: call again (with `expectedToken` that is always safe).
+    /// Nothing was revoked: call again (L8 always names its grant, so that is always safe).
     Unavailable(StepError),
+    /// L8 may have revoked the grant, and the read that would tell failed: neither resent nor
+    /// given up. [`settle_and_run`] settles it by reading the key first.
+    Unknown(Unsettled),
+}
+
+/// An L8 whose answer was lost, settled by reading the key: the grant it was sent for is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settled {
+    /// The token L8 was sent for.
+    pub revoked_token: i64,
+    /// The token holding the key when it was read, if any: a holder after the revocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_token: Option<i64>,
+    /// What came instead of L8's answer.
+    pub lost: StepError,
+}
+
+impl Settled {
+    /// The floor pushed to the fences: the lowest that fences the revoked token out (the account
+    /// fence admits a post at `fence <= token`, the rail only `token > mark`). The lock server's
+    /// own floor never arrived; it lies above the revoked token and below every later grant's
+    /// token, so no later holder is fenced by this one.
+    pub fn floor(&self) -> i64 {
+        self.revoked_token.saturating_add(1)
+    }
+}
+
+/// An L8 whose outcome is unknown: sent for `token`, no answer, and the key could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unsettled {
+    /// The token L8 was sent for.
+    pub token: i64,
+    /// What came instead of L8's answer.
+    pub lost: StepError,
+    /// Why the key could not be read.
+    pub read: StepError,
 }
 
 /// One enforcement point's step.
@@ -306,6 +363,10 @@ pub enum Outcome {
     Incomplete,
     /// A service refused (4xx): running the same order again would be refused again.
     Refused,
+    /// L8 may have revoked the grant and the key could not be read to tell: not a failure, not
+    /// to be resent blindly. Run [`settle_and_run`] with [`RevokeReport::unsettled_token`], or
+    /// read the key (L7): still held under that token, nothing was revoked.
+    Unknown,
 }
 
 /// Every step's typed result.
@@ -332,7 +393,8 @@ impl RevokeReport {
         match lock {
             LockStep::Refused(_) => return Outcome::Refused,
             LockStep::Unavailable(_) => return Outcome::Incomplete,
-            LockStep::Revoked(_) | LockStep::Resumed => {}
+            LockStep::Unknown(_) => return Outcome::Unknown,
+            LockStep::Revoked(_) | LockStep::Settled(_) | LockStep::Resumed => {}
         }
         if matches!(account_fence, FenceStep::Refused(_))
             || matches!(rail_high_water, FenceStep::Refused(_))
@@ -345,6 +407,15 @@ impl RevokeReport {
         }
     }
 
+    /// The token of an L8 whose outcome is unknown ([`Outcome::Unknown`]): what
+    /// [`settle_and_run`] takes.
+    pub fn unsettled_token(&self) -> Option<i64> {
+        match &self.lock {
+            LockStep::Unknown(u) => Some(u.token),
+            _ => None,
+        }
+    }
+
     /// One line per step, for a human.
     pub fn lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
@@ -354,6 +425,27 @@ impl RevokeReport {
                 "lock server: revoked token {} of {}; new token floor {} (revocation {})",
                 r.revoked_token, r.revoked_owner_id, r.new_token_floor, r.revocation_id
             )),
+            LockStep::Settled(s) => {
+                let now = match s.holder_token {
+                    Some(t) => format!("is held by token {t}, a grant after the revocation"),
+                    None => "is not held".to_owned(),
+                };
+                let id = self
+                    .progress
+                    .as_ref()
+                    .map(|p| p.revocation_id.to_string())
+                    .unwrap_or_default();
+                lines.push(format!(
+                    "lock server: the answer to L8 for token {t} was lost ({lost}); read afterwards \
+                     (L7), {key} {now}: the revocation took effect. Floor {floor}, the lowest that \
+                     fences token {t} out (the lock server's own floor never arrived); revocation \
+                     id {id} is this run's own",
+                    t = s.revoked_token,
+                    lost = s.lost,
+                    key = self.key,
+                    floor = s.floor(),
+                ));
+            }
             LockStep::Resumed => {
                 if let Some(p) = &self.progress {
                     lines.push(format!(
@@ -364,6 +456,11 @@ impl RevokeReport {
             }
             LockStep::Refused(e) => lines.push(format!("lock server refused: {e}")),
             LockStep::Unavailable(e) => lines.push(format!("lock server did not answer: {e}")),
+            LockStep::Unknown(u) => lines.push(format!(
+                "lock server: the answer to L8 for token {} was lost ({}), and reading the key \
+                 failed ({}): whether that grant was revoked is unknown",
+                u.token, u.lost, u.read
+            )),
         }
         match &self.account_fence {
             FenceStep::Advanced(f) => lines.push(format!(
@@ -396,7 +493,7 @@ impl RevokeReport {
             Outcome::Complete => "done: every write with the revoked token is now FENCED_OUT at \
                                   the account and at the rail"
                 .to_owned(),
-            Outcome::Incomplete | Outcome::Refused => self.summary(),
+            Outcome::Incomplete | Outcome::Refused | Outcome::Unknown => self.summary(),
         });
         lines
     }
@@ -405,16 +502,33 @@ impl RevokeReport {
     pub fn summary(&self) -> String {
         let floor = self.progress.as_ref().map(|p| p.new_token_floor);
         match (self.outcome, floor) {
-            (Outcome::Complete, Some(floor)) => format!(
-                "revoked token {}, floor {floor} at both fences",
-                self.progress
+            (Outcome::Complete, Some(floor)) => {
+                let token = self
+                    .progress
                     .as_ref()
                     .and_then(|p| p.revoked_token)
-                    .unwrap_or(0)
-            ),
+                    .unwrap_or(0);
+                let settled = if matches!(self.lock, LockStep::Settled(_)) {
+                    " (L8's answer was lost; the key read afterwards showed the grant gone)"
+                } else {
+                    ""
+                };
+                format!("revoked token {token}, floor {floor} at both fences{settled}")
+            }
             (_, None) => match &self.lock {
                 LockStep::Refused(e) => format!("the lock server refused: {e}"),
                 LockStep::Unavailable(e) => format!("the lock server did not answer: {e}"),
+                LockStep::Unknown(u) => format!(
+                    "outcome unknown: L8 for token {t} of {key} went unanswered ({lost}) and \
+                     reading the key failed ({read}); read it (GET /v1/locks/{key}): still held \
+                     by token {t}, nothing was revoked; not, it was, and both fences still need \
+                     floor {floor}",
+                    t = u.token,
+                    key = self.key,
+                    lost = u.lost,
+                    read = u.read,
+                    floor = u.token.saturating_add(1),
+                ),
                 _ => "no floor".to_owned(),
             },
             (outcome, Some(floor)) => {
@@ -440,14 +554,59 @@ impl RevokeReport {
     }
 }
 
+/// How many times one run sends L8 for one grant while its answer keeps being lost and the key
+/// still shows that grant (nothing revoked yet).
+pub const L8_SENDS_MAX: usize = 3;
+
 /// Runs the flow: L8 (unless `resume` holds a recorded result), then each fence not yet done.
 /// It never fails as a whole: every step's result is in the report.
+///
+/// L8 is sent for the grant the key shows (L7) just before, and only when that is the order's
+/// `expectedToken` if it has one: a key held by another grant, or by none, is refused without
+/// L8. An L8 whose outcome is unknown is settled by reading the key (see the module's notes).
 pub async fn run<S: RevokeSteps + ?Sized>(
     steps: &S,
     order: &RevokeOrder,
     resume: Option<&Progress>,
 ) -> RevokeReport {
-    let report = |lock: LockStep| RevokeReport {
+    if let Err(message) = order.check() {
+        return not_sent(order, &message);
+    }
+    let started = match resume {
+        Some(recorded) => Ok((LockStep::Resumed, recorded.clone())),
+        None => revoke_at_lock_server(steps, order, None).await,
+    };
+    fence(steps, order, started).await
+}
+
+/// Resumes a run whose L8 for `token` has an unknown outcome ([`Outcome::Unknown`]): the key is
+/// read first (L7). That grant still holding it, nothing was revoked and L8 is sent for it
+/// again; gone, the revocation took effect and the flow goes on to the fences; the read failing,
+/// the outcome is still unknown. Never an L8 for another grant.
+pub async fn settle_and_run<S: RevokeSteps + ?Sized>(
+    steps: &S,
+    order: &RevokeOrder,
+    token: i64,
+) -> RevokeReport {
+    let order = RevokeOrder {
+        expected_token: Some(token),
+        ..order.clone()
+    };
+    if let Err(message) = order.check() {
+        return not_sent(&order, &message);
+    }
+    let lost = StepError {
+        status: None,
+        code: None,
+        message: format!("an earlier run's L8 for token {token} went unanswered"),
+    };
+    let started = revoke_at_lock_server(steps, &order, Some((token, lost))).await;
+    fence(steps, &order, started).await
+}
+
+/// The report of a flow that ended at the lock server.
+fn lock_only(order: &RevokeOrder, lock: LockStep) -> RevokeReport {
+    RevokeReport {
         key: order.key.clone(),
         account_id: order.account_id.clone(),
         outcome: RevokeReport::outcome_of(&lock, &FenceStep::Skipped, &FenceStep::Skipped),
@@ -455,41 +614,216 @@ pub async fn run<S: RevokeSteps + ?Sized>(
         progress: None,
         account_fence: FenceStep::Skipped,
         rail_high_water: FenceStep::Skipped,
-    };
-    if let Err(message) = order.check() {
-        return report(LockStep::Refused(StepError {
+    }
+}
+
+fn not_sent(order: &RevokeOrder, message: &str) -> RevokeReport {
+    lock_only(
+        order,
+        LockStep::Refused(StepError {
             status: None,
             code: None,
             message: format!("not sent: {message}"),
-        }));
+        }),
+    )
+}
+
+/// The token of the grant holding `key` now (L7), `None` when none does (a key never seen is
+/// 404).
+async fn holder<S: RevokeSteps + ?Sized>(steps: &S, key: &str) -> Result<Option<i64>, ClientError> {
+    match steps.read_lock(key).await {
+        Ok(info) if info.held => {
+            info.fencing_token
+                .map(Some)
+                .ok_or_else(|| ClientError::Protocol {
+                    url: String::new(),
+                    message: format!("L7 says {key} is held but names no token"),
+                })
+        }
+        Ok(_) => Ok(None),
+        Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+        Err(e) => Err(e),
     }
-    let (lock, mut progress) = match resume {
-        Some(recorded) => (LockStep::Resumed, recorded.clone()),
-        None => {
-            let request = RevokeRequest {
-                operator: order.operator.clone(),
-                reason: order.reason.clone(),
-                expected_token: order.expected_token,
-            };
-            match steps.revoke_lock(&order.key, &request).await {
-                Ok(revocation) => {
-                    let progress = Progress {
-                        revocation_id: revocation.revocation_id,
-                        new_token_floor: revocation.new_token_floor,
-                        revoked_token: Some(revocation.revoked_token),
-                        payment_fenced: false,
-                        rail_fenced: false,
-                    };
-                    (LockStep::Revoked(revocation), progress)
+}
+
+/// L8 for the grant the key shows, settled by reading the key when its answer is lost; the lock
+/// step and the progress to fence from, or the lock step that ends the flow. `unsettled` is an
+/// earlier L8 (token, what came instead of its answer) to settle before anything is sent.
+async fn revoke_at_lock_server<S: RevokeSteps + ?Sized>(
+    steps: &S,
+    order: &RevokeOrder,
+    unsettled: Option<(i64, StepError)>,
+) -> Result<(LockStep, Progress), Box<LockStep>> {
+    let key = &order.key;
+    let (token, mut lost) = match unsettled {
+        Some((token, lost)) => (token, Some(lost)),
+        None => (pinned_grant(steps, order).await?, None),
+    };
+    let request = RevokeRequest {
+        operator: order.operator.clone(),
+        reason: order.reason.clone(),
+        expected_token: Some(token),
+    };
+    let mut sends = 0;
+    let mut backoff = crate::session::retry_policy(L8_SENDS_MAX).build();
+    loop {
+        if let Some(lost) = lost.take() {
+            match holder(steps, key).await {
+                Err(read) => {
+                    return Err(Box::new(LockStep::Unknown(Unsettled {
+                        token,
+                        lost,
+                        read: (&read).into(),
+                    })));
                 }
-                Err(error) => {
-                    return report(match classify(&error) {
-                        Failure::Refused => LockStep::Refused((&error).into()),
-                        Failure::Retryable => LockStep::Unavailable((&error).into()),
-                    });
+                // The grant is still there: L8 did not apply.
+                Ok(Some(now)) if now == token => {
+                    if sends >= L8_SENDS_MAX {
+                        return Err(Box::new(LockStep::Unavailable(StepError {
+                            message: format!(
+                                "L8 for token {token} went unanswered {sends} times, and each \
+                                 time {key} was still held under that token: nothing was \
+                                 revoked, run again (last: {lost})"
+                            ),
+                            ..lost
+                        })));
+                    }
+                    tracing::warn!(
+                        event = "revoke_outcome_settled",
+                        key = %key,
+                        token,
+                        error = %lost,
+                        applied = false,
+                        "an L8 whose answer was lost did not apply (the key still shows the grant); sending it again"
+                    );
+                    if let Some(wait) = backoff.next() {
+                        tokio::time::sleep(wait).await;
+                    }
                 }
+                Ok(now) => return settled(order, token, now, lost),
             }
         }
+        sends += 1;
+        match steps.revoke_lock(key, &request).await {
+            Ok(revocation) => {
+                let progress = Progress {
+                    revocation_id: revocation.revocation_id,
+                    new_token_floor: revocation.new_token_floor,
+                    revoked_token: Some(revocation.revoked_token),
+                    payment_fenced: false,
+                    rail_fenced: false,
+                };
+                return Ok((LockStep::Revoked(revocation), progress));
+            }
+            // OUTCOME_UNKNOWN, a 500, no answer after the request went out, an answer outside
+            // the contract: L8 may have applied. Settled by reading, never resent blindly.
+            Err(error) if classify(&error) == Failure::Retryable && !error.retry_safe() => {
+                lost = Some((&error).into())
+            }
+            Err(error) => {
+                return Err(Box::new(match classify(&error) {
+                    Failure::Refused => LockStep::Refused((&error).into()),
+                    Failure::Retryable => LockStep::Unavailable((&error).into()),
+                }));
+            }
+        }
+    }
+}
+
+/// The grant L8 is sent for: the one holding the key now (L7), which must be the order's
+/// `expectedToken` when it names one. A key held by another grant or by none is refused here, as
+/// L8 would refuse it (`409 FENCED_OUT`, `404`): so every token L8 carries was a live grant's,
+/// and a settled revocation's floor (token + 1) is never one a bogus token made up.
+async fn pinned_grant<S: RevokeSteps + ?Sized>(
+    steps: &S,
+    order: &RevokeOrder,
+) -> Result<i64, Box<LockStep>> {
+    let key = &order.key;
+    match (holder(steps, key).await, order.expected_token) {
+        (Ok(Some(now)), None) => Ok(now),
+        (Ok(Some(now)), Some(expected)) if now == expected => Ok(now),
+        (Ok(Some(now)), Some(expected)) => Err(Box::new(LockStep::Refused(StepError {
+            status: None,
+            code: Some(ErrorCode::FencedOut),
+            message: format!(
+                "not sent: {key} is held by token {now}, not {expected} (L7): read the lock again \
+                 before revoking"
+            ),
+        }))),
+        (Ok(None), _) => Err(Box::new(LockStep::Refused(StepError {
+            status: None,
+            code: Some(ErrorCode::NotFound),
+            message: format!("not sent: nothing holds {key} now (L7); there is no grant to revoke"),
+        }))),
+        (Err(error), _) => {
+            let step = StepError {
+                message: format!("not sent: reading who holds {key} (L7) failed: {error}"),
+                ..(&error).into()
+            };
+            Err(Box::new(match classify(&error) {
+                Failure::Refused => LockStep::Refused(step),
+                Failure::Retryable => LockStep::Unavailable(step),
+            }))
+        }
+    }
+}
+
+/// An L8 for `token` whose answer was lost, and the key read afterwards shows `now`, not that
+/// grant. A revocation's floor lies above the revoked token and below every later grant's token,
+/// so a holder at `token + 1` or below got the key without this revocation: that is refused (the
+/// grant ended otherwise; the new holder's first write fences it out). Otherwise the revocation
+/// took effect, and the fences get `token + 1` under a revocation id of this run's own.
+fn settled(
+    order: &RevokeOrder,
+    token: i64,
+    now: Option<i64>,
+    lost: StepError,
+) -> Result<(LockStep, Progress), Box<LockStep>> {
+    let key = &order.key;
+    if let Some(now) = now.filter(|now| *now <= token.saturating_add(1)) {
+        return Err(Box::new(LockStep::Refused(StepError {
+            status: None,
+            code: None,
+            message: format!(
+                "the answer to L8 for token {token} was lost ({lost}) and {key} is held by token \
+                 {now} now, which no revocation of {token} lets through: the grant ended without \
+                 this revocation, and the holder's own first write fences {token} out"
+            ),
+        })));
+    }
+    tracing::warn!(
+        event = "revoke_outcome_settled",
+        key = %key,
+        token,
+        holder_token = now,
+        error = %lost,
+        applied = true,
+        "an L8 whose answer was lost took effect (the key no longer shows the grant); fencing with the token after it"
+    );
+    let step = Settled {
+        revoked_token: token,
+        holder_token: now,
+        lost,
+    };
+    let progress = Progress {
+        revocation_id: Uuid::new_v4(),
+        new_token_floor: step.floor(),
+        revoked_token: Some(token),
+        payment_fenced: false,
+        rail_fenced: false,
+    };
+    Ok((LockStep::Settled(step), progress))
+}
+
+/// The fences not yet done, with the progress the lock server's step gave.
+async fn fence<S: RevokeSteps + ?Sized>(
+    steps: &S,
+    order: &RevokeOrder,
+    started: Result<(LockStep, Progress), Box<LockStep>>,
+) -> RevokeReport {
+    let (lock, mut progress) = match started {
+        Ok(started) => started,
+        Err(lock) => return lock_only(order, *lock),
     };
     // Both enforcement points get the same floor, operator, reason and revocation id.
     let fence = FenceRequest {
@@ -498,6 +832,8 @@ pub async fn run<S: RevokeSteps + ?Sized>(
         reason: order.reason.clone(),
         revocation_id: progress.revocation_id,
     };
+    // Both writes repeat harmlessly: the fence's under the same idempotency key, the mark as a
+    // maximum. A lost answer is Unavailable, and the resume sends the same write again.
     let account_fence = if progress.payment_fenced {
         FenceStep::AlreadyDone
     } else {

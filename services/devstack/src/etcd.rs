@@ -80,6 +80,45 @@ impl EtcdServer {
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
+
+    /// Copies the member's data directory to `to` (a backup, as an operator takes one of a
+    /// stopped member). Refused while etcd runs: a running member's files are not a consistent
+    /// copy.
+    pub fn copy_data(&self, to: &Path) -> Result<()> {
+        if self.daemon.running() {
+            bail!("stop etcd before copying its data directory");
+        }
+        copy_tree(&self.dir.join("data"), to)
+    }
+
+    /// Puts `from` (a copy [`EtcdServer::copy_data`] made) back as the member's data directory:
+    /// a restore to the revision of that copy. Start it again afterwards
+    /// ([`EtcdServer::start_again`]).
+    pub fn restore_data(&mut self, from: &Path) -> Result<()> {
+        if self.daemon.running() {
+            bail!("stop etcd before putting a data directory back");
+        }
+        let data = self.dir.join("data");
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing {}", data.display()))?;
+        copy_tree(from, &data)
+    }
+}
+
+/// Copies the directory `from` to `to` (created), files and subdirectories, keeping permissions.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+    }
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    Ok(())
 }
 
 daemon_server!(EtcdServer);

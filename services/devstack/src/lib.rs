@@ -14,6 +14,7 @@ pub mod faultproxy;
 pub mod kube;
 pub mod netfault;
 mod pg;
+pub mod pg_standby;
 pub mod stack;
 
 pub use etcd::*;

@@ -74,9 +74,20 @@ async fn lock_server(pg: &PgServer, etcd: &EtcdServer, backend: &str) -> String 
 }
 
 /// The payment resource (with `payment.batch.max = batch_max`), the rail stub and the rail
-/// proxy; and the payment resource's state, whose metrics give the batch sizes.
+/// proxy, on paydb; and the payment resource's state, whose metrics give the batch sizes.
 async fn stack(
     pg: &PgServer,
+    dir: &std::path::Path,
+    lock_server: String,
+    batch_max: usize,
+) -> (Endpoints, dlock_payment_resource::AppState) {
+    stack_on(pg, "paydb", dir, lock_server, batch_max).await
+}
+
+/// [`stack`] on the database `db` of the same server.
+async fn stack_on(
+    pg: &PgServer,
+    db: &str,
     dir: &std::path::Path,
     lock_server: String,
     batch_max: usize,
@@ -84,7 +95,7 @@ async fn stack(
     let (l, pay_addr) = bind().await;
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
-        ("payment.pg.url", pg.url("paydb")),
+        ("payment.pg.url", pg.url(db)),
         ("payment.pg.pool-max", pool_max()),
         ("payment.batch.max", batch_max.to_string()),
     ]))
@@ -111,7 +122,7 @@ async fn stack(
     let (l, proxy_addr) = bind().await;
     let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw(&[
         ("server.listen", proxy_addr.clone()),
-        ("rail.proxy.pg.url", pg.url("paydb")),
+        ("rail.proxy.pg.url", pg.url(db)),
         ("rail.proxy.rail-url", format!("http://{stub_addr}")),
         ("rail.proxy.pg.pool-max", pool_max()),
     ]))
@@ -278,7 +289,8 @@ async fn raw_commits(url: &str, clients: usize, rows: i32, run_for: Duration) ->
 /// second; the bench waits that out around each run).
 async fn commits(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar(
-        "SELECT sum(xact_commit)::bigint FROM pg_stat_database WHERE datname IN ('paydb', 'lockdb')",
+        "SELECT sum(xact_commit)::bigint FROM pg_stat_database \
+         WHERE datname IN ('paydb', 'paydb_rows', 'lockdb')",
     )
     .fetch_one(pool)
     .await
@@ -354,13 +366,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// What the timed runs share: the servers, the statistics connection and the payment client
-/// that opens the accounts.
+/// What the timed runs share: the servers and the statistics connection.
 struct Bench<'a> {
     pg: &'a PgServer,
     etcd: &'a EtcdServer,
     stats: sqlx::PgPool,
-    payment: PaymentClient,
 }
 
 /// One timed batch: its rate, cycle quantiles, commits and CPU per payout, and its spans.
@@ -385,10 +395,14 @@ impl Bench<'_> {
         n: usize,
         workers: usize,
     ) -> Run {
-        accounts(&self.payment, prefix, accounts_n).await;
+        // Through the payment resource of `endpoints`: the paths under comparison may be on
+        // different databases.
+        let payment = PaymentClient::new(&endpoints.payment_resource, "bench")
+            .unwrap_or_else(|e| panic!("{e}"));
+        accounts(&payment, prefix, accounts_n).await;
         let batch = batch(&format!("bench-{prefix}"), prefix, accounts_n, n);
         // Register outside the timed run: it is a one-off per batch, not payout work.
-        dlock_executor::register(&batch, &self.payment)
+        dlock_executor::register(&batch, &payment)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         let options = RunOptions {
@@ -459,9 +473,24 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
     );
 }
 
-/// `--group-commit`: the pg backend over 100 accounts at 1, 8, 32 and 128 workers, the payment
-/// resource's old path (`payment.batch.max = 1`) against group commit (32), in one run, with the
-/// commits, CPU and mean batch size per payout beside the raw baseline of the same server.
+/// The payout path as it was before migrations/paydb/0019: 0016's per-item `pay_claim_many` and
+/// `pay_post_many` and 0010's row triggers on the ledger, restored on a database migrated to the
+/// latest (`paydb_rows`), so that one run compares both SQL paths on the same server.
+const PAYDB_BEFORE_0019: &str = "
+    DROP TRIGGER ledger_entries_apply ON ledger_entries;
+    DROP TRIGGER ledger_entries_balanced ON ledger_entries;
+    CREATE TRIGGER ledger_entries_apply AFTER INSERT ON ledger_entries
+        FOR EACH ROW EXECUTE FUNCTION pay_ledger_apply();
+    CREATE CONSTRAINT TRIGGER ledger_entries_balanced AFTER INSERT ON ledger_entries
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pay_posting_balanced();
+";
+
+/// `--group-commit`: the pg backend at 32 and 128 workers over 100 and 1 000 accounts, four
+/// paths of the payment resource in one run: one transaction per request (`payment.batch.max =
+/// 1`) and group commit (32), each on paydb as before 0019 (`paydb_rows`: per-item functions,
+/// the ledger's row triggers) and as now (`paydb`: set-based, the ledger's triggers
+/// statement-level); with the commits,
+/// CPU and mean batch size per payout beside the raw commit rate of the same server.
 async fn group_commit(
     pg: &PgServer,
     etcd: &EtcdServer,
@@ -473,28 +502,43 @@ async fn group_commit(
     let stats = sqlx::PgPool::connect(&pg.url("paydb"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    for sub in ["old", "new"] {
-        std::fs::create_dir_all(dir.join(sub)).unwrap_or_else(|e| panic!("{e}"));
+    let paths = [
+        ("batch 1, 0016", "paydb_rows", 1usize),
+        ("batch 32, 0016", "paydb_rows", 32),
+        ("batch 1, 0019", "paydb", 1),
+        ("batch 32, 0019", "paydb", 32),
+    ];
+    let mut stacks = Vec::new();
+    for (n, (label, db, batch_max)) in paths.into_iter().enumerate() {
+        let sub = dir.join(format!("path{n}"));
+        std::fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
+        let (endpoints, state) = stack_on(pg, db, &sub, lock.clone(), batch_max).await;
+        stacks.push((label, endpoints, state));
     }
-    let (old, old_state) = stack(pg, &dir.join("old"), lock.clone(), 1).await;
-    let (new, new_state) = stack(pg, &dir.join("new"), lock, 32).await;
-    let payment =
-        PaymentClient::new(&old.payment_resource, "bench").unwrap_or_else(|e| panic!("{e}"));
-    let bench = Bench {
-        pg,
-        etcd,
-        stats,
-        payment,
-    };
+    // The first stack on paydb_rows migrated it; now it goes back to the path before 0019.
+    let rows = sqlx::PgPool::connect(&pg.url("paydb_rows"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for sql in [
+        PAYDB_BEFORE_0019,
+        include_str!("../../../migrations/paydb/0016_set_based_claim_post.sql"),
+    ] {
+        sqlx::raw_sql(sql)
+            .execute(&rows)
+            .await
+            .unwrap_or_else(|e| panic!("paydb_rows back to before 0019: {e}"));
+    }
+    let bench = Bench { pg, etcd, stats };
     println!(
-        "group commit, pg backend, 100 accounts, {payouts} payouts per row (load average at start: {})",
+        "group commit, pg backend, {payouts} payouts per row (load average at start: {})",
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .trim()
     );
     println!(
-        "{:<10} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}",
+        "{:<15} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
         "path",
+        "accounts",
         "workers",
         "payouts/s",
         "p50 ms",
@@ -505,37 +549,42 @@ async fn group_commit(
         "mean batch",
         "raw commit/s"
     );
-    for workers in [1usize, 8, 32, 128] {
-        for (label, endpoints, state) in [
-            ("batch 1", &old, &old_state),
-            ("batch 32", &new, &new_state),
-        ] {
-            let raw_now = pg
-                .raw_commits("rawdb", 32, 1, 1)
-                .unwrap_or_else(|e| panic!("{e:#}"));
-            let before = batches(state);
-            let prefix = format!("gc{}w{workers}", label.replace(' ', ""));
-            let run = bench.run(endpoints, &prefix, 100, payouts, workers).await;
-            let after = batches(state);
-            let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
-            println!(
-                "{:<10} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}",
-                label,
-                workers,
-                run.rate,
-                run.p50,
-                run.p99,
-                run.xacts,
-                run.cpu_ms.0,
-                run.cpu_ms.1,
-                mean,
-                raw_now.commits_per_second
-            );
+    for accounts_n in [100usize, 1_000] {
+        for workers in [32usize, 128] {
+            for (label, endpoints, state) in &stacks {
+                let raw_now = pg
+                    .raw_commits("rawdb", 32, 1, 1)
+                    .unwrap_or_else(|e| panic!("{e:#}"));
+                let before = batches(state);
+                let prefix = format!("gc{}a{accounts_n}w{workers}", label.replace([' ', ','], ""));
+                let run = bench
+                    .run(endpoints, &prefix, accounts_n, payouts, workers)
+                    .await;
+                let after = batches(state);
+                let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+                let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+                println!(
+                    "{:<15} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
+                    label,
+                    accounts_n,
+                    workers,
+                    run.rate,
+                    run.p50,
+                    run.p99,
+                    run.xacts,
+                    run.cpu_ms.0,
+                    run.cpu_ms.1,
+                    mean,
+                    raw_now.commits_per_second,
+                    load.split_whitespace().next().unwrap_or("?")
+                );
+            }
         }
     }
     println!(
         "(raw commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; \
-         the run's baseline: {:.0}/s at 1 and {:.0} updates/s at {} per commit)",
+         load: the 1-minute load average after the row; the run's baseline: {:.0}/s at 1 and \
+         {:.0} updates/s at {} per commit)",
         baseline.one.commits_per_second,
         baseline.k.updates_per_second(),
         baseline.k.updates
@@ -556,7 +605,7 @@ fn main() {
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let mut pg = dlock_devstack::bench::postgres_server();
-    for db in ["lockdb", "paydb", "rawdb"] {
+    for db in ["lockdb", "paydb", "paydb_rows", "rawdb"] {
         pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
     }
     statements::enable(&mut pg);
@@ -579,13 +628,10 @@ fn main() {
             return;
         }
         let (mut endpoints, _) = stack(&pg, dir.path(), pg_lock.clone(), 32).await;
-        let payment = PaymentClient::new(&endpoints.payment_resource, "bench")
-            .unwrap_or_else(|e| panic!("{e}"));
         let bench = Bench {
             pg: &pg,
             etcd: &etcd,
             stats,
-            payment,
         };
         let cycles_pg = lock_cycles(&pg_lock, Duration::from_secs(3)).await;
         let cycles_etcd = lock_cycles(&etcd_lock, Duration::from_secs(3)).await;

@@ -9,9 +9,9 @@
 //! - submit is tried exactly once, ever; FENCED_OUT aborts the whole critical section; an
 //!   ambiguous outcome is reported, the lock released and the payout left alone.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -63,6 +63,11 @@ struct Shared {
     /// final report reads again only the payouts missing here.
     terminal: std::sync::Mutex<HashMap<Uuid, PayoutState>>,
     total: usize,
+    /// Cycles refused with RECOVERY_REQUIRED since the last one that was not: the back-off's
+    /// exponent, shared by every worker (paydb refuses them all alike).
+    recovery_streak: AtomicU32,
+    /// The payouts whose last cycle paydb refused with RECOVERY_REQUIRED.
+    recovery_refused: std::sync::Mutex<BTreeSet<Uuid>>,
 }
 
 impl Shared {
@@ -73,6 +78,33 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(payout_id, state);
+        }
+    }
+
+    /// Notes how a payout's cycle ended for the RECOVERY_REQUIRED back-off and report; the
+    /// first refusal of a streak is logged as an error naming what the operator does.
+    fn recovery(&self, payout: Uuid, outcome: CycleOutcome) {
+        let mut refused = self
+            .recovery_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if outcome != CycleOutcome::RecoveryRequired {
+            refused.remove(&payout);
+            if outcome == CycleOutcome::Settled {
+                self.recovery_streak.store(0, Ordering::SeqCst);
+            }
+            return;
+        }
+        refused.insert(payout);
+        if self.recovery_streak.fetch_add(1, Ordering::SeqCst) == 0 {
+            tracing::error!(
+                event = "paydb_recovery_required",
+                payout_id = %payout,
+                "paydb refuses every write (503 RECOVERY_REQUIRED): it may have lost writes in a \
+                 failover. Nothing was written; the run backs off and retries until its settle \
+                 timeout. An operator runs dlock reconcile, then dlock recover paydb-epoch \
+                 (docs/runbook.md)"
+            );
         }
     }
 
@@ -101,9 +133,13 @@ pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()
                 beneficiary_ref: p.item.beneficiary_ref.clone(),
             };
             let key = format!("register-{}", p.payout_id);
+            // RECOVERY_REQUIRED is retry-safe but lasts until an operator acts: not retried.
             (|| payment.create_payout(&key, &body))
                 .retry(retry_policy(3))
-                .when(|e: &ClientError| e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
+                .when(|e: &ClientError| {
+                    e.code() != Some(ErrorCode::RecoveryRequired)
+                        && (e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
+                })
                 .await
                 .map(|_| ())
                 .with_context(|| format!("registering payout {} ({})", p.payout_id, p.item.key))
@@ -176,6 +212,8 @@ pub async fn execute(
         outcomes: Mutex::new(BTreeMap::new()),
         terminal: std::sync::Mutex::new(HashMap::new()),
         total,
+        recovery_streak: AtomicU32::new(0),
+        recovery_refused: std::sync::Mutex::new(BTreeSet::new()),
     });
     let progress = crate::progress::Progress::start(options.progress, total as u64);
     let mut workers = Vec::new();
@@ -225,8 +263,17 @@ pub async fn execute(
     .buffered(16)
     .collect()
     .await;
+    let refused = std::mem::take(
+        &mut *shared
+            .recovery_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     for (p, state) in batch.plan().into_iter().zip(read) {
         let state = state?;
+        if refused.contains(&p.payout_id) && !state.is_terminal() {
+            report.recovery_required.push(p.payout_id);
+        }
         *report.states.entry(state.as_str().to_owned()).or_default() += 1;
         if state == PayoutState::RailAmbiguous {
             report.ambiguous.push(p.payout_id);
@@ -271,12 +318,14 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
         let mut left = Vec::new();
         let mut contended = false;
         let mut waiting = false;
+        let mut recovery = false;
         for payout in payouts {
-            if contended {
+            if contended || recovery {
                 left.push(payout);
                 continue;
             }
             let outcome = traced_cycle(&shared, &payout).await;
+            shared.recovery(payout.payout_id, outcome);
             shared.cycles.fetch_add(1, Ordering::SeqCst);
             shared.options.metrics.executed(outcome.label());
             *shared
@@ -304,10 +353,24 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
                     waiting = true;
                     left.push(payout);
                 }
+                // The account's other payouts would be refused alike: they wait too.
+                CycleOutcome::RecoveryRequired => {
+                    recovery = true;
+                    left.push(payout);
+                }
             }
         }
         if !left.is_empty() {
-            if contended || waiting {
+            if recovery {
+                // paydb waits for an operator (docs/runbook.md): back off, growing with the
+                // refusals, never past the settle timeout.
+                let streak = shared.recovery_streak.load(Ordering::SeqCst);
+                let wait = recovery_backoff(streak)
+                    .mul_f64(0.75 + rand::random_range(0.0..0.5))
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                tracing::debug!(event = "recovery_backoff", account = %account, wait_ms = wait.as_millis() as u64, refusals = streak, "paydb refuses writes until its recovery; waiting before the next cycle");
+                tokio::time::sleep(wait).await;
+            } else if contended || waiting {
                 // Give the other holder, or the in-flight submission, a moment.
                 tokio::time::sleep(Duration::from_millis(20 + rand::random_range(0..30))).await;
             }
@@ -315,6 +378,20 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
             shared.wake.notify_one();
         }
     }
+}
+
+/// The first wait after paydb refused a cycle with RECOVERY_REQUIRED.
+pub(crate) const RECOVERY_BACKOFF_FIRST: Duration = Duration::from_millis(250);
+/// The longest: an operator's recovery takes minutes, so a run looks again this often.
+pub(crate) const RECOVERY_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// The wait after the `refusals`-th RECOVERY_REQUIRED in a row: doubling from
+/// [`RECOVERY_BACKOFF_FIRST`] up to [`RECOVERY_BACKOFF_MAX`].
+pub(crate) fn recovery_backoff(refusals: u32) -> Duration {
+    let doublings = refusals.saturating_sub(1).min(16);
+    RECOVERY_BACKOFF_FIRST
+        .saturating_mul(1 << doublings)
+        .min(RECOVERY_BACKOFF_MAX)
 }
 
 /// One lock cycle inside the payout's trace: a span named for the payout (its id, account,
@@ -426,6 +503,7 @@ where
     if held.past_deadline() {
         return Write::DeadlinePassed;
     }
+    // Not on RECOVERY_REQUIRED: paydb waits for an operator, and the worker backs off instead.
     match call().await {
         Err(e)
             if e.code() == Some(ErrorCode::NotLeader)

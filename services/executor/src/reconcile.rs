@@ -123,7 +123,8 @@ impl Findings {
     }
 }
 
-/// A transfer on the statement with no payout in paydb, or whose payout has no attempt.
+/// A transfer on the statement with no payout in paydb, or whose payout has no attempt (and
+/// was not quarantined by the store-epoch recovery, which lost the attempt).
 pub const KIND_TRANSFER_WITHOUT_PAYOUT: &str = "rail_transfer_without_payout";
 /// A statement line whose amount, currency or reference is not its payout's.
 pub const KIND_TRANSFER_DIFFERS: &str = "rail_transfer_differs_from_payout";
@@ -275,6 +276,13 @@ pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) ->
     .await
     .context("reading posted payouts past the settlement window")?;
 
+    // paydb's clock before the statement is read: an absent finding says the statement read
+    // after this moment lacked the payout (docs/contract.md#resolve-evidence).
+    let (statement_read_at,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT clock_timestamp()")
+            .fetch_one(pool)
+            .await
+            .context("reading paydb's clock")?;
     let statement = read_statement(rail_url, None)
         .await
         .context("reading the rail statement")?;
@@ -306,7 +314,17 @@ pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) ->
     .await
     .context("reading ambiguous payouts")?;
     for (payout,) in &ambiguous {
-        match by_ref.get(payout.to_string().as_str()) {
+        let found = by_ref.get(payout.to_string().as_str());
+        // Recorded in paydb: a resolution of an attempt nobody recorded stands on it.
+        sqlx::query("SELECT pay_record_finding($1, $2, $3, $4)")
+            .bind(payout)
+            .bind(found.map(|references| references[0].to_owned()))
+            .bind(statement_read_at)
+            .bind(options.settlement_window.as_millis() as i64)
+            .execute(pool)
+            .await
+            .with_context(|| format!("recording the finding of payout {payout} in paydb"))?;
+        match found {
             Some(references) => {
                 out.ambiguous_found_on_rail += 1;
                 add(
@@ -348,6 +366,10 @@ struct Payout {
     rail_reference: Option<String>,
     /// An attempt that may have reached the rail (any outcome but FENCED).
     presented: bool,
+    /// Quarantined by the store-epoch recovery (`pay_epoch_quarantined`,
+    /// migrations/paydb/0021_epoch_quarantine.sql): the rail had it and paydb had lost its
+    /// attempt, so its lines are matched to it by their clientRef alone.
+    epoch_quarantined: bool,
 }
 
 /// The statement against the ledger, line by line (read after the statement, so every payout
@@ -377,7 +399,9 @@ async fn compare_with_ledger(
     let payouts: HashMap<Uuid, Payout> = sqlx::query_as::<_, Payout>(
         "SELECT p.payout_id, p.state, p.amount_minor, p.currency::text AS currency, p.rail_reference,
                 EXISTS (SELECT 1 FROM rail_submission r
-                        WHERE r.payout_id = p.payout_id AND r.outcome <> 'FENCED') AS presented
+                        WHERE r.payout_id = p.payout_id AND r.outcome <> 'FENCED') AS presented,
+                EXISTS (SELECT 1 FROM pay_epoch_quarantined q
+                        WHERE q.payout_id = p.payout_id) AS epoch_quarantined
          FROM payouts p WHERE p.payout_id = ANY($1)",
     )
     .bind(&ids)
@@ -439,7 +463,11 @@ async fn compare_with_ledger(
             );
             continue;
         }
-        if !payout.presented {
+        // A payout the store-epoch recovery quarantined has no attempt because paydb lost it,
+        // not because it never went to the rail proxy: the recovery found it on this statement
+        // by its clientRef. Its lines are its own, classified once, as the ambiguous payout it
+        // is (or as whatever its resolution made it), never as money with no record.
+        if !payout.presented && !payout.epoch_quarantined {
             orphans += on_rail.len();
             add(
                 Severity::Critical,

@@ -1,11 +1,16 @@
 //! Acquire+release cycles through the lock server against the raw backend doing the same work
-//! for the same guarantee (the same lockdb functions through sqlx; the same etcd transactions
-//! through etcd-client), at 1 and 16 concurrent clients, on pg and etcd.
+//! for the same guarantee (the same lockdb functions through sqlx, one request per transaction;
+//! the same etcd transactions through etcd-client), on pg at 1, 16 and 64 concurrent clients
+//! with `lock.pg.batch.max` 1 (one transaction per request) and 32 (group commit,
+//! docs/design.md#group-commit), each beside the raw figure of the same run, and on etcd at 1 and
+//! 16. PostgreSQL runs durable (`fsync=on`) unless `DLOCK_BENCH_PG=fast`.
 //!
 //! Then what one hop is made of, one client, p50 of many: an HTTP round trip to the server that
 //! touches no backend, one pooled `SELECT 1`, the same on a connection of its own (no pool: the
 //! difference is the pool's checkout), and the lockdb acquire and release functions both ways,
-//! beside the server's acquire and release.
+//! beside the server's acquire and release; and what lockdb's store-epoch check (the timeline
+//! check of migrations/lockdb/0009 and 0010, a trigger on every grant) costs per acquire:
+//! `dlock_acquire` + `dlock_release` in a server-side loop with the trigger and without it.
 //!
 //! `cargo bench -p dlock-lock-server --bench lock` (optionally `-- --seconds 5`).
 
@@ -14,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::client::LockClient;
 use dlock_devstack::EtcdServer;
-use dlock_devstack::bench::{Run, Via, median_ms, postgres, runtime, seconds_arg, timed};
+use dlock_devstack::bench::{Run, median_ms, postgres_bench, runtime, seconds_arg, timed};
 use dlock_lock_server::store::{Acquire, Attempt, Claim, Store};
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
@@ -152,7 +157,7 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let sid = session.session_id;
-    let n = 2_000;
+    let n = 1_000;
     let healthz = format!("{url}/healthz");
     let rows = [
         (
@@ -243,94 +248,248 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
     }
 }
 
+/// The store-epoch check's cost per acquire: `dlock_acquire` + `dlock_release` of a key, `n`
+/// times in one server-side loop (one transaction, so no commit is timed), with the epoch trigger
+/// on `locks` enabled and disabled, alternating; and `dlock_epoch_advance()` alone.
+async fn epoch_cost(pg_url: &str, session_id: Uuid) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(pg_url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let run = |sql: &'static str| sqlx::query(sql);
+    // Each iteration on a key of its own: a grant deleted in the same transaction stays a dead
+    // row until it ends, and one key's chain of dead rows would grow with every iteration.
+    run(
+        "CREATE OR REPLACE FUNCTION bench_acquire_release(p_session uuid, p_n integer)
+         RETURNS double precision LANGUAGE plpgsql AS $$
+         DECLARE
+             v_start timestamptz := clock_timestamp();
+             v_tag   text := md5(random()::text);
+             v_key   text;
+             v_row   dlock_result;
+         BEGIN
+             FOR i IN 1..p_n LOOP
+                 v_key := 'bench:epoch:' || v_tag || ':' || i;
+                 v_row := dlock_acquire(v_key, p_session, 'bench-hop', 10000, NULL);
+                 IF v_row.outcome <> 'granted' THEN
+                     RAISE EXCEPTION '% was not granted: %', v_key, v_row.outcome;
+                 END IF;
+                 PERFORM dlock_release(v_key, v_row.fencing_token, 'bench-hop');
+             END LOOP;
+             RETURN extract(epoch FROM clock_timestamp() - v_start) * 1e6 / p_n;
+         END $$",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    run("CREATE OR REPLACE FUNCTION bench_epoch_advance(p_n integer)
+         RETURNS double precision LANGUAGE plpgsql AS $$
+         DECLARE v_start timestamptz := clock_timestamp();
+         BEGIN
+             FOR i IN 1..p_n LOOP PERFORM dlock_epoch_advance(); END LOOP;
+             RETURN extract(epoch FROM clock_timestamp() - v_start) * 1e6 / p_n;
+         END $$")
+    .execute(&mut conn)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (rounds, n) = (8, 2_000);
+    // Warm: plans cached, the key's rows and pages in memory.
+    loop_us(&mut conn, session_id, n).await;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Which goes first alternates, so a drift of the machine weighs on both alike.
+        for enabled in [round % 2 == 0, round % 2 != 0] {
+            let sql = if enabled {
+                "ALTER TABLE locks ENABLE TRIGGER locks_epoch_guard"
+            } else {
+                "ALTER TABLE locks DISABLE TRIGGER locks_epoch_guard"
+            };
+            run(sql)
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let us = loop_us(&mut conn, session_id, n).await;
+            if enabled {
+                with.push(us)
+            } else {
+                without.push(us)
+            }
+        }
+    }
+    run("ALTER TABLE locks ENABLE TRIGGER locks_epoch_guard")
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (advance,): (f64,) = sqlx::query_as("SELECT bench_epoch_advance(20000)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (with, without) = (median(&mut with), median(&mut without));
+    println!(
+        "store-epoch check, {rounds} alternating rounds of {n} acquire+release in one server-side loop (median):"
+    );
+    println!(
+        "{:<52} {with:>7.1} µs",
+        "dlock_acquire + dlock_release, epoch trigger on"
+    );
+    println!(
+        "{:<52} {without:>7.1} µs",
+        "the same, epoch trigger disabled"
+    );
+    println!(
+        "{:<52} {:>7.1} µs ({:.1} % of the pair)",
+        "the epoch check per acquire (the difference)",
+        with - without,
+        (with - without) / with * 100.0
+    );
+    println!(
+        "{:<52} {advance:>7.1} µs",
+        "dlock_epoch_advance() alone, per call"
+    );
+}
+
+/// Microseconds per acquire+release of `bench_acquire_release` over `n` iterations.
+async fn loop_us(conn: &mut sqlx::PgConnection, session_id: Uuid, n: i32) -> f64 {
+    let (us,): (f64,) = sqlx::query_as("SELECT bench_acquire_release($1, $2)")
+        .bind(session_id)
+        .bind(n)
+        .fetch_one(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    us
+}
+
+/// One lock server in this process on `env` (the store, its URL, its state, the server task).
+async fn serve(env: &[(&str, String)]) -> (Store, String, AppState, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let mut env = env.to_vec();
+    env.push(("server.listen", addr.to_string()));
+    let config = config(&env);
+    let store = open_store(&config)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let state = AppState::new(store.clone(), Arc::new(config));
+    let served = app(state.clone());
+    let server = tokio::spawn(async move {
+        let _ = dlock_server::http::serve(listener, served, std::future::pending()).await;
+    });
+    (store, format!("http://{addr}"), state, server)
+}
+
+/// (batches, acquires) of the group commit so far: the acquire batch histogram's count and sum.
+fn acquire_batches(state: &AppState) -> (f64, f64) {
+    let text = state.metrics.encode();
+    let sample = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        sample("lock_batch_size_count{kind=\"acquire\"}"),
+        sample("lock_batch_size_sum{kind=\"acquire\"}"),
+    )
+}
+
+fn row(backend: &str, clients: usize, path: &str, run: &Run, raw: f64, batch: Option<f64>) {
+    let (per_second, p50, p99) = run.summary();
+    let batch = batch.map_or("-".to_owned(), |b| format!("{b:.2}"));
+    println!(
+        "{backend:<7} {clients:>7} {path:<10} {per_second:>10.0} {p50:>8.2} {p99:>8.2} {:>8.2} {batch:>10}",
+        per_second / raw
+    );
+}
+
 fn main() {
     let seconds = seconds_arg(4);
     let run_for = Duration::from_secs(seconds);
     let runtime = runtime();
-    let pg = postgres("lockdb");
+    let pg = postgres_bench("lockdb");
     let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    let backends = [
-        (
-            "pg",
-            vec![
-                ("lock.backend", "pg".to_owned()),
-                ("lock.pg.url", pg.url("lockdb")),
-                ("lock.pg.pool-max", "32".to_owned()),
-            ],
-        ),
-        (
-            "etcd",
-            vec![
-                ("lock.backend", "etcd".to_owned()),
-                ("lock.etcd.endpoints", etcd.endpoint()),
-            ],
-        ),
+    let pg_env = |batch: &str| {
+        vec![
+            ("lock.backend", "pg".to_owned()),
+            ("lock.pg.url", pg.url("lockdb")),
+            ("lock.pg.pool-max", "32".to_owned()),
+            ("lock.pg.batch.max", batch.to_owned()),
+        ]
+    };
+    let etcd_env = vec![
+        ("lock.backend", "etcd".to_owned()),
+        ("lock.etcd.endpoints", etcd.endpoint()),
     ];
-    println!("acquire+release cycles, {seconds} s per row, each client on its own key");
     println!(
-        "{:<7} {:>7} {:>14} {:>10} {:>10} {:>14} {:>10} {:>10} {:>8}",
-        "backend",
-        "clients",
-        "server cyc/s",
-        "p50 ms",
-        "p99 ms",
-        "raw cyc/s",
-        "p50 ms",
-        "p99 ms",
-        "ratio"
+        "PostgreSQL mode: {} (DLOCK_BENCH_PG=fast|durable)",
+        pg.durability.name()
+    );
+    println!(
+        "acquire+release cycles, {seconds} s per row, each client on its own key; ratio: \
+         cycles/s over the raw backend's in the same run (raw: the same functions, one request \
+         per transaction); mean batch: acquires per lockdb transaction"
+    );
+    println!(
+        "{:<7} {:>7} {:<10} {:>10} {:>8} {:>8} {:>8} {:>10}",
+        "backend", "clients", "path", "cyc/s", "p50 ms", "p99 ms", "ratio", "mean batch"
     );
     runtime.block_on(async {
-        for (name, env) in backends {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-            let mut env = env;
-            env.push(("server.listen", addr.to_string()));
-            let config = config(&env);
-            let store = open_store(&config)
-                .await
-                .unwrap_or_else(|e| panic!("{e:#}"));
-            let state = AppState::new(store.clone(), Arc::new(config));
-            let server = tokio::spawn(async move {
-                let _ =
-                    dlock_server::http::serve(listener, app(state), std::future::pending()).await;
-            });
-            let url = format!("http://{addr}");
-            // Warm up connections and caches.
+        // pg: the per-row path (batch 1, whose store is also the raw backend) and group commit.
+        let (raw_store, url_1, _, server_1) = serve(&pg_env("1")).await;
+        let (_, url_32, state_32, server_32) = serve(&pg_env("32")).await;
+        // Warm up: every pooled connection has planned the functions it calls (the set-based
+        // ones cost 10-80 ms to plan the first time on a connection).
+        cycles(raw_store.clone(), None, 64, Duration::from_millis(500)).await;
+        for url in [&url_1, &url_32] {
             cycles(
-                store.clone(),
+                raw_store.clone(),
                 Some(url.clone()),
-                4,
-                Duration::from_millis(300),
+                64,
+                Duration::from_millis(1_000),
             )
             .await;
-            for clients in [1usize, 16] {
-                let mut rows = Vec::new();
-                for path in [Via::Service, Via::Raw] {
-                    let target = (path == Via::Service).then(|| url.clone());
-                    rows.push(cycles(store.clone(), target, clients, run_for).await);
-                }
-                let (server, raw) = (rows[0].summary(), rows[1].summary());
-                println!(
-                    "{:<7} {:>7} {:>14.0} {:>10.2} {:>10.2} {:>14.0} {:>10.2} {:>10.2} {:>8.2}",
-                    name,
-                    clients,
-                    server.0,
-                    server.1,
-                    server.2,
-                    raw.0,
-                    raw.1,
-                    raw.2,
-                    server.0 / raw.0,
-                );
-            }
-            if name == "pg" {
-                println!("one hop on pg, one client, p50:");
-                breakdown(&store, &pg.url("lockdb"), &url).await;
-            }
-            server.abort();
         }
+        for clients in [1usize, 16, 64] {
+            let raw = cycles(raw_store.clone(), None, clients, run_for).await;
+            let one = cycles(raw_store.clone(), Some(url_1.clone()), clients, run_for).await;
+            let before = acquire_batches(&state_32);
+            let grouped = cycles(raw_store.clone(), Some(url_32.clone()), clients, run_for).await;
+            let after = acquire_batches(&state_32);
+            let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+            let raw_rate = raw.per_second();
+            row("pg", clients, "raw", &raw, raw_rate, None);
+            row("pg", clients, "batch 1", &one, raw_rate, Some(1.0));
+            row("pg", clients, "batch 32", &grouped, raw_rate, Some(mean));
+        }
+        println!("one hop on pg, one client, p50:");
+        breakdown(&raw_store, &pg.url("lockdb"), &url_1).await;
+        let session = raw_store
+            .create_session("bench-hop", 60_000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        epoch_cost(&pg.url("lockdb"), session.session_id).await;
+        server_1.abort();
+        server_32.abort();
+
+        let (store, url, _, server) = serve(&etcd_env).await;
+        cycles(
+            store.clone(),
+            Some(url.clone()),
+            4,
+            Duration::from_millis(300),
+        )
+        .await;
+        for clients in [1usize, 16] {
+            let raw = cycles(store.clone(), None, clients, run_for).await;
+            let served = cycles(store.clone(), Some(url.clone()), clients, run_for).await;
+            row("etcd", clients, "raw", &raw, raw.per_second(), None);
+            row("etcd", clients, "server", &served, raw.per_second(), None);
+        }
+        server.abort();
     });
     drop(etcd);
     drop(pg);

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use dlock_contract::lock::{TTL_MS_MAX, TTL_MS_MIN, WAIT_MS_MAX};
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig, Served};
-use dlock_server::http::HttpLimits;
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::{HttpLimits, Served};
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
+use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct EtcdSettings {
@@ -22,6 +23,11 @@ pub struct EtcdSettings {
     pub tls: Option<EtcdTlsFiles>,
     /// `lock.etcd.username` and `lock.etcd.password-file`: etcd's own authentication.
     pub user: Option<EtcdUser>,
+    /// `lock.etcd.high-water.url` (and `.url-file`, `.pool-max`, `.acquire-timeout-ms`,
+    /// `.migrate`): the lockdb that records the highest token answered, outside etcd, so a
+    /// restore of etcd to an older revision is caught (docs/design.md#d-12-etcd). Unset: not
+    /// detected.
+    pub high_water: Option<PgSettings>,
 }
 
 /// The PEM files of the lock server's TLS to etcd, re-read when they change.
@@ -173,6 +179,9 @@ pub struct LockServerConfig {
     /// grants carry no proof, and the enforcement points cannot tell a forged token from a real
     /// one.
     pub proof_keys: Option<ProofKeys>,
+    /// `lock.pg.batch.max`: the most acquires (releases) one lockdb transaction takes when they
+    /// queue behind a running one (docs/design.md#group-commit); 1 runs each alone. 1 on etcd.
+    pub pg_batch_max: usize,
 }
 
 impl LockServerConfig {
@@ -190,9 +199,19 @@ impl LockServerConfig {
                     });
                 }
                 let (tls, user) = etcd_credentials(raw, &endpoints)?;
+                let high_water = match raw.secret("lock.etcd.high-water.url")? {
+                    Some(_) => Some(PgSettings::from_raw(
+                        raw,
+                        "lock.etcd.high-water",
+                        4,
+                        "is required for the high-water (postgres://user@host:port/lockdb)",
+                    )?),
+                    None => None,
+                };
                 BackendSettings::Etcd(EtcdSettings {
                     tls,
                     user,
+                    high_water,
                     endpoints,
                     prefix: raw.string("lock.etcd.prefix", "/dlock")?,
                     connect_timeout: raw.millis(
@@ -216,6 +235,10 @@ impl LockServerConfig {
                 "is required when lock.backend = \"pg\" (postgres://user@host:port/lockdb)",
             )?),
         };
+        let pg_batch_max = match backend {
+            BackendSettings::Pg(_) => raw.integer("lock.pg.batch.max", 32, 1..=256)? as usize,
+            BackendSettings::Etcd(_) => 1,
+        };
         let range = TTL_MS_MIN..=TTL_MS_MAX;
         let session_ttl_max_ms = raw.integer("lock.session.ttl-max", TTL_MS_MAX, range.clone())?;
         let lock_ttl_max_ms = raw.integer("lock.ttl-max", TTL_MS_MAX, range.clone())?;
@@ -234,7 +257,12 @@ impl LockServerConfig {
         };
         let auth_settings = AuthSettings::from_raw(raw)?;
         let auth = Authenticator::new(&auth_settings, None, OperatorWithoutAuth::Open)?;
-        let served = Served::read(raw, listen, http, auth)?;
+        let served = Served {
+            listen,
+            http,
+            tls: TlsSettings::from_raw(raw)?,
+            auth,
+        };
         let proof_keys = ProofKeys::from_raw(raw)?;
         let waiters_per_key_max = raw.integer("lock.waiters.max-per-key", 64, 1..=10_000)?;
         Ok(Self {
@@ -271,6 +299,7 @@ impl LockServerConfig {
             )?,
             owner_binding: auth_settings.owner_binding,
             proof_keys,
+            pg_batch_max,
         })
     }
 

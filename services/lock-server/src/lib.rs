@@ -23,7 +23,9 @@ pub use store::Store;
 /// Opens the configured backend (applying lockdb migrations first for `pg`).
 pub async fn open_store(config: &LockServerConfig) -> anyhow::Result<Store> {
     Ok(match &config.backend {
-        BackendSettings::Pg(pg) => Store::Pg(store::pg::PgStore::connect(pg).await?),
+        BackendSettings::Pg(pg) => {
+            Store::Pg(store::pg::PgStore::connect(pg, config.pg_batch_max).await?)
+        }
         BackendSettings::Etcd(etcd) => Store::Etcd(Box::new(
             store::etcd::EtcdStore::connect(etcd, config.expired_session_retention_ms).await?,
         )),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -41,6 +42,93 @@ pub struct BackendLabels {
     pub backend: Backend,
 }
 
+/// What a group-committed transaction of the `pg` store runs (docs/design.md#group-commit).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum BatchKind {
+    acquire,
+    release,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchLabels {
+    pub kind: BatchKind,
+}
+
+/// Buckets 1, 2, 4, … 256: the batch sizes `lock.pg.batch.max` allows.
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+}
+
+/// The batches of the `pg` store: made by the store, registered with [`Metrics`]. A clone
+/// counts into the same series.
+#[derive(Clone)]
+pub struct BatchMetrics {
+    size: Family<BatchLabels, Histogram, fn() -> Histogram>,
+    queued: Family<BatchLabels, Gauge>,
+}
+
+impl Default for BatchMetrics {
+    fn default() -> Self {
+        let metrics = Self {
+            size: Family::new_with_constructor(batch_histogram as fn() -> Histogram),
+            queued: Family::default(),
+        };
+        // Every kind exists from the start, so a dashboard shows 0 rather than nothing.
+        for kind in [BatchKind::acquire, BatchKind::release] {
+            let _ = metrics.size.get_or_create(&BatchLabels { kind });
+            let _ = metrics.queued.get_or_create(&BatchLabels { kind });
+        }
+        metrics
+    }
+}
+
+impl BatchMetrics {
+    /// One transaction of `kind` ran `size` requests.
+    pub fn batch(&self, kind: BatchKind, size: usize) {
+        self.size
+            .get_or_create(&BatchLabels { kind })
+            .observe(size as f64);
+    }
+
+    /// `queued` requests of `kind` wait for the next transaction.
+    pub fn queued(&self, kind: BatchKind, queued: usize) {
+        self.queued
+            .get_or_create(&BatchLabels { kind })
+            .set(queued as i64);
+    }
+}
+
+/// The `etcd` store's refusals while etcd's revision is below the tokens already answered (etcd
+/// restored to an older revision, docs/design.md#d-12-etcd): made by the store's high-water
+/// (`lock.etcd.high-water.url`), registered with [`Metrics`]. A clone counts into the same
+/// series. Without a high-water (or on `pg`) nothing counts them and they stay 0.
+#[derive(Clone, Default)]
+pub struct EtcdMetrics {
+    revision_behind: Counter,
+    revisions_to_go: Gauge,
+}
+
+impl EtcdMetrics {
+    /// An acquire refused: etcd is at `revision`, tokens up to `high_water` were answered.
+    pub fn refused(&self, revision: i64, high_water: i64) {
+        self.revision_behind.inc();
+        self.behind(revision, high_water);
+    }
+
+    /// etcd is at `revision`, tokens up to `high_water` were answered: the revisions etcd still
+    /// has to advance before a grant is answered again.
+    pub fn behind(&self, revision: i64, high_water: i64) {
+        self.revisions_to_go
+            .set(high_water.saturating_sub(revision).saturating_add(1).max(0));
+    }
+
+    /// A token was answered: etcd's revision is past the high-water.
+    pub fn caught_up(&self) {
+        self.revisions_to_go.set(0);
+    }
+}
+
 pub struct Metrics {
     pub backend: Backend,
     pub registry: Registry,
@@ -56,8 +144,40 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    pub fn new(backend: Backend) -> Arc<Self> {
+    /// `batches`: the `pg` store's group commit, when it has one; `etcd`: the `etcd` store's
+    /// high-water, when it has one (its series are exported at 0 otherwise, so a rule on them
+    /// has them on every lock server).
+    pub fn new(
+        backend: Backend,
+        batches: Option<BatchMetrics>,
+        etcd: Option<EtcdMetrics>,
+    ) -> Arc<Self> {
         let mut registry = Registry::default();
+        if let Some(batches) = batches {
+            registry.register(
+                "lock_batch_size",
+                "Acquires (releases) per lockdb transaction of the pg store (1: a request alone)",
+                batches.size,
+            );
+            registry.register(
+                "lock_batch_queued",
+                "Acquires (releases) waiting for the lockdb transaction of their kind that runs",
+                batches.queued,
+            );
+        }
+        let etcd = etcd.unwrap_or_default();
+        registry.register(
+            "lock_etcd_revision_behind",
+            "Acquires refused because etcd's revision went back below the tokens already \
+             answered (etcd restored to an older revision; lock.etcd.high-water.url)",
+            etcd.revision_behind,
+        );
+        registry.register(
+            "lock_etcd_revisions_to_go",
+            "Revisions etcd must still advance before a grant is answered again, as of the last \
+             refused acquire (or the start); 0 once a token is answered",
+            etcd.revisions_to_go,
+        );
         let metrics = Self {
             backend,
             acquire_latency: registry.add_made(

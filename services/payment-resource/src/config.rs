@@ -2,10 +2,11 @@
 //! at start (docs/design.md#configuration).
 
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig, Served};
-use dlock_server::http::HttpLimits;
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::{HttpLimits, Served};
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
+use dlock_server::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
@@ -124,7 +125,12 @@ impl PaymentConfig {
             operator_token.as_deref(),
             OperatorWithoutAuth::Refused,
         )?;
-        let served = Served::read(raw, listen, http, auth)?;
+        let served = Served {
+            listen,
+            http,
+            tls: TlsSettings::from_raw(raw)?,
+            auth,
+        };
         let proof_keys = ProofKeys::from_raw(raw)?;
         // -1, the default, is "not set": every funding applies at once.
         let dual_approval_above = raw.integer(

@@ -12,12 +12,10 @@ use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
 use utoipa::{IntoParams, OpenApi};
 
-use crate::routes::{FenceAdvanced, Resolved};
-
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings."),
-    paths(create_account, get_account, fund, set_limits, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
+    paths(create_account, get_account, fund, set_limits, list_fundings, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -66,7 +64,7 @@ fn get_account() {}
     params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
     responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
-        (status = 202, description = "above auth.treasury.dual-approval-above: recorded, not applied, until a second treasury identity approves it (docs/contract.md#dual-approval)", body = PendingFunding),
+        (status = 202, description = "above auth.treasury.dual-approval-above, with what the same treasury identity funded on the account alone in the last 24 hours: recorded, not applied, until a second treasury identity approves it (docs/contract.md#dual-approval)", body = PendingFunding),
     ))]
 fn fund() {}
 
@@ -77,6 +75,18 @@ fn fund() {}
     security(("bearerAuth" = [])),
     responses((status = 200, body = AccountLimits), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn set_limits() {}
+
+/// Lists the fundings that wait for a second treasury identity, or were approved by one
+/// (treasury; a read, docs/contract.md#list-fundings), newest request first.
+#[utoipa::path(get, path = "/v1/fundings",
+    params(("state" = Option<FundingsFilter>, Query, description = "pending (the default), applied or all"),
+           ("limit" = Option<i64>, Query, description = "1 to 500, default 100")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FundingList), Invalid, NotLeader,
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: not a treasury identity", body = ErrorBody),
+    ))]
+fn list_fundings() {}
 
 /// Applies a pending funding, once, by a second treasury identity (docs/contract.md#dual-approval).
 #[utoipa::path(post, path = "/v1/fundings/{fundingId}/approve", request_body = ApproveFundingRequest,
@@ -92,7 +102,7 @@ fn approve_funding() {}
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/fence", request_body = FenceRequest,
     params(("accountId" = String, Path), Write),
     security(("bearerAuth" = [])),
-    responses((status = 200, body = FenceAdvanced), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
+    responses((status = 200, body = FenceResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 fn advance_fence() {}
 
 /// Lowers a fence poisoned by a forged token (docs/design.md#d-8) to the token of the operator's
@@ -159,7 +169,7 @@ fn post_payout() {}
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolve", request_body = ResolveRequest,
     params(("payoutId" = String, Path), Write),
     security(("bearerAuth" = [])),
-    responses((status = 200, body = Resolved), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+    responses((status = 200, body = ResolveResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
     ))]
 fn resolve() {}

@@ -13,10 +13,98 @@ use serde_json::json;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dlock_server::group_commit::{GroupCommit, Observer};
+use sqlx::PgPool;
+
 use crate::AppState;
-use crate::metrics::SubmissionOutcome;
-use crate::record::{Caller, record_answer, replay, unavailable};
-use crate::store::{self, Admission, StoreError};
+use crate::config::RailProxyConfig;
+use crate::metrics::{BatchKind, Metrics, SubmissionOutcome};
+use crate::record::{Caller, record_answer, recovery_required, replay, unavailable};
+use crate::store::{self, Admission, AdmitItem, StoreError};
+
+/// The admissions' group commit (docs/design.md#group-commit): paydb and whether every token
+/// came with a verified proof, the submission, what `rail_admit` decided for it.
+pub(crate) type Admissions = GroupCommit<(PgPool, bool), AdmitItem, Admitted>;
+
+/// What `rail_admit` decided for one submission, or why it could not.
+type Admitted = Result<Admission, StoreError>;
+
+/// The admissions' queue, or `None` when `rail.batch.max` is 1.
+pub(crate) fn admissions(config: &RailProxyConfig, metrics: &Arc<Metrics>) -> Option<Admissions> {
+    (config.batch_max > 1).then(|| {
+        GroupCommit::new(
+            config.batch_max,
+            AdmitItem::keys,
+            admit_batch,
+            Arc::new(Observed(metrics.clone(), BatchKind::admit)),
+        )
+    })
+}
+
+/// The batches' sizes and the queue's length, as `rail_batch_size` and `rail_batch_queued`.
+pub(crate) struct Observed(pub(crate) Arc<Metrics>, pub(crate) BatchKind);
+
+impl Observer for Observed {
+    fn queued(&self, waiting: usize) {
+        self.0.queued(self.1, waiting);
+    }
+
+    fn batch(&self, size: usize) {
+        self.0.batch(self.1, size);
+    }
+}
+
+/// One admission transaction: a lone submission through `rail_admit`, as without batching; more
+/// through `rail_admit_many`, one statement and one commit. A failed statement is every item's
+/// failure: nothing of the batch was written, so nothing of it is forwarded.
+fn admit_batch(
+    (pool, proven): (PgPool, bool),
+    items: Vec<AdmitItem>,
+) -> Pin<Box<dyn Future<Output = Vec<Admitted>> + Send + 'static>> {
+    Box::pin(async move {
+        if let [item] = items.as_slice() {
+            return vec![
+                store::admit(
+                    &pool,
+                    &item.body,
+                    item.token,
+                    &item.key,
+                    item.submission_id,
+                    &item.canonical,
+                    proven,
+                )
+                .await,
+            ];
+        }
+        match store::admit_many(&pool, &items, proven).await {
+            Ok(answers) => answers,
+            Err(error) => {
+                tracing::warn!(
+                    event = "rail_admission_batch_failed",
+                    size = items.len(),
+                    %error,
+                    "an admission batch failed as a whole; nothing of it was written or \
+                     forwarded, and each of its submissions is answered retry-safe"
+                );
+                let state = error.sqlstate();
+                let message = error.to_string();
+                items
+                    .iter()
+                    .map(|_| {
+                        Err(StoreError::Failed {
+                            state: state.clone(),
+                            message: message.clone(),
+                        })
+                    })
+                    .collect()
+            }
+        }
+    })
+}
 
 pub(crate) async fn submit(
     State(state): State<AppState>,
@@ -107,12 +195,45 @@ async fn admit_and_forward(state: AppState, submission: Submission) -> Result<Re
     // make another request. paydb keeps only its hash.
     let canonical = serde_json::to_string(&body).map_err(ApiError::internal)?;
     let submission_id = Uuid::new_v4();
-    let admission =
-        match store::admit(&state.pool, &body, token, &key, submission_id, &canonical).await {
-            Ok(admission) => admission,
-            Err(error @ StoreError::Unknown { .. }) => return Err(ApiError::internal(error)),
-            Err(error) => return Err(not_admitted(error)),
-        };
+    // With proof keys every submission got here with its proof verified (`submit`).
+    let proven = state.config.proof_keys.is_some();
+    let admitted = match &state.admissions {
+        None => {
+            store::admit(
+                &state.pool,
+                &body,
+                token,
+                &key,
+                submission_id,
+                &canonical,
+                proven,
+            )
+            .await
+        }
+        Some(batches) => {
+            let item = AdmitItem {
+                body: body.clone(),
+                token,
+                key: key.clone(),
+                submission_id,
+                canonical,
+            };
+            batches
+                .submit((state.pool.clone(), proven), item)
+                .await
+                .unwrap_or_else(|| {
+                    Err(StoreError::Failed {
+                        state: None,
+                        message: "the admission batch's task ended without answering".into(),
+                    })
+                })
+        }
+    };
+    let admission = match admitted {
+        Ok(admission) => admission,
+        Err(error @ StoreError::Unknown { .. }) => return Err(ApiError::internal(error)),
+        Err(error) => return Err(recovery_required(&error).unwrap_or_else(|| not_admitted(error))),
+    };
     let caller = Caller {
         token,
         key: &key,

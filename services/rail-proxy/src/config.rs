@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
-use dlock_server::config::{ConfigError, RawConfig, Served};
-use dlock_server::http::HttpLimits;
+use dlock_server::config::{ConfigError, RawConfig};
+use dlock_server::http::{HttpLimits, Served};
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
+use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {
@@ -41,6 +42,10 @@ pub struct RailProxyConfig {
     /// server's `X-Fencing-Proof` of its token on `payout:{accountId}`, and high-water recovery is
     /// possible.
     pub proof_keys: Option<ProofKeys>,
+    /// `rail.batch.max` (docs/design.md#group-commit): the most admissions one paydb transaction
+    /// takes when they queue behind a running one, at most one per payout and per account. 16 by
+    /// default; 1 admits every submission in its own transaction.
+    pub batch_max: usize,
 }
 
 impl RailProxyConfig {
@@ -95,9 +100,15 @@ impl RailProxyConfig {
             rail_ca_file: raw
                 .string_optional("rail.proxy.rail-ca-file")?
                 .map(PathBuf::from),
-            served: Served::read(raw, listen, http, auth)?,
+            served: Served {
+                listen,
+                http,
+                tls: TlsSettings::from_raw(raw)?,
+                auth,
+            },
             operator_token,
             proof_keys: ProofKeys::from_raw(raw)?,
+            batch_max: raw.integer("rail.batch.max", 16, 1..=256)? as usize,
         };
         Ok(config)
     }

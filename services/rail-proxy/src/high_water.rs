@@ -16,6 +16,12 @@ use serde_json::json;
 use crate::AppState;
 use crate::store::{self, Audit, LowerOutcome};
 
+/// A high-water write paydb failed: RECOVERY_REQUIRED when its epoch guard refused it, else a
+/// server fault.
+fn refused_write(error: store::StoreError) -> ApiError {
+    crate::record::recovery_required(&error).unwrap_or_else(|| ApiError::internal(error))
+}
+
 /// The longest reason paydb keeps for a high-water advance.
 const REASON_LEN_MAX: usize = 4096;
 
@@ -41,7 +47,7 @@ pub(crate) async fn advance_high_water(
         &audit,
     )
     .await
-    .map_err(ApiError::internal)?;
+    .map_err(refused_write)?;
     tracing::warn!(event = "rail_high_water_advanced", account_id = %account_id, previous, new, operator = %audit.operator, identity = %identity, owner_id = %owner, revocation_id = ?body.revocation_id, "the rail high-water mark was raised to a revocation floor");
     Ok(Json(json!({
         "accountId": account_id,
@@ -59,16 +65,26 @@ fn check_advance(account_id: &str, body: &AdvanceRequest) -> Result<(), ApiError
     if body.floor <= 0 {
         fields.push(FieldError::new("floor", "must be a token greater than 0"));
     }
-    if body.operator.trim().is_empty() || body.operator.len() > 128 {
-        fields.push(FieldError::new("operator", "must be 1 to 128 characters"));
+    // A control character is refused as the lowering refuses it: PostgreSQL's text cannot hold
+    // a NUL, and the INSERT would fail as a 500.
+    if body.operator.trim().is_empty()
+        || body.operator.len() > 128
+        || body.operator.chars().any(char::is_control)
+    {
+        fields.push(FieldError::new(
+            "operator",
+            "must be 1 to 128 characters without control characters",
+        ));
     }
     // paydb keeps 1 to 4096 characters (the advance record's reason); a longer reason is the
     // caller's error, refused here with the envelope, never a failed INSERT answered 500.
     let reason_len = body.reason.trim().chars().count();
-    if !(8..=REASON_LEN_MAX).contains(&reason_len) {
+    if !(8..=REASON_LEN_MAX).contains(&reason_len) || body.reason.chars().any(char::is_control) {
         fields.push(FieldError::new(
             "reason",
-            format!("must be 8 to {REASON_LEN_MAX} characters, got {reason_len}"),
+            format!(
+                "must be 8 to {REASON_LEN_MAX} characters without control characters, got {reason_len}"
+            ),
         ));
     }
     if fields.is_empty() {
@@ -108,7 +124,8 @@ fn account_not_found(account_id: &str) -> ApiError {
 
 /// docs/design.md#d-8 recovery: lowers a high-water mark poisoned by a forged token to the token of
 /// the operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
-/// nobody else holds the key, above every token issued before). Operator only, needs proof keys,
+/// nobody else holds the key, above every token issued before), and never under a token the proxy
+/// admitted a proven submission with (`409 FENCED_OUT`). Operator only, needs proof keys,
 /// recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
@@ -128,7 +145,7 @@ pub(crate) async fn lower_high_water(
     let audit = Audit::new(&body.operator, &body.reason, &identity, &owner);
     let outcome = store::lower_high_water(&state.pool, &account_id, token, &audit)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(refused_write)?;
     let (previous, highest, recovery_id, lowered) = match outcome {
         LowerOutcome::Lowered {
             previous,
@@ -136,6 +153,20 @@ pub(crate) async fn lower_high_water(
             recovery_id,
         } => (previous, highest, recovery_id, true),
         LowerOutcome::Unchanged { previous, highest } => (previous, highest, None, false),
+        LowerOutcome::BelowSeen { highest, seen } => {
+            tracing::warn!(
+                event = "rail_high_water_lowering_refused",
+                account_id = %account_id,
+                highest,
+                token,
+                seen_token = seen,
+                operator = %audit.operator,
+                identity = %identity,
+                owner_id = %owner,
+                "a rail high-water lowering below a token the proxy admitted was refused"
+            );
+            return Err(below_seen(&account_id, token, seen, &owner));
+        }
         LowerOutcome::NotFound => return Err(account_not_found(&account_id)),
     };
     if lowered {
@@ -159,6 +190,24 @@ pub(crate) async fn lower_high_water(
         lowered,
         recovery_id,
     }))
+}
+
+/// `409 FENCED_OUT`: the operator's grant is below a token the proxy already admitted a
+/// submission with, its proof verified (`rail_high_water.max_seen_token`). A recovery lowers the
+/// mark to evidence, never under a token that was used (docs/contract.md#fence-lower-floor).
+fn below_seen(account_id: &str, token: i64, seen: i64, owner_id: &str) -> ApiError {
+    ApiError::fenced_out(
+        &format!(
+            "the rail proxy already admitted a submission of account {account_id} with token {seen} and its proof; lowering the high-water mark to {token} would admit the holders in between again, so nothing was changed. Lower it with a fresh grant on payout:{account_id} whose token is at least {seen} (after a restored lock store, move its token sequence past {seen} first)"
+        ),
+        &dlock_contract::error::FencedOutDetails {
+            presented_token: token,
+            highest_token: seen,
+            resource_type: Some("rail".into()),
+            resource_id: account_id.to_owned(),
+            owner_id: owner_id.to_owned(),
+        },
+    )
 }
 
 pub(crate) async fn high_water(

@@ -49,6 +49,11 @@ pub struct AppState {
     /// Every submission's admission, forward and record, each a task of its own: shutdown waits
     /// for them, whether or not their callers are still connected.
     forwards: TaskTracker,
+    /// Group commit of the admissions (docs/design.md#group-commit); `None` with
+    /// `rail.batch.max = 1`, where every submission is admitted in its own transaction.
+    admissions: Option<admission::Admissions>,
+    /// Group commit of the answer records, likewise.
+    records: Option<record::Records>,
 }
 
 impl AppState {
@@ -66,12 +71,17 @@ impl AppState {
             .pool_max_idle_per_host(64)
             .build()
             .context("building the rail HTTP client")?;
+        let metrics = Metrics::new();
+        let admissions = admission::admissions(&config, &metrics);
+        let records = record::records(&config, &metrics);
         Ok(Self {
             pool,
             config,
-            metrics: Metrics::new(),
+            metrics,
             rail,
             forwards: TaskTracker::new(),
+            admissions,
+            records,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The rail proxy's metrics: `rail_submission{outcome}`, `rail_duplicate_attempted`,
-//! `lock_fenced_out{resource}`, and the RAIL_AMBIGUOUS payouts waiting for an operator
+//! `lock_fenced_out{resource}`, `rail_batch_size{kind}` and `rail_batch_queued{kind}` (group
+//! commit), and the RAIL_AMBIGUOUS payouts waiting for an operator
 //! (`payout_ambiguous`, `payout_ambiguous_oldest_age_seconds`, read from paydb at each scrape).
 //! Labels are enums; ids go to logs.
 
@@ -13,6 +14,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 
@@ -24,6 +26,26 @@ pub enum SubmissionOutcome {
     fenced,
     timeout,
     rejected,
+}
+
+/// What a group commit batches (docs/design.md#group-commit).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum BatchKind {
+    /// `rail_admit`: the intent row and the mark, before the forward.
+    admit,
+    /// `rail_record`: the rail's answer, after the forward.
+    record,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BatchLabels {
+    kind: BatchKind,
+}
+
+fn batch_histogram() -> Histogram {
+    // 1 to 256.
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,6 +60,8 @@ pub struct Metrics {
     fenced: FencedOut,
     ambiguous: Gauge,
     ambiguous_oldest_age: Gauge<f64, AtomicU64>,
+    batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
+    batch_queued: Family<BatchLabels, Gauge>,
 }
 
 impl Metrics {
@@ -61,8 +85,41 @@ impl Metrics {
                 "payout_ambiguous_oldest_age_seconds",
                 "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
             ),
+            batch_size: registry.add_made(
+                "rail_batch_size",
+                "Submissions per paydb transaction of their kind (1: a submission alone)",
+                Family::new_with_constructor(batch_histogram as fn() -> Histogram),
+            ),
+            batch_queued: registry.add(
+                "rail_batch_queued",
+                "Submissions waiting for the paydb transaction of their kind that runs",
+            ),
             registry,
         })
+        .with_kinds()
+    }
+
+    /// Every kind exists from the start, so a dashboard shows 0 rather than nothing.
+    fn with_kinds(self: Arc<Self>) -> Arc<Self> {
+        for kind in [BatchKind::admit, BatchKind::record] {
+            let _ = self.batch_size.get_or_create(&BatchLabels { kind });
+            let _ = self.batch_queued.get_or_create(&BatchLabels { kind });
+        }
+        self
+    }
+
+    /// One transaction of `kind` ran `size` submissions.
+    pub fn batch(&self, kind: BatchKind, size: usize) {
+        self.batch_size
+            .get_or_create(&BatchLabels { kind })
+            .observe(size as f64);
+    }
+
+    /// `queued` submissions of `kind` wait for the next transaction.
+    pub fn queued(&self, kind: BatchKind, queued: usize) {
+        self.batch_queued
+            .get_or_create(&BatchLabels { kind })
+            .set(queued as i64);
     }
 
     pub fn submission(&self, outcome: SubmissionOutcome) {

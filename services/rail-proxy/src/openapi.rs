@@ -68,8 +68,9 @@ pub struct HighWaterAdvanced {
 fn advance_high_water() {}
 
 /// Lowers a high-water mark poisoned by a forged token (docs/design.md#d-8) to the token of the
-/// operator's own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited
-/// in fence_recoveries.
+/// operator's own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file), never
+/// under the highest token the proxy admitted a proven submission with. Audited in
+/// fence_recoveries.
 #[utoipa::path(post, path = "/v1/rail/high-water/{accountId}/lower", request_body = FenceLowerRequest,
     params(("accountId" = String, Path),
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
@@ -78,6 +79,7 @@ fn advance_high_water() {}
     security(("bearerAuth" = [])),
     responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, RailUnavailable,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: the token is below the highest token the proxy admitted a submission with, its proof verified (details.highestToken); nothing changed", body = ErrorBody),
     ))]
 fn lower_high_water() {}
 

@@ -11,10 +11,101 @@ use dlock_contract::rail::SubmissionResponse;
 use serde_json::json;
 use uuid::Uuid;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dlock_server::group_commit::GroupCommit;
+use sqlx::PgPool;
+
 use crate::AppState;
+use crate::admission::Observed;
+use crate::config::RailProxyConfig;
 use crate::forward::RailAnswer;
-use crate::metrics::SubmissionOutcome;
-use crate::store::{self, Attempt, Recorded, StoredAnswer};
+use crate::metrics::{BatchKind, Metrics, SubmissionOutcome};
+use crate::store::{self, Attempt, RecordItem, Recorded, StoreError, StoredAnswer};
+
+/// The answer records' group commit (docs/design.md#group-commit): the answers of forwards that
+/// finish while a record runs are recorded together in the next.
+pub(crate) type Records = GroupCommit<PgPool, RecordItem, RecordOutcome>;
+
+/// The attempt as recorded, or why it could not be.
+type RecordOutcome = Result<Recorded, StoreError>;
+
+/// The records' queue, or `None` when `rail.batch.max` is 1.
+pub(crate) fn records(config: &RailProxyConfig, metrics: &Arc<Metrics>) -> Option<Records> {
+    (config.batch_max > 1).then(|| {
+        GroupCommit::new(
+            config.batch_max,
+            RecordItem::keys,
+            record_batch,
+            Arc::new(Observed(metrics.clone(), BatchKind::record)),
+        )
+    })
+}
+
+/// One record transaction: a lone answer through `rail_record`, as without batching; more
+/// through `rail_record_many`, one statement and one commit. If that statement fails, each
+/// answer is recorded again alone: `rail_record` resolves only an unresolved attempt, so an
+/// answer that did commit is read back as it is, and a known answer is not left to be timed out
+/// as ambiguous for its neighbours' sake.
+fn record_batch(
+    pool: PgPool,
+    items: Vec<RecordItem>,
+) -> Pin<Box<dyn Future<Output = Vec<RecordOutcome>> + Send + 'static>> {
+    Box::pin(async move {
+        if items.len() > 1 {
+            match store::record_many(&pool, &items).await {
+                Ok(recorded) => return recorded,
+                Err(error) => tracing::warn!(
+                    event = "rail_record_batch_failed",
+                    size = items.len(),
+                    %error,
+                    "a record batch failed as a whole; each answer is recorded again alone"
+                ),
+            }
+        }
+        let mut recorded = Vec::with_capacity(items.len());
+        for item in &items {
+            recorded.push(
+                store::record(
+                    &pool,
+                    item.submission_id,
+                    item.attempt,
+                    item.reference.as_deref(),
+                )
+                .await,
+            );
+        }
+        recorded
+    })
+}
+
+/// Records one answer, through the records' queue when there is one.
+async fn record(
+    state: &AppState,
+    submission_id: Uuid,
+    attempt: Attempt,
+    reference: Option<String>,
+) -> Result<Recorded, StoreError> {
+    let Some(records) = &state.records else {
+        return store::record(&state.pool, submission_id, attempt, reference.as_deref()).await;
+    };
+    let item = RecordItem {
+        submission_id,
+        attempt,
+        reference,
+    };
+    records
+        .submit(state.pool.clone(), item)
+        .await
+        .unwrap_or_else(|| {
+            Err(StoreError::Failed {
+                state: None,
+                message: "the record batch's task ended without answering".into(),
+            })
+        })
+}
 
 /// Who made an attempt, for the answer and the log.
 pub(crate) struct Caller<'a> {
@@ -33,9 +124,7 @@ pub(crate) async fn record_answer(
     answer: RailAnswer,
 ) -> Result<Response, ApiError> {
     let (attempt, reference, reason) = attempt_of(state, submission_id, payout_id, answer);
-    let recorded = match store::record(&state.pool, submission_id, attempt, reference.as_deref())
-        .await
-    {
+    let recorded = match record(state, submission_id, attempt, reference).await {
         Ok(r) => r,
         Err(error) => {
             // The outcome is known here but not stored; the sweeper will time the intent out.
@@ -177,6 +266,36 @@ pub(crate) fn unavailable(
 ) -> ApiError {
     tracing::warn!(event, error = %error, "{logged}");
     ApiError::new(ErrorCode::RailUnavailable, told).with_retry_after_ms(500)
+}
+
+/// RECOVERY_REQUIRED when paydb's epoch guard refused the write (SQLSTATE DL012,
+/// migrations/paydb/0020_store_epoch.sql): paydb is on a new timeline after a failover that may
+/// have lost writes and takes none until an operator runs `dlock recover paydb-epoch`
+/// (docs/design.md#d-12). Nothing was recorded, so nothing was forwarded. `None` for any other
+/// failure. Not RAIL_UNAVAILABLE: neither the rail nor a retry soon is the way out.
+pub(crate) fn recovery_required(error: &store::StoreError) -> Option<ApiError> {
+    if error.sqlstate().as_deref() != Some(dlock_server::pg::EPOCH_CHANGED) {
+        return None;
+    }
+    let reason = match error {
+        store::StoreError::Db(db) => {
+            dlock_server::pg::unavailable(db, "paydb").unwrap_or_else(|| db.to_string())
+        }
+        other => other.to_string(),
+    };
+    tracing::error!(
+        event = "paydb_recovery_required",
+        %reason,
+        "paydb's epoch guard refused the write; nothing was forwarded to the rail. paydb may have \
+         lost writes in a failover and takes none until an operator reconciles (dlock reconcile) \
+         and runs dlock recover paydb-epoch (docs/runbook.md)"
+    );
+    Some(ApiError::new(
+        ErrorCode::RecoveryRequired,
+        "paydb refuses every write after a failover that may have lost writes, so nothing was \
+         recorded or sent to the rail. An operator must run dlock reconcile, then dlock recover \
+         paydb-epoch; retry after that",
+    ))
 }
 
 /// A retry whose first attempt could not be read: nothing was forwarded by this request.

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use dlock_contract::rail::SubmissionRequest;
+use dlock_server::group_commit::by_item;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -15,6 +16,23 @@ pub enum StoreError {
         function: &'static str,
         outcome: String,
     },
+    /// A batch's statement failed as a whole (nothing of it was written), or one item of it
+    /// raised and was rolled back alone: what PostgreSQL said, with its SQLSTATE when it gave one.
+    Failed {
+        state: Option<String>,
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// The SQLSTATE PostgreSQL refused the write with, if it did.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            Self::Db(sqlx::Error::Database(refused)) => refused.code().map(|c| c.into_owned()),
+            Self::Failed { state, .. } => state.clone(),
+            _ => None,
+        }
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -31,6 +49,10 @@ impl std::fmt::Display for StoreError {
                 f,
                 "{function} answered the outcome {outcome:?}, which this build does not know"
             ),
+            Self::Failed { state, message } => match state {
+                Some(state) => write!(f, "{message} (SQLSTATE {state})"),
+                None => f.write_str(message),
+            },
         }
     }
 }
@@ -212,6 +234,12 @@ pub enum LowerOutcome {
         previous: i64,
         highest: i64,
     },
+    /// The token is below `seen`, the highest token the proxy admitted a proven submission with
+    /// (`rail_high_water.max_seen_token`): nothing changed, nothing recorded.
+    BelowSeen {
+        highest: i64,
+        seen: i64,
+    },
     NotFound,
 }
 
@@ -221,6 +249,7 @@ struct LowerRow {
     previous_token: Option<i64>,
     highest_token: Option<i64>,
     recovery_id: Option<i64>,
+    seen_token: Option<i64>,
 }
 
 impl LowerRow {
@@ -234,6 +263,10 @@ impl LowerRow {
                 recovery_id: self.recovery_id,
             },
             "unchanged" => LowerOutcome::Unchanged { previous, highest },
+            "below_seen" => LowerOutcome::BelowSeen {
+                highest,
+                seen: self.seen_token.unwrap_or_default(),
+            },
             "not_found" => LowerOutcome::NotFound,
             other => return unknown("rail_lower_high_water", other),
         })
@@ -245,7 +278,9 @@ pub use dlock_server::pg::Audit;
 
 /// Admission (docs/contract.md#admission-order, steps 1–3), written once in `rail_admit`: the mark,
 /// one attempt per payout, the intent row, committed before the forward. `canonical` is the request
-/// as re-serialized; paydb keeps only its hash.
+/// as re-serialized; paydb keeps only its hash. `proven`: the token's proof was verified; an
+/// admitted proven token raises the mark's floor (`max_seen_token`), which a lowering never
+/// goes under.
 pub async fn admit(
     pool: &PgPool,
     body: &SubmissionRequest,
@@ -253,11 +288,12 @@ pub async fn admit(
     key: &str,
     submission_id: Uuid,
     canonical: &str,
+    proven: bool,
 ) -> Result<Admission, StoreError> {
     let row: AdmitRow = sqlx::query_as(
         "SELECT outcome, highest_token, resource_type, state, submission_id, submission_outcome, \
                 response_status, response_body \
-         FROM rail_admit($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         FROM rail_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(body.payout_id)
     .bind(&body.account_id)
@@ -268,6 +304,7 @@ pub async fn admit(
     .bind(key)
     .bind(submission_id)
     .bind(canonical)
+    .bind(proven)
     .fetch_one(pool)
     .await?;
     row.into_admission()
@@ -368,14 +405,15 @@ pub async fn advance_high_water(
     .await?)
 }
 
-/// docs/design.md#d-8 recovery: lowers a poisoned mark to `to`, recorded in `fence_recoveries`.
+/// docs/design.md#d-8 recovery: lowers a poisoned mark to `to`, recorded in `fence_recoveries`;
+/// never under the highest proven token admitted (migrations/paydb/0018_rail_seen_floor_and_funding_window.sql).
 pub async fn lower_high_water(
     pool: &PgPool,
     account_id: &str,
     to: i64,
     audit: &Audit<'_>,
 ) -> Result<LowerOutcome, StoreError> {
-    let sql = "SELECT outcome, previous_token, highest_token, recovery_id \
+    let sql = "SELECT outcome, previous_token, highest_token, recovery_id, seen_token \
                FROM rail_lower_high_water($1, $2, $3, $4, $5, $6)";
     let row: LowerRow = audit.lowering(sql, account_id, to).fetch_one(pool).await?;
     row.into_outcome()
@@ -389,4 +427,184 @@ pub async fn high_water(pool: &PgPool, account_id: &str) -> Result<i64, StoreErr
             .fetch_optional(pool)
             .await?;
     Ok(row.map(|r| r.0).unwrap_or(0))
+}
+
+/// One submission of an admission batch: `rail_admit`'s arguments.
+#[derive(Debug)]
+pub struct AdmitItem {
+    pub body: SubmissionRequest,
+    pub token: i64,
+    pub key: String,
+    pub submission_id: Uuid,
+    pub canonical: String,
+}
+
+impl AdmitItem {
+    /// The keys that keep two items out of one batch: its payout and its account.
+    pub fn keys(&self) -> Vec<String> {
+        vec![
+            format!("payout:{}", self.body.payout_id),
+            format!("account:{}", self.body.account_id),
+        ]
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct AdmitManyRow {
+    item: i32,
+    #[sqlx(flatten)]
+    admit: AdmitRow,
+    error_state: Option<String>,
+    error_message: Option<String>,
+}
+
+/// Admission of a batch (docs/design.md#group-commit) in one statement, so one transaction and
+/// one commit (`rail_admit_many`, migrations/paydb/0023_rail_admit_many.sql): each item decided
+/// by `rail_admit` in its own subtransaction, in item order. The outer error is the whole
+/// batch's: nothing of it was written. An inner error is one item's, rolled back alone.
+pub async fn admit_many(
+    pool: &PgPool,
+    items: &[AdmitItem],
+    proven: bool,
+) -> Result<Vec<Result<Admission, StoreError>>, StoreError> {
+    let payouts: Vec<Uuid> = items.iter().map(|i| i.body.payout_id).collect();
+    let accounts: Vec<&str> = items.iter().map(|i| i.body.account_id.as_str()).collect();
+    let amounts: Vec<i64> = items.iter().map(|i| i.body.amount_minor).collect();
+    let currencies: Vec<&str> = items.iter().map(|i| i.body.currency.as_str()).collect();
+    let beneficiaries: Vec<&str> = items
+        .iter()
+        .map(|i| i.body.beneficiary_ref.as_str())
+        .collect();
+    let tokens: Vec<i64> = items.iter().map(|i| i.token).collect();
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    let submissions: Vec<Uuid> = items.iter().map(|i| i.submission_id).collect();
+    let requests: Vec<&str> = items.iter().map(|i| i.canonical.as_str()).collect();
+    let rows: Vec<AdmitManyRow> = sqlx::query_as(
+        "SELECT item, outcome, highest_token, resource_type, state, submission_id, \
+                submission_outcome, response_status, response_body, error_state, error_message \
+         FROM rail_admit_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(&payouts)
+    .bind(&accounts)
+    .bind(&amounts)
+    .bind(&currencies)
+    .bind(&beneficiaries)
+    .bind(&tokens)
+    .bind(&keys)
+    .bind(&submissions)
+    .bind(&requests)
+    .bind(proven)
+    .fetch_all(pool)
+    .await?;
+    let answers = rows.into_iter().map(|row| {
+        let answer = if row.admit.outcome == "error" {
+            Err(StoreError::Failed {
+                state: row.error_state,
+                message: row
+                    .error_message
+                    .unwrap_or_else(|| "rail_admit raised without a message".into()),
+            })
+        } else {
+            row.admit.into_admission()
+        };
+        (row.item, answer)
+    });
+    let slots = by_item(items.len(), answers).map_err(|item| StoreError::Unknown {
+        function: "rail_admit_many",
+        outcome: format!("an answer for item {item}"),
+    })?;
+    Ok(slots
+        .into_iter()
+        .map(|answer| {
+            answer
+                .unwrap_or_else(|| unknown("rail_admit_many", "no answer for an item of the batch"))
+        })
+        .collect())
+}
+
+/// One answer of a record batch: `rail_record`'s arguments.
+#[derive(Debug)]
+pub struct RecordItem {
+    pub submission_id: Uuid,
+    pub attempt: Attempt,
+    pub reference: Option<String>,
+}
+
+impl RecordItem {
+    /// The key that keeps two items out of one batch: the attempt.
+    pub fn keys(&self) -> Vec<String> {
+        vec![self.submission_id.to_string()]
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct RecordManyRow {
+    item: i32,
+    outcome: String,
+    payout_id: Option<Uuid>,
+    rail_reference: Option<String>,
+    submitted_at: Option<DateTime<Utc>>,
+    resolved_at: Option<DateTime<Utc>>,
+    error_state: Option<String>,
+    error_message: Option<String>,
+}
+
+impl RecordManyRow {
+    fn into_recorded(self) -> Result<Recorded, StoreError> {
+        if self.outcome == "error" {
+            return Err(StoreError::Failed {
+                state: self.error_state,
+                message: self
+                    .error_message
+                    .unwrap_or_else(|| "rail_record raised without a message".into()),
+            });
+        }
+        let (Some(payout_id), Some(submitted_at)) = (self.payout_id, self.submitted_at) else {
+            return unknown("rail_record_many", "an attempt without its payout");
+        };
+        RecordRow {
+            outcome: self.outcome,
+            payout_id,
+            rail_reference: self.rail_reference,
+            submitted_at,
+            resolved_at: self.resolved_at,
+        }
+        .into_recorded()
+    }
+}
+
+/// The answers of a record batch (docs/design.md#group-commit) in one statement, so one
+/// transaction and one commit (`rail_record_many`, migrations/paydb/0023_rail_admit_many.sql):
+/// each item recorded by `rail_record` in its own subtransaction, in item order. The outer error
+/// is the whole batch's; an inner error is one item's, rolled back alone.
+pub async fn record_many(
+    pool: &PgPool,
+    items: &[RecordItem],
+) -> Result<Vec<Result<Recorded, StoreError>>, StoreError> {
+    let submissions: Vec<Uuid> = items.iter().map(|i| i.submission_id).collect();
+    let outcomes: Vec<&str> = items.iter().map(|i| i.attempt.as_str()).collect();
+    let references: Vec<Option<&str>> = items.iter().map(|i| i.reference.as_deref()).collect();
+    let rows: Vec<RecordManyRow> = sqlx::query_as(
+        "SELECT item, outcome, payout_id, rail_reference, submitted_at, resolved_at, \
+                error_state, error_message \
+         FROM rail_record_many($1, $2, $3)",
+    )
+    .bind(&submissions)
+    .bind(&outcomes)
+    .bind(&references)
+    .fetch_all(pool)
+    .await?;
+    let answers = rows.into_iter().map(|row| (row.item, row.into_recorded()));
+    let slots = by_item(items.len(), answers).map_err(|item| StoreError::Unknown {
+        function: "rail_record_many",
+        outcome: format!("an answer for item {item}"),
+    })?;
+    Ok(slots
+        .into_iter()
+        .map(|answer| {
+            answer.unwrap_or_else(|| {
+                unknown("rail_record_many", "no answer for an item of the batch")
+            })
+        })
+        .collect())
 }

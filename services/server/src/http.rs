@@ -36,6 +36,75 @@ impl Default for HttpLimits {
         }
     }
 }
+
+/// What every service serves with: where it listens, the limits of a request, TLS on the
+/// listener and who may call. Each service's configuration fills it in (`server.listen`,
+/// `server.tls.*` through [`crate::tls::TlsSettings::from_raw`], `auth.*`).
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// `server.listen`.
+    pub listen: std::net::SocketAddr,
+    /// `server.body-limit-bytes` and `server.request-timeout-ms`.
+    pub http: HttpLimits,
+    /// `server.tls.*`: TLS on the listener when set.
+    pub tls: Option<crate::tls::TlsSettings>,
+    /// `auth.*`: who may call.
+    pub auth: Authenticator,
+}
+
+impl Served {
+    /// Opens the listener on `server.listen`.
+    pub async fn bind(&self) -> std::io::Result<tokio::net::TcpListener> {
+        let listen = self.listen;
+        tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {listen} (server.listen): {e}"),
+            )
+        })
+    }
+
+    /// A service's router: its `routes`, then `GET /readyz` and `GET /metrics` answered by
+    /// `readyz` and `metrics`, then the tail of [`service`] with this listener's
+    /// credential check and limits.
+    pub fn app<S, R, RT, M, MT>(
+        &self,
+        routes: axum::Router<S>,
+        state: S,
+        document: fn() -> utoipa::openapi::OpenApi,
+        readyz: R,
+        metrics: M,
+    ) -> axum::Router
+    where
+        S: Clone + Send + Sync + 'static,
+        R: axum::handler::Handler<RT, S>,
+        M: axum::handler::Handler<MT, S>,
+        RT: 'static,
+        MT: 'static,
+    {
+        let routes = routes
+            .route("/readyz", axum::routing::get(readyz))
+            .route("/metrics", axum::routing::get(metrics));
+        service(routes, state, document, &self.auth, self.http)
+    }
+
+    /// Says once what `service` checks (see [`crate::announce`]), then serves `app` on
+    /// `listener`, over TLS when configured, until SIGINT or SIGTERM; then drains in-flight
+    /// requests and stops the service's background `sweeper`.
+    pub async fn serve(
+        &self,
+        service: &str,
+        proof_keys: Option<&crate::proof::ProofKeys>,
+        listener: tokio::net::TcpListener,
+        app: axum::Router,
+        sweeper: tokio::task::JoinHandle<()>,
+    ) -> std::io::Result<()> {
+        crate::announce(service, &self.auth, proof_keys);
+        serve_until_signal(listener, self.tls.as_ref(), app).await?;
+        sweeper.abort();
+        Ok(())
+    }
+}
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         ErrorCode::NotFound,

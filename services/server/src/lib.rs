@@ -5,6 +5,7 @@ pub mod auth;
 pub mod checks;
 pub mod config;
 pub mod extract;
+pub mod group_commit;
 pub mod http;
 pub mod metrics;
 pub mod openapi;

@@ -6,9 +6,13 @@
 //! request changes nothing.
 
 mod credentials;
+mod funding_list;
+mod funding_window;
 mod roles;
+mod secret_files;
 mod tls;
 mod tokenreview;
+mod treasury_cli;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -56,6 +60,19 @@ impl DevStack {
         tokio::task::spawn_blocking(Self::start)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`DevStack::up`] with fundings above `threshold` waiting for a second treasury identity.
+    pub(crate) async fn with_dual_approval_above(threshold: &str) -> Self {
+        let threshold = threshold.to_owned();
+        tokio::task::spawn_blocking(move || {
+            Self(DevUp::start(
+                &["--treasury-dual-approval-above", &threshold],
+                &[],
+            ))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A payment client of the executor identity, with its credential.
@@ -124,6 +141,30 @@ impl DevStack {
             .unwrap_or_else(|e| panic!("{db}: {e}"))
     }
 
+    /// Appends `lines` to the stack's tokens file (each service re-reads it when it changes) and
+    /// waits until the first line's token is known at all three services (not 401).
+    async fn add_tokens(&self, lines: &[(&str, &str, &str)]) {
+        let path = self.url("tokensFile");
+        let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        for (identity, token, roles) in lines {
+            text.push_str(&format!("{identity} {token} {roles}\n"));
+        }
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let (lock, payment, proxy) = self.services();
+        for url in [
+            format!("{lock}/v1/locks"),
+            format!("{payment}/v1/accounts/none"),
+            format!("{proxy}/v1/rail/high-water/none"),
+        ] {
+            let what = format!("{url} reads the new tokens");
+            eventually(&what, Duration::from_secs(20), || async {
+                let (status, _, _) = get_as(&url, lines[0].1).await;
+                (status != 401).then_some(())
+            })
+            .await;
+        }
+    }
+
     /// A digest of every row of every table of paydb and lockdb, and the rail's statement.
     async fn snapshot(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
@@ -161,6 +202,84 @@ impl DevStack {
         out.push(("rail statement".into(), statement.to_string()));
         out
     }
+}
+
+/// `dlock ARGS` against `payment` as `identity`, its token read from `file`.
+fn dlock_as(args: &[&str], payment: &str, identity: &str, file: &str) -> (bool, String, String) {
+    let mut all = args.to_vec();
+    all.extend([
+        "--payment-resource",
+        payment,
+        "--identity",
+        identity,
+        "--credential-file",
+        file,
+    ]);
+    dlock(&all)
+}
+
+/// `dlock ARGS` with no dlock variable of the test's environment: (success, stdout, stderr).
+fn dlock(args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(EXE);
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("DLOCK_") {
+            command.env_remove(name);
+        }
+    }
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("dlock {args:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The one number `sql` selects.
+async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// A GET of `url` with `token`'s credential.
+async fn get_as(url: &str, token: &str) -> (u16, String, Value) {
+    let bearer = format!("Bearer {token}");
+    raw(
+        Method::GET,
+        url,
+        &[("authorization", bearer.as_str())],
+        None,
+    )
+    .await
+}
+
+/// A write with `token`'s credential as `owner` (a fresh idempotency key each time), with a
+/// fencing token and proof when given.
+async fn write_as(
+    url: &str,
+    token: &str,
+    owner: &str,
+    fence: Option<(i64, &str)>,
+    body: &Value,
+) -> (u16, String, Value) {
+    let bearer = format!("Bearer {token}");
+    let key = format!("auth-{}", uuid::Uuid::new_v4());
+    let fence_token = fence.map(|(t, _)| t.to_string());
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", bearer.as_str()),
+        ("x-owner-id", owner),
+        ("x-idempotency-key", key.as_str()),
+    ];
+    if let (Some(token), Some((_, proof))) = (fence_token.as_deref(), fence) {
+        headers.push(("x-fencing-token", token));
+        headers.push(("x-fencing-proof", proof));
+    }
+    raw(Method::POST, url, &headers, Some(&body.to_string())).await
 }
 
 fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: &str) {

@@ -10,72 +10,6 @@ use dlock_contract::client::LockClient;
 use crate::harness::{hold, release, session};
 use crate::shared::payouts::register_payout;
 
-/// Appends `lines` to the stack's tokens file (each service re-reads it when it changes) and
-/// waits until the first line's token is known at all three services (not 401).
-async fn add_tokens(stack: &DevStack, lines: &[(&str, &str, &str)]) {
-    let path = stack.url("tokensFile");
-    let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    for (identity, token, roles) in lines {
-        text.push_str(&format!("{identity} {token} {roles}\n"));
-    }
-    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let (lock, payment, proxy) = stack.services();
-    let bearer = format!("Bearer {}", lines[0].1);
-    for url in [
-        format!("{lock}/v1/locks"),
-        format!("{payment}/v1/accounts/none"),
-        format!("{proxy}/v1/rail/high-water/none"),
-    ] {
-        let what = format!("{url} reads the new tokens");
-        eventually(&what, Duration::from_secs(20), || {
-            let (url, bearer) = (url.clone(), bearer.clone());
-            async move {
-                let (status, _, _) = raw(
-                    Method::GET,
-                    &url,
-                    &[("authorization", bearer.as_str())],
-                    None,
-                )
-                .await;
-                (status != 401).then_some(())
-            }
-        })
-        .await;
-    }
-}
-
-/// A write with `token`'s credential as `owner` (a fresh idempotency key each time), with a
-/// fencing token and proof when given.
-async fn write_as(
-    url: &str,
-    token: &str,
-    owner: &str,
-    fence: Option<(i64, &str)>,
-    body: &Value,
-) -> (u16, String, Value) {
-    let bearer = format!("Bearer {token}");
-    let key = format!("roles-{}", uuid::Uuid::new_v4());
-    let fence_token = fence.map(|(t, _)| t.to_string());
-    let mut headers = vec![
-        ("content-type", "application/json"),
-        ("authorization", bearer.as_str()),
-        ("x-owner-id", owner),
-        ("x-idempotency-key", key.as_str()),
-    ];
-    if let (Some(token), Some((_, proof))) = (fence_token.as_deref(), fence) {
-        headers.push(("x-fencing-token", token));
-        headers.push(("x-fencing-proof", proof));
-    }
-    raw(Method::POST, url, &headers, Some(&body.to_string())).await
-}
-
-async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned()))
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
 const STRANGER: &str = "stranger-0123456789abcdef";
 const AUDITOR: &str = "auditor-0123456789abcdef";
 const TREASURY_2: &str = "treasury-2-0123456789abcdef";
@@ -91,11 +25,9 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
     let executor = stack.token("executor");
     let registrar = stack.token("registrar");
     let treasury = stack.token("treasury");
-    add_tokens(
-        &stack,
-        &[("stranger", STRANGER, ""), ("auditor", AUDITOR, "reader")],
-    )
-    .await;
+    stack
+        .add_tokens(&[("stranger", STRANGER, ""), ("auditor", AUDITOR, "reader")])
+        .await;
     open_account(&stack.treasury_payments(), "acct-r", Some(100_000)).await;
     let payout = register_payout(&stack.registrar_payments(), "acct-r", 100, "ben-r").await;
     let before = stack.snapshot().await;
@@ -163,7 +95,6 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         );
         refused += 1;
     }
-    let stranger_bearer = format!("Bearer {STRANGER}");
     for url in [
         format!("{payment}/v1/payouts/{payout}"),
         format!("{payment}/v1/accounts/acct-r"),
@@ -171,13 +102,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         format!("{lock}/v1/locks"),
         format!("{proxy}/v1/rail/high-water/acct-r"),
     ] {
-        let answer = raw(
-            Method::GET,
-            &url,
-            &[("authorization", stranger_bearer.as_str())],
-            None,
-        )
-        .await;
+        let answer = get_as(&url, STRANGER).await;
         assert_refused(
             &format!("GET {url} with no role"),
             &answer,
@@ -188,13 +113,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
     }
     // The probes stay open to it.
     for url in [format!("{payment}/readyz"), format!("{lock}/healthz")] {
-        let (status, _, _) = raw(
-            Method::GET,
-            &url,
-            &[("authorization", stranger_bearer.as_str())],
-            None,
-        )
-        .await;
+        let (status, _, _) = get_as(&url, STRANGER).await;
         assert_eq!(status, 200, "{url}");
     }
     // The executor runs payouts and nothing else: it cannot register, fund, set limits or
@@ -234,13 +153,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         refused += 1;
     }
     // A reader reads, and writes nothing.
-    let (status, _, body) = raw(
-        Method::GET,
-        &format!("{payment}/v1/payouts/{payout}"),
-        &[("authorization", format!("Bearer {AUDITOR}").as_str())],
-        None,
-    )
-    .await;
+    let (status, _, body) = get_as(&format!("{payment}/v1/payouts/{payout}"), AUDITOR).await;
     assert_eq!(status, 200, "a reader reads a payout: {body}");
     for (url, body) in [
         (format!("{payment}/v1/payouts"), &new_payout),
@@ -290,7 +203,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
     assert!(ok, "the registrar and the executor pay a batch: {output}");
     let pool = stack.pool("paydb").await;
     assert_eq!(
-        count(
+        scalar(
             &pool,
             "SELECT count(*) FROM payouts WHERE account_id = 'acct-r' AND state = 'POSTED'"
         )
@@ -326,6 +239,12 @@ async fn claim_once(
     release(locks, &key, session_id, grant.fencing_token).await;
     let _ = locks.end_session(session_id).await;
     answer
+}
+
+/// `answer` refused with 422 LIMIT_EXCEEDED naming `limit`.
+fn assert_limit_exceeded(what: &str, answer: &(u16, String, Value), limit: &str) {
+    assert_refused(what, answer, 422, "LIMIT_EXCEEDED");
+    assert_eq!(answer.2["details"]["limit"], limit, "{what}: {}", answer.2);
 }
 
 /// The treasury sets an account's limits; paydb refuses a payout above the largest single
@@ -374,17 +293,7 @@ async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothin
         }),
     )
     .await;
-    assert_refused(
-        "a payout above the single limit",
-        &answer,
-        422,
-        "LIMIT_EXCEEDED",
-    );
-    assert_eq!(
-        answer.2["details"]["limit"], "maxPayoutMinor",
-        "{}",
-        answer.2
-    );
+    assert_limit_exceeded("a payout above the single limit", &answer, "maxPayoutMinor");
     assert_eq!(answer.2["details"]["limitMinor"], 500, "{}", answer.2);
     assert_eq!(
         before,
@@ -411,26 +320,20 @@ async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothin
     }
     let outflow = "SELECT coalesce(sum(claimed_minor), 0)::bigint FROM account_daily_outflow \
                    WHERE account_id = 'acct-l'";
-    assert_eq!(count(&pool, outflow).await, 800);
+    assert_eq!(scalar(&pool, outflow).await, 800);
     let fence = "SELECT fence FROM accounts WHERE account_id = 'acct-l'";
-    let fence_before = count(&pool, fence).await;
+    let fence_before = scalar(&pool, fence).await;
     let before = stack.snapshot().await;
     let answer = claim_once(&stack, &locks, "acct-l", payouts[2]).await;
-    assert_refused(
+    assert_limit_exceeded(
         "a claim over the day's outflow",
         &answer,
-        422,
-        "LIMIT_EXCEEDED",
-    );
-    assert_eq!(
-        answer.2["details"]["limit"], "dailyOutflowMinor",
-        "{}",
-        answer.2
+        "dailyOutflowMinor",
     );
     assert_eq!(answer.2["details"]["outflowMinor"], 800, "{}", answer.2);
-    assert_eq!(count(&pool, outflow).await, 800, "no outflow counted");
+    assert_eq!(scalar(&pool, outflow).await, 800, "no outflow counted");
     assert_eq!(
-        count(&pool, fence).await,
+        scalar(&pool, fence).await,
         fence_before,
         "the fence did not move"
     );
@@ -472,7 +375,7 @@ async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothin
     assert_eq!(raised.daily_outflow_minor, Some(2_000));
     let answer = claim_once(&stack, &locks, "acct-l", payouts[2]).await;
     assert_eq!(answer.0, 200, "under the raised limit: {}", answer.2);
-    assert_eq!(count(&pool, outflow).await, 1_200);
+    assert_eq!(scalar(&pool, outflow).await, 1_200);
 }
 
 /// A funding above `auth.treasury.dual-approval-above` is recorded, not applied (202 with its
@@ -480,18 +383,17 @@ async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothin
 /// treasury identity applies it, once; a funding under the threshold applies at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_is_refused() {
-    let stack = DevStack(crate::shared::dev_up::DevUp::start(
-        &["--treasury-dual-approval-above", "100000"],
-        &[],
-    ));
+    let stack = DevStack::with_dual_approval_above("100000").await;
     let (_, payment, _) = stack.services();
     let treasury = stack.token("treasury");
-    add_tokens(&stack, &[("treasury-2", TREASURY_2, "treasury")]).await;
+    stack
+        .add_tokens(&[("treasury-2", TREASURY_2, "treasury")])
+        .await;
     open_account(&stack.treasury_payments(), "acct-d", Some(100_000)).await;
     let pool = stack.pool("paydb").await;
     let balance = "SELECT balance_minor FROM accounts WHERE account_id = 'acct-d'";
     assert_eq!(
-        count(&pool, balance).await,
+        scalar(&pool, balance).await,
         100_000,
         "at the threshold: applied at once"
     );
@@ -506,7 +408,7 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
         .as_str()
         .unwrap_or_else(|| panic!("no fundingId: {}", answer.2))
         .to_owned();
-    assert_eq!(count(&pool, balance).await, 100_000, "not applied");
+    assert_eq!(scalar(&pool, balance).await, 100_000, "not applied");
     // `dlock accounts fund` above the threshold says the funding waits, and applies nothing.
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let batch = dir.path().join("batch.yaml");
@@ -536,7 +438,7 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
         "dlock accounts fund says the funding waits: {said}"
     );
     assert_eq!(
-        count(&pool, balance).await,
+        scalar(&pool, balance).await,
         100_000,
         "the CLI's funding is not applied"
     );
@@ -559,7 +461,7 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
         stack.snapshot().await,
         "the refused approvals changed nothing"
     );
-    assert_eq!(count(&pool, balance).await, 100_000);
+    assert_eq!(scalar(&pool, balance).await, 100_000);
 
     // The second identity approves through the contract's client.
     let second = PaymentClient::new(&payment, "treasury-2/test")
@@ -578,7 +480,7 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
     assert_eq!(approved.requested_by, "treasury");
     assert_eq!(approved.balance_minor, 5_100_000);
     assert_eq!(approved.entries.len(), 2, "one balanced pair");
-    assert_eq!(count(&pool, balance).await, 5_100_000, "applied");
+    assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied");
     // Once: another approval (a new key) is refused and applies nothing more.
     let answer = write_as(
         &approve_url,
@@ -589,9 +491,9 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
     )
     .await;
     assert_refused("a second approval", &answer, 422, "IDEMPOTENCY_CONFLICT");
-    assert_eq!(count(&pool, balance).await, 5_100_000, "applied once");
+    assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied once");
     assert_eq!(
-        count(
+        scalar(
             &pool,
             "SELECT count(*) FROM ledger_entries WHERE reference = 'fund:large-1'"
         )

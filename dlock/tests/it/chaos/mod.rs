@@ -5,6 +5,7 @@
 
 mod faults;
 mod fencing;
+mod long;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};

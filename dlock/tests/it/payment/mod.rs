@@ -7,9 +7,11 @@ mod bad_input;
 mod funds;
 mod group_commit;
 mod idempotency;
+mod opening;
 mod operator;
 mod rows;
 mod schema;
+mod set_based;
 mod workload;
 
 use crate::harness::{loopback, serve_in_task};

@@ -6,6 +6,7 @@
 
 mod admission;
 mod forward;
+mod group_commit;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -7,6 +7,7 @@ mod lock_mirror;
 mod network;
 mod pods;
 mod services;
+mod tls;
 
 use dlock_operator::build::{
     config_map, deployment, job, lock, network_policy, pdb, proof_keys, reconciler, service,

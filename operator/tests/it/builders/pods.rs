@@ -12,7 +12,8 @@ fn every_pod_has_seccomp_resources_and_the_specs_pull_secrets() {
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
     let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
     let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
+    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
+        .unwrap();
     let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
     let mut pods: Vec<(String, serde_json::Value)> = Vec::new();
     for workload in [
@@ -68,7 +69,8 @@ fn every_pod_has_seccomp_resources_and_the_specs_pull_secrets() {
 fn no_object_the_operator_makes_carries_argo_cds_tracking_label() {
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
     let stub = rail.stub.clone().unwrap();
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings()).unwrap();
+    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
+        .unwrap();
     let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
     let objects = [
         serde_json::to_value(deployment::deployment(&rail.proxy)).unwrap(),
@@ -99,7 +101,7 @@ fn no_object_the_operator_makes_carries_argo_cds_tracking_label() {
 
 /// Every service runs as the namespace's `dlock-service` account with its token mounted, which
 /// its TokenReview calls need; the account has no owner (the namespace's services share it). The
-/// rail stub checks no caller and mounts no token.
+/// rail stub runs as it too: it checks every caller with TokenReview.
 #[test]
 fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_review() {
     let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
@@ -129,8 +131,8 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
         .template
         .spec
         .unwrap();
-    assert_eq!(pod.service_account_name, None);
-    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.service_account_name.as_deref(), Some("dlock-service"));
+    assert_eq!(pod.automount_service_account_token, Some(true));
     assert_json(
         &service_account::service_account("payments"),
         json!({

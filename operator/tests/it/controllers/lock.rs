@@ -1,6 +1,6 @@
-//! The Lock controller: the revoke annotations run the revocation once per value (retried for
-//! the same grant only, refused without a call for a key nobody holds or that names no account),
-//! and a mirrored Lock gets Ready.
+//! The Lock controller: the revoke annotations run the revocation once per value (an L8 without a
+//! known outcome settled by reading the key, refused without a call for a key nobody holds or
+//! that names no account), and a mirrored Lock gets Ready.
 
 use super::*;
 
@@ -72,6 +72,11 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
                 "GET http://lock-server.default.svc:8080/v1/locks/payout:acct-17".to_owned(),
                 Value::Null
             ),
+            // The flow reads the key itself before L8: the grant it names must still hold it.
+            (
+                "GET http://lock-server.default.svc:8080/v1/locks/payout:acct-17".to_owned(),
+                Value::Null
+            ),
             (
                 "POST http://lock-server.default.svc:8080/v1/locks/payout:acct-17/revoke"
                     .to_owned(),
@@ -99,17 +104,21 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
         .await
         .unwrap();
     api.done().await;
-    assert_eq!(services.calls().len(), 4);
+    assert_eq!(services.calls().len(), 5);
 }
 
-/// L8 unanswered (it may have ended the grant): the live token it was sent for is recorded, and
-/// the retry sends L8 for that token again without reading the key anew, so it never ends the
-/// newer grant that took the key meanwhile.
+/// L8 unanswered and the key unreadable afterwards (it may have ended the grant): recorded as
+/// OutcomeUnknown with the token it was sent for, never as a failure, and retried. The retry
+/// reads the key first: the grant is gone (a newer one, token 99, holds the key), so the
+/// revocation took effect and the fences get the token after it; no L8 again, least of all for
+/// the newer grant.
 #[tokio::test]
-async fn an_unanswered_revoke_is_retried_for_the_same_grant_only() {
+async fn an_unanswered_revoke_is_settled_by_reading_the_key_never_resent_blindly() {
     let (services, ctx, mut api) = world(FakeServices {
         live_token: Some(57),
         lock_down: true,
+        // The flow's own read before L8 answers; the one after it does not.
+        reads_ok: Some(1),
         ..FakeServices::default()
     });
     let lock = fixtures::revoke_asked(fixtures::lock());
@@ -119,43 +128,64 @@ async fn an_unanswered_revoke_is_retried_for_the_same_grant_only() {
     ));
     answer_fence_targets(&mut api).await;
     let call = api.next().await;
-    let pinned = call.body["status"]["revocation"].clone();
+    let unknown = call.body["status"]["revocation"].clone();
     assert_eq!(
         (
-            &pinned["outcome"],
-            &pinned["revokedToken"],
-            &pinned["revocationId"]
+            &unknown["outcome"],
+            &unknown["revokedToken"],
+            &unknown["revocationId"]
         ),
-        (&json!("Incomplete"), &json!(57), &Value::Null),
-        "{pinned}"
+        (&json!("OutcomeUnknown"), &json!(57), &Value::Null),
+        "{unknown}"
+    );
+    let progressing = call
+        .conditions()
+        .into_iter()
+        .find(|c| c["type"] == "Progressing")
+        .unwrap();
+    assert_eq!(
+        (&progressing["status"], &progressing["reason"]),
+        (&json!("True"), &json!("OutcomeUnknown")),
+        "{progressing}"
     );
     call.answer(&fixtures::lock());
+    api.event("RevocationOutcomeUnknown", Some("Warning")).await;
     let error = reconcile.await.unwrap().unwrap_err();
     assert!(!error.is_permanent(), "{error}");
-    assert_eq!(services.calls().len(), 2, "{:?}", services.calls());
+    let calls: Vec<String> = services.calls().into_iter().map(|c| c.0).collect();
+    let sent = calls.iter().filter(|c| c.ends_with("/revoke")).count();
+    assert_eq!((calls.len(), sent), (4, 1), "{calls:?}");
 
-    // The key has changed hands again (token 99); the retry revokes 57 or nothing.
+    // The key has changed hands since (token 99): the retry reads it and fences 57 out.
     let (services, ctx, mut api) = world(FakeServices {
         live_token: Some(99),
         ..FakeServices::default()
     });
     let mut retry = lock;
-    retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(pinned).unwrap());
+    retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(unknown).unwrap());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
     answer_fence_targets(&mut api).await;
     let call = api.next().await;
-    assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
-    assert_eq!(call.body["status"]["revocation"]["revokedToken"], 57);
+    let revocation = &call.body["status"]["revocation"];
+    assert_eq!(revocation["outcome"], "Complete", "{revocation}");
+    assert_eq!(
+        (&revocation["revokedToken"], &revocation["newTokenFloor"]),
+        (&json!(57), &json!(58))
+    );
     call.answer(&fixtures::lock());
     api.next().await.echo();
     reconcile.await.unwrap().unwrap();
     let calls = services.calls();
     assert_eq!(calls.len(), 3, "{calls:?}");
     assert!(
-        calls[0].0.ends_with("/v1/locks/payout:acct-17/revoke"),
+        calls[0].0.ends_with("/v1/locks/payout:acct-17"),
         "{calls:?}"
     );
-    assert_eq!(calls[0].1["expectedToken"], 57);
+    assert!(!calls.iter().any(|c| c.0.ends_with("/revoke")), "{calls:?}");
+    assert_eq!(
+        (&calls[1].1["floor"], &calls[2].1["floor"]),
+        (&json!(58), &json!(58))
+    );
 }
 
 /// A key nobody holds when the annotations are handled has no holder to fence out: refused and

@@ -12,19 +12,19 @@ mod reconciliation;
 mod revocation;
 mod workloads;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_contract::client::ClientError;
-use dlock_contract::lock::{Revocation, RevokeRequest};
-use dlock_contract::payment::FenceResponse;
+use dlock_contract::lock::{HeldLocks, LockGrant, LockInfo, Revocation, RevokeRequest};
+use dlock_contract::payment::{FenceResponse, PayoutState};
 use dlock_contract::rail::{HighWater, HighWaterRequest};
 use dlock_contract::revoke::{FenceCall, RevokeSteps, StepFuture};
 use dlock_executor::cancel::CancelReport;
-use dlock_operator::build::lock::HeldLock;
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
-use dlock_operator::services::{Cancel, HeldList, ServiceError, ServiceFuture, Services, Steps};
+use dlock_operator::services::{Cancel, ServiceError, ServiceFuture, Services, Steps};
 use dlock_operator::validate::RevocationTarget;
 use http::{Method, Request, Response};
 use kube::client::Body;
@@ -40,7 +40,7 @@ const REVOCATION_ID: &str = "7f9c0000-0000-4000-8000-000000000001";
 #[derive(Default)]
 struct FakeServices {
     calls: Mutex<Vec<(String, Value)>>,
-    held: Vec<HeldLock>,
+    held: Vec<LockGrant>,
     truncated: bool,
     rail_down: bool,
     /// The token of the key's grant at the lock server (L7); 41, the fixture Lock's, when unset.
@@ -49,6 +49,10 @@ struct FakeServices {
     not_held: bool,
     /// L8 gets no answer.
     lock_down: bool,
+    /// The revocation flow's reads of the key (L7) fail after this many.
+    reads_ok: Option<usize>,
+    /// The revocation flow's reads of the key so far.
+    reads: AtomicUsize,
 }
 
 impl FakeServices {
@@ -66,7 +70,7 @@ impl Services for FakeServices {
         &'a self,
         url: &'a str,
         ids: &'a [String],
-    ) -> ServiceFuture<'a, Vec<Option<String>>> {
+    ) -> ServiceFuture<'a, Vec<Option<PayoutState>>> {
         self.record(
             format!("GET {url}/v1/payouts/{{id}} x{}", ids.len()),
             json!(ids),
@@ -76,18 +80,18 @@ impl Services for FakeServices {
             .enumerate()
             .map(|(i, _)| {
                 if i == 0 {
-                    Some("POSTED".to_owned())
+                    Some(PayoutState::Posted)
                 } else {
-                    Some("RAIL_AMBIGUOUS".to_owned())
+                    Some(PayoutState::RailAmbiguous)
                 }
             })
             .collect();
         Box::pin(async move { Ok(states) })
     }
-    fn held_locks<'a>(&'a self, url: &'a str) -> ServiceFuture<'a, HeldList> {
+    fn held_locks<'a>(&'a self, url: &'a str) -> ServiceFuture<'a, HeldLocks> {
         self.record(format!("GET {url}/v1/locks"), Value::Null);
         Box::pin(async move {
-            Ok(HeldList {
+            Ok(HeldLocks {
                 items: self.held.clone(),
                 truncated: self.truncated,
             })
@@ -145,6 +149,33 @@ impl FakeSteps<'_> {
 }
 
 impl RevokeSteps for FakeSteps<'_> {
+    /// The key as [`FakeServices`] holds it (`live_token`, `not_held`); no answer once
+    /// `reads_ok` reads have been made.
+    fn read_lock<'a>(&'a self, key: &'a str) -> StepFuture<'a, LockInfo> {
+        let url = &self.target.lock_server_url;
+        let services = self.services;
+        services.record(format!("GET {url}/v1/locks/{key}"), Value::Null);
+        let n = services.reads.fetch_add(1, Ordering::SeqCst);
+        if services.reads_ok.is_some_and(|ok| n >= ok) {
+            return Box::pin(std::future::ready(Err(ClientError::Transport {
+                url: url.clone(),
+                message: "connection reset".to_owned(),
+                connect: false,
+                timeout: false,
+            })));
+        }
+        let token = (!services.not_held).then(|| services.live_token.unwrap_or(41));
+        Box::pin(std::future::ready(Ok(LockInfo {
+            key: key.to_owned(),
+            held: token.is_some(),
+            owner_id: token.map(|_| "executor-7".to_owned()),
+            session_id: None,
+            fencing_token: token,
+            acquired_at: None,
+            expires_at: None,
+            waiter_count: 0,
+        })))
+    }
     fn revoke_lock<'a>(
         &'a self,
         key: &'a str,
@@ -190,6 +221,8 @@ impl RevokeSteps for FakeSteps<'_> {
                 previous_fence: 3,
                 fence: request.floor,
                 revocation_id: request.revocation_id,
+                operator: request.operator.clone(),
+                identity: "dlock-operator".to_owned(),
             }),
         )
     }

@@ -1,6 +1,8 @@
 //! The PayoutBatch controller: the finalizer, the manifest and the executor Job, a running batch
 //! left alone, and a deleted batch drained before its finalizer goes.
 
+use kube::runtime::controller::Action;
+
 use super::*;
 
 /// A new batch first gets the finalizer, then its manifest ConfigMap and executor Job, then
@@ -33,7 +35,20 @@ async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job(
     expect_manifest(&mut api, Some(proxy), "12000").await.echo();
     let call = api.expect(Method::GET, JOB).await;
     call.reply(404, &not_found());
+    // The namespace's executor ServiceAccount before the Job that runs as it.
+    let call = api
+        .expect_apply(&format!("{NS}/serviceaccounts/dlock-executor"))
+        .await;
+    assert_eq!(
+        call.body["metadata"]["labels"]["app.kubernetes.io/component"],
+        "executor"
+    );
+    call.echo();
     let call = api.expect_apply(JOB).await;
+    assert_eq!(
+        call.body["spec"]["template"]["spec"]["serviceAccountName"],
+        "dlock-executor"
+    );
     // The worker count is the manifest's: a Job's pod template is immutable.
     let args = call.body["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     assert!(!args.to_string().contains("--workers"), "{args}");
@@ -94,6 +109,19 @@ async fn expect_manifest(
     proxy: Option<Value>,
     read_timeout_ms: &str,
 ) -> Call {
+    // The batch's PaymentResource, for what it lets the executor run as and mount (here it
+    // lists nothing: the defaults).
+    api.expect(
+        Method::GET,
+        &format!("{DLOCK}/paymentresources/payment-resource"),
+    )
+    .await
+    .reply(
+        200,
+        &serde_json::to_value(fixtures::payment_resource()).unwrap(),
+    );
+    // The namespace's services, listed for their spec.tls (none here: the URLs stay http://).
+    answer_fence_targets(api).await;
     let call = api
         .expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
         .await;
@@ -121,7 +149,9 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     let (_, ctx, mut api) = world(FakeServices::default());
     let mut batch = fixtures::payout_batch();
     batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
-    let validated = dlock_operator::validate::payout_batch(&batch, &fixtures::settings()).unwrap();
+    let validated =
+        dlock_operator::validate::payout_batch(&batch, &fixtures::settings(), &Default::default())
+            .unwrap();
     let mut running =
         serde_json::to_value(dlock_operator::build::job::executor_job(&validated)).unwrap();
     running["status"] = json!({"active": 1});
@@ -167,8 +197,12 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     // Only the worker count changed: the template is the same, so it is current.
     let mut workers_only = batch.clone();
     workers_only.spec.workers = Some(3);
-    let validated =
-        dlock_operator::validate::payout_batch(&workers_only, &fixtures::settings()).unwrap();
+    let validated = dlock_operator::validate::payout_batch(
+        &workers_only,
+        &fixtures::settings(),
+        &Default::default(),
+    )
+    .unwrap();
     assert_eq!(
         dlock_operator::build::job::executor_job(&validated),
         serde_json::from_value(json!({
@@ -179,9 +213,8 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     );
 }
 
-/// Deleting a batch: the executor Job goes in the foreground first (its pods hold lock sessions
-/// and claims outside Kubernetes), then the payouts that never reached the rail are cancelled
-/// (ABANDONED), then the finalizer is removed.
+/// Deleting a batch whose executor Job is gone (the next test has a Job still there): the payouts
+/// that never reached the rail are cancelled (ABANDONED), then the finalizer is removed.
 #[tokio::test]
 async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes() {
     let (services, ctx, mut api) = world(FakeServices::default());
@@ -192,11 +225,7 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
         Arc::new(batch.clone()),
         ctx,
     ));
-    let job_path = "/apis/batch/v1/namespaces/default/jobs/payroll-2026-12-executor";
-    let call = api.expect(Method::DELETE, job_path).await;
-    assert_eq!(call.body["propagationPolicy"], "Foreground");
-    call.reply(200, &success());
-    let call = api.expect(Method::GET, job_path).await;
+    let call = api.expect(Method::GET, JOB).await;
     call.reply(404, &not_found());
     let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "ExecutorDrained");
@@ -210,6 +239,7 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
         "nothing cancelled while the executor may run"
     );
     call.echo();
+    answer_fence_targets(&mut api).await;
     let call = api.expect(Method::POST, EVENTS).await;
     assert_eq!(call.body["reason"], "PayoutsCancelled");
     let cancels: Vec<_> = services
@@ -235,4 +265,118 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
     call.answer(&batch);
     reconcile.await.unwrap().unwrap();
     api.done().await;
+}
+
+/// Deleting a batch whose executor Job runs: the Job is deleted in the foreground (its pods hold
+/// lock sessions and claims outside Kubernetes) with one Event, and the reconcile asks to be
+/// requeued, not an error; a later look while its pods go changes and reports nothing. The
+/// finalizer stays until the previous test's case, the Job gone.
+#[tokio::test]
+async fn a_draining_executor_is_requeued_not_an_error() {
+    let (services, ctx, mut api) = world(FakeServices::default());
+    let mut batch = fixtures::payout_batch();
+    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "payroll-2026-12-executor", "namespace": "default"}});
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch.clone()),
+        ctx.clone(),
+    ));
+    api.expect(Method::GET, JOB).await.reply(200, &job);
+    let call = api.expect(Method::DELETE, JOB).await;
+    assert_eq!(call.body["propagationPolicy"], "Foreground");
+    call.reply(200, &success());
+    let call = api.expect(Method::POST, EVENTS).await;
+    assert_eq!(call.body["reason"], "ExecutorDraining");
+    call.echo();
+    assert_eq!(
+        reconcile.await.unwrap().unwrap(),
+        Action::requeue(controller::payout_batch::DRAIN_POLL)
+    );
+    // The Job is terminating now: no second delete, no Event, still a requeue.
+    let mut terminating = job.clone();
+    terminating["metadata"]["deletionTimestamp"] = json!(NOW);
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch),
+        ctx,
+    ));
+    api.expect(Method::GET, JOB).await.reply(200, &terminating);
+    assert_eq!(
+        reconcile.await.unwrap().unwrap(),
+        Action::requeue(controller::payout_batch::DRAIN_POLL)
+    );
+    assert!(services.calls().is_empty(), "{:?}", services.calls());
+    api.done().await;
+}
+
+/// The batch's PaymentResource, read from the API server, decides who the executor may run as:
+/// against one that lists nothing, `serviceAccountName: payroll-runner` is Degraded/InvalidSpec
+/// naming the field, with no Job and no registration; once the PaymentResource lists it, the
+/// Job runs as `payroll-runner` and the operator makes no `dlock-executor` for it.
+#[tokio::test]
+async fn a_batch_runs_as_another_service_account_only_when_its_payment_resource_lists_it() {
+    let (services, ctx, mut api) = world(FakeServices::default());
+    let mut batch = fixtures::payout_batch();
+    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    batch.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
+        service_account_name: Some("payroll-runner".to_owned()),
+        ..Default::default()
+    });
+    let resource_path = format!("{DLOCK}/paymentresources/payment-resource");
+
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch.clone()),
+        ctx.clone(),
+    ));
+    api.expect(Method::GET, &resource_path).await.reply(
+        200,
+        &serde_json::to_value(fixtures::payment_resource()).unwrap(),
+    );
+    let call = api
+        .expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"))
+        .await;
+    let degraded = &call.body["status"]["conditions"][2];
+    assert_eq!(degraded["reason"], "InvalidSpec", "{degraded}");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.executor.serviceAccountName: "),
+        "{degraded}"
+    );
+    call.answer(&batch);
+    api.event("InvalidSpec", Some("Warning")).await;
+    let error = reconcile.await.unwrap().unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    assert!(
+        services.calls().is_empty(),
+        "nothing registered: {:?}",
+        services.calls()
+    );
+    // No Job was asked for: the next call is the next reconcile's.
+
+    let mut listing = fixtures::payment_resource();
+    listing.spec.executor_service_accounts = Some(vec!["payroll-runner".to_owned()]);
+    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
+        Arc::new(batch),
+        ctx.clone(),
+    ));
+    api.expect(Method::GET, &resource_path)
+        .await
+        .reply(200, &serde_json::to_value(listing).unwrap());
+    answer_fence_targets(&mut api).await;
+    api.expect(Method::GET, &format!("{DLOCK}/railproxies/rail-proxy"))
+        .await
+        .reply(404, &not_found());
+    api.expect_apply(&format!("{NS}/configmaps/payroll-2026-12-manifest"))
+        .await
+        .echo();
+    api.expect(Method::GET, JOB).await.reply(404, &not_found());
+    let call = api.expect_apply(JOB).await;
+    assert_eq!(
+        call.body["spec"]["template"]["spec"]["serviceAccountName"],
+        "payroll-runner"
+    );
+    reconcile.abort();
 }

@@ -12,6 +12,9 @@ async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
         Arc::new(object.clone()),
         ctx,
     ));
+    // The namespace's services, listed for their spec.tls (none here: the stub's URL stays
+    // http://).
+    answer_fence_targets(&mut api).await;
     let call = api
         .expect_apply("/apis/batch/v1/namespaces/default/cronjobs/hourly-reconcile")
         .await;
@@ -61,6 +64,7 @@ async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status()
         Arc::new(object.clone()),
         ctx.clone(),
     ));
+    answer_fence_targets(&mut api).await;
     let call = api
         .expect(
             Method::DELETE,

@@ -25,14 +25,16 @@ fn ready_deployment(mut body: Value, replicas: i64) -> Value {
     body
 }
 
-/// The lock a lock server holds in the mirror tests.
-fn held_lock() -> HeldLock {
-    HeldLock {
+/// The lock a lock server holds in the mirror tests, as its held-locks list carries it.
+fn held_lock() -> LockGrant {
+    LockGrant {
         key: "payout:acct-17".to_owned(),
         owner_id: "executor-7".to_owned(),
+        session_id: uuid::Uuid::from_u128(7),
         fencing_token: 42,
-        acquired_at: "2026-12-02T16:59:00Z".to_owned(),
-        expires_at: "2026-12-02T17:00:10Z".to_owned(),
+        acquired_at: "2026-12-02T16:59:00.250Z".parse().unwrap(),
+        expires_at: "2026-12-02T17:00:10Z".parse().unwrap(),
+        fencing_proof: None,
     }
 }
 
@@ -210,8 +212,8 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
     // wrote are never sent (and so never erased).
     assert_eq!(
         status,
-        json!({"holder": "executor-7", "token": 42, "acquiredAt": "2026-12-02T16:59:00Z",
-               "expiresAt": "2026-12-02T17:00:10Z"})
+        json!({"holder": "executor-7", "token": 42, "acquiredAt": "2026-12-02T16:59:00.250Z",
+               "expiresAt": "2026-12-02T17:00:10.000Z"})
     );
     let call = api.expect(Method::GET, &format!("{DLOCK}/locks")).await;
     assert!(
@@ -510,5 +512,63 @@ async fn a_refused_proof_keys_create_stops_before_any_deployment() {
         matches!(error, controller::Error::ProofKeys { .. }),
         "{error}"
     );
+    api.done().await;
+}
+
+/// A RailProxy whose spec dropped `stub` leaves no stub behind: each kind the stub had is listed
+/// by the stub's labels, and what this RailProxy owns is deleted; an object with the same labels
+/// that another owner made stays (the positive control of the owner check).
+#[tokio::test]
+async fn a_rail_proxy_without_its_stub_deletes_the_stubs_objects() {
+    let (_, ctx, mut api) = world(FakeServices::default());
+    let mut proxy = fixtures::rail_proxy();
+    proxy.spec.stub = None;
+    proxy.spec.rail_url = Some("https://rail.example".to_owned());
+    let removal =
+        tokio::spawn(
+            async move { controller::workloads::remove_orphaned_stub(&proxy, &ctx).await },
+        );
+    let owned = |kind: &str, name: &str, uid: &str| {
+        json!({"kind": kind, "metadata": {"name": name, "namespace": "default",
+            "ownerReferences": [{"apiVersion": "dlock.io/v1alpha1", "kind": "RailProxy",
+                "name": "rail-proxy", "uid": uid}]}})
+    };
+    let list = |items: Vec<Value>| json!({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items});
+    for (collection, kind) in [
+        (format!("{APPS}/deployments"), "Deployment"),
+        (format!("{NS}/services"), "Service"),
+        (format!("{NS}/configmaps"), "ConfigMap"),
+        (
+            format!("{POLICY}/poddisruptionbudgets"),
+            "PodDisruptionBudget",
+        ),
+        (format!("{NETWORKING}/networkpolicies"), "NetworkPolicy"),
+    ] {
+        let call = api.expect(Method::GET, &collection).await;
+        assert!(
+            call.query.contains(
+                "labelSelector=app.kubernetes.io%2Fcomponent%3Drail-stub%2Cdlock.io%2Finstance%3Drail-proxy"
+            ),
+            "{}",
+            call.query
+        );
+        if kind == "Service" {
+            // Same labels, another owner: listed, not deleted.
+            call.reply(
+                200,
+                &list(vec![owned(kind, "rail-proxy-stub", "uid-someone-else")]),
+            );
+            continue;
+        }
+        call.reply(
+            200,
+            &list(vec![owned(kind, "rail-proxy-stub", "uid-rail-proxy")]),
+        );
+        let call = api
+            .expect(Method::DELETE, &format!("{collection}/rail-proxy-stub"))
+            .await;
+        call.reply(200, &success());
+    }
+    assert_eq!(removal.await.unwrap().unwrap(), 4);
     api.done().await;
 }

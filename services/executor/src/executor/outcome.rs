@@ -21,6 +21,10 @@ pub enum CycleOutcome {
     /// The rail's outcome is unknown: the payout is quarantined (RAIL_AMBIGUOUS) and settled
     /// as far as automation goes.
     Ambiguous,
+    /// paydb refused the write with RECOVERY_REQUIRED: it may have lost writes in a failover and
+    /// takes none until an operator runs `dlock recover paydb-epoch` (docs/design.md#d-12).
+    /// Nothing was written; retried after a growing back-off, never in a tight loop.
+    RecoveryRequired,
 }
 
 impl CycleOutcome {
@@ -34,6 +38,7 @@ impl CycleOutcome {
             CycleOutcome::DeadlinePassed => "deadline_passed",
             CycleOutcome::Unavailable => "unavailable",
             CycleOutcome::Ambiguous => "ambiguous",
+            CycleOutcome::RecoveryRequired => "recovery_required",
         }
     }
 }
@@ -62,6 +67,8 @@ impl Step {
 pub(super) fn outcome_of(step: Step, e: &ClientError) -> CycleOutcome {
     use ErrorCode as C;
     match (step, e.code()) {
+        // paydb waits for an operator: no step of any cycle can write until then.
+        (_, Some(C::RecoveryRequired)) => CycleOutcome::RecoveryRequired,
         (Step::Acquire, Some(C::LockContended | C::ContentionExceeded)) => CycleOutcome::Contended,
         (Step::Acquire, _) => CycleOutcome::Unavailable,
         (_, Some(C::FencedOut)) => CycleOutcome::FencedOut,

@@ -16,6 +16,9 @@ pub struct Report {
     pub elapsed: Duration,
     /// Every payout is terminal or RAIL_AMBIGUOUS.
     pub complete: bool,
+    /// Payouts not moved because paydb refused their last cycle with RECOVERY_REQUIRED: it waits
+    /// for an operator's `dlock recover paydb-epoch` (docs/runbook.md).
+    pub recovery_required: Vec<Uuid>,
 }
 
 impl Report {
@@ -39,6 +42,25 @@ impl Report {
             .collect();
         if !outcomes.is_empty() {
             out.push_str(&format!("cycles           {}\n", outcomes.join(", ")));
+        }
+        if !self.recovery_required.is_empty() {
+            const SHOWN: usize = 5;
+            let mut ids: Vec<String> = self
+                .recovery_required
+                .iter()
+                .take(SHOWN)
+                .map(Uuid::to_string)
+                .collect();
+            if self.recovery_required.len() > SHOWN {
+                ids.push(format!("and {} more", self.recovery_required.len() - SHOWN));
+            }
+            out.push_str(&format!(
+                "not moved        {} payouts: paydb refuses writes (503 RECOVERY_REQUIRED) after a \
+                 failover that may have lost writes; an operator runs dlock reconcile, then dlock \
+                 recover paydb-epoch, then this batch again ({})\n",
+                self.recovery_required.len(),
+                ids.join(", ")
+            ));
         }
         out
     }

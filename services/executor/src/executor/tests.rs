@@ -69,8 +69,45 @@ fn each_refusal_ends_the_cycle_as_the_table_says() {
         (Post, api(409, C::PayoutNotClaimable), O::Pending),
         (Post, api(422, C::InsufficientFunds), O::Unavailable),
         (Post, transport, O::Unavailable),
+        (Claim, api(503, C::RecoveryRequired), O::RecoveryRequired),
+        (Submit, api(503, C::RecoveryRequired), O::RecoveryRequired),
+        (Post, api(503, C::RecoveryRequired), O::RecoveryRequired),
     ];
     for (step, e, want) in table {
         assert_eq!(outcome_of(step, &e), want, "{step:?} answered {e}");
     }
+}
+
+#[test]
+fn a_paydb_waiting_for_its_recovery_is_retried_after_a_growing_capped_back_off() {
+    let waits: Vec<Duration> = (1..=12).map(recovery_backoff).collect();
+    assert_eq!(waits[0], RECOVERY_BACKOFF_FIRST);
+    for pair in waits.windows(2) {
+        assert!(pair[1] >= pair[0], "{waits:?}");
+    }
+    assert_eq!(waits[11], RECOVERY_BACKOFF_MAX);
+    assert_eq!(recovery_backoff(0), RECOVERY_BACKOFF_FIRST);
+    assert_eq!(recovery_backoff(u32::MAX), RECOVERY_BACKOFF_MAX);
+    // Far slower than the 20 to 50 ms an unavailable cycle waits: 10 refused cycles take over
+    // half a minute, not half a second.
+    let ten: Duration = (1..=10).map(recovery_backoff).sum();
+    assert!(ten >= Duration::from_secs(30), "{ten:?}");
+}
+
+#[test]
+fn the_report_names_the_payouts_paydb_refused_and_the_command_that_ends_it() {
+    let id = Uuid::nil();
+    let report = Report {
+        payouts: 1,
+        recovery_required: vec![id],
+        ..Report::default()
+    };
+    let table = report.table();
+    assert!(
+        table.contains("RECOVERY_REQUIRED")
+            && table.contains("dlock recover paydb-epoch")
+            && table.contains(&id.to_string()),
+        "{table}"
+    );
+    assert!(!Report::default().table().contains("RECOVERY_REQUIRED"));
 }

@@ -70,6 +70,22 @@ pub(super) fn store_error(error: StoreError, key: Option<&str>) -> ApiError {
                 None => error,
             }
         }
+        // Retry-safe: the grant was withdrawn before it was answered (docs/design.md#d-12-etcd).
+        StoreError::RevisionBehind {
+            revision,
+            high_water,
+        } => ApiError::new(
+            ErrorCode::NotLeader,
+            format!(
+                "etcd's revision went back below the tokens already issued (etcd is at revision \
+                 {revision}, tokens up to {high_water} were issued): nothing was granted. Restore \
+                 etcd with `etcdutl snapshot restore --bump-revision` past {high_water}, or write \
+                 to etcd until its revision passes {high_water}; acquires succeed again after \
+                 that (docs/runbook.md#etcd-restored-from-a-backup)"
+            ),
+        )
+        .with_retry_after_ms(5_000)
+        .with_details(json!({ "key": key, "etcdRevision": revision, "highWater": high_water })),
         StoreError::Backend(reason) => ApiError::internal(reason),
     }
 }

@@ -49,10 +49,11 @@ impl AppState {
             Store::Pg(_) => Backend::pg,
             Store::Etcd(_) => Backend::etcd,
         };
+        let metrics = Metrics::new(backend, store.batch_metrics(), store.etcd_metrics());
         Self {
             store,
             config,
-            metrics: Metrics::new(backend),
+            metrics,
             wake: Arc::new((0..WAKE_BUCKETS).map(|_| Notify::new()).collect()),
         }
     }

@@ -288,7 +288,7 @@ pub fn classify(error: &etcd_client::Error) -> (Failure, String) {
                         "error trying to connect",
                     ]
                     .iter()
-                    .any(|m| message.contains(m)) =>
+                    .any(|m| message.contains(m) || lower.contains(m)) =>
             {
                 Failure::Unreachable
             }
@@ -318,6 +318,23 @@ pub fn classify(error: &etcd_client::Error) -> (Failure, String) {
         Failure::Other
     };
     (failure, text)
+}
+
+/// Whether an error's chain shows the request never left the lock server: no connection could
+/// be opened, or the request was still queued for a connection that closed (hyper's "operation
+/// was canceled" with "connection closed": the request is handed back unsent). Anything else
+/// after a write was handed to the transport may have reached etcd.
+pub fn sent_nothing(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    let refused = [
+        "tcp connect error",
+        "error trying to connect",
+        "connection refused",
+        "dns error",
+    ]
+    .iter()
+    .any(|m| lower.contains(m));
+    refused || (lower.contains("operation was canceled") && lower.contains("connection closed"))
 }
 
 /// The refusal for an error at start-up, with what the operator must fix.
@@ -569,5 +586,31 @@ async fn keep_dead_members_out(cell: Weak<Connection>, settings: EtcdSettings) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sent_nothing;
+
+    #[test]
+    fn a_request_handed_back_unsent_or_never_connected_sent_nothing() {
+        // As seen when every connection to etcd was reset: the request was still queued.
+        let queued = "grpc request error: code: 'The operation was cancelled', message: \
+             \"operation was canceled\", source: tonic::transport::Error(Transport, \
+             hyper::Error(Canceled, \"connection closed\"))";
+        assert!(sent_nothing(queued));
+        assert!(sent_nothing(
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        ));
+        // Positive control: a connection reset under a request that was written may have
+        // reached etcd, and so may tonic's own deadline.
+        assert!(!sent_nothing(
+            "grpc request error: code: 'Unknown error', message: \"transport error\", source: \
+             hyper::Error(Io, Os { code: 104, kind: ConnectionReset })"
+        ));
+        assert!(!sent_nothing(
+            "grpc request error: code: 'The operation was cancelled', message: \"Timeout expired\""
+        ));
     }
 }

@@ -4,6 +4,7 @@
 pub mod etcd;
 pub mod etcd_conn;
 pub mod pg;
+pub mod pg_batch;
 
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
@@ -40,6 +41,13 @@ pub enum StoreError {
     /// Never NOT_LEADER, which promises that nothing was changed.
     #[error("the backend's answer to a write never came: {0}")]
     OutcomeUnknown(String),
+    /// etcd's revision is below the high-water of the tokens already answered: etcd was
+    /// restored to an older revision (docs/design.md#d-12-etcd). Nothing was granted; grants
+    /// resume once etcd's revision passes `high_water`.
+    #[error(
+        "etcd's revision {revision} went back below the tokens already issued (up to {high_water})"
+    )]
+    RevisionBehind { revision: i64, high_water: i64 },
     #[error("backend failure: {0}")]
     Backend(String),
 }
@@ -237,6 +245,23 @@ dispatch! {
 }
 
 impl Store {
+    /// The `pg` store's group commit metrics (docs/design.md#group-commit), when it groups.
+    pub fn batch_metrics(&self) -> Option<crate::metrics::BatchMetrics> {
+        match self {
+            Store::Pg(store) => store.batch_metrics(),
+            Store::Etcd(_) => None,
+        }
+    }
+
+    /// The `etcd` store's refusals while etcd is behind its high-water
+    /// (docs/design.md#d-12-etcd), when it keeps one.
+    pub fn etcd_metrics(&self) -> Option<crate::metrics::EtcdMetrics> {
+        match self {
+            Store::Pg(_) => None,
+            Store::Etcd(store) => store.etcd_metrics(),
+        }
+    }
+
     pub fn backend_name(&self) -> &'static str {
         match self {
             Store::Pg(_) => "pg",

@@ -1,5 +1,9 @@
 //! Backend `pg`: lockdb on PostgreSQL. Every operation is one call of a function of
-//! `migrations/lockdb`, one transaction, judged by the database clock.
+//! `migrations/lockdb`, one transaction, judged by the database clock. Concurrent acquires (and,
+//! apart, releases) may share one call and one transaction ([`super::pg_batch`],
+//! `lock.pg.batch.max`); each still gets its own answer.
+
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
@@ -8,6 +12,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, FromRow, PgPool, Postgres};
 use uuid::Uuid;
 
+use crate::metrics::BatchMetrics;
+
+use super::pg_batch::{AcquireItem, Batches, ReleaseItem};
 use super::{
     Acquire, Attempt, Claim, Contention, QueueBounds, Renewal, RevokeOrder, Revoked, StoreError,
     StoreResult, SweepRetention, WaiterTicket, held_page, lock_info,
@@ -18,11 +25,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The group commit of acquires and releases; none with `lock.pg.batch.max = 1` (and in the
+    /// copy the batches themselves run on, which calls the per-row functions).
+    batches: Option<Arc<Batches>>,
 }
 
 /// One row of `dlock_result`.
 #[derive(Debug, FromRow)]
-struct ResultRow {
+pub(super) struct ResultRow {
     outcome: Option<String>,
     fencing_token: Option<i64>,
     owner_id: Option<String>,
@@ -49,6 +59,9 @@ pub fn map_sqlx(error: sqlx::Error) -> StoreError {
 /// constraint) is an answer: the statement's transaction was rolled back, as before.
 pub fn map_sent(error: sqlx::Error) -> StoreError {
     match error {
+        sqlx::Error::Protocol(ref message) if dlock_server::pg::opening_failed(message) => {
+            map_sqlx(error)
+        }
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
             StoreError::OutcomeUnknown(format!(
                 "lockdb's connection broke after the statement was sent: {error}"
@@ -58,7 +71,7 @@ pub fn map_sent(error: sqlx::Error) -> StoreError {
     }
 }
 
-fn missing(what: &str) -> StoreError {
+pub(super) fn missing(what: &str) -> StoreError {
     StoreError::Backend(format!("lockdb returned no {what}"))
 }
 
@@ -83,6 +96,25 @@ struct HeldRow {
 }
 
 impl ResultRow {
+    /// An acquire's answer (dlock_acquire, dlock_acquire_many).
+    pub(super) fn acquired(&self, key: &str) -> StoreResult<Acquire> {
+        match self.outcome()? {
+            "granted" => Ok(Acquire::Granted(self.grant(key)?)),
+            "contended" => Ok(Acquire::Contended(self.contention())),
+            other => Err(session_outcome(other)),
+        }
+    }
+
+    /// A release's answer (dlock_release, dlock_release_many).
+    pub(super) fn released(&self) -> StoreResult<()> {
+        match self.outcome()? {
+            "released" => Ok(()),
+            _ => Err(StoreError::LockLost {
+                stored_token: self.fencing_token,
+            }),
+        }
+    }
+
     fn outcome(&self) -> StoreResult<&str> {
         self.outcome.as_deref().ok_or_else(|| missing("outcome"))
     }
@@ -138,11 +170,27 @@ macro_rules! call {
 }
 
 impl PgStore {
-    pub async fn connect(settings: &PgSettings) -> anyhow::Result<Self> {
+    /// Connects (applying the migrations); `batch_max` is `lock.pg.batch.max`.
+    pub async fn connect(settings: &PgSettings, batch_max: usize) -> anyhow::Result<Self> {
         let pool = settings
             .connect("dlock-lock-server", &MIGRATOR, "lockdb")
             .await?;
-        Ok(Self { pool })
+        let unbatched = Self {
+            pool,
+            batches: None,
+        };
+        Ok(match batch_max {
+            0 | 1 => unbatched,
+            max => Self {
+                pool: unbatched.pool.clone(),
+                batches: Some(Arc::new(Batches::new(max, unbatched))),
+            },
+        })
+    }
+
+    /// The group commit's metrics, when acquires and releases are grouped.
+    pub fn batch_metrics(&self) -> Option<BatchMetrics> {
+        self.batches.as_ref().map(|b| b.metrics.clone())
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -154,7 +202,7 @@ impl PgStore {
     /// connection or a connection that does not answer the ping is NOT_LEADER. A pooled
     /// connection cut while idle fails its ping and is replaced once, so a restarted primary
     /// costs no caller an OUTCOME_UNKNOWN. After the send, see [`map_sent`].
-    async fn connection(&self) -> StoreResult<PoolConnection<Postgres>> {
+    pub(super) async fn connection(&self) -> StoreResult<PoolConnection<Postgres>> {
         let wait = self.pool.options().get_acquire_timeout();
         let mut failure = String::new();
         for _ in 0..2 {
@@ -221,25 +269,27 @@ impl PgStore {
         }
     }
 
+    /// L4, one attempt: in the next batch of acquires when they are grouped, else alone.
     pub async fn try_acquire(&self, attempt: &Attempt<'_>) -> StoreResult<Acquire> {
-        let claim = attempt.claim;
-        let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
-        let waiter = attempt.ticket.map(|t| t.id);
-        let ttl_ms = attempt.ttl_ms as i32;
+        let item = AcquireItem::of(attempt);
+        match &self.batches {
+            Some(batches) => batches.acquire(item).await,
+            None => self.acquire_one(&item).await,
+        }
+    }
+
+    /// One acquire alone: one call of `dlock_acquire`, one transaction.
+    pub async fn acquire_one(&self, item: &AcquireItem) -> StoreResult<Acquire> {
         let row = call!(
             write self,
             "dlock_acquire($1, $2, $3, $4, $5)",
-            key,
-            session_id,
-            owner_id,
-            ttl_ms,
-            waiter
+            &item.key,
+            item.session_id,
+            &item.owner_id,
+            item.ttl_ms,
+            item.waiter
         )?;
-        match row.outcome()? {
-            "granted" => Ok(Acquire::Granted(row.grant(key)?)),
-            "contended" => Ok(Acquire::Contended(row.contention())),
-            other => Err(session_outcome(other)),
-        }
+        row.acquired(&item.key)
     }
 
     pub async fn enqueue(
@@ -307,20 +357,29 @@ impl PgStore {
         }
     }
 
+    /// L6: in the next batch of releases when they are grouped, else alone.
     pub async fn release(&self, key: &str, owner_id: &str, token: i64) -> StoreResult<()> {
+        let item = ReleaseItem {
+            key: key.to_owned(),
+            owner_id: owner_id.to_owned(),
+            token,
+        };
+        match &self.batches {
+            Some(batches) => batches.release(item).await,
+            None => self.release_one(&item).await,
+        }
+    }
+
+    /// One release alone: one call of `dlock_release`, one transaction.
+    pub async fn release_one(&self, item: &ReleaseItem) -> StoreResult<()> {
         let row = call!(
             write self,
             "dlock_release($1, $2, $3)",
-            key,
-            token,
-            owner_id
+            &item.key,
+            item.token,
+            &item.owner_id
         )?;
-        match row.outcome()? {
-            "released" => Ok(()),
-            _ => Err(StoreError::LockLost {
-                stored_token: row.fencing_token,
-            }),
-        }
+        row.released()
     }
 
     pub async fn lock_info(&self, key: &str) -> StoreResult<Option<LockInfo>> {

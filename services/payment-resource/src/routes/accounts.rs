@@ -8,15 +8,13 @@ use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::payment::{
-    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, SETTLEMENT_PREFIX,
+    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, FenceResponse, SETTLEMENT_PREFIX,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
-use uuid::Uuid;
 
 use super::AppState;
 use super::checks::{
@@ -139,7 +137,7 @@ async fn fence_effect(
     );
     Reply::json(
         StatusCode::OK,
-        &FenceAdvanced {
+        &FenceResponse {
             account_id: account_id.to_owned(),
             previous_fence,
             fence,
@@ -257,20 +255,4 @@ fn below_seen(account_id: &str, token: i64, seen_token: i64, owner_id: &str) -> 
             owner_id: owner_id.to_owned(),
         },
     )
-}
-
-/// The answer of a fence advance: [`FenceResponse`] and who made it, as the audit row records
-/// it (the typed-in operator and the authenticated identity).
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FenceAdvanced {
-    pub account_id: String,
-    pub previous_fence: i64,
-    /// `max(previousFence, floor)`.
-    pub fence: i64,
-    pub revocation_id: Uuid,
-    /// The body's operator, as typed.
-    pub operator: String,
-    /// What the caller's credential authenticated as; recorded beside the operator.
-    pub identity: String,
 }

@@ -19,6 +19,21 @@ pub(super) fn store_error(error: StoreError) -> ApiError {
                 "paydb cannot take writes right now; nothing was changed, retry",
             )
         }
+        StoreError::RecoveryRequired(reason) => {
+            tracing::error!(
+                event = "paydb_recovery_required",
+                %reason,
+                "paydb's epoch guard refused a write: paydb may have lost writes in a failover and \
+                 takes none until an operator reconciles (dlock reconcile) and runs dlock recover \
+                 paydb-epoch (docs/runbook.md)"
+            );
+            ApiError::new(
+                ErrorCode::RecoveryRequired,
+                "paydb refuses every write after a failover that may have lost writes; nothing \
+                 was changed. An operator must run dlock reconcile, then dlock recover \
+                 paydb-epoch; retry after that",
+            )
+        }
         // Not NOT_LEADER: paydb is fine, the caller's own identical request holds the record.
         // The contract has no in-progress code; CONTENTION_EXCEEDED (429) is its answer to a
         // caller whose own retry came too soon: retry-safe, but only after retryAfterMillis

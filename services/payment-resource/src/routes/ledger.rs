@@ -4,13 +4,12 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, FieldError};
 use dlock_contract::payment::{
     FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
-use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -20,7 +19,7 @@ use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
 use super::payouts::Fenced;
 use crate::metrics::Resource;
-use crate::store::{FundOutcome, PayStore, PostOutcome, Scope};
+use crate::store::{FundAsOutcome, FundOutcome, PayStore, PostOutcome, Scope};
 
 pub(super) async fn fund(
     State(state): State<AppState>,
@@ -35,18 +34,13 @@ pub(super) async fn fund(
     })?;
     let route = format!("POST /v1/accounts/{account_id}/fund");
     let scope = state.scope(route, &write, 0, &body, true)?;
-    // Above auth.treasury.dual-approval-above a funding is only recorded: a second treasury
-    // identity applies it (docs/contract.md#dual-approval).
-    if let Some(threshold) = state.config.dual_approval_above
-        && body.amount_minor > threshold
-    {
-        let identity = caller.audit_identity();
-        return Ok(idempotent!(&state, scope, |conn| {
-            super::treasury::request_effect(conn, &account_id, &body, &identity, threshold).await
-        }));
-    }
+    // paydb decides whether the funding applies now or waits for a second treasury identity:
+    // above auth.treasury.dual-approval-above with what this identity funded on the account
+    // alone in the last 24 hours (docs/contract.md#dual-approval).
+    let identity = caller.audit_identity();
+    let threshold = state.config.dual_approval_above;
     Ok(idempotent!(&state, scope, |conn| {
-        fund_effect(conn, &account_id, &body).await
+        fund_effect(conn, &account_id, &body, &identity, threshold).await
     }))
 }
 
@@ -54,21 +48,30 @@ async fn fund_effect(
     conn: &mut PgConnection,
     account_id: &str,
     body: &FundRequest,
+    identity: &str,
+    threshold: Option<i64>,
 ) -> Result<Reply, ApiError> {
-    let outcome = PayStore::fund(conn, account_id, body.amount_minor, &body.reference)
-        .await
-        .map_err(store_error)?;
+    let outcome = PayStore::fund_as(
+        conn,
+        account_id,
+        body.amount_minor,
+        &body.reference,
+        identity,
+        threshold,
+    )
+    .await
+    .map_err(store_error)?;
+    let outcome = match outcome {
+        FundAsOutcome::Fund(outcome) => outcome,
+        FundAsOutcome::Pending(pending) => {
+            return super::treasury::pending_reply(account_id, body, pending, threshold);
+        }
+    };
     let balance_minor = match outcome {
         FundOutcome::Funded { balance_minor } | FundOutcome::Exists { balance_minor } => {
             balance_minor
         }
-        FundOutcome::Conflict => {
-            return Err(ApiError::new(
-                ErrorCode::IdempotencyConflict,
-                "this funding reference was already used for another account or amount",
-            )
-            .with_details(json!({ "reference": body.reference })));
-        }
+        FundOutcome::Conflict => return Err(super::treasury::reference_conflict(body)),
         FundOutcome::NotFound => return Err(account_not_found(account_id)),
         FundOutcome::NotCustomer => {
             return Err(ApiError::field(

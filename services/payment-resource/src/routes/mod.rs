@@ -9,6 +9,7 @@ mod accounts;
 mod checks;
 mod cursor;
 mod errors;
+mod fundings;
 mod idempotency;
 mod ledger;
 mod payouts;
@@ -28,12 +29,10 @@ use crate::config::PaymentConfig;
 use crate::metrics::Metrics;
 use crate::openapi::document;
 use crate::store::PayStore;
-pub use accounts::FenceAdvanced;
 use accounts::{advance_fence, get_account, lower_fence};
 use idempotency::create;
 pub use idempotency::{REPLAY_HEADER, Reply};
 use ledger::{fund, post_payout};
-pub use payouts::Resolved;
 use payouts::{cancel, claim, get_payout, list_payouts, resolve};
 
 #[derive(Clone)]
@@ -66,6 +65,7 @@ pub fn app(state: AppState) -> Router {
             "/v1/accounts/{account_id}/limits",
             post(treasury::set_limits),
         )
+        .route("/v1/fundings", get(fundings::list_fundings))
         .route(
             "/v1/fundings/{funding_id}/approve",
             post(treasury::approve_funding),

@@ -9,12 +9,11 @@ use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::payment::{
-    CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, LedgerEntry,
-    OPERATOR_LEN_MAX, Payout, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest,
+    CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, OPERATOR_LEN_MAX,
+    Payout, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest, ResolveResponse,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::Arc;
@@ -400,7 +399,7 @@ async fn resolve_effect(
             tracing::warn!(event = "rail_ambiguous_resolved", %payout_id, outcome = outcome.as_str(), operator = %body.operator.trim(), identity, owner = %write.owner_id, "an ambiguous payout was resolved out of band");
             Reply::json(
                 StatusCode::OK,
-                &Resolved {
+                &ResolveResponse {
                     payout_id,
                     state,
                     entries,
@@ -444,6 +443,28 @@ fn contradicted(payout_id: Uuid, body: &ResolveRequest, record: &Contradiction) 
             "outcome",
             "the rail declined this payout's submission (recorded by the rail proxy): the money did not move, so POSTED is refused; resolve FAILED".to_owned(),
         ),
+        ContradictionKind::ReferenceTaken => (
+            "railReference",
+            format!(
+                "`{asked}` is the rail's reference of another payout (acknowledged by the rail or resolved for it): a reference names one payout; resolve POSTED with this payout's own reference"
+            ),
+        ),
+        ContradictionKind::NoAbsentFinding if !recorded.is_empty() => (
+            "outcome",
+            format!(
+                "dlock reconcile found this payout on the rail's statement as `{recorded}`: FAILED is refused; resolve POSTED with `{recorded}`"
+            ),
+        ),
+        ContradictionKind::NoAbsentFinding => (
+            "outcome",
+            "nobody recorded the rail's answer to this payout's submission and no reconciler finding shows it absent from a statement read the settlement window after the attempt: run dlock reconcile after the settlement window, then resolve FAILED".to_owned(),
+        ),
+        ContradictionKind::NoPresentFinding => (
+            "railReference",
+            format!(
+                "nobody recorded the rail's answer to this payout's submission and no reconciler finding shows it on the rail's statement as `{asked}`: run dlock reconcile, then resolve POSTED with the reference it found"
+            ),
+        ),
     };
     let fields = vec![FieldError::new(field, reason.clone())];
     ApiError::new(
@@ -458,19 +479,6 @@ fn contradicted(payout_id: Uuid, body: &ResolveRequest, record: &Contradiction) 
         "recordedOutcome": record.recorded_outcome,
         "recordedReference": record.recorded_reference,
     }))
-}
-
-/// The answer of a resolution: [`ResolveResponse`] and who made it.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Resolved {
-    pub payout_id: Uuid,
-    pub state: PayoutState,
-    /// Two rows when resolved POSTED, none when FAILED.
-    pub entries: Vec<LedgerEntry>,
-    pub balance_minor: i64,
-    pub operator: String,
-    pub identity: String,
 }
 
 /// A dlock extension beyond P1–P5 (docs/contract.md#cancel): the `cancel` transition, PENDING |
@@ -558,26 +566,26 @@ pub struct Batches {
 
 impl Batches {
     pub fn new(max: usize, metrics: &Arc<Metrics>) -> Self {
-        let gauge = |kind| -> Arc<dyn Fn(usize) + Send + Sync> {
+        let gauge = |kind| {
             let metrics = metrics.clone();
-            Arc::new(move |n| metrics.queued(kind, n))
+            crate::store::queue_gauge(move |n| metrics.queued(kind, n))
         };
         Self {
             claims: GroupCommit::new(
                 max,
-                |job: &ClaimJob| job.on.payout_id,
+                |job: &ClaimJob| vec![job.on.payout_id.to_string()],
                 |state, jobs| Box::pin(async move { claims_batch(&state, jobs).await }),
                 gauge(BatchKind::claim),
             ),
             posts: GroupCommit::new(
                 max,
-                |job: &PostJob| job.on.payout_id,
+                |job: &PostJob| vec![job.on.payout_id.to_string()],
                 |state, jobs| Box::pin(async move { posts_batch(&state, jobs).await }),
                 gauge(BatchKind::post),
             ),
             reads: GroupCommit::new(
                 max,
-                |id: &Uuid| *id,
+                |id: &Uuid| vec![id.to_string()],
                 |state, ids| Box::pin(async move { reads_batch(&state, ids).await }),
                 gauge(BatchKind::read),
             ),

@@ -1,7 +1,9 @@
 //! The treasury's controls on what moves (docs/contract.md#account-limits,
-//! docs/contract.md#dual-approval): an account's limits, a funding above
-//! `auth.treasury.dual-approval-above` that waits for a second treasury identity, and that
-//! identity's approval. paydb enforces each (migrations/paydb/0015_account_limits.sql); these
+//! docs/contract.md#dual-approval): an account's limits, the answer to a funding that waits for
+//! a second treasury identity (above `auth.treasury.dual-approval-above` with what its identity
+//! funded on the account alone in the last 24 hours), and that identity's approval. paydb
+//! enforces each (migrations/paydb/0015_account_limits.sql,
+//! migrations/paydb/0018_rail_seen_floor_and_funding_window.sql); these
 //! handlers check the request, name the caller and read the outcome.
 
 use axum::extract::State;
@@ -22,7 +24,7 @@ use super::AppState;
 use super::checks::{Checks, WriteHeaders, check_account_id, checked_write};
 use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
-use crate::store::{ApproveOutcome, LimitsOutcome, PayStore, RequestFundingOutcome};
+use crate::store::{ApproveOutcome, LimitsOutcome, PayStore, PendingRow};
 
 /// `PENDING_APPROVAL`: a funding recorded and not applied.
 pub const PENDING_APPROVAL: &str = "PENDING_APPROVAL";
@@ -110,63 +112,58 @@ async fn limits_effect(
     }
 }
 
-/// A funding above the threshold: recorded in `pending_fundings`, not applied; `202` with its id.
-pub(super) async fn request_effect(
-    conn: &mut PgConnection,
+/// `422 IDEMPOTENCY_CONFLICT`: the funding's reference names another funding, applied or
+/// pending.
+pub(super) fn reference_conflict(body: &FundRequest) -> ApiError {
+    ApiError::new(
+        ErrorCode::IdempotencyConflict,
+        "this funding reference was already used for another account or amount",
+    )
+    .with_details(json!({ "reference": body.reference }))
+}
+
+/// A funding paydb recorded in `pending_fundings` instead of applying it (it, with what the same
+/// treasury identity funded on the account alone in the last 24 hours, passes the threshold),
+/// or found recorded there: `202` with its id.
+pub(super) fn pending_reply(
     account_id: &str,
     body: &FundRequest,
-    identity: &str,
-    threshold: i64,
+    pending: PendingRow,
+    threshold: Option<i64>,
 ) -> Result<Reply, ApiError> {
-    let outcome = PayStore::request_funding(
-        conn,
+    let PendingRow {
+        funding_id,
+        requested_by,
+        approved_by,
+        window_minor,
+    } = pending;
+    tracing::warn!(
+        event = "funding_pending_approval",
         account_id,
-        body.amount_minor,
-        &body.reference,
-        identity,
-    )
-    .await
-    .map_err(store_error)?;
-    match outcome {
-        RequestFundingOutcome::Pending {
+        %funding_id,
+        amount_minor = body.amount_minor,
+        funded_alone_24h_minor = window_minor,
+        threshold,
+        requested_by = %requested_by,
+        "a funding that, with what its treasury identity funded on the account alone in the last \
+         24 hours, is above auth.treasury.dual-approval-above waits for a second treasury identity"
+    );
+    Reply::json(
+        StatusCode::ACCEPTED,
+        &PendingFunding {
             funding_id,
+            account_id: account_id.to_owned(),
+            amount_minor: body.amount_minor,
+            reference: body.reference.clone(),
             requested_by,
-            approved_by,
-        } => {
-            tracing::warn!(
-                event = "funding_pending_approval",
-                account_id,
-                %funding_id,
-                amount_minor = body.amount_minor,
-                threshold,
-                requested_by = %requested_by,
-                "a funding above auth.treasury.dual-approval-above waits for a second treasury identity"
-            );
-            Reply::json(
-                StatusCode::ACCEPTED,
-                &PendingFunding {
-                    funding_id,
-                    account_id: account_id.to_owned(),
-                    amount_minor: body.amount_minor,
-                    reference: body.reference.clone(),
-                    requested_by,
-                    status: if approved_by.is_some() {
-                        APPROVED
-                    } else {
-                        PENDING_APPROVAL
-                    }
-                    .to_owned(),
-                },
-            )
-        }
-        RequestFundingOutcome::Conflict => Err(ApiError::new(
-            ErrorCode::IdempotencyConflict,
-            "this funding reference was already used for another account or amount",
-        )
-        .with_details(json!({ "reference": body.reference }))),
-        RequestFundingOutcome::NotFound => Err(account_not_found(account_id)),
-        RequestFundingOutcome::NotCustomer => Err(not_customer()),
-    }
+            status: if approved_by.is_some() {
+                APPROVED
+            } else {
+                PENDING_APPROVAL
+            }
+            .to_owned(),
+        },
+    )
 }
 
 /// `POST /v1/fundings/{fundingId}/approve`: a second treasury identity applies a pending

@@ -1,139 +1,32 @@
 //! Group commit (docs/design.md#group-commit): the claims (or the posts) that queue while the
 //! previous transaction of their kind runs go into the next one together, through the set-based
-//! functions of migrations/paydb/0016_set_based_claim_post.sql. [`GroupCommit`] is the queue;
-//! [`PayStore::claim_many`], [`PayStore::post_many`] and [`PayStore::finish_many`] are the
-//! batch's three statements (the calls, the answers, the commit).
+//! functions of migrations/paydb/0019_set_based_claim_post_statements.sql. The queue is
+//! [`GroupCommit`] (dlock_server::group_commit, services/server/src/group_commit.rs), keyed by
+//! payout; [`PayStore::claim_many`], [`PayStore::post_many`] and [`PayStore::finish_many`] are
+//! the batch's three statements (the calls, the answers, the commit).
 
-use std::collections::{HashSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dlock_contract::payment::{LedgerEntry, PayoutState};
+pub use dlock_server::group_commit::{GroupCommit, Observer, Runner};
 use sqlx::FromRow;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::idempotency::{Scope, posted};
 use super::outcome::{ClaimOutcome, ClaimRow, PostOutcome, PostRow};
 use super::{PayStore, StoreError, StoreResult, Tx, map_sqlx, missing, unknown};
 
-/// What a batch does with its items: `run` answers each, in order.
-pub type Runner<C, I, O> = fn(C, Vec<I>) -> Pin<Box<dyn Future<Output = Vec<O>> + Send + 'static>>;
-
-/// A queue of requests of one kind and the one batch of them that runs at a time. No timer: a
-/// request that finds nothing running starts a batch at once, so a lone request goes straight
-/// through, and the batch size follows the load. A batch takes up to `max` waiting items, at
-/// most one per payout (the others wait one round), in arrival order.
-pub struct GroupCommit<C, I, O> {
-    queue: Arc<Mutex<Queue<I, O>>>,
-    max: usize,
-    run: Runner<C, I, O>,
-    key: fn(&I) -> Uuid,
-    /// Told the queue's length after every change (a gauge).
-    queued: Arc<dyn Fn(usize) + Send + Sync>,
-}
-
-impl<C, I, O> Clone for GroupCommit<C, I, O> {
-    fn clone(&self) -> Self {
-        Self {
-            queue: self.queue.clone(),
-            max: self.max,
-            run: self.run,
-            key: self.key,
-            queued: self.queued.clone(),
+/// A queue's observer that is told its length (`payment_batch_queued`); each batch's size is
+/// observed by the batch itself, as it runs.
+pub fn queue_gauge(queued: impl Fn(usize) + Send + Sync + 'static) -> Arc<dyn Observer> {
+    struct Gauge<F>(F);
+    impl<F: Fn(usize) + Send + Sync> Observer for Gauge<F> {
+        fn queued(&self, waiting: usize) {
+            (self.0)(waiting)
         }
+        fn batch(&self, _: usize) {}
     }
-}
-
-struct Queue<I, O> {
-    running: bool,
-    waiting: VecDeque<(I, oneshot::Sender<O>)>,
-}
-
-impl<C, I, O> GroupCommit<C, I, O>
-where
-    C: Clone + Send + 'static,
-    I: Send + 'static,
-    O: Send + 'static,
-{
-    pub fn new(
-        max: usize,
-        key: fn(&I) -> Uuid,
-        run: Runner<C, I, O>,
-        queued: Arc<dyn Fn(usize) + Send + Sync>,
-    ) -> Self {
-        Self {
-            queue: Arc::new(Mutex::new(Queue {
-                running: false,
-                waiting: VecDeque::new(),
-            })),
-            max: max.max(1),
-            run,
-            key,
-            queued,
-        }
-    }
-
-    /// Queues `item` and waits for its answer, which comes after its batch committed (or
-    /// failed). `None` when its batch's task died without answering (a bug, answered 503).
-    pub async fn submit(&self, context: C, item: I) -> Option<O> {
-        let (tx, rx) = oneshot::channel();
-        let start = match self.queue.lock() {
-            Ok(mut queue) => {
-                queue.waiting.push_back((item, tx));
-                (self.queued)(queue.waiting.len());
-                !std::mem::replace(&mut queue.running, true)
-            }
-            Err(_) => return None,
-        };
-        if start {
-            tokio::spawn(self.clone().drive(context));
-        }
-        rx.await.ok()
-    }
-
-    /// Runs batches until the queue is empty.
-    async fn drive(self, context: C) {
-        loop {
-            let (items, answers) = match self.take() {
-                Some(batch) => batch,
-                None => return,
-            };
-            // Its own task: a panic in a batch answers its items `None` and the queue goes on.
-            let batch = tokio::spawn((self.run)(context.clone(), items));
-            if let Ok(outs) = batch.await {
-                for (answer, out) in answers.into_iter().zip(outs) {
-                    let _ = answer.send(out);
-                }
-            }
-        }
-    }
-
-    /// The next batch, or `None` (and the queue marked idle) when nothing waits.
-    #[allow(clippy::type_complexity)]
-    fn take(&self) -> Option<(Vec<I>, Vec<oneshot::Sender<O>>)> {
-        let Ok(mut queue) = self.queue.lock() else {
-            return None;
-        };
-        if queue.waiting.is_empty() {
-            queue.running = false;
-            return None;
-        }
-        let mut keys = HashSet::new();
-        let (mut items, mut answers, mut later) = (Vec::new(), Vec::new(), VecDeque::new());
-        while let Some((item, answer)) = queue.waiting.pop_front() {
-            if items.len() < self.max && keys.insert((self.key)(&item)) {
-                items.push(item);
-                answers.push(answer);
-            } else {
-                later.push_back((item, answer));
-            }
-        }
-        queue.waiting = later;
-        (self.queued)(queue.waiting.len());
-        Some((items, answers))
-    }
+    Arc::new(Gauge(queued))
 }
 
 /// One item's verdict in a batch's transaction.
@@ -260,16 +153,11 @@ impl Scopes {
 
 /// The verdicts of `n` items from rows that name their item (1-based), in item order.
 fn in_order<T>(n: usize, rows: Vec<(i32, StoreResult<Item<T>>)>) -> StoreResult<Vec<Item<T>>> {
-    let mut out: Vec<Option<Item<T>>> = (0..n).map(|_| None).collect();
-    for (item, verdict) in rows {
-        let slot = usize::try_from(item - 1)
-            .ok()
-            .and_then(|i| out.get_mut(i))
-            .ok_or_else(|| StoreError::Backend(format!("pay_*_many answered item {item}")))?;
-        *slot = Some(verdict?);
-    }
-    out.into_iter()
-        .map(|v| v.ok_or_else(|| missing("answer for an item of the batch")))
+    let slots = dlock_server::group_commit::by_item(n, rows)
+        .map_err(|item| StoreError::Backend(format!("pay_*_many answered item {item}")))?;
+    slots
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| Err(missing("answer for an item of the batch"))))
         .collect()
 }
 
@@ -393,63 +281,5 @@ impl PayStore {
             }
         }
         tx.commit().await.map_err(map_sqlx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    type Test = GroupCommit<(), (Uuid, u32), u32>;
-
-    fn echo(_: (), items: Vec<(Uuid, u32)>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
-        Box::pin(async move { items.into_iter().map(|(_, n)| n).collect() })
-    }
-
-    fn queue(max: usize) -> Test {
-        GroupCommit::new(max, |item| item.0, echo, Arc::new(|_| {}))
-    }
-
-    /// Queues items without starting a batch, as if one were running.
-    fn push(q: &Test, items: &[(Uuid, u32)]) -> Vec<oneshot::Receiver<u32>> {
-        let mut queue = q.queue.lock().unwrap_or_else(|e| e.into_inner());
-        queue.running = true;
-        items
-            .iter()
-            .map(|item| {
-                let (tx, rx) = oneshot::channel();
-                queue.waiting.push_back((*item, tx));
-                rx
-            })
-            .collect()
-    }
-
-    fn taken(q: &Test) -> Vec<u32> {
-        q.take()
-            .map(|(items, _)| items.into_iter().map(|(_, n)| n).collect())
-            .unwrap_or_default()
-    }
-
-    #[test]
-    fn a_batch_takes_at_most_max_and_one_per_payout_in_arrival_order() {
-        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-        let q = queue(2);
-        let _answers = push(&q, &[(a, 1), (a, 2), (b, 3), (c, 4), (a, 5)]);
-        // 2 waits (a is taken); 4 waits (max 2).
-        assert_eq!(taken(&q), vec![1, 3]);
-        assert_eq!(taken(&q), vec![2, 4]);
-        assert_eq!(taken(&q), vec![5]);
-        // Empty: the queue is idle again, so the next request starts a batch at once.
-        assert!(q.take().is_none());
-        assert!(!q.queue.lock().unwrap_or_else(|e| e.into_inner()).running);
-    }
-
-    #[tokio::test]
-    async fn a_lone_request_is_answered_without_waiting_for_more() {
-        let q = queue(32);
-        let id = Uuid::new_v4();
-        assert_eq!(q.submit((), (id, 7)).await, Some(7));
-        // And again: whether or not the first batch's task has gone idle yet, it is answered.
-        assert_eq!(q.submit((), (id, 8)).await, Some(8));
     }
 }

@@ -3,6 +3,7 @@
 //! so the effect and the stored answer commit together or not at all.
 
 mod batch;
+mod fundings;
 mod idempotency;
 mod outcome;
 mod treasury;
@@ -16,14 +17,14 @@ use dlock_server::pg::PgSettings;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-pub use batch::{Answer, ClaimItem, GroupCommit, Item, PostItem, Runner};
+pub use batch::{Answer, ClaimItem, GroupCommit, Item, PostItem, Runner, queue_gauge};
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
     AbandonOutcome, AdvanceOutcome, ClaimOutcome, Contradiction, ContradictionKind,
     CreateAccountOutcome, CreatePayoutOutcome, FenceMove, FundOutcome, LowerOutcome, PostOutcome,
     Refusal, ResolveOutcome,
 };
-pub use treasury::{ApproveOutcome, FundingRow, LimitsOutcome, RequestFundingOutcome};
+pub use treasury::{ApproveOutcome, FundAsOutcome, FundingRow, LimitsOutcome, PendingRow};
 pub use writes::Audit;
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
@@ -36,6 +37,12 @@ pub enum StoreError {
     /// paydb cannot take writes here: unreachable, a standby, shutting down. Nothing changed.
     #[error("paydb is not available for writes: {0}")]
     NotLeader(String),
+    /// paydb's epoch guard refused the write (SQLSTATE DL012): it is on a new timeline after a
+    /// failover that may have lost writes, and takes none until an operator runs
+    /// `dlock recover paydb-epoch` (docs/design.md#d-12). Nothing changed; the text is the
+    /// database's reason and hint.
+    #[error("paydb refuses writes until dlock recover paydb-epoch: {0}")]
+    RecoveryRequired(String),
     /// An identical request holds the idempotency record and did not finish within the wait.
     #[error("an identical request is still in progress")]
     InProgress,
@@ -75,7 +82,11 @@ pub fn map_sqlx(error: sqlx::Error) -> StoreError {
             details,
         };
     }
+    let epoch_changed = matches!(&error, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some(dlock_server::pg::EPOCH_CHANGED));
     match dlock_server::pg::unavailable(&error, "paydb") {
+        // Not NOT_LEADER: no other replica and no retry soon will do better; an operator must act.
+        Some(why) if epoch_changed => StoreError::RecoveryRequired(why),
         Some(why) => StoreError::NotLeader(why),
         None => StoreError::Backend(error.to_string()),
     }

@@ -407,6 +407,15 @@ pub enum ContradictionKind {
     RailAcked,
     /// POSTED, but the rail declined the transfer.
     RailRejected,
+    /// POSTED under a reference the rail acknowledged for, or a resolution recorded for, another
+    /// payout.
+    ReferenceTaken,
+    /// FAILED of an attempt nobody recorded, without the reconciler's finding that the statement
+    /// lacks it after the settlement window.
+    NoAbsentFinding,
+    /// POSTED of an attempt nobody recorded, without the reconciler's finding of the transfer on
+    /// the statement under that reference.
+    NoPresentFinding,
 }
 
 #[derive(Debug, Clone, FromRow)]
@@ -425,6 +434,9 @@ impl ResolveRow {
             "reference_mismatch" => Some(ContradictionKind::ReferenceMismatch),
             "rail_acked" => Some(ContradictionKind::RailAcked),
             "rail_rejected" => Some(ContradictionKind::RailRejected),
+            "reference_taken" => Some(ContradictionKind::ReferenceTaken),
+            "no_absent_finding" => Some(ContradictionKind::NoAbsentFinding),
+            "no_present_finding" => Some(ContradictionKind::NoPresentFinding),
             _ => None,
         };
         if let Some(kind) = kind {

@@ -1,11 +1,12 @@
-//! The treasury's writes beyond opening and funding: an account's limits, and a funding that
-//! waits for a second treasury identity (migrations/paydb/0015_account_limits.sql). Each is one
+//! The treasury's writes beyond opening: a funding, applied or waiting for a second treasury
+//! identity (migrations/paydb/0015_account_limits.sql,
+//! migrations/paydb/0018_rail_seen_floor_and_funding_window.sql), and an account's limits. Each is one
 //! call of a paydb function in the request's transaction, read once into an outcome enum.
 
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{PayStore, StoreError, StoreResult, map_sqlx, unknown};
+use super::{FundOutcome, PayStore, StoreError, StoreResult, map_sqlx, unknown};
 
 /// What `pay_set_limits` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,19 +20,25 @@ pub enum LimitsOutcome {
     NotCustomer,
 }
 
-/// What `pay_request_funding` answered.
+/// A funding that waits for (or got) a second treasury identity's approval, as `pay_fund_as`
+/// answered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestFundingOutcome {
-    /// Recorded now, or found waiting (or approved) with the same account, amount and reference.
-    Pending {
-        funding_id: Uuid,
-        requested_by: String,
-        approved_by: Option<String>,
-    },
-    /// The reference names another funding.
-    Conflict,
-    NotFound,
-    NotCustomer,
+pub struct PendingRow {
+    pub funding_id: Uuid,
+    pub requested_by: String,
+    pub approved_by: Option<String>,
+    /// What the requester funded on the account alone in the 24 hours before, when this
+    /// funding was recorded now; `None` when it was found recorded before.
+    pub window_minor: Option<i64>,
+}
+
+/// What `pay_fund_as` answered: a treasury identity's funding applied (or refused) as `pay_fund`
+/// answers, or recorded for a second approval because it, with what the same identity funded
+/// on the account alone in the last 24 hours, passes `auth.treasury.dual-approval-above`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FundAsOutcome {
+    Fund(FundOutcome),
+    Pending(PendingRow),
 }
 
 /// A pending funding as `pay_approve_funding` read it.
@@ -108,41 +115,48 @@ impl PayStore {
         })
     }
 
-    pub async fn request_funding(
+    /// A treasury identity's funding (migrations/paydb/0018_rail_seen_floor_and_funding_window.sql):
+    /// paydb decides under the account row lock whether it applies now or waits for a second
+    /// treasury identity. `threshold`: `auth.treasury.dual-approval-above` (`None`: it applies).
+    pub async fn fund_as(
         conn: &mut PgConnection,
         account_id: &str,
         amount_minor: i64,
         reference: &str,
         identity: &str,
-    ) -> StoreResult<RequestFundingOutcome> {
-        let (outcome, funding_id, requested_by, approved_by): (
+        threshold: Option<i64>,
+    ) -> StoreResult<FundAsOutcome> {
+        type FundAsRow = (
             String,
+            Option<i64>,
             Option<Uuid>,
             Option<String>,
             Option<String>,
-        ) = sqlx::query_as(
-            "SELECT outcome, funding_id, requested_by, approved_by \
-             FROM pay_request_funding($1, $2, $3, $4, $5)",
-        )
-        .bind(Uuid::new_v4())
-        .bind(account_id)
-        .bind(amount_minor)
-        .bind(reference)
-        .bind(identity)
-        .fetch_one(conn)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(match outcome.as_str() {
-            "pending" | "exists" => RequestFundingOutcome::Pending {
-                funding_id: funding_id.ok_or_else(|| missing("funding_id"))?,
-                requested_by: requested_by.ok_or_else(|| missing("requested_by"))?,
-                approved_by,
-            },
-            "conflict" => RequestFundingOutcome::Conflict,
-            "not_found" => RequestFundingOutcome::NotFound,
-            "not_customer" => RequestFundingOutcome::NotCustomer,
-            other => return Err(unknown("pay_request_funding", other)),
-        })
+            Option<i64>,
+        );
+        let (outcome, balance, funding_id, requested_by, approved_by, window_minor): FundAsRow =
+            sqlx::query_as(
+                "SELECT outcome, balance_minor, funding_id, requested_by, approved_by, \
+                        window_minor FROM pay_fund_as($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(Uuid::new_v4())
+            .bind(account_id)
+            .bind(amount_minor)
+            .bind(reference)
+            .bind(identity)
+            .bind(threshold)
+            .fetch_one(conn)
+            .await
+            .map_err(map_sqlx)?;
+        if outcome != "pending" {
+            return FundOutcome::parse(&outcome, balance).map(FundAsOutcome::Fund);
+        }
+        Ok(FundAsOutcome::Pending(PendingRow {
+            funding_id: funding_id.ok_or_else(|| missing("funding_id"))?,
+            requested_by: requested_by.ok_or_else(|| missing("requested_by"))?,
+            approved_by,
+            window_minor,
+        }))
     }
 
     pub async fn approve_funding(

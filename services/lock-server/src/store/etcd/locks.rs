@@ -58,6 +58,8 @@ impl EtcdStore {
         let claim = attempt.claim;
         let (key, session_id, owner_id) = (claim.key, claim.session_id, claim.owner_id);
         let (ttl_ms, ticket) = (attempt.ttl_ms, attempt.ticket);
+        // How many of the attempts drew a token at or below the high-water (each withdrawn).
+        let mut redrawn = 0;
         for _ in 0..TXN_ATTEMPTS_MAX {
             let lock = TxnOp::get(self.k_lock(key), None);
             let (_, reads) = self.read_session(session_id, owner_id, Some(lock)).await?;
@@ -113,7 +115,11 @@ impl EtcdStore {
             ];
             if let Some(mine) = &mine {
                 when.push(Compare::version(mine.as_str(), CompareOp::Greater, 0));
-                then.push(TxnOp::delete(mine.as_str(), None));
+                // With the high-water, the place goes only once the token may be answered: a
+                // grant withdrawn keeps its place in the queue (see below).
+                if self.high_water.is_none() {
+                    then.push(TxnOp::delete(mine.as_str(), None));
+                }
             }
             let response = self
                 .client()
@@ -125,12 +131,36 @@ impl EtcdStore {
                 if token <= 0 {
                     return Err(StoreError::Backend("etcd returned no revision".into()));
                 }
+                if let Some(high_water) = &self.high_water {
+                    let verdict = self
+                        .check_high_water(high_water, key, session_id, token, lease)
+                        .await?;
+                    if let high_water::Verdict::DrawAgain = verdict {
+                        redrawn += 1;
+                        continue;
+                    }
+                    if let Some(mine) = &mine
+                        && let Err(e) = self.client().delete(mine.as_str(), None).await
+                    {
+                        // Its lease goes below, which deletes it too.
+                        tracing::warn!(event = "etcd_waiter_left", key, error = %e,
+                            "the place of a waiter just granted was not deleted; its lease is revoked");
+                    }
+                }
                 if let Some(t) = ticket.and_then(|t| t.lease) {
                     self.drop_lease(t);
                 }
                 return Ok(Acquire::Granted(Self::grant_of(key, token, &value)));
             }
             self.drop_lease(lease);
+        }
+        if redrawn > 0 {
+            // Every grant drawn was withdrawn before it was answered: nothing is held.
+            return Err(StoreError::NotLeader(format!(
+                "acquire of {key}: {redrawn} of {TXN_ATTEMPTS_MAX} grants drew a token at or \
+                 below the high-water (concurrent grants recorded later revisions first, \
+                 docs/design.md#d-12-etcd) and were withdrawn; nothing is held"
+            )));
         }
         Err(StoreError::Backend(format!(
             "acquire of {key} lost {TXN_ATTEMPTS_MAX} races in a row"

@@ -46,6 +46,7 @@ use super::{
 };
 use crate::config::EtcdSettings;
 
+mod high_water;
 mod locks;
 mod queue;
 mod revoke;
@@ -67,6 +68,9 @@ pub struct EtcdStore {
     client: super::etcd_conn::ClientCell,
     prefix: String,
     retention_s: i64,
+    /// `lock.etcd.high-water.url`: tokens are recorded in lockdb before they are answered
+    /// (docs/design.md#d-12-etcd); none, and a restore of etcd is not detected.
+    high_water: Option<std::sync::Arc<high_water::HighWater>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -145,15 +149,7 @@ fn map_etcd(error: etcd_client::Error) -> StoreError {
 fn map_etcd_sent(error: etcd_client::Error) -> StoreError {
     use super::etcd_conn::{Failure, classify};
     let (failure, text) = classify(&error);
-    let lower = text.to_lowercase();
-    let not_connected = [
-        "tcp connect error",
-        "error trying to connect",
-        "connection refused",
-        "dns error",
-    ]
-    .iter()
-    .any(|m| lower.contains(m));
+    let not_connected = super::etcd_conn::sent_nothing(&text);
     let unknown = match failure {
         Failure::Unreachable => !not_connected,
         Failure::Other => matches!(
@@ -239,10 +235,12 @@ impl EtcdStore {
     pub async fn connect(settings: &EtcdSettings, retention_ms: i64) -> anyhow::Result<Self> {
         let prefix = settings.prefix.trim_end_matches('/').to_owned();
         let client = super::etcd_conn::connect(settings, &prefix).await?;
+        let high_water = Self::open_high_water(settings, &client, &prefix).await?;
         Ok(Self {
             client,
             prefix,
             retention_s: (retention_ms + 999) / 1000,
+            high_water: high_water.map(std::sync::Arc::new),
         })
     }
 

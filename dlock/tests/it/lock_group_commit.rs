@@ -1,0 +1,630 @@
+//! Group commit of the lock server's acquires and releases on PostgreSQL
+//! (docs/design.md#group-commit), against a real `dlock serve lock-server` process on a real
+//! lockdb: requests that queue while a lockdb transaction of their kind runs go into the next one
+//! together (dlock_acquire_many, dlock_release_many), and each still gets its own answer.
+//!
+//! A test makes a batch form for certain: from its own connection it holds the lock a "gate"
+//! request needs (the key's advisory lock for an acquire, the grant's row for a release), sends
+//! that request, which runs alone and waits in lockdb, then sends the requests under test, which
+//! queue in the server (the `lock_batch_queued` gauge says how many), and only then lets the gate
+//! go. The `lock_batch_size` histogram shows the batches that ran.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use dlock_contract::client::{ClientError, LockClient};
+use dlock_contract::error::ErrorCode;
+use dlock_contract::lock::LockGrant;
+use dlock_devstack::ManagedChild;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::harness::{Backend, LockStack, client, eventually, port, post_json, session};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// The acquires under test may wait server-side this long: it only lengthens their client's
+/// timeout (their keys are free), so a slow machine does not time them out while they queue.
+const PATIENT_MS: i64 = 10_000;
+
+struct Server {
+    _process: ManagedChild,
+    stack: LockStack,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A party: a client of its own owner with a session.
+struct Party {
+    client: LockClient,
+    session: Uuid,
+}
+
+impl Server {
+    async fn start() -> Self {
+        let stack = LockStack::backend(Backend::Pg, &[("lock.pg.batch.max", "32")]);
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let port = port();
+        let process = stack.spawn_process(port, &dir.path().join("lock-server.log"));
+        Self {
+            _process: process,
+            stack,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    async fn party(&self, owner: &str) -> Party {
+        let client = client(&self.url, owner);
+        let session = session(&client, 30_000).await;
+        Party { client, session }
+    }
+
+    async fn parties(&self, prefix: &str, n: usize) -> Vec<Party> {
+        let mut parties = Vec::new();
+        for i in 0..n {
+            parties.push(self.party(&format!("{prefix}-{i}")).await);
+        }
+        parties
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        self.stack
+            .pg
+            .as_ref()
+            .map(|pg| pg.psql("lockdb", sql).unwrap_or_else(|e| panic!("{e:#}")))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    async fn connection(&self) -> PgConnection {
+        let url = self.stack.pg.as_ref().map(|pg| pg.url("lockdb"));
+        PgConnection::connect(&url.unwrap_or_default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A connection that holds `key`'s acquire lock (dlock_acquire's advisory lock) until
+    /// [`open`] or until it is dropped.
+    async fn gate_acquire(&self, key: &str) -> PgConnection {
+        let mut conn = self.connection().await;
+        sqlx::query("SELECT pg_advisory_lock(hashtextextended('dlock_acquire:' || $1, 0))")
+            .bind(key)
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        conn
+    }
+
+    /// A connection in a transaction that holds the row of `key`'s grant until [`open`].
+    async fn gate_release(&self, key: &str) -> PgConnection {
+        let mut conn = self.connection().await;
+        sqlx::query("BEGIN")
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let locked: Vec<(i64,)> =
+            sqlx::query_as("SELECT fencing_token FROM locks WHERE lock_key = $1 FOR UPDATE")
+                .bind(key)
+                .fetch_all(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(locked.len(), 1, "{key} is held, so its row can gate");
+        conn
+    }
+
+    /// Backends of lockdb waiting for a lock in a statement whose text holds `text`.
+    fn waiting_in(&self, text: &str) -> Vec<i64> {
+        self.psql(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = 'lockdb' \
+             AND wait_event_type IN ('Lock', 'Advisory') AND query LIKE '%{text}%' \
+             AND pid <> pg_backend_pid()"
+        ))
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+    }
+
+    /// Waits until a statement calling `function` waits for a lock; its backend's pid.
+    async fn waits_in(&self, function: &str) -> i64 {
+        eventually(&format!("{function} waits for a lock"), WAIT, || async {
+            self.waiting_in(&format!("{function}(")).first().copied()
+        })
+        .await
+    }
+
+    async fn metrics(&self) -> String {
+        let response = reqwest::get(format!("{}/metrics", self.url))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        response.text().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits until `n` requests of `kind` are queued behind the running transaction.
+    async fn queued(&self, kind: &str, n: usize) {
+        let sample = format!("lock_batch_queued{{kind=\"{kind}\"}}");
+        eventually(&format!("{n} {kind}s queued"), WAIT, || async {
+            (metric(&self.metrics().await, &sample) as usize == n).then_some(())
+        })
+        .await
+    }
+
+    /// (count, sum) of the batch-size histogram of `kind`.
+    async fn batches(&self, kind: &str) -> (f64, f64) {
+        let text = self.metrics().await;
+        (
+            metric(&text, &format!("lock_batch_size_count{{kind=\"{kind}\"}}")),
+            metric(&text, &format!("lock_batch_size_sum{{kind=\"{kind}\"}}")),
+        )
+    }
+
+    /// Whether the key has a grant row, whatever its state, and whether it was ever seen.
+    fn rows_of(&self, key: &str) -> (String, String) {
+        (
+            self.psql(&format!(
+                "SELECT count(*) FROM locks WHERE lock_key = '{key}'"
+            )),
+            self.psql(&format!(
+                "SELECT count(*) FROM lock_keys_seen WHERE lock_key = '{key}'"
+            )),
+        )
+    }
+}
+
+/// Lets a gate go: its locks end with its session.
+async fn open(gate: PgConnection) {
+    gate.close().await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{sample} not in metrics:\n{text}"))
+}
+
+fn code(result: &Result<impl std::fmt::Debug, ClientError>) -> Option<ErrorCode> {
+    result.as_ref().err().and_then(ClientError::code)
+}
+
+async fn acquire(p: &Party, key: &str, wait_ms: Option<i64>) -> Result<LockGrant, ClientError> {
+    p.client
+        .acquire(key, p.session, Some(30_000), wait_ms)
+        .await
+}
+
+/// L4 without a server-side wait, its answer's code when refused, sent with no client timeout:
+/// a request held at a gate may wait longer than the client's write timeout of 2 s.
+async fn acquire_now(server: &Server, p: &Party, key: &str) -> Result<LockGrant, ErrorCode> {
+    let url = format!("{}/v1/locks/{key}/acquire", server.url);
+    let body = serde_json::json!({ "sessionId": p.session, "ttlMillis": 30_000 });
+    let owner = p.client.owner_id();
+    let (status, _, json) = post_json(&url, &[("x-owner-id", owner)], &body).await;
+    if status == 200 {
+        return Ok(serde_json::from_value(json).unwrap_or_else(|e| panic!("{key}: {e}")));
+    }
+    Err(serde_json::from_value(json["code"].clone())
+        .unwrap_or_else(|e| panic!("{key}: {status} {json}: {e}")))
+}
+
+/// Asserts that `key` is held by `p`'s session with `token` (L7).
+async fn held_by(p: &Party, key: &str, token: i64) {
+    let info = p
+        .client
+        .get(key)
+        .await
+        .unwrap_or_else(|e| panic!("{key}: {e}"));
+    assert!(info.held, "{key} is held");
+    assert_eq!(
+        info.session_id,
+        Some(p.session),
+        "{key}: its caller's session"
+    );
+    assert_eq!(info.fencing_token, Some(token), "{key}: the token answered");
+}
+
+/// Sends `gate` (a request that waits in lockdb), then `requests` once it waits, then opens the
+/// gate once they are all queued; the answers of the gate and of the requests.
+macro_rules! gated {
+    ($server:expr, $kind:literal, $function:literal, $gate_conn:expr, $gate:expr, $requests:expr) => {{
+        let server = &$server;
+        let gate_conn = $gate_conn;
+        tokio::join!($gate, async {
+            server.waits_in($function).await;
+            let requests = $requests;
+            let n = requests.len();
+            let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
+                server.queued($kind, n).await;
+                open(gate_conn).await;
+            });
+            answers
+        })
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
+    let server = Server::start().await;
+    let parties = server.parties("gc", 8).await;
+    let gate_party = server.party("gc-gate").await;
+    let keys: Vec<String> = (0..parties.len()).map(|i| format!("gc:key-{i}")).collect();
+
+    let before = server.batches("acquire").await;
+    let gate_conn = server.gate_acquire("gc:gate").await;
+    let (gate, answers) = gated!(
+        server,
+        "acquire",
+        "dlock_acquire",
+        gate_conn,
+        acquire(&gate_party, "gc:gate", Some(PATIENT_MS)),
+        parties
+            .iter()
+            .zip(&keys)
+            .map(|(p, key)| acquire(p, key, Some(PATIENT_MS)))
+            .collect::<Vec<_>>()
+    );
+    gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
+    let after = server.batches("acquire").await;
+    // The gate alone (a batch of one), then the eight in one transaction.
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2.0, 9.0),
+        "one batch of one and one of eight"
+    );
+
+    let mut tokens = HashSet::new();
+    let mut first = BTreeMap::new();
+    for ((p, key), answer) in parties.iter().zip(&keys).zip(answers) {
+        let grant = answer.unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(grant.key, *key);
+        assert_eq!(grant.session_id, p.session, "{key}: granted to its caller");
+        assert!(
+            tokens.insert(grant.fencing_token),
+            "{key}: a token of its own"
+        );
+        held_by(p, key, grant.fencing_token).await;
+        first.insert(key.clone(), grant.fencing_token);
+    }
+
+    // Released in one batch too, then acquired again in one: each key's token only grows.
+    let gate_token = server.psql("SELECT fencing_token FROM locks WHERE lock_key = 'gc:gate'");
+    let gate_token: i64 = gate_token.parse().unwrap_or_else(|e| panic!("{e}"));
+    let before = server.batches("release").await;
+    let gate_conn = server.gate_release("gc:gate").await;
+    let (gate, answers) = gated!(
+        server,
+        "release",
+        "dlock_release",
+        gate_conn,
+        gate_party
+            .client
+            .release("gc:gate", gate_party.session, gate_token),
+        parties
+            .iter()
+            .zip(&keys)
+            .map(|(p, key)| p.client.release(key, p.session, first[key]))
+            .collect::<Vec<_>>()
+    );
+    gate.unwrap_or_else(|e| panic!("the gate's release: {e}"));
+    for (key, answer) in keys.iter().zip(answers) {
+        answer.unwrap_or_else(|e| panic!("release {key}: {e}"));
+        let info = gate_party
+            .client
+            .get(key)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!info.held, "{key} was released");
+    }
+    let after = server.batches("release").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2.0, 9.0),
+        "one release of one and one of eight"
+    );
+    let again = futures::future::join_all(
+        parties
+            .iter()
+            .zip(&keys)
+            .map(|(p, key)| acquire(p, key, Some(PATIENT_MS))),
+    )
+    .await;
+    for ((p, key), answer) in parties.iter().zip(&keys).zip(again) {
+        let grant = answer.unwrap_or_else(|e| panic!("{key} again: {e}"));
+        assert!(
+            grant.fencing_token > first[key],
+            "{key}: {} after {}",
+            grant.fencing_token,
+            first[key]
+        );
+        assert!(tokens.insert(grant.fencing_token), "{key}: a new token");
+        held_by(p, key, grant.fencing_token).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_acquires_of_one_key_in_flight_are_one_grant_and_one_contention() {
+    let server = Server::start().await;
+    let (one, two, neighbour) = (
+        server.party("gk-one").await,
+        server.party("gk-two").await,
+        server.party("gk-neighbour").await,
+    );
+    let gate_party = server.party("gk-gate").await;
+    let before = server.batches("acquire").await;
+    let gate_conn = server.gate_acquire("gk:gate").await;
+    let (gate, answers) = gated!(
+        server,
+        "acquire",
+        "dlock_acquire",
+        gate_conn,
+        acquire(&gate_party, "gk:gate", Some(PATIENT_MS)),
+        vec![
+            acquire_now(&server, &one, "gk:key"),
+            acquire_now(&server, &two, "gk:key"),
+            acquire_now(&server, &neighbour, "gk:other"),
+        ]
+    );
+    gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
+    let [a1, a2, other]: [_; 3] = answers
+        .try_into()
+        .unwrap_or_else(|a: Vec<_>| panic!("three answers, got {}", a.len()));
+    let other = other.unwrap_or_else(|e| panic!("{e:?}"));
+    held_by(&neighbour, "gk:other", other.fencing_token).await;
+    // Exactly one of the two holds the key; the other heard LOCK_CONTENDED and holds nothing.
+    let (winner, grant, loser) = match (&a1, &a2) {
+        (Ok(g), Err(_)) => (&one, g, &a2),
+        (Err(_), Ok(g)) => (&two, g, &a1),
+        _ => panic!("one grant and one refusal, got {a1:?} and {a2:?}"),
+    };
+    assert_eq!(
+        loser.as_ref().err(),
+        Some(&ErrorCode::LockContended),
+        "{loser:?}"
+    );
+    held_by(winner, "gk:key", grant.fencing_token).await;
+    // Two rounds after the gate: the key's first request with its neighbour, then the second.
+    let after = server.batches("acquire").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (3.0, 4.0),
+        "the gate, a batch of two, then the second request on the key alone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn releases_in_one_batch_with_a_wrong_token_are_refused_alone() {
+    let server = Server::start().await;
+    let parties = server.parties("gr", 4).await;
+    let gate_party = server.party("gr-gate").await;
+    let mut grants = Vec::new();
+    for (i, p) in parties.iter().enumerate() {
+        let key = format!("gr:key-{i}");
+        let grant = acquire(p, &key, None)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        grants.push((key, grant.fencing_token));
+    }
+    let gate = acquire(&gate_party, "gr:gate", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Items 1 and 3 name a token their grant does not have (a stale one, and another key's).
+    let wrong = [(1usize, grants[1].1 - 1), (3, grants[0].1)];
+    let presented: Vec<i64> = (0..grants.len())
+        .map(|i| {
+            wrong
+                .iter()
+                .find(|(w, _)| *w == i)
+                .map_or(grants[i].1, |(_, t)| *t)
+        })
+        .collect();
+    let before = server.batches("release").await;
+    let gate_conn = server.gate_release("gr:gate").await;
+    let (gate_answer, answers) = gated!(
+        server,
+        "release",
+        "dlock_release",
+        gate_conn,
+        gate_party
+            .client
+            .release("gr:gate", gate_party.session, gate.fencing_token),
+        parties
+            .iter()
+            .zip(&grants)
+            .zip(&presented)
+            .map(|((p, (key, _)), token)| p.client.release(key, p.session, *token))
+            .collect::<Vec<_>>()
+    );
+    gate_answer.unwrap_or_else(|e| panic!("the gate's release: {e}"));
+    let after = server.batches("release").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2.0, 5.0),
+        "the gate, then one batch of four"
+    );
+    for (i, ((p, (key, token)), answer)) in parties.iter().zip(&grants).zip(&answers).enumerate() {
+        if wrong.iter().any(|(w, _)| *w == i) {
+            assert_eq!(code(answer), Some(ErrorCode::LockLost), "{key}: {answer:?}");
+            // Refused, and nothing changed: the grant is still its holder's.
+            held_by(p, key, *token).await;
+        } else {
+            answer
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{key}, its neighbour refused: {e}"));
+            let info = p.client.get(key).await.unwrap_or_else(|e| panic!("{e}"));
+            assert!(!info.held, "{key} was released");
+        }
+    }
+    // Positive control: with their own tokens the refused two are released.
+    for (i, _) in wrong {
+        let (key, token) = &grants[i];
+        let p = &parties[i];
+        p.client
+            .release(key, p.session, *token)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing() {
+    let server = Server::start().await;
+    let (held, free) = (server.party("ga-held").await, server.party("ga-free").await);
+    let gate_party = server.party("ga-gate").await;
+    // ga:held's acquire lock is held from outside: the batch stops there, and dies there.
+    let blocker = server.gate_acquire("ga:held").await;
+    let gate_conn = server.gate_acquire("ga:gate").await;
+    let before = server.batches("acquire").await;
+    let (gate, answers) = tokio::join!(acquire(&gate_party, "ga:gate", Some(PATIENT_MS)), async {
+        server.waits_in("dlock_acquire").await;
+        let (answers, ()) = tokio::join!(
+            futures::future::join_all([
+                acquire(&free, "ga:free", Some(PATIENT_MS)),
+                acquire(&held, "ga:held", Some(PATIENT_MS)),
+            ]),
+            async {
+                server.queued("acquire", 2).await;
+                open(gate_conn).await;
+                // The batch of the two waits for ga:held's lock (ga:free's it took first,
+                // in key order): its backend is terminated there.
+                let pid = server.waits_in("dlock_acquire_many").await;
+                server.psql(&format!("SELECT pg_terminate_backend({pid})"));
+            }
+        );
+        answers
+    });
+    open(blocker).await;
+    gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
+    let after = server.batches("acquire").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2.0, 3.0),
+        "the gate, then the batch of two"
+    );
+    for (key, answer) in ["ga:free", "ga:held"].iter().zip(&answers) {
+        let error = answer
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("{key}: {answer:?}"));
+        assert_eq!(error.code(), Some(ErrorCode::NotLeader), "{key}: {error}");
+        assert!(error.retry_safe(), "{key}: retry-safe");
+        // Nothing of the batch was written: no grant, not even the key's first sighting.
+        assert_eq!(server.rows_of(key), ("0".into(), "0".into()), "{key}");
+    }
+    // Positive control: the same acquires again are granted and written.
+    for (p, key) in [(&free, "ga:free"), (&held, "ga:held")] {
+        let grant = acquire(p, key, None)
+            .await
+            .unwrap_or_else(|e| panic!("{key} again: {e}"));
+        held_by(p, key, grant.fencing_token).await;
+        assert_eq!(server.rows_of(key), ("1".into(), "1".into()), "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_load_batches_form_and_every_key_keeps_its_token_order() {
+    const CLIENTS: usize = 16;
+    const CYCLES: usize = 25;
+    let server = Server::start().await;
+    let parties = server.parties("gl", CLIENTS).await;
+    let before = server.batches("acquire").await;
+    let runs = futures::future::join_all(parties.iter().enumerate().map(|(i, p)| async move {
+        let key = format!("gl:key-{i}");
+        let mut tokens = Vec::new();
+        for _ in 0..CYCLES {
+            let grant = acquire(p, &key, Some(PATIENT_MS))
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert_eq!(grant.session_id, p.session, "{key}: its caller's");
+            tokens.push(grant.fencing_token);
+            p.client
+                .release(&key, p.session, grant.fencing_token)
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+        (key, tokens)
+    }))
+    .await;
+    let mut all = HashSet::new();
+    for (key, tokens) in &runs {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{key}: tokens strictly increase: {tokens:?}"
+        );
+        for t in tokens {
+            assert!(all.insert(*t), "{key}: token {t} issued twice");
+        }
+    }
+    let after = server.batches("acquire").await;
+    let (count, sum) = (after.0 - before.0, after.1 - before.1);
+    assert_eq!(
+        sum as usize,
+        CLIENTS * CYCLES,
+        "every acquire went through a batch"
+    );
+    assert!(
+        sum / count > 1.0,
+        "batches formed under load: {sum} acquires in {count} transactions"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_on_a_new_timeline_takes_every_token_above_the_gap() {
+    let server = Server::start().await;
+    let parties = server.parties("ge", 4).await;
+    let (gate_party, waiter) = (
+        server.party("ge-gate").await,
+        server.party("ge-waiter").await,
+    );
+    let earlier = acquire(&parties[0], "ge:earlier", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The gate's acquire must grant nothing (a grant would be the first on the new timeline): the
+    // head of ge:gate's queue is another session, so it is refused before any insert.
+    server.psql(&format!(
+        "INSERT INTO lock_waiters (waiter_id, lock_key, session_id, deadline) \
+         VALUES (gen_random_uuid(), 'ge:gate', '{}', clock_timestamp() + interval '1 minute')",
+        waiter.session
+    ));
+    // Tokens were last issued on another timeline, as after a promotion or a point-in-time
+    // recovery (docs/design.md#d-12): the next grant, one of the batch's, must jump the gap.
+    server.psql("UPDATE store_epoch SET timeline = timeline + 1");
+    assert_eq!(server.psql("SELECT count(*) FROM store_epoch_changes"), "0");
+    let before = server.batches("acquire").await;
+    let gate_conn = server.gate_acquire("ge:gate").await;
+    let (gate, answers) = gated!(
+        server,
+        "acquire",
+        "dlock_acquire",
+        gate_conn,
+        acquire_now(&server, &gate_party, "ge:gate"),
+        parties
+            .iter()
+            .enumerate()
+            .map(|(i, p)| async move { acquire(p, &format!("ge:key-{i}"), Some(PATIENT_MS)).await })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(gate.err(), Some(ErrorCode::LockContended), "the gate");
+    let after = server.batches("acquire").await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (2.0, 5.0),
+        "the gate alone, then one batch of four"
+    );
+    // The batch moved the sequence once, past the gap, and every grant of it is above.
+    let change = server.psql("SELECT highest_known || ' ' || floor FROM store_epoch_changes");
+    let (highest, floor) = change
+        .split_once(' ')
+        .map(|(h, f)| (h.parse::<i64>().unwrap_or(0), f.parse::<i64>().unwrap_or(0)))
+        .unwrap_or_else(|| panic!("one epoch change, got {change:?}"));
+    assert!(highest >= earlier.fencing_token, "{highest}");
+    assert_eq!(floor, highest + 1_000_000_000, "the gap is 10^9");
+    for (i, answer) in answers.iter().enumerate() {
+        let grant = answer
+            .as_ref()
+            .unwrap_or_else(|e| panic!("ge:key-{i}: {e}"));
+        assert!(
+            grant.fencing_token > floor,
+            "ge:key-{i}: {} is above the new epoch's floor {floor}",
+            grant.fencing_token
+        );
+    }
+}

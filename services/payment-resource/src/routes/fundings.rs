@@ -1,0 +1,94 @@
+//! `GET /v1/fundings` (docs/contract.md#list-fundings): the fundings that wait for a second
+//! treasury identity, so the approver finds the id without being told it out of band; also the
+//! approved ones, with who approved them. A treasury read: it writes nothing.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::http::json_response;
+use dlock_contract::payment::{FundingList, FundingsFilter, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+use dlock_server::auth::Caller;
+use serde::Deserialize;
+
+use super::AppState;
+use super::checks::{Checks, present};
+use super::cursor::query_error;
+use super::errors::store_error;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct FundingsQuery {
+    state: Option<String>,
+    limit: Option<String>,
+}
+
+impl FundingsQuery {
+    /// Both fields checked; one answer names every field at fault.
+    fn check(self) -> Result<(FundingsFilter, i64), ApiError> {
+        let mut checks = Checks::default();
+        let filter = match &self.state {
+            None => Some(FundingsFilter::Pending),
+            Some(text) => checks.take(FundingsFilter::parse(text).ok_or_else(|| {
+                FieldError::new(
+                    "state",
+                    "must be one of pending (the default), applied, all",
+                )
+            })),
+        };
+        let limit = match &self.limit {
+            None => Some(LIST_LIMIT_DEFAULT),
+            Some(text) => checks.take(
+                text.parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            "limit",
+                            format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
+                        )
+                    }),
+            ),
+        };
+        checks.done()?;
+        Ok((present(filter)?, present(limit)?))
+    }
+}
+
+/// `GET /v1/fundings?state=pending|applied|all&limit=N`: treasury only (403 FORBIDDEN for any
+/// other role, before the query is looked at).
+pub(super) async fn list_fundings(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<FundingsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    const WHAT: &str = "listing the fundings that wait for a second treasury identity";
+    caller.require_treasury(WHAT).map_err(|error| {
+        if error.code != ErrorCode::Forbidden {
+            return error;
+        }
+        // require_treasury's own text speaks of creating money; this is a read.
+        let name = caller.identity().map_or("", |i| i.name.as_str());
+        ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{WHAT} is a treasury read and `{name}` is not a treasury identity \
+                 (auth.treasury-identities)"
+            ),
+        )
+    })?;
+    let Query(query) = query.map_err(query_error)?;
+    let (filter, limit) = query.check()?;
+    let mut items = state
+        .store
+        .list_fundings(filter, limit)
+        .await
+        .map_err(store_error)?;
+    let truncated = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    Ok(json_response(
+        StatusCode::OK,
+        &FundingList { items, truncated },
+    ))
+}

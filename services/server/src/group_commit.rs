@@ -1,0 +1,238 @@
+//! Group commit's queue (docs/design.md#group-commit): requests of one kind that arrive while a
+//! transaction of their kind runs wait here, and the next transaction takes them together.
+//!
+//! No timer: a request that finds nothing running starts a batch at once, so a lone request goes
+//! straight through and the batch size follows the load. A batch takes up to `max` waiting items
+//! in arrival order, none of which shares a key with an item already taken (the others wait one
+//! round). The runner answers every item of its batch, in order; no answer leaves before the
+//! runner returns, so no answer leaves before its batch's transaction committed (or failed).
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// What a batch does with its items: answers each, in order.
+pub type Runner<C, I, O> = fn(C, Vec<I>) -> Pin<Box<dyn Future<Output = Vec<O>> + Send + 'static>>;
+
+/// Told the queue's length after every change, and each batch's size as it starts.
+pub trait Observer: Send + Sync {
+    fn queued(&self, waiting: usize);
+    fn batch(&self, size: usize);
+}
+
+/// A queue of requests of one kind and the one batch of them that runs at a time.
+pub struct GroupCommit<C, I, O> {
+    queue: Arc<Mutex<Queue<I, O>>>,
+    max: usize,
+    run: Runner<C, I, O>,
+    /// The keys an item holds in its batch: two items sharing one never go in the same batch.
+    keys: fn(&I) -> Vec<String>,
+    observer: Arc<dyn Observer>,
+}
+
+impl<C, I, O> Clone for GroupCommit<C, I, O> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            max: self.max,
+            run: self.run,
+            keys: self.keys,
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+struct Queue<I, O> {
+    running: bool,
+    waiting: VecDeque<(I, oneshot::Sender<O>)>,
+}
+
+impl<C, I, O> GroupCommit<C, I, O>
+where
+    C: Clone + Send + 'static,
+    I: Send + 'static,
+    O: Send + 'static,
+{
+    pub fn new(
+        max: usize,
+        keys: fn(&I) -> Vec<String>,
+        run: Runner<C, I, O>,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        Self {
+            queue: Arc::new(Mutex::new(Queue {
+                running: false,
+                waiting: VecDeque::new(),
+            })),
+            max: max.max(1),
+            run,
+            keys,
+            observer,
+        }
+    }
+
+    /// Queues `item` and waits for its answer, which comes after its batch ran. `None` when its
+    /// batch's task died without answering (a bug; the caller answers it as a server fault).
+    pub async fn submit(&self, context: C, item: I) -> Option<O> {
+        let (tx, rx) = oneshot::channel();
+        let start = match self.queue.lock() {
+            Ok(mut queue) => {
+                queue.waiting.push_back((item, tx));
+                self.observer.queued(queue.waiting.len());
+                !std::mem::replace(&mut queue.running, true)
+            }
+            Err(_) => return None,
+        };
+        if start {
+            tokio::spawn(self.clone().drive(context));
+        }
+        rx.await.ok()
+    }
+
+    /// Runs batches until the queue is empty.
+    async fn drive(self, context: C) {
+        while let Some((items, answers)) = self.take() {
+            self.observer.batch(items.len());
+            // Its own task: a panic in a batch answers its items `None` and the queue goes on.
+            let batch = tokio::spawn((self.run)(context.clone(), items));
+            if let Ok(outs) = batch.await {
+                for (answer, out) in answers.into_iter().zip(outs) {
+                    let _ = answer.send(out);
+                }
+            }
+        }
+    }
+
+    /// The next batch, or `None` (and the queue marked idle) when nothing waits.
+    #[allow(clippy::type_complexity)]
+    fn take(&self) -> Option<(Vec<I>, Vec<oneshot::Sender<O>>)> {
+        let Ok(mut queue) = self.queue.lock() else {
+            return None;
+        };
+        if queue.waiting.is_empty() {
+            queue.running = false;
+            return None;
+        }
+        let mut taken: HashSet<String> = HashSet::new();
+        let (mut items, mut answers, mut later) = (Vec::new(), Vec::new(), VecDeque::new());
+        while let Some((item, answer)) = queue.waiting.pop_front() {
+            let keys = (self.keys)(&item);
+            if items.len() < self.max && keys.iter().all(|k| !taken.contains(k)) {
+                taken.extend(keys);
+                items.push(item);
+                answers.push(answer);
+            } else {
+                later.push_back((item, answer));
+            }
+        }
+        queue.waiting = later;
+        self.observer.queued(queue.waiting.len());
+        Some((items, answers))
+    }
+}
+
+/// The answers of a batch's `n` items in item order, from rows that name their item (1-based, as
+/// the `*_many` functions number them); an item without a row is `None`. `Err` names a row whose
+/// item is not one of the batch's.
+pub fn by_item<T>(
+    n: usize,
+    rows: impl IntoIterator<Item = (i32, T)>,
+) -> Result<Vec<Option<T>>, i32> {
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for (item, answer) in rows {
+        let slot = usize::try_from(item - 1)
+            .ok()
+            .and_then(|i| out.get_mut(i))
+            .ok_or(item)?;
+        *slot = Some(answer);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_go_to_their_item_and_a_stranger_is_named() {
+        assert_eq!(
+            by_item(3, [(3, 'c'), (1, 'a')]),
+            Ok(vec![Some('a'), None, Some('c')])
+        );
+        assert_eq!(by_item(2, [(1, 'a'), (3, 'c')]), Err(3));
+        assert_eq!(by_item(2, [(0, 'z')]), Err(0));
+    }
+
+    /// (payout, account, n)
+    type Item = (&'static str, &'static str, u32);
+    type Test = GroupCommit<(), Item, u32>;
+
+    struct Quiet;
+    impl Observer for Quiet {
+        fn queued(&self, _: usize) {}
+        fn batch(&self, _: usize) {}
+    }
+
+    fn echo(_: (), items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        Box::pin(async move { items.into_iter().map(|(_, _, n)| n).collect() })
+    }
+
+    fn keys(item: &Item) -> Vec<String> {
+        vec![format!("payout:{}", item.0), format!("account:{}", item.1)]
+    }
+
+    fn queue(max: usize) -> Test {
+        GroupCommit::new(max, keys, echo, Arc::new(Quiet))
+    }
+
+    /// Queues items without starting a batch, as if one were running.
+    fn push(q: &Test, items: &[Item]) -> Vec<oneshot::Receiver<u32>> {
+        let mut queue = q.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.running = true;
+        items
+            .iter()
+            .map(|item| {
+                let (tx, rx) = oneshot::channel();
+                queue.waiting.push_back((*item, tx));
+                rx
+            })
+            .collect()
+    }
+
+    fn taken(q: &Test) -> Vec<u32> {
+        q.take()
+            .map(|(items, _)| items.into_iter().map(|(_, _, n)| n).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_batch_takes_at_most_max_and_one_per_key_in_arrival_order() {
+        let q = queue(3);
+        let _answers = push(
+            &q,
+            &[
+                ("p1", "a", 1),
+                ("p1", "b", 2), // p1 taken
+                ("p2", "a", 3), // account a taken
+                ("p3", "b", 4),
+                ("p4", "c", 5),
+                ("p5", "d", 6), // max 3
+            ],
+        );
+        assert_eq!(taken(&q), vec![1, 4, 5]);
+        assert_eq!(taken(&q), vec![2, 3, 6]);
+        // Empty: the queue is idle again, so the next request starts a batch at once.
+        assert!(q.take().is_none());
+        assert!(!q.queue.lock().unwrap_or_else(|e| e.into_inner()).running);
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_is_answered_without_waiting_for_more() {
+        let q = queue(32);
+        assert_eq!(q.submit((), ("p", "a", 7)).await, Some(7));
+        assert_eq!(q.submit((), ("p", "a", 8)).await, Some(8));
+    }
+}
