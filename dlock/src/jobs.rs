@@ -61,6 +61,12 @@ pub struct RunArgs {
     /// (docs/contract.md#s3-8). In Kubernetes the operator sets it from the batch's RailProxy.
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
+    /// Send each step's concurrent calls (acquire, claim, submit, post, release) as batch
+    /// requests of up to this many items (docs/contract.md#batches); 1 sends one request per
+    /// payout per step.
+    #[arg(long, env = "DLOCK_BATCH_MAX", default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=dlock_contract::batch::MAX_ITEMS as i64))]
+    pub batch_max: u16,
     /// Give up waiting for in-flight payouts after this long.
     #[arg(long, default_value_t = 300)]
     pub settle_timeout_s: u64,
@@ -192,6 +198,7 @@ fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
             None => None,
         },
         register: !args.no_register,
+        batch_max: usize::from(args.batch_max),
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::batch::Item as _;
 use crate::error::{ErrorBody, ErrorCode};
 use crate::headers;
 use crate::lock::*;
@@ -176,6 +177,9 @@ pub struct Hop {
     http: reqwest::Client,
     trace_id: Option<String>,
     credential: Option<crate::auth::Credential>,
+    /// When set, the steps that have a batch endpoint go through these queues
+    /// ([`crate::batch`]).
+    batches: Option<std::sync::Arc<crate::batch::Batches>>,
 }
 
 impl Hop {
@@ -192,7 +196,28 @@ impl Hop {
             http,
             trace_id: None,
             credential: None,
+            batches: None,
         }
+    }
+
+    /// The same hop sending acquires, releases, claims, posts and submissions through batch
+    /// requests of at most `max` items, shared by every clone ([`crate::batch`]); `max` 0 or 1
+    /// sends each alone to its single endpoint, as before.
+    pub fn with_batching(&self, max: usize) -> Self {
+        Self {
+            batches: (max > 1).then(|| crate::batch::Batches::new(max)),
+            ..self.clone()
+        }
+    }
+
+    /// The batch queues, when batching.
+    pub(crate) fn batches(&self) -> Option<&crate::batch::Batches> {
+        self.batches.as_deref()
+    }
+
+    /// The `traceparent` this hop's requests carry.
+    pub(crate) fn traceparent(&self) -> String {
+        crate::trace::outgoing_traceparent(self.trace_id.as_deref())
     }
 
     /// The same hop presenting `credential` on every call (`None`: none).
@@ -232,10 +257,7 @@ impl Hop {
             .request(method, &url)
             .timeout(timeout)
             .header(headers::OWNER_ID, &self.owner_id)
-            .header(
-                headers::TRACEPARENT,
-                crate::trace::outgoing_traceparent(self.trace_id.as_deref()),
-            );
+            .header(headers::TRACEPARENT, self.traceparent());
         if let Some(credential) = &self.credential {
             builder = builder.header("authorization", credential.header_value());
         }
@@ -288,6 +310,15 @@ macro_rules! hop_client {
             /// A client that sends the operator credential, for the operator's calls.
             pub fn as_operator(&self, token: &str) -> Self {
                 self.with_credential(Some($crate::auth::Credential::fixed(token)))
+            }
+
+            /// A client whose acquires, releases, claims, posts and submissions go through batch
+            /// requests of at most `max` items (docs/contract.md#batches), shared by every clone
+            /// of it; `max` 0 or 1 sends each to its single endpoint.
+            pub fn with_batching(&self, max: usize) -> Self {
+                let mut client = self.clone();
+                client.hop = self.hop.with_batching(max);
+                client
             }
 
             /// A client whose calls all belong to one trace (one payout is one trace).
@@ -364,6 +395,18 @@ impl LockClient {
         wait_millis: Option<i64>,
     ) -> Result<LockGrant, ClientError> {
         let wait = Duration::from_millis(wait_millis.unwrap_or(0).clamp(0, WAIT_MS_MAX) as u64);
+        if let Some(batches) = self.hop.batches() {
+            let item = crate::batch::AcquireItem {
+                key: key.to_owned(),
+                session_id,
+                ttl_millis,
+                wait_millis,
+                traceparent: Some(self.hop.traceparent()),
+            };
+            let answer =
+                crate::batch::call(&batches.acquire, &self.hop, WRITE_TIMEOUT + wait, item).await;
+            return expect_body(crate::batch::AcquireItem::PATH, answer?);
+        }
         let path = format!("/v1/locks/{key}/acquire");
         let (url, req) = self.request(Method::POST, &path, WRITE_TIMEOUT + wait);
         let body = AcquireRequest {
@@ -399,6 +442,17 @@ impl LockClient {
         session_id: Uuid,
         token: i64,
     ) -> Result<(), ClientError> {
+        if let Some(batches) = self.hop.batches() {
+            let item = crate::batch::ReleaseItem {
+                key: key.to_owned(),
+                session_id,
+                fencing_token: token,
+                traceparent: Some(self.hop.traceparent()),
+            };
+            return crate::batch::call(&batches.release, &self.hop, WRITE_TIMEOUT, item)
+                .await
+                .map(|_| ());
+        }
         let path = format!("/v1/locks/{key}");
         let (url, req) = self.request(Method::DELETE, &path, WRITE_TIMEOUT);
         let req = req.header(headers::FENCING_TOKEN, token.to_string());

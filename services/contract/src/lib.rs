@@ -8,8 +8,10 @@
 
 pub mod address_map;
 pub mod auth;
+pub mod batch;
 pub mod client;
 pub mod error;
+pub mod group_commit;
 pub mod headers;
 pub mod http;
 pub mod json;

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::batch::Item as _;
 use crate::client::{ClientError, Hop, expect_body, send};
 use crate::headers;
 use crate::payment::*;
@@ -224,6 +225,18 @@ impl PaymentClient {
         fence: Fence<'_>,
         expected_state: PayoutState,
     ) -> Result<ClaimResponse, ClientError> {
+        if let Some(batches) = self.hop.batches() {
+            let item = crate::batch::ClaimItem {
+                payout_id,
+                fencing_token: fence.token,
+                fencing_proof: fence.proof.map(str::to_owned),
+                idempotency_key: fence.idempotency_key.to_owned(),
+                expected_state,
+                traceparent: Some(self.hop.traceparent()),
+            };
+            let answer = crate::batch::call(&batches.claim, &self.hop, WRITE_TIMEOUT, item).await;
+            return expect_body(crate::batch::ClaimItem::PATH, answer?);
+        }
         let body = ClaimRequest { expected_state };
         self.write(&format!("/v1/payouts/{payout_id}/claim"), fence, &body)
             .await
@@ -237,6 +250,20 @@ impl PaymentClient {
         rail_reference: &str,
         submission_id: Uuid,
     ) -> Result<PostResponse, ClientError> {
+        if let Some(batches) = self.hop.batches() {
+            let item = crate::batch::PostItem {
+                payout_id,
+                fencing_token: fence.token,
+                fencing_proof: fence.proof.map(str::to_owned),
+                idempotency_key: fence.idempotency_key.to_owned(),
+                rail_reference: rail_reference.to_owned(),
+                submission_id,
+                rail_outcome: RailOutcome::Acked,
+                traceparent: Some(self.hop.traceparent()),
+            };
+            let answer = crate::batch::call(&batches.post, &self.hop, WRITE_TIMEOUT, item).await;
+            return expect_body(crate::batch::PostItem::PATH, answer?);
+        }
         let body = PostRequest {
             rail_reference: rail_reference.to_owned(),
             submission_id,

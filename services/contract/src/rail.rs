@@ -8,6 +8,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::batch::Item as _;
 use crate::client::{ClientError, Hop, http_client, send};
 use crate::headers;
 use crate::payment::FenceRequest;
@@ -145,6 +146,21 @@ impl RailClient {
         idempotency_key: &str,
         body: &SubmissionRequest,
     ) -> Result<SubmissionResponse, ClientError> {
+        if let Some(batches) = self.hop.batches() {
+            let item = crate::batch::SubmitItem {
+                fencing_token: token,
+                fencing_proof: proof.map(str::to_owned),
+                idempotency_key: idempotency_key.to_owned(),
+                submission: body.clone(),
+                traceparent: Some(self.hop.traceparent()),
+            };
+            let answer =
+                crate::batch::call(&batches.submit, &self.hop, self.submit_timeout, item).await;
+            return answer?.ok_or_else(|| ClientError::Protocol {
+                url: crate::batch::SubmitItem::PATH.into(),
+                message: "204 where a submission was expected".into(),
+            });
+        }
         let (url, req) = self.request(Method::POST, "/v1/rail/submissions", self.submit_timeout);
         let req = req
             .header(headers::FENCING_TOKEN, token.to_string())

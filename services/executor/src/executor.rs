@@ -162,7 +162,8 @@ pub async fn execute(
     let started = Instant::now();
     let credential = options.credential.clone();
     let lock = LockClient::new(&endpoints.lock_server, &options.owner_id)?
-        .with_credential(credential.clone());
+        .with_credential(credential.clone())
+        .with_batching(options.batch_max);
     let payment = PaymentClient::new(&endpoints.payment_resource, &options.owner_id)?
         .with_credential(credential.clone());
     let registrar = match &options.registrar {
@@ -170,12 +171,14 @@ pub async fn execute(
             .with_credential(registrar.clone()),
         None => payment.clone(),
     };
+    let payment = payment.with_batching(options.batch_max);
     let rail = RailClient::new(
         &endpoints.rail_proxy,
         &options.owner_id,
         options.rail_read_timeout,
     )?
-    .with_credential(credential);
+    .with_credential(credential)
+    .with_batching(options.batch_max);
     if options.register {
         register(batch, &registrar).await?;
     }

@@ -105,9 +105,14 @@ pub fn app(state: AppState) -> Router {
             post(lower_high_water),
         );
     let config = state.config.clone();
-    config
-        .served
-        .app(routes, state, openapi::document, readyz, metrics_text)
+    config.served.app(
+        routes,
+        state,
+        &[dlock_server::batch::route::<dlock_contract::batch::SubmitItem>],
+        openapi::document,
+        readyz,
+        metrics_text,
+    )
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a

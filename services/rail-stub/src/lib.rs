@@ -149,7 +149,7 @@ pub fn app(state: StubState) -> Router {
         request_timeout: Duration::from_secs(3_600),
     };
     let auth = &state.config.auth;
-    dlock_server::http::service(routes, state.clone(), openapi::document, auth, limits)
+    dlock_server::http::service(routes, state.clone(), &[], openapi::document, auth, limits)
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {

@@ -71,6 +71,7 @@ impl Served {
         &self,
         routes: axum::Router<S>,
         state: S,
+        batches: &[crate::batch::Route],
         document: fn() -> utoipa::openapi::OpenApi,
         readyz: R,
         metrics: M,
@@ -85,7 +86,7 @@ impl Served {
         let routes = routes
             .route("/readyz", axum::routing::get(readyz))
             .route("/metrics", axum::routing::get(metrics));
-        service(routes, state, document, &self.auth, self.http)
+        service(routes, state, batches, document, &self.auth, self.http)
     }
 
     /// Says once what `service` checks (see [`crate::announce`]), then serves `app` on
@@ -213,6 +214,7 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
 pub fn service<S: Clone + Send + Sync + 'static>(
     routes: Router<S>,
     state: S,
+    batches: &[crate::batch::Route],
     document: fn() -> utoipa::openapi::OpenApi,
     auth: &Authenticator,
     limits: HttpLimits,
@@ -224,7 +226,25 @@ pub fn service<S: Clone + Send + Sync + 'static>(
             get(move || async move { dlock_contract::openapi::response(&document()) }),
         )
         .with_state(state);
+    let singles = singles(routes.clone(), limits);
+    let routes = batches
+        .iter()
+        .fold(routes, |routes, add| add(routes, singles.clone()));
     finish(auth.protect(routes), limits)
+}
+
+/// The routes a batch's items run through ([`crate::batch`]): the service's own, with the
+/// envelope for every error and a span per item; the credential check, the body limit and the
+/// deadline are the batch request's.
+fn singles(routes: Router, limits: HttpLimits) -> Router {
+    let body_bytes_max = limits.body_bytes_max;
+    routes
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(move |req, next| {
+            json_content_type(body_bytes_max, req, next)
+        }))
+        .layer(middleware::from_fn(crate::trace::middleware))
 }
 
 /// `GET /healthz`: the process is up.

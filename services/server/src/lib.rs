@@ -2,10 +2,13 @@
 //! `dlock-contract`. A client (the executor, the operator, the CLI) has no use for any of this.
 
 pub mod auth;
+pub mod batch;
 pub mod checks;
 pub mod config;
 pub mod extract;
-pub mod group_commit;
+/// The group-commit queue lives in the contract crate, which its clients share
+/// (services/contract/src/group_commit.rs); re-exported for the services.
+pub use dlock_contract::group_commit;
 pub mod http;
 pub mod metrics;
 pub mod openapi;

@@ -38,6 +38,9 @@ pub struct RunOptions {
     /// Registers the batch's payouts first (see `register`). Off for callers that register
     /// once and time only the payout cycles (the bench).
     pub register: bool,
+    /// Up to this many concurrent calls of one step travel as one batch request
+    /// (docs/contract.md#batches); 1 sends each to its single endpoint.
+    pub batch_max: usize,
 }
 
 impl Default for RunOptions {
@@ -55,6 +58,7 @@ impl Default for RunOptions {
             credential: None,
             registrar: None,
             register: true,
+            batch_max: 1,
         }
     }
 }

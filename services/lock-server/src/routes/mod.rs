@@ -94,7 +94,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(lock_info).delete(release));
     let config = state.config.clone();
-    config.served.app(routes, state, document, readyz, metrics)
+    config.served.app(
+        routes,
+        state,
+        &[
+            dlock_server::batch::route::<dlock_contract::batch::AcquireItem>,
+            dlock_server::batch::route::<dlock_contract::batch::ReleaseItem>,
+        ],
+        document,
+        readyz,
+        metrics,
+    )
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

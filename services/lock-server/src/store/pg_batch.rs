@@ -7,7 +7,7 @@
 //! per-row function (`dlock_acquire`, `dlock_release`), so a lone request goes exactly the way it
 //! went before and batches form only under load. A batch takes up to `lock.pg.batch.max` waiting
 //! requests, at most one per key (a second request on a key waits one round), in arrival order:
-//! the queue is dlock_server::group_commit (services/server/src/group_commit.rs).
+//! the queue is dlock_server::group_commit (services/contract/src/group_commit.rs).
 //! No answer leaves before its batch's statement has committed. When the statement fails:
 //!
 //! - lockdb unavailable (unreachable, a replica, shutting down, the backend terminated), or any

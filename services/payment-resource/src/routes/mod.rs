@@ -82,7 +82,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/payouts/{payout_id}/resolve", post(resolve))
         .route("/v1/payouts/{payout_id}/cancel", post(cancel));
     let config = state.config.clone();
-    config.served.app(routes, state, document, readyz, metrics)
+    config.served.app(
+        routes,
+        state,
+        &[
+            dlock_server::batch::route::<dlock_contract::batch::ClaimItem>,
+            dlock_server::batch::route::<dlock_contract::batch::PostItem>,
+        ],
+        document,
+        readyz,
+        metrics,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

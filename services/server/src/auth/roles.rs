@@ -169,6 +169,12 @@ pub const WRITES: &[(&str, &str, &[Role])] = &[
     ("POST", "/v1/locks/*/renew", HOLDER),
     ("DELETE", "/v1/locks/*", HOLDER),
     ("POST", "/v1/locks/*/revoke", OPERATOR),
+    // Batches (docs/contract.md#batches): the roles of the single endpoint of their step.
+    ("POST", "/v1/batches/acquire", HOLDER),
+    ("POST", "/v1/batches/release", HOLDER),
+    ("POST", "/v1/batches/claim", EXECUTOR),
+    ("POST", "/v1/batches/post", EXECUTOR),
+    ("POST", "/v1/batches/submit", EXECUTOR),
     // Payment resource (docs/contract.md#payment-resource).
     ("POST", "/v1/accounts", TREASURY),
     ("POST", "/v1/accounts/*/fund", TREASURY),
@@ -271,6 +277,75 @@ pub fn parse_service_account(entry: &str) -> Result<(String, Roles), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_needs_the_roles_of_its_single_endpoint() {
+        use dlock_contract::batch::{
+            AcquireItem, ClaimItem, Item, PostItem, ReleaseItem, SubmitItem,
+        };
+        fn check<I: Item>(item: I) {
+            let single = item.single();
+            assert_eq!(
+                roles_for(&Method::POST, I::PATH),
+                roles_for(&single.method, &single.path),
+                "{} and {}",
+                I::PATH,
+                I::SINGLE
+            );
+            assert_ne!(
+                roles_for(&Method::POST, I::PATH),
+                Roles::all(),
+                "{}",
+                I::PATH
+            );
+        }
+        let (session_id, payout_id) = (uuid::Uuid::nil(), uuid::Uuid::nil());
+        let key = "payout:a-1".to_owned();
+        check(AcquireItem {
+            key: key.clone(),
+            session_id,
+            ttl_millis: None,
+            wait_millis: None,
+            traceparent: None,
+        });
+        check(ReleaseItem {
+            key,
+            session_id,
+            fencing_token: 1,
+            traceparent: None,
+        });
+        check(ClaimItem {
+            payout_id,
+            fencing_token: 1,
+            fencing_proof: None,
+            idempotency_key: "k".into(),
+            expected_state: dlock_contract::payment::PayoutState::Pending,
+            traceparent: None,
+        });
+        check(PostItem {
+            payout_id,
+            fencing_token: 1,
+            fencing_proof: None,
+            idempotency_key: "k".into(),
+            rail_reference: "r".into(),
+            submission_id: payout_id,
+            rail_outcome: dlock_contract::payment::RailOutcome::Acked,
+            traceparent: None,
+        });
+        check(SubmitItem {
+            fencing_token: 1,
+            fencing_proof: None,
+            idempotency_key: "k".into(),
+            submission: dlock_contract::rail::SubmissionRequest {
+                payout_id,
+                account_id: "a-1".into(),
+                amount_minor: 1,
+                currency: "EUR".into(),
+                beneficiary_ref: "b".into(),
+            },
+            traceparent: None,
+        });
+    }
 
     #[test]
     fn every_write_of_the_contract_has_its_roles() {
