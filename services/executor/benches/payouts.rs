@@ -10,6 +10,9 @@
 //! `cargo bench -p dlock-executor --bench payouts` (optionally `-- --payouts 1200`). PostgreSQL
 //! runs with production's durability (fsync on) unless `DLOCK_BENCH_PG=fast`; the raw commit
 //! rate of the same server at 1 and 32 updates per commit (pgbench) is printed first.
+//! `-- --group-commit` compares the payment resource's commit paths; `-- --batch-endpoints` the
+//! executor sending one request per payout per step against batch requests
+//! (docs/contract.md#batches), alternating in one run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -394,6 +397,7 @@ impl Bench<'_> {
         accounts_n: usize,
         n: usize,
         workers: usize,
+        client_batch: usize,
     ) -> Run {
         // Through the payment resource of `endpoints`: the paths under comparison may be on
         // different databases.
@@ -409,6 +413,7 @@ impl Bench<'_> {
             workers,
             owner_id: format!("bench-{prefix}"),
             register: false,
+            batch_max: client_batch,
             ..RunOptions::default()
         };
         tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -558,7 +563,7 @@ async fn group_commit(
                 let before = batches(state);
                 let prefix = format!("gc{}a{accounts_n}w{workers}", label.replace([' ', ','], ""));
                 let run = bench
-                    .run(endpoints, &prefix, accounts_n, payouts, workers)
+                    .run(endpoints, &prefix, accounts_n, payouts, workers, 1)
                     .await;
                 let after = batches(state);
                 let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
@@ -585,6 +590,95 @@ async fn group_commit(
         "(raw commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; \
          load: the 1-minute load average after the row; the run's baseline: {:.0}/s at 1 and \
          {:.0} updates/s at {} per commit)",
+        baseline.one.commits_per_second,
+        baseline.k.updates_per_second(),
+        baseline.k.updates
+    );
+}
+
+/// `--batch-endpoints`: the pg backend, every service batching its commits at its default, and
+/// the executor sending one request per payout per step (client batch 1) or each step's
+/// concurrent calls as batch requests of up to 32 items (docs/contract.md#batches), alternating
+/// in one run on one stack, at 32 and 128 workers over 100 and 1 000 accounts and on one hot
+/// account.
+async fn batch_endpoints(
+    pg: &PgServer,
+    etcd: &EtcdServer,
+    dir: &std::path::Path,
+    lock: String,
+    payouts: usize,
+    baseline: &dlock_devstack::bench::Baseline,
+) {
+    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (endpoints, state) = stack(pg, dir, lock, 32).await;
+    let bench = Bench { pg, etcd, stats };
+    println!(
+        "batch endpoints, pg backend, {payouts} payouts per row (load average at start: {})",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "{:<13} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
+        "client batch",
+        "accounts",
+        "workers",
+        "payouts/s",
+        "p50 ms",
+        "p99 ms",
+        "xacts/p",
+        "dlock cpu",
+        "pg cpu",
+        "mean batch",
+        "raw commit/s"
+    );
+    for (accounts_n, workers) in [
+        (100usize, 32usize),
+        (100, 128),
+        (1_000, 32),
+        (1_000, 128),
+        (1, 32),
+    ] {
+        for client_batch in [1usize, 32] {
+            let raw_now = pg
+                .raw_commits("rawdb", 32, 1, 1)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let before = batches(&state);
+            let prefix = format!("be{client_batch}a{accounts_n}w{workers}");
+            let n = if accounts_n == 1 {
+                payouts / 4
+            } else {
+                payouts
+            };
+            let run = bench
+                .run(&endpoints, &prefix, accounts_n, n, workers, client_batch)
+                .await;
+            let after = batches(&state);
+            let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            println!(
+                "{:<13} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
+                client_batch,
+                accounts_n,
+                workers,
+                run.rate,
+                run.p50,
+                run.p99,
+                run.xacts,
+                run.cpu_ms.0,
+                run.cpu_ms.1,
+                mean,
+                raw_now.commits_per_second,
+                load.split_whitespace().next().unwrap_or("?")
+            );
+        }
+    }
+    println!(
+        "(mean batch: claims and posts per paydb transaction of the payment resource; raw \
+         commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; the \
+         run's baseline: {:.0}/s at 1 and {:.0} updates/s at {} per commit)",
         baseline.one.commits_per_second,
         baseline.k.updates_per_second(),
         baseline.k.updates
@@ -623,6 +717,10 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e}"));
         let pg_lock = lock_server(&pg, &etcd, "pg").await;
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
+        if std::env::args().any(|a| a == "--batch-endpoints") {
+            batch_endpoints(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
+            return;
+        }
         if std::env::args().any(|a| a == "--group-commit") {
             group_commit(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
             return;
@@ -661,7 +759,7 @@ fn main() {
             ] {
                 for workers in [1usize, 8, 32] {
                     let prefix = format!("{backend}{accounts_n}w{workers}");
-                    let run = bench.run(&endpoints, &prefix, accounts_n, n, workers).await;
+                    let run = bench.run(&endpoints, &prefix, accounts_n, n, workers, 1).await;
                     table_payouts += n;
                     let raw = if accounts_n == 1 { raw_seq } else { raw_32 };
                     print_row(backend, label, workers, n, &run, raw);
@@ -691,7 +789,7 @@ fn main() {
         for (i, track) in ["none", "all", "none"].into_iter().enumerate() {
             statements::track(&pg, track);
             let prefix = format!("pg100track{i}");
-            let run = bench.run(&endpoints, &prefix, 100, payouts, 1).await;
+            let run = bench.run(&endpoints, &prefix, 100, payouts, 1, 1).await;
             print_row("pg", &format!("track {track}"), 1, payouts, &run, raw_32);
             if track == "all" {
                 breakdown = statements::top(&bench.stats, payouts).await;
