@@ -42,7 +42,9 @@ pub const MAX_ITEMS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BatchRequest<T> {
-    /// 1 to [`MAX_ITEMS`] items, answered in this order.
+    /// 1 to 64 items (`MAX_ITEMS`), answered in this order; none or more is `400
+    /// VALIDATION_FAILED` for the whole request, and nothing runs.
+    #[schema(min_items = 1, max_items = 64)]
     pub items: Vec<T>,
 }
 
@@ -50,6 +52,7 @@ pub struct BatchRequest<T> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchAnswer {
+    /// As many answers as the request has items.
     pub items: Vec<ItemAnswer>,
 }
 
@@ -58,7 +61,10 @@ pub struct BatchAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ItemAnswer {
+    /// The single endpoint's HTTP status for this item.
     pub status: u16,
+    /// The single endpoint's body for this item: its success body, or its error envelope
+    /// (`ErrorBody`); absent for `204`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<serde_json::Value>,
 }
@@ -126,12 +132,17 @@ fn to_value<T: Serialize>(body: &T) -> serde_json::Value {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcquireItem {
+    /// L4's `{key}`, percent-encoded into its path: a key holding `/` is this item's `400`.
     pub key: String,
+    /// L4's body `sessionId`.
     pub session_id: Uuid,
+    /// L4's body `ttlMillis`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_millis: Option<i64>,
+    /// L4's body `waitMillis`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_millis: Option<i64>,
+    /// The item's own `traceparent`, so that it stays in its payout's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }
@@ -161,9 +172,14 @@ impl Item for AcquireItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReleaseItem {
+    /// L6's `{key}`, percent-encoded into its path: a key holding `/` is this item's `400`.
     pub key: String,
+    /// L6's `sessionId`.
     pub session_id: Uuid,
+    /// L6's `X-Fencing-Token`, as a JSON integer, checked as that header is: `0` or a
+    /// negative one is this item's `400`.
     pub fencing_token: i64,
+    /// The item's own `traceparent`, so that it stays in its payout's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }
@@ -187,12 +203,19 @@ impl Item for ReleaseItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClaimItem {
+    /// P2's `{payoutId}`.
     pub payout_id: Uuid,
+    /// P2's `X-Fencing-Token`, as a JSON integer, checked as that header is: `0` or a
+    /// negative one is this item's `400`.
     pub fencing_token: i64,
+    /// P2's `X-Fencing-Proof`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof: Option<String>,
+    /// P2's `X-Idempotency-Key`.
     pub idempotency_key: String,
+    /// P2's body `expectedState`.
     pub expected_state: PayoutState,
+    /// The item's own `traceparent`, so that it stays in its payout's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }
@@ -221,14 +244,23 @@ impl Item for ClaimItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PostItem {
+    /// P3's `{payoutId}`.
     pub payout_id: Uuid,
+    /// P3's `X-Fencing-Token`, as a JSON integer, checked as that header is: `0` or a
+    /// negative one is this item's `400`.
     pub fencing_token: i64,
+    /// P3's `X-Fencing-Proof`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof: Option<String>,
+    /// P3's `X-Idempotency-Key`.
     pub idempotency_key: String,
+    /// P3's body `railReference`.
     pub rail_reference: String,
+    /// P3's body `submissionId`.
     pub submission_id: Uuid,
+    /// P3's body `railOutcome`.
     pub rail_outcome: RailOutcome,
+    /// The item's own `traceparent`, so that it stays in its payout's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }
@@ -260,12 +292,17 @@ impl Item for PostItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubmitItem {
+    /// The submission's `X-Fencing-Token`, as a JSON integer, checked as that header is: `0` or a
+    /// negative one is this item's `400`.
     pub fencing_token: i64,
+    /// The submission's `X-Fencing-Proof`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_proof: Option<String>,
+    /// The submission's `X-Idempotency-Key`.
     pub idempotency_key: String,
     /// The single request's body.
     pub submission: SubmissionRequest,
+    /// The item's own `traceparent`, so that it stays in its payout's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }

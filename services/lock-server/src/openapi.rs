@@ -1,9 +1,11 @@
 //! The lock server's OpenAPI document (docs/contract.md#s3-3), served at `GET /v1/openapi.json`.
-//! Each operation below documents the handler of the same name in `routes.rs`; the integration test
-//! `openapi` sends a request to every documented operation and checks the status is documented.
+//! Each operation below documents the handler of the same name in `routes/`, the batches the batch
+//! route of their step (`dlock_server::batch`); `scripts/check-openapi` checks that the committed
+//! `docs/openapi/lock-server.json` is this document.
 
 #![allow(dead_code)]
 
+use dlock_contract::batch::{AcquireItem, BatchAnswer, BatchRequest, ReleaseItem};
 use dlock_contract::error::ErrorBody;
 use dlock_contract::lock::*;
 use dlock_contract::openapi::BearerAuth;
@@ -13,7 +15,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock lock server", description = "Sessions, leases and fencing tokens."),
-    paths(create_session, heartbeat, end_session, held_locks, acquire, renew, revoke, lock_info, release, healthz, readyz),
+    paths(create_session, heartbeat, end_session, held_locks, acquire, renew, revoke, lock_info, release, batch_acquire, batch_release, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -96,6 +98,43 @@ fn lock_info() {}
         (status = 409, description = "LOCK_LOST", body = ErrorBody),
     ))]
 fn release() {}
+
+/// A batch of L4 acquires (docs/contract.md#batches).
+///
+/// Each item is one key's acquire and is answered exactly as `POST /v1/locks/{key}/acquire` (L4)
+/// answers it: in the 200's `items`, in the request's order, the status and body L4 answers for
+/// that item (a grant, or its error envelope). The items run concurrently, each through L4's own
+/// checks and waiting; one item's refusal changes nothing for its neighbours. `X-Owner-Id` and the
+/// credential are the batch request's and apply to every item; the batch needs L4's roles. No
+/// answer to the batch request leaves every item's outcome unknown: read each key (L7).
+#[utoipa::path(post, path = "/v1/batches/acquire", request_body = BatchRequest<AcquireItem>,
+    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "one answer per item, in the request's order: what L4 answers for it", body = BatchAnswer),
+        Invalid, Unauthorized, NotLeader,
+        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of acquires (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity holds none of L4's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
+        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
+    ))]
+fn batch_acquire() {}
+
+/// A batch of L6 releases (docs/contract.md#batches).
+///
+/// Each item is one grant's release and is answered exactly as `DELETE /v1/locks/{key}` (L6)
+/// answers it: in the 200's `items`, in the request's order, the status L6 answers for that item
+/// (no body for its 204, else its error envelope). The items run concurrently, each through L6's
+/// own checks; one item's refusal changes nothing for its neighbours. `X-Owner-Id` and the
+/// credential are the batch request's and apply to every item; the batch needs L6's roles.
+#[utoipa::path(post, path = "/v1/batches/release", request_body = BatchRequest<ReleaseItem>,
+    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "one answer per item, in the request's order: what L6 answers for it", body = BatchAnswer),
+        Invalid, Unauthorized, NotLeader,
+        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of releases (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity holds none of L6's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
+        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
+    ))]
+fn batch_release() {}
 
 /// Process up.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]

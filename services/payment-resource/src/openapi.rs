@@ -1,10 +1,12 @@
 //! The payment resource's OpenAPI document (docs/contract.md#s3-4), served at
 //! `GET /v1/openapi.json`. Each operation documents the handler of its route in `routes/` (both
-//! creates are `create`); the integration test `openapi` sends a request to every documented
-//! operation and checks the status is documented.
+//! creates are `create`), the batches the batch route of their step (`dlock_server::batch`);
+//! `scripts/check-openapi` checks that the committed `docs/openapi/payment-resource.json` is this
+//! document.
 
 #![allow(dead_code)]
 
+use dlock_contract::batch::{BatchAnswer, BatchRequest, ClaimItem, PostItem};
 use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::payment::*;
@@ -15,7 +17,7 @@ use utoipa::{IntoParams, OpenApi};
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings."),
-    paths(create_account, get_account, fund, set_limits, list_fundings, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, healthz, readyz),
+    paths(create_account, get_account, fund, set_limits, list_fundings, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, batch_claim, batch_post, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -186,6 +188,45 @@ fn resolve() {}
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
     ))]
 fn cancel() {}
+
+/// A batch of P2 claims (docs/contract.md#batches).
+///
+/// Each item is one payout's claim and is answered exactly as `POST /v1/payouts/{payoutId}/claim`
+/// (P2) answers it: in the 200's `items`, in the request's order, the status and body P2 answers
+/// for that item (its claim, or its error envelope). The items run concurrently, each through
+/// P2's own checks, idempotency record and group commit; one item's refusal changes nothing for
+/// its neighbours, and two items of one account are answered as two concurrent claims would be.
+/// `X-Owner-Id` and the credential are the batch request's and apply to every item; the batch
+/// needs P2's roles.
+#[utoipa::path(post, path = "/v1/batches/claim", request_body = BatchRequest<ClaimItem>,
+    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "one answer per item, in the request's order: what P2 answers for it", body = BatchAnswer),
+        Invalid, Unauthorized, NotLeader,
+        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of claims (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity holds none of P2's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
+        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
+    ))]
+fn batch_claim() {}
+
+/// A batch of P3 postings (docs/contract.md#batches).
+///
+/// Each item is one payout's posting and is answered exactly as `POST /v1/payouts/{payoutId}/post`
+/// (P3) answers it: in the 200's `items`, in the request's order, the status and body P3 answers
+/// for that item (its posting, or its error envelope). The items run concurrently, each through
+/// P3's own checks, idempotency record and group commit; one item's refusal changes nothing for
+/// its neighbours. `X-Owner-Id` and the credential are the batch request's and apply to every
+/// item; the batch needs P3's roles.
+#[utoipa::path(post, path = "/v1/batches/post", request_body = BatchRequest<PostItem>,
+    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "one answer per item, in the request's order: what P3 answers for it", body = BatchAnswer),
+        Invalid, Unauthorized, NotLeader,
+        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of postings (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity holds none of P3's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
+        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
+    ))]
+fn batch_post() {}
 
 /// Process up.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]

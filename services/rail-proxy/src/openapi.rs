@@ -1,10 +1,11 @@
 //! The rail proxy's OpenAPI document (docs/contract.md#s3-5), served at `GET /v1/openapi.json`.
 //! Each operation documents the handler of the same name (in `admission.rs`, `high_water.rs` and
-//! `lib.rs`); the integration test `openapi` sends a request to every documented operation and
-//! checks the status is documented.
+//! `lib.rs`), the batch the batch route of its step (`dlock_server::batch`); `scripts/check-openapi`
+//! checks that the committed `docs/openapi/rail-proxy.json` is this document.
 
 #![allow(dead_code)]
 
+use dlock_contract::batch::{BatchAnswer, BatchRequest, SubmitItem};
 use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
@@ -15,7 +16,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock rail proxy", description = "The only caller of the rail: durable high-water mark, intent before forward, one forward."),
-    paths(submit, high_water, advance_high_water, lower_high_water, healthz, readyz),
+    paths(submit, high_water, advance_high_water, lower_high_water, batch_submit, healthz, readyz),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -82,6 +83,26 @@ fn advance_high_water() {}
         (status = 409, description = "FENCED_OUT: the token is below the highest token the proxy admitted a submission with, its proof verified (details.highestToken); nothing changed", body = ErrorBody),
     ))]
 fn lower_high_water() {}
+
+/// A batch of submissions (docs/contract.md#batches).
+///
+/// Each item is one submission and is answered exactly as `POST /v1/rail/submissions` answers it:
+/// in the 200's `items`, in the request's order, the status and body the submission answers for
+/// that item (the rail's acknowledgement, or its error envelope). Each item is forwarded at most
+/// once, as that submission would be; one item's refusal changes nothing for its neighbours.
+/// `X-Owner-Id` and the credential are the batch request's and apply to every item; the batch
+/// needs the submission's roles. Never send an item again after any answer, or after none: no
+/// answer to the batch request leaves every item's outcome unknown.
+#[utoipa::path(post, path = "/v1/batches/submit", request_body = BatchRequest<SubmitItem>,
+    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "one answer per item, in the request's order: what POST /v1/rail/submissions answers for it", body = BatchAnswer),
+        Invalid, Unauthorized, RailUnavailable,
+        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of submissions (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: the identity holds none of the submission's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
+        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran or was forwarded. An item paydb or the rail does not take is that item's 503 RAIL_UNAVAILABLE, in its answer", body = ErrorBody),
+    ))]
+fn batch_submit() {}
 
 /// Process up.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
