@@ -466,6 +466,45 @@ pub(crate) async fn call<I: Item, T: Send + 'static>(
 mod tests {
     use super::*;
 
+    /// utoipa takes only a literal for `max_items`: the documents the services serve (committed
+    /// in docs/openapi/, kept equal to the services' by scripts/check-openapi) must say
+    /// [`MAX_ITEMS`].
+    #[test]
+    fn the_api_documents_say_max_items() {
+        for (name, text) in [
+            (
+                "lock-server",
+                include_str!("../../../docs/openapi/lock-server.json"),
+            ),
+            (
+                "payment-resource",
+                include_str!("../../../docs/openapi/payment-resource.json"),
+            ),
+            (
+                "rail-proxy",
+                include_str!("../../../docs/openapi/rail-proxy.json"),
+            ),
+        ] {
+            let document: serde_json::Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let schemas = document["components"]["schemas"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{name}: no schemas"));
+            let batches: Vec<_> = schemas
+                .iter()
+                .filter(|(schema, _)| schema.starts_with("BatchRequest"))
+                .collect();
+            assert!(!batches.is_empty(), "{name} documents no batch");
+            for (schema, body) in batches {
+                assert_eq!(
+                    body["properties"]["items"]["maxItems"].as_u64(),
+                    Some(MAX_ITEMS as u64),
+                    "{name}: {schema}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_parameter_stays_one_path_segment() {
         assert_eq!(path_segment("payout:acct-1"), "payout%3Aacct-1");
