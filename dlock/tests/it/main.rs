@@ -2,6 +2,7 @@
 
 mod auth;
 mod bad_input;
+mod batches;
 mod chaos;
 mod conformance;
 mod crash;
