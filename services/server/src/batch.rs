@@ -152,7 +152,12 @@ fn single_request(
         })?;
         headers.insert(HeaderName::from_static(name), value);
     }
-    *request.extensions_mut() = batch.extensions.clone();
+    let extensions = request.extensions_mut();
+    *extensions = batch.extensions.clone();
+    // The route the batch request matched is not the item's: left in place, the router would
+    // name the item `POST /v1/batches/claim/v1/payouts/{payout_id}/claim` in its span and
+    // envelope.
+    extensions.remove::<axum::extract::MatchedPath>();
     Ok(request)
 }
 

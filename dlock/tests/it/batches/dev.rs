@@ -386,9 +386,6 @@ async fn dlock_run_pays_a_batch_through_the_batch_endpoints() {
 /// An item's span is named by its single route, as the single request's is (so traces and
 /// dashboards by span name read the same with batching on), under the batch request's span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an item's span is named `POST /v1/batches/claim/v1/payouts/{payout_id}/claim`: \
-            services/server/src/batch.rs gives the item the batch request's extensions, \
-            MatchedPath included, and the router appends the item's route to it"]
 async fn an_items_span_is_named_by_its_single_route() {
     let otlp = Otlp::start().await;
     let stack = traced_stack(&otlp).await;
