@@ -478,6 +478,27 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
     );
 }
 
+/// One row of the `--group-commit` and `--batch-endpoints` tables, with the 1-minute load
+/// average after it.
+fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f64, raw: f64) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "{:<15} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
+        label,
+        accounts_n,
+        workers,
+        run.rate,
+        run.p50,
+        run.p99,
+        run.xacts,
+        run.cpu_ms.0,
+        run.cpu_ms.1,
+        mean,
+        raw,
+        load.split_whitespace().next().unwrap_or("?")
+    );
+}
+
 /// The payout path as it was before migrations/paydb/0019: 0016's per-item `pay_claim_many` and
 /// `pay_post_many` and 0010's row triggers on the ledger, restored on a database migrated to the
 /// latest (`paydb_rows`), so that one run compares both SQL paths on the same server.
@@ -567,21 +588,13 @@ async fn group_commit(
                     .await;
                 let after = batches(state);
                 let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
-                let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-                println!(
-                    "{:<15} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
+                batch_row(
                     label,
                     accounts_n,
                     workers,
-                    run.rate,
-                    run.p50,
-                    run.p99,
-                    run.xacts,
-                    run.cpu_ms.0,
-                    run.cpu_ms.1,
+                    &run,
                     mean,
                     raw_now.commits_per_second,
-                    load.split_whitespace().next().unwrap_or("?")
                 );
             }
         }
@@ -621,7 +634,7 @@ async fn batch_endpoints(
             .trim()
     );
     println!(
-        "{:<13} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
+        "{:<15} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
         "client batch",
         "accounts",
         "workers",
@@ -657,21 +670,14 @@ async fn batch_endpoints(
                 .await;
             let after = batches(&state);
             let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
-            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-            println!(
-                "{:<13} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
-                client_batch,
+            let label = format!("client {client_batch}");
+            batch_row(
+                &label,
                 accounts_n,
                 workers,
-                run.rate,
-                run.p50,
-                run.p99,
-                run.xacts,
-                run.cpu_ms.0,
-                run.cpu_ms.1,
+                &run,
                 mean,
                 raw_now.commits_per_second,
-                load.split_whitespace().next().unwrap_or("?")
             );
         }
     }
