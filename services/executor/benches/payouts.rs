@@ -12,7 +12,8 @@
 //! rate of the same server at 1 and 32 updates per commit (pgbench) is printed first.
 //! `-- --group-commit` compares the payment resource's commit paths; `-- --batch-endpoints` the
 //! executor sending one request per payout per step against batch requests
-//! (docs/contract.md#batches), alternating in one run.
+//! (docs/contract.md#batches), alternating in one run; `-- --replicas` one replica of each
+//! service against two (0 paid twice checked on the rail's statement).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,6 +96,25 @@ async fn stack_on(
     lock_server: String,
     batch_max: usize,
 ) -> (Endpoints, dlock_payment_resource::AppState) {
+    let (payment_resource, state) = payment_resource(pg, db, batch_max).await;
+    let stub = rail_stub(dir).await;
+    let rail_proxy = rail_proxy(pg, db, &stub).await;
+    (
+        Endpoints {
+            lock_server,
+            payment_resource,
+            rail_proxy,
+        },
+        state,
+    )
+}
+
+/// A payment resource on `db` with `payment.batch.max = batch_max`: its URL and its state.
+async fn payment_resource(
+    pg: &PgServer,
+    db: &str,
+    batch_max: usize,
+) -> (String, dlock_payment_resource::AppState) {
     let (l, pay_addr) = bind().await;
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
@@ -108,7 +128,11 @@ async fn stack_on(
         .unwrap_or_else(|e| panic!("{e:#}"));
     let state = dlock_payment_resource::AppState::new(store, Arc::new(config));
     serve(l, dlock_payment_resource::app(state.clone()));
+    (format!("http://{pay_addr}"), state)
+}
 
+/// A rail stub (latency 0) keeping its statement in `dir`: its URL.
+async fn rail_stub(dir: &std::path::Path) -> String {
     let (l, stub_addr) = bind().await;
     let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw(&[
         ("server.listen", stub_addr.clone()),
@@ -121,12 +145,16 @@ async fn stack_on(
     .unwrap_or_else(|e| panic!("{e}"));
     let stub = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
     serve(l, dlock_rail_stub::app(stub));
+    format!("http://{stub_addr}")
+}
 
+/// A rail proxy on `db` in front of the rail at `rail`: its URL.
+async fn rail_proxy(pg: &PgServer, db: &str, rail: &str) -> String {
     let (l, proxy_addr) = bind().await;
     let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw(&[
         ("server.listen", proxy_addr.clone()),
         ("rail.proxy.pg.url", pg.url(db)),
-        ("rail.proxy.rail-url", format!("http://{stub_addr}")),
+        ("rail.proxy.rail-url", rail.to_owned()),
         ("rail.proxy.pg.pool-max", pool_max()),
     ]))
     .unwrap_or_else(|e| panic!("{e}"));
@@ -136,15 +164,7 @@ async fn stack_on(
     let proxy =
         dlock_rail_proxy::AppState::new(pool, Arc::new(config)).unwrap_or_else(|e| panic!("{e:#}"));
     serve(l, dlock_rail_proxy::app(proxy));
-
-    (
-        Endpoints {
-            lock_server,
-            payment_resource: format!("http://{pay_addr}"),
-            rail_proxy: format!("http://{proxy_addr}"),
-        },
-        state,
-    )
+    format!("http://{proxy_addr}")
 }
 
 /// (transactions, requests) of the payment resource's group commit so far, claims and posts
@@ -691,6 +711,143 @@ async fn batch_endpoints(
     );
 }
 
+/// `--replicas`: one replica of each service (the lock server, the payment resource, the rail
+/// proxy) against two, all on one lockdb and one paydb and paying through one rail stub, each
+/// replica batching on its own. With two, two executors run the same batch, each through its
+/// own replicas with half the workers (as two `dlock run` on one file would); every executor
+/// sends batch requests of up to 32 items. Each row checks the rail's statement: every payout
+/// paid, none twice.
+async fn replicas(
+    pg: &PgServer,
+    etcd: &EtcdServer,
+    dir: &std::path::Path,
+    payouts: usize,
+    baseline: &dlock_devstack::bench::Baseline,
+) {
+    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stub = rail_stub(dir).await;
+    let mut sets = Vec::new();
+    for _ in 0..2 {
+        let lock_server = lock_server(pg, etcd, "pg").await;
+        let (payment_resource, state) = payment_resource(pg, "paydb", 32).await;
+        let rail_proxy = rail_proxy(pg, "paydb", &stub).await;
+        let endpoints = Endpoints {
+            lock_server,
+            payment_resource,
+            rail_proxy,
+        };
+        sets.push((endpoints, state));
+    }
+    println!(
+        "replicas, pg backend, {payouts} payouts per row, client batch 32 (load average at start: {})",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "{:<9} {:>8} {:>7} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>12}  load",
+        "replicas",
+        "accounts",
+        "workers",
+        "payouts/s",
+        "xacts/p",
+        "dlock cpu",
+        "pg cpu",
+        "mean batch",
+        "paid twice",
+        "raw commit/s"
+    );
+    for (accounts_n, workers) in [(1_000usize, 128usize), (100, 32)] {
+        for replicas in [1usize, 2] {
+            let prefix = format!("rep{replicas}a{accounts_n}w{workers}");
+            let payment = PaymentClient::new(&sets[0].0.payment_resource, "bench")
+                .unwrap_or_else(|e| panic!("{e}"));
+            accounts(&payment, &prefix, accounts_n).await;
+            let batch = batch(&format!("bench-{prefix}"), &prefix, accounts_n, payouts);
+            dlock_executor::register(&batch, &payment)
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let raw_now = pg
+                .raw_commits("rawdb", 32, 1, 1)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            let paid_before = dlock_contract::rail::read_statement(&stub, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .transfers
+                .len();
+            let batches_before: Vec<_> = sets.iter().map(|(_, state)| batches(state)).collect();
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            let commits_before = commits(&stats).await;
+            let cpu_before = (cpu::own(), cpu::tree(pg.pid()));
+            let started = Instant::now();
+            let reports = futures::future::join_all(sets.iter().take(replicas).enumerate().map(
+                |(i, (endpoints, _))| {
+                    let options = RunOptions {
+                        workers: workers / replicas,
+                        owner_id: format!("bench-{prefix}-{i}"),
+                        register: false,
+                        batch_max: 32,
+                        ..RunOptions::default()
+                    };
+                    dlock_executor::execute(&batch, endpoints, options)
+                },
+            ))
+            .await;
+            let seconds = started.elapsed().as_secs_f64();
+            let cpu_ms = (
+                (cpu::own() - cpu_before.0) / payouts as f64,
+                (cpu::tree(pg.pid()) - cpu_before.1) / payouts as f64,
+            );
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            let xacts = (commits(&stats).await - commits_before) as f64 / payouts as f64;
+            for report in reports {
+                let report = report.unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(report.complete, "the batch settled");
+            }
+            let statement = dlock_contract::rail::read_statement(&stub, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let paid = &statement.transfers[paid_before.min(statement.transfers.len())..];
+            let once: std::collections::HashSet<&str> =
+                paid.iter().map(|t| t.client_ref.as_str()).collect();
+            assert_eq!(once.len(), payouts, "every payout paid: {}", paid.len());
+            let (count, sum) = sets
+                .iter()
+                .zip(&batches_before)
+                .map(|((_, state), before)| {
+                    let after = batches(state);
+                    (after.0 - before.0, after.1 - before.1)
+                })
+                .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            println!(
+                "{:<9} {:>8} {:>7} {:>10.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>9} {:>12.0}  {}",
+                replicas,
+                accounts_n,
+                workers,
+                payouts as f64 / seconds,
+                xacts,
+                cpu_ms.0,
+                cpu_ms.1,
+                sum / count.max(1.0),
+                paid.len() - once.len(),
+                raw_now.commits_per_second,
+                load.split_whitespace().next().unwrap_or("?")
+            );
+        }
+    }
+    println!(
+        "(paid twice: transfers on the rail's statement beyond one per payout; mean batch: claims \
+         and posts per paydb transaction over both payment resources; the run's baseline: {:.0}/s \
+         at 1 and {:.0} updates/s at {} per commit)",
+        baseline.one.commits_per_second,
+        baseline.k.updates_per_second(),
+        baseline.k.updates
+    );
+}
+
 fn main() {
     use tracing_subscriber::layer::SubscriberExt;
     let payouts: usize = std::env::args()
@@ -723,6 +880,10 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e}"));
         let pg_lock = lock_server(&pg, &etcd, "pg").await;
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
+        if std::env::args().any(|a| a == "--replicas") {
+            replicas(&pg, &etcd, dir.path(), payouts, &baseline).await;
+            return;
+        }
         if std::env::args().any(|a| a == "--batch-endpoints") {
             batch_endpoints(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
             return;
