@@ -47,6 +47,8 @@ async fn handle<I: Item>(singles: Router, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let mut body_request = Request::new(body);
     *body_request.headers_mut() = parts.headers.clone();
+    // The body limit (`server.body-limit-bytes`) travels as an extension.
+    *body_request.extensions_mut() = parts.extensions.clone();
     let batch = match <dlock_contract::Json<BatchRequest<I>> as axum::extract::FromRequest<()>>::from_request(
         body_request,
         &(),

@@ -264,6 +264,10 @@ async fn a_refused_batch_runs_none_of_its_items() {
     let mut wrong_type = next.clone();
     wrong_type["fencingToken"] = json!(token.to_string());
     let too_many: Vec<Value> = (0..65).map(|_| valid.clone()).collect();
+    // Over the service's body limit (server.body-limit-bytes, 64 KiB by default): the batch
+    // is refused whole, though its first item alone would be claimed.
+    let mut oversize = next.clone();
+    oversize["idempotencyKey"] = json!("k".repeat(70 * 1024));
     let before = [
         payout_row(&stack, first),
         payout_row(&stack, second),
@@ -279,6 +283,11 @@ async fn a_refused_batch_runs_none_of_its_items() {
             Some("items"),
         ),
         ("no item", r#"{"items": []}"#.to_owned(), Some("items")),
+        (
+            "a body over the service's limit",
+            json!({ "items": [valid, oversize] }).to_string(),
+            Some("body"),
+        ),
         (
             "an unknown field in an item",
             json!({ "items": [valid, unknown_field] }).to_string(),
