@@ -62,11 +62,11 @@ pub struct RunArgs {
     #[arg(long, env = "DLOCK_RAIL_READ_TIMEOUT_MS", default_value_t = 8_000)]
     pub rail_read_timeout_ms: u64,
     /// Send each step's concurrent calls (acquire, claim, submit, post, release) as batch
-    /// requests of up to this many items (docs/contract.md#batches); 1 sends one request per
-    /// payout per step.
-    #[arg(long, env = "DLOCK_BATCH_MAX", default_value_t = 1,
+    /// requests of up to this many items, 1 to 64 (docs/contract.md#batches); 1 sends one
+    /// request per payout per step. Default: the manifest's spec.batchMax (1 when absent).
+    #[arg(long, env = "DLOCK_BATCH_MAX",
         value_parser = clap::value_parser!(u16).range(1..=dlock_contract::batch::MAX_ITEMS as i64))]
-    pub batch_max: u16,
+    pub batch_max: Option<u16>,
     /// Give up waiting for in-flight payouts after this long.
     #[arg(long, default_value_t = 300)]
     pub settle_timeout_s: u64,
@@ -198,7 +198,9 @@ fn run_options(args: &RunArgs, batch: &PayoutBatch) -> Result<RunOptions> {
             None => None,
         },
         register: !args.no_register,
-        batch_max: usize::from(args.batch_max),
+        batch_max: args
+            .batch_max
+            .map_or(batch.spec.batch_max as usize, usize::from),
         rail_read_timeout: Duration::from_millis(args.rail_read_timeout_ms),
         settle_timeout: Duration::from_secs(args.settle_timeout_s),
         progress: true,
@@ -671,3 +673,70 @@ pub async fn revoke(args: RevokeArgs) -> Result<std::process::ExitCode> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod run_options_tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn options(flags: &[&str], manifest: &str) -> RunOptions {
+        let services = [
+            "dlock",
+            "-f",
+            "batch.yaml",
+            "--lock-server",
+            "http://locks",
+            "--payment-resource",
+            "http://payments",
+            "--rail-proxy",
+            "http://rail",
+        ];
+        let cli = Cli::try_parse_from(services.iter().chain(flags))
+            .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        let batch = dlock_executor::manifest::parse(manifest).unwrap_or_else(|e| panic!("{e}"));
+        run_options(&cli.run, &batch).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const MANIFEST: &str = "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\n\
+        metadata: {name: b}\nspec:\n  workers: 2\n  batchMax: 16\n  payouts:\n  \
+        - {key: k, accountId: acct-1, amountMinor: 1, currency: EUR, beneficiaryRef: ben-1}\n";
+
+    /// The batch size is `--batch-max` when given, else the manifest's `spec.batchMax` (as the
+    /// operator's Job runs it: no flag), else 1; the flag keeps the batch request's range.
+    #[test]
+    fn the_batch_size_is_the_flag_else_the_manifests_batch_max() {
+        assert_eq!(options(&[], MANIFEST).batch_max, 16);
+        assert_eq!(options(&["--batch-max", "4"], MANIFEST).batch_max, 4);
+        assert_eq!(options(&["--batch-max", "64"], MANIFEST).batch_max, 64);
+        let absent = MANIFEST.replace("  batchMax: 16\n", "");
+        assert_ne!(absent, MANIFEST);
+        assert_eq!(options(&[], &absent).batch_max, 1);
+        assert_eq!(options(&[], &absent).workers, 2);
+        for outside in ["0", "65"] {
+            assert!(
+                Cli::try_parse_from([
+                    "dlock",
+                    "-f",
+                    "b.yaml",
+                    "--lock-server",
+                    "l",
+                    "--payment-resource",
+                    "p",
+                    "--rail-proxy",
+                    "r",
+                    "--batch-max",
+                    outside,
+                ])
+                .is_err(),
+                "--batch-max {outside}"
+            );
+        }
+    }
+}

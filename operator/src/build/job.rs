@@ -157,8 +157,9 @@ pub fn template_hash(job: &Job) -> String {
 /// The executor Job: `dlock run -f /config/payoutbatch.yaml` against the services.
 ///
 /// A Job's pod template is immutable, so nothing that may change while a batch runs is in it:
-/// the worker count comes from the manifest ConfigMap (`dlock run` uses `spec.workers` when
-/// `--workers` is absent), and the controller creates the Job once and never patches it.
+/// the worker count and the batch size come from the manifest ConfigMap (`dlock run` uses
+/// `spec.workers` and `spec.batchMax` when `--workers` and `--batch-max` are absent), and the
+/// controller creates the Job once and never patches it.
 pub fn executor_job(batch: &ValidatedBatch) -> Job {
     let (volume_mounts, volumes) = executor_volumes(batch);
     let mut job = Job {

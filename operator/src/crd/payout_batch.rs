@@ -38,6 +38,11 @@ pub struct PayoutBatchSpec {
     /// Concurrent workers of the executor.
     #[schemars(range(min = 1, max = dlock_contract::payout_batch::WORKERS_MAX))]
     pub workers: Option<i32>,
+    /// The executor sends each step's concurrent calls (acquire, claim, submit, post, release)
+    /// as batch requests of up to this many items; 1 (the default) sends one request per payout
+    /// per step.
+    #[schemars(range(min = 1, max = dlock_contract::payout_batch::BATCH_MAX_MAX))]
+    pub batch_max: Option<i32>,
     /// At most 500, a limit that holds for any valid item: the largest item (two 128-character
     /// strings, a 64-character account id and a 16-digit amount) is about 415 bytes of JSON, so
     /// 500 of them stay under the 256 KiB that client-side `kubectl apply` may keep in its

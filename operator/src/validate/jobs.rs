@@ -253,13 +253,18 @@ pub fn payout_batch(
     let name = object.name_any();
     let namespace = namespace_of(object)?;
     let workers = spec.workers.unwrap_or(payout_batch::WORKERS_DEFAULT as i32);
-    let manifest = payout_batch::PayoutBatch::new(
+    let mut manifest = payout_batch::PayoutBatch::new(
         &name,
         Some(&namespace),
         // A negative count becomes 0, which the validator refuses as out of range.
         u32::try_from(workers).unwrap_or(0),
         spec.payouts.clone(),
     );
+    // The batch size travels in the manifest, as the worker count does: `dlock run` uses
+    // `spec.batchMax` when `--batch-max` is absent. A negative size becomes 0 and is refused.
+    if let Some(batch_max) = spec.batch_max {
+        manifest.spec.batch_max = u32::try_from(batch_max).unwrap_or(0);
+    }
     if let Some(invalid) = batch_invalid(&manifest.validate()) {
         return Err(invalid);
     }

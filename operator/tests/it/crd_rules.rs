@@ -96,11 +96,11 @@ fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
     }
 }
 
-/// The batch-wide rules: the name's length (payout ids derive from it) and the workers' range are
-/// the contract's, and the API server evaluates the name rule on create.
+/// The batch-wide rules: the name's length (payout ids derive from it) and the workers' and the
+/// batch size's ranges are the contract's, and the API server evaluates the name rule on create.
 #[test]
 fn a_batchs_name_and_workers_carry_the_contracts_bounds() {
-    use dlock_contract::payout_batch::{NAME_LEN_MAX, WORKERS_MAX};
+    use dlock_contract::payout_batch::{BATCH_MAX_MAX, NAME_LEN_MAX, WORKERS_MAX};
     let crd = PayoutBatch::crd();
     let spec = spec_schema(&crd);
     assert_eq!(spec["properties"]["workers"]["minimum"].as_f64(), Some(1.0));
@@ -108,6 +108,15 @@ fn a_batchs_name_and_workers_carry_the_contracts_bounds() {
         spec["properties"]["workers"]["maximum"].as_f64(),
         Some(f64::from(WORKERS_MAX))
     );
+    assert_eq!(
+        spec["properties"]["batchMax"]["minimum"].as_f64(),
+        Some(1.0)
+    );
+    assert_eq!(
+        spec["properties"]["batchMax"]["maximum"].as_f64(),
+        Some(f64::from(BATCH_MAX_MAX))
+    );
+    assert_eq!(BATCH_MAX_MAX as usize, dlock_contract::batch::MAX_ITEMS);
     let openapi =
         serde_json::to_value(&crd.spec.versions).unwrap()[0]["schema"]["openAPIV3Schema"].clone();
     let rules: Vec<&Value> = openapi["x-kubernetes-validations"]

@@ -155,6 +155,7 @@ pub fn payout_batch() -> PayoutBatch {
         metadata: meta("payroll-2026-12", "uid-batch"),
         spec: PayoutBatchSpec {
             workers: Some(8),
+            batch_max: None,
             payouts: vec![
                 payout_item("emp-0001", "acct-17", 125_000),
                 payout_item("emp-0002", "acct-18", 98_000),

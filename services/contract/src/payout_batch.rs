@@ -29,6 +29,11 @@ pub const PAYOUTS_PER_BATCH_MAX: usize = 100_000;
 /// Concurrent workers of the executor: the default and the most.
 pub const WORKERS_DEFAULT: u32 = 4;
 pub const WORKERS_MAX: u32 = 256;
+/// The most calls of one step the executor sends in one batch request
+/// (docs/contract.md#batches): the default, one request per payout per step, and the most, a
+/// batch request's own limit ([`crate::batch::MAX_ITEMS`]).
+pub const BATCH_MAX_DEFAULT: u32 = 1;
+pub const BATCH_MAX_MAX: u32 = crate::batch::MAX_ITEMS as u32;
 /// The longest item key.
 pub const KEY_LEN_MAX: usize = 128;
 /// The longest batch name.
@@ -111,11 +116,20 @@ pub struct Metadata {
 pub struct BatchSpec {
     #[serde(default = "default_workers")]
     pub workers: u32,
+    /// The executor sends each step's concurrent calls as batch requests of up to this many
+    /// items (docs/contract.md#batches); 1 sends one request per payout per step. `dlock run
+    /// --batch-max` overrides it.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: u32,
     pub payouts: Vec<PayoutItem>,
 }
 
 fn default_workers() -> u32 {
     WORKERS_DEFAULT
+}
+
+fn default_batch_max() -> u32 {
+    BATCH_MAX_DEFAULT
 }
 
 /// One payout of a batch, with its derived identity.
@@ -167,7 +181,8 @@ fn name_is_valid(name: &str) -> bool {
 }
 
 impl PayoutBatch {
-    /// The manifest of the batch `name` in `namespace`.
+    /// The manifest of the batch `name` in `namespace`, with the default batch size
+    /// ([`BATCH_MAX_DEFAULT`]; set `spec.batch_max` for another).
     pub fn new(
         name: &str,
         namespace: Option<&str>,
@@ -181,7 +196,11 @@ impl PayoutBatch {
                 name: name.to_owned(),
                 namespace: namespace.map(str::to_owned),
             },
-            spec: BatchSpec { workers, payouts },
+            spec: BatchSpec {
+                workers,
+                batch_max: BATCH_MAX_DEFAULT,
+                payouts,
+            },
         }
     }
 
@@ -212,6 +231,13 @@ impl PayoutBatch {
             problems.push(Problem::new(
                 "spec.workers",
                 format!("must be 1 to {WORKERS_MAX}, got {workers}"),
+            ));
+        }
+        let batch_max = self.spec.batch_max;
+        if !(1..=BATCH_MAX_MAX).contains(&batch_max) {
+            problems.push(Problem::new(
+                "spec.batchMax",
+                format!("must be 1 to {BATCH_MAX_MAX}, got {batch_max}"),
             ));
         }
         let payouts = &self.spec.payouts;
@@ -357,6 +383,7 @@ mod tests {
         bad.kind = "Payout".to_owned();
         bad.metadata.name = "Payroll".to_owned();
         bad.spec.workers = 0;
+        bad.spec.batch_max = BATCH_MAX_MAX + 1;
         bad.spec.payouts[2].account_id = "a/b".to_owned();
         bad.spec.payouts[2].amount_minor = AMOUNT_MINOR_MAX + 1;
         bad.spec.payouts[2].currency = "eur".to_owned();
@@ -369,6 +396,7 @@ mod tests {
                 "kind",
                 "metadata.name",
                 "spec.workers",
+                "spec.batchMax",
                 "spec.payouts[1].key",
                 "spec.payouts[2].accountId",
                 "spec.payouts[2].amountMinor",
@@ -377,18 +405,18 @@ mod tests {
             ]
         );
         assert!(
-            problems[3].message.contains("used twice"),
-            "{}",
-            problems[3]
-        );
-        assert!(
-            problems[4].message.contains(ACCOUNT_ID_RULE),
+            problems[4].message.contains("used twice"),
             "{}",
             problems[4]
         );
+        assert!(
+            problems[5].message.contains(ACCOUNT_ID_RULE),
+            "{}",
+            problems[5]
+        );
         let text = describe(&problems);
         assert!(
-            text.starts_with("8 problems:\n  kind: must be PayoutBatch"),
+            text.starts_with("9 problems:\n  kind: must be PayoutBatch"),
             "{text}"
         );
     }
@@ -430,5 +458,39 @@ mod tests {
             );
         }
         assert_eq!(batch(Vec::new()).validate()[0].field, "spec.payouts");
+    }
+
+    /// `spec.batchMax` is 1 to a batch request's limit, 1 when absent, and named when outside.
+    #[test]
+    fn batch_max_is_one_to_a_batch_requests_limit_and_one_when_absent() {
+        assert_eq!(BATCH_MAX_MAX as usize, crate::batch::MAX_ITEMS);
+        let read = |spec: &str| -> PayoutBatch {
+            let text = format!(
+                r#"{{"apiVersion": "{API_VERSION}", "kind": "{KIND}", "metadata": {{"name": "b"}},
+                    "spec": {{{spec}"payouts": [{{"key": "k", "accountId": "acct-1",
+                    "amountMinor": 1, "currency": "EUR", "beneficiaryRef": "ben-1"}}]}}}}"#
+            );
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{spec:?}: {e}"))
+        };
+        let absent = read("");
+        assert_eq!(absent.spec.batch_max, BATCH_MAX_DEFAULT);
+        assert_eq!(absent.spec.batch_max, 1);
+        assert_eq!(absent.validate(), []);
+        assert_eq!(read(r#""batchMax": 8, "#).spec.batch_max, 8);
+        for fits in [1, BATCH_MAX_MAX] {
+            let mut b = batch(vec![item("k")]);
+            b.spec.batch_max = fits;
+            assert_eq!(b.validate(), [], "batchMax {fits}");
+        }
+        for outside in [0, BATCH_MAX_MAX + 1] {
+            let problems = read(&format!(r#""batchMax": {outside}, "#)).validate();
+            assert_eq!(
+                problems,
+                [Problem::new(
+                    "spec.batchMax",
+                    format!("must be 1 to 64, got {outside}")
+                )]
+            );
+        }
     }
 }

@@ -20,12 +20,45 @@ fn the_payout_batch_manifest_is_the_dlock_run_format() {
             "apiVersion": "dlock.io/v1alpha1",
             "kind": "PayoutBatch",
             "metadata": {"name": "payroll-2026-12", "namespace": "default"},
-            "spec": {"workers": 8, "payouts": [
+            "spec": {"workers": 8, "batchMax": 1, "payouts": [
                 {"key": "emp-0001", "accountId": "acct-17", "amountMinor": 125000, "currency": "EUR", "beneficiaryRef": "ben-emp-0001"},
                 {"key": "emp-0002", "accountId": "acct-18", "amountMinor": 98000, "currency": "EUR", "beneficiaryRef": "ben-emp-0002"},
             ]},
         })
     );
+}
+
+/// `spec.batchMax` reaches the run the way `spec.workers` does: in the manifest, which `dlock
+/// run` reads the batch size from when `--batch-max` is absent (the Job never passes it). A size
+/// outside 1 to 64 is refused naming the field, before anything is built.
+#[test]
+fn the_batch_size_travels_in_the_manifest() {
+    let mut object = fixtures::payout_batch();
+    object.spec.batch_max = Some(16);
+    let batch = validate::payout_batch(&object, &settings(), &Default::default()).unwrap();
+    let manifest = job::manifest_config_map(&batch);
+    let run = dlock_executor::manifest::parse(&manifest.data.as_ref().unwrap()["payoutbatch.yaml"])
+        .unwrap();
+    assert_eq!(run.spec.batch_max, 16);
+    // Neither a flag nor the variable overrides it (each beside one the Job does set).
+    let job = serde_json::to_value(job::executor_job(&batch)).unwrap();
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let args = container["args"].as_array().unwrap();
+    assert!(args.contains(&json!("--no-register")), "{args:?}");
+    assert!(!args.contains(&json!("--batch-max")), "{args:?}");
+    let env: Vec<&serde_json::Value> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["name"])
+        .collect();
+    assert!(env.contains(&&json!("DLOCK_LOCK_SERVER")), "{env:?}");
+    assert!(!env.contains(&&json!("DLOCK_BATCH_MAX")), "{env:?}");
+    for outside in [0, -1, 65] {
+        object.spec.batch_max = Some(outside);
+        let error = validate::payout_batch(&object, &settings(), &Default::default()).unwrap_err();
+        assert_eq!(error.field, "spec.batchMax", "{outside}");
+    }
 }
 
 /// The Job's name and arguments come from the batch name and spec only (never a uid or a clock),
