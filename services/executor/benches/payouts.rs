@@ -205,6 +205,7 @@ fn batch(name: &str, prefix: &str, accounts: usize, payouts: usize) -> PayoutBat
         },
         spec: BatchSpec {
             workers: 1,
+            batch_max: 1,
             payouts: (0..payouts)
                 .map(|i| BatchItem {
                     key: format!("item-{i:05}"),
