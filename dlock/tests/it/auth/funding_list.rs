@@ -7,8 +7,6 @@
 
 use super::*;
 
-use dlock_contract::payment::FundRequest;
-
 const THRESHOLD: &str = "100000";
 const TREASURY_2: &str = "treasury-2-list-0123456789abcdef";
 
@@ -58,20 +56,7 @@ async fn dlock_fundings_list_shows_a_waiting_funding_to_the_second_treasury_iden
     assert!(out.contains("no pending fundings"), "{out}");
 
     // Treasury A asks for a funding above the threshold: it waits.
-    open_account(&stack.treasury_payments(), "acct-list", Some(100_000)).await;
-    let pending = stack
-        .treasury_payments()
-        .request_funding(
-            "acct-list",
-            "fund-large-list",
-            &FundRequest {
-                amount_minor: 5_000_000,
-                reference: "large-list".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("a large funding is recorded: {e}"));
-    assert_eq!(pending.status, "PENDING_APPROVAL");
+    let pending = large_funding_waits(&stack.treasury_payments(), "acct-list", "list").await;
 
     // Treasury B lists what waits: that funding, asked for by A, not approved.
     let waiting = listed("pending", &payment, "treasury-2", &second);

@@ -303,3 +303,27 @@ fn serve(name: &str, pairs: Vec<(String, String)>, log: &Path) -> ManagedChild {
     let args = crate::harness::serve_args(name, &pairs, log);
     spawn_logged(name, Path::new(EXE), &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
 }
+
+/// Opens `account` with 100 000 and has `treasury` ask for 5 000 000 more, above the dev
+/// stack's dual-approval threshold: the funding is recorded and waits for a second treasury
+/// identity (idempotency key `fund-large-{tag}`, reference `large-{tag}`).
+pub async fn large_funding_waits(
+    treasury: &PaymentClient,
+    account: &str,
+    tag: &str,
+) -> dlock_contract::payment::PendingFunding {
+    open_account(treasury, account, Some(100_000)).await;
+    let pending = treasury
+        .request_funding(
+            account,
+            &format!("fund-large-{tag}"),
+            &dlock_contract::payment::FundRequest {
+                amount_minor: 5_000_000,
+                reference: format!("large-{tag}"),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("a large funding is recorded: {e}"));
+    assert_eq!(pending.status, "PENDING_APPROVAL");
+    pending
+}

@@ -8,7 +8,7 @@ use super::*;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::error::ErrorCode;
-use dlock_contract::payment::{CreatePayoutRequest, FundRequest};
+use dlock_contract::payment::CreatePayoutRequest;
 
 const THRESHOLD: &str = "100000";
 const TREASURY_2: &str = "treasury-2-cli-0123456789abcdef";
@@ -34,20 +34,7 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
         second_file.display().to_string(),
     );
 
-    open_account(&stack.treasury_payments(), "acct-cli", Some(100_000)).await;
-    let pending = stack
-        .treasury_payments()
-        .request_funding(
-            "acct-cli",
-            "fund-large-cli",
-            &FundRequest {
-                amount_minor: 5_000_000,
-                reference: "large-cli".to_owned(),
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("a large funding is recorded: {e}"));
-    assert_eq!(pending.status, "PENDING_APPROVAL");
+    let pending = large_funding_waits(&stack.treasury_payments(), "acct-cli", "cli").await;
     let pool = stack.pool("paydb").await;
     let balance = "SELECT balance_minor FROM accounts WHERE account_id = 'acct-cli'";
     assert_eq!(scalar(&pool, balance).await, 100_000, "not applied yet");
