@@ -158,6 +158,37 @@ impl Server {
         )
     }
 
+    /// Growth of the batch-size histogram of `kind` since `before` (a [`Server::batches`]):
+    /// (batches that ran, requests in them).
+    async fn batches_since(&self, kind: &str, before: (f64, f64)) -> (f64, f64) {
+        let after = self.batches(kind).await;
+        (after.0 - before.0, after.1 - before.1)
+    }
+
+    /// Sends `gate` (a request of `kind` that waits in lockdb behind `gate_conn`), then
+    /// `requests` once it waits, then opens the gate once they are all queued; the answers of the
+    /// gate and of the requests, and the batches of `kind` that ran meanwhile
+    /// ([`Server::batches_since`]).
+    async fn gated<G: Future, R: Future>(
+        &self,
+        kind: &str,
+        gate_conn: PgConnection,
+        gate: G,
+        requests: Vec<R>,
+    ) -> (G::Output, Vec<R::Output>, (f64, f64)) {
+        let before = self.batches(kind).await;
+        let (gate, answers) = tokio::join!(gate, async {
+            self.waits_in(&format!("dlock_{kind}")).await;
+            let n = requests.len();
+            let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
+                self.queued(kind, n).await;
+                open(gate_conn).await;
+            });
+            answers
+        });
+        (gate, answers, self.batches_since(kind, before).await)
+    }
+
     /// Whether the key has a grant row, whatever its state, and whether it was ever seen.
     fn rows_of(&self, key: &str) -> (String, String) {
         (
@@ -222,25 +253,6 @@ async fn held_by(p: &Party, key: &str, token: i64) {
     assert_eq!(info.fencing_token, Some(token), "{key}: the token answered");
 }
 
-/// Sends `gate` (a request that waits in lockdb), then `requests` once it waits, then opens the
-/// gate once they are all queued; the answers of the gate and of the requests.
-macro_rules! gated {
-    ($server:expr, $kind:literal, $function:literal, $gate_conn:expr, $gate:expr, $requests:expr) => {{
-        let server = &$server;
-        let gate_conn = $gate_conn;
-        tokio::join!($gate, async {
-            server.waits_in($function).await;
-            let requests = $requests;
-            let n = requests.len();
-            let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
-                server.queued($kind, n).await;
-                open(gate_conn).await;
-            });
-            answers
-        })
-    }};
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
     let server = Server::start().await;
@@ -248,28 +260,22 @@ async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
     let gate_party = server.party("gc-gate").await;
     let keys: Vec<String> = (0..parties.len()).map(|i| format!("gc:key-{i}")).collect();
 
-    let before = server.batches("acquire").await;
     let gate_conn = server.gate_acquire("gc:gate").await;
-    let (gate, answers) = gated!(
-        server,
-        "acquire",
-        "dlock_acquire",
-        gate_conn,
-        acquire(&gate_party, "gc:gate", Some(PATIENT_MS)),
-        parties
-            .iter()
-            .zip(&keys)
-            .map(|(p, key)| acquire(p, key, Some(PATIENT_MS)))
-            .collect::<Vec<_>>()
-    );
+    let (gate, answers, batches) = server
+        .gated(
+            "acquire",
+            gate_conn,
+            acquire(&gate_party, "gc:gate", Some(PATIENT_MS)),
+            parties
+                .iter()
+                .zip(&keys)
+                .map(|(p, key)| acquire(p, key, Some(PATIENT_MS)))
+                .collect(),
+        )
+        .await;
     gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
-    let after = server.batches("acquire").await;
     // The gate alone (a batch of one), then the eight in one transaction.
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (2.0, 9.0),
-        "one batch of one and one of eight"
-    );
+    assert_eq!(batches, (2.0, 9.0), "one batch of one and one of eight");
 
     let mut tokens = HashSet::new();
     let mut first = BTreeMap::new();
@@ -288,22 +294,21 @@ async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
     // Released in one batch too, then acquired again in one: each key's token only grows.
     let gate_token = server.psql("SELECT fencing_token FROM locks WHERE lock_key = 'gc:gate'");
     let gate_token: i64 = gate_token.parse().unwrap_or_else(|e| panic!("{e}"));
-    let before = server.batches("release").await;
     let gate_conn = server.gate_release("gc:gate").await;
-    let (gate, answers) = gated!(
-        server,
-        "release",
-        "dlock_release",
-        gate_conn,
-        gate_party
-            .client
-            .release("gc:gate", gate_party.session, gate_token),
-        parties
-            .iter()
-            .zip(&keys)
-            .map(|(p, key)| p.client.release(key, p.session, first[key]))
-            .collect::<Vec<_>>()
-    );
+    let (gate, answers, batches) = server
+        .gated(
+            "release",
+            gate_conn,
+            gate_party
+                .client
+                .release("gc:gate", gate_party.session, gate_token),
+            parties
+                .iter()
+                .zip(&keys)
+                .map(|(p, key)| p.client.release(key, p.session, first[key]))
+                .collect(),
+        )
+        .await;
     gate.unwrap_or_else(|e| panic!("the gate's release: {e}"));
     for (key, answer) in keys.iter().zip(answers) {
         answer.unwrap_or_else(|e| panic!("release {key}: {e}"));
@@ -314,12 +319,7 @@ async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(!info.held, "{key} was released");
     }
-    let after = server.batches("release").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (2.0, 9.0),
-        "one release of one and one of eight"
-    );
+    assert_eq!(batches, (2.0, 9.0), "one release of one and one of eight");
     let again = futures::future::join_all(
         parties
             .iter()
@@ -349,20 +349,19 @@ async fn two_acquires_of_one_key_in_flight_are_one_grant_and_one_contention() {
         server.party("gk-neighbour").await,
     );
     let gate_party = server.party("gk-gate").await;
-    let before = server.batches("acquire").await;
     let gate_conn = server.gate_acquire("gk:gate").await;
-    let (gate, answers) = gated!(
-        server,
-        "acquire",
-        "dlock_acquire",
-        gate_conn,
-        acquire(&gate_party, "gk:gate", Some(PATIENT_MS)),
-        vec![
-            acquire_now(&server, &one, "gk:key"),
-            acquire_now(&server, &two, "gk:key"),
-            acquire_now(&server, &neighbour, "gk:other"),
-        ]
-    );
+    let (gate, answers, batches) = server
+        .gated(
+            "acquire",
+            gate_conn,
+            acquire(&gate_party, "gk:gate", Some(PATIENT_MS)),
+            vec![
+                acquire_now(&server, &one, "gk:key"),
+                acquire_now(&server, &two, "gk:key"),
+                acquire_now(&server, &neighbour, "gk:other"),
+            ],
+        )
+        .await;
     gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
     let [a1, a2, other]: [_; 3] = answers
         .try_into()
@@ -382,9 +381,8 @@ async fn two_acquires_of_one_key_in_flight_are_one_grant_and_one_contention() {
     );
     held_by(winner, "gk:key", grant.fencing_token).await;
     // Two rounds after the gate: the key's first request with its neighbour, then the second.
-    let after = server.batches("acquire").await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches,
         (3.0, 4.0),
         "the gate, a batch of two, then the second request on the key alone"
     );
@@ -416,30 +414,24 @@ async fn releases_in_one_batch_with_a_wrong_token_are_refused_alone() {
                 .map_or(grants[i].1, |(_, t)| *t)
         })
         .collect();
-    let before = server.batches("release").await;
     let gate_conn = server.gate_release("gr:gate").await;
-    let (gate_answer, answers) = gated!(
-        server,
-        "release",
-        "dlock_release",
-        gate_conn,
-        gate_party
-            .client
-            .release("gr:gate", gate_party.session, gate.fencing_token),
-        parties
-            .iter()
-            .zip(&grants)
-            .zip(&presented)
-            .map(|((p, (key, _)), token)| p.client.release(key, p.session, *token))
-            .collect::<Vec<_>>()
-    );
+    let (gate_answer, answers, batches) = server
+        .gated(
+            "release",
+            gate_conn,
+            gate_party
+                .client
+                .release("gr:gate", gate_party.session, gate.fencing_token),
+            parties
+                .iter()
+                .zip(&grants)
+                .zip(&presented)
+                .map(|((p, (key, _)), token)| p.client.release(key, p.session, *token))
+                .collect(),
+        )
+        .await;
     gate_answer.unwrap_or_else(|e| panic!("the gate's release: {e}"));
-    let after = server.batches("release").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (2.0, 5.0),
-        "the gate, then one batch of four"
-    );
+    assert_eq!(batches, (2.0, 5.0), "the gate, then one batch of four");
     for (i, ((p, (key, token)), answer)) in parties.iter().zip(&grants).zip(&answers).enumerate() {
         if wrong.iter().any(|(w, _)| *w == i) {
             assert_eq!(code(answer), Some(ErrorCode::LockLost), "{key}: {answer:?}");
@@ -472,33 +464,26 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     // ga:held's acquire lock is held from outside: the batch stops there, and dies there.
     let blocker = server.gate_acquire("ga:held").await;
     let gate_conn = server.gate_acquire("ga:gate").await;
-    let before = server.batches("acquire").await;
-    let (gate, answers) = tokio::join!(acquire(&gate_party, "ga:gate", Some(PATIENT_MS)), async {
-        server.waits_in("dlock_acquire").await;
-        let (answers, ()) = tokio::join!(
-            futures::future::join_all([
+    let ((gate, answers, batches), ()) = tokio::join!(
+        server.gated(
+            "acquire",
+            gate_conn,
+            acquire(&gate_party, "ga:gate", Some(PATIENT_MS)),
+            vec![
                 acquire(&free, "ga:free", Some(PATIENT_MS)),
                 acquire(&held, "ga:held", Some(PATIENT_MS)),
-            ]),
-            async {
-                server.queued("acquire", 2).await;
-                open(gate_conn).await;
-                // The batch of the two waits for ga:held's lock (ga:free's it took first,
-                // in key order): its backend is terminated there.
-                let pid = server.waits_in("dlock_acquire_many").await;
-                server.psql(&format!("SELECT pg_terminate_backend({pid})"));
-            }
-        );
-        answers
-    });
+            ],
+        ),
+        async {
+            // Once the gate is open, the batch of the two waits for ga:held's lock (ga:free's it
+            // took first, in key order): its backend is terminated there.
+            let pid = server.waits_in("dlock_acquire_many").await;
+            server.psql(&format!("SELECT pg_terminate_backend({pid})"));
+        }
+    );
     open(blocker).await;
     gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
-    let after = server.batches("acquire").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (2.0, 3.0),
-        "the gate, then the batch of two"
-    );
+    assert_eq!(batches, (2.0, 3.0), "the gate, then the batch of two");
     for (key, answer) in ["ga:free", "ga:held"].iter().zip(&answers) {
         let error = answer
             .as_ref()
@@ -553,8 +538,7 @@ async fn under_load_batches_form_and_every_key_keeps_its_token_order() {
             assert!(all.insert(*t), "{key}: token {t} issued twice");
         }
     }
-    let after = server.batches("acquire").await;
-    let (count, sum) = (after.0 - before.0, after.1 - before.1);
+    let (count, sum) = server.batches_since("acquire", before).await;
     assert_eq!(
         sum as usize,
         CLIENTS * CYCLES,
@@ -588,24 +572,25 @@ async fn a_batch_on_a_new_timeline_takes_every_token_above_the_gap() {
     // recovery (docs/design.md#d-12): the next grant, one of the batch's, must jump the gap.
     server.psql("UPDATE store_epoch SET timeline = timeline + 1");
     assert_eq!(server.psql("SELECT count(*) FROM store_epoch_changes"), "0");
-    let before = server.batches("acquire").await;
     let gate_conn = server.gate_acquire("ge:gate").await;
-    let (gate, answers) = gated!(
-        server,
-        "acquire",
-        "dlock_acquire",
-        gate_conn,
-        acquire_now(&server, &gate_party, "ge:gate"),
-        parties
-            .iter()
-            .enumerate()
-            .map(|(i, p)| async move { acquire(p, &format!("ge:key-{i}"), Some(PATIENT_MS)).await })
-            .collect::<Vec<_>>()
-    );
+    let (gate, answers, batches) =
+        server
+            .gated(
+                "acquire",
+                gate_conn,
+                acquire_now(&server, &gate_party, "ge:gate"),
+                parties
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| async move {
+                        acquire(p, &format!("ge:key-{i}"), Some(PATIENT_MS)).await
+                    })
+                    .collect(),
+            )
+            .await;
     assert_eq!(gate.err(), Some(ErrorCode::LockContended), "the gate");
-    let after = server.batches("acquire").await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches,
         (2.0, 5.0),
         "the gate alone, then one batch of four"
     );
