@@ -9,16 +9,26 @@ use dlock_contract::batch::{AcquireItem, BatchAnswer, BatchRequest, ReleaseItem}
 use dlock_contract::error::ErrorBody;
 use dlock_contract::lock::*;
 use dlock_contract::openapi::BearerAuth;
-use dlock_server::openapi::{Invalid, InvalidToken, NotLeader, Unauthorized};
+use dlock_server::openapi::{
+    BatchEndpoint, BatchEndpoints, Invalid, InvalidToken, NotLeader, Unauthorized,
+};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock lock server", description = "Sessions, leases and fencing tokens."),
     paths(create_session, heartbeat, end_session, held_locks, acquire, renew, revoke, lock_info, release, batch_acquire, batch_release, healthz, readyz),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &BATCHES)
 )]
 pub struct ApiDoc;
+
+/// The batch endpoints' owner header, security and refusals.
+const BATCHES: BatchEndpoints = BatchEndpoints(&[
+    BatchEndpoint::new("/v1/batches/acquire", "acquires", "L4's", NOT_LEADER),
+    BatchEndpoint::new("/v1/batches/release", "releases", "L6's", NOT_LEADER),
+]);
+const NOT_LEADER: &str =
+    "nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer";
 
 /// L1: open a session.
 #[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest,
@@ -108,14 +118,7 @@ fn release() {}
 /// credential are the batch request's and apply to every item; the batch needs L4's roles. No
 /// answer to the batch request leaves every item's outcome unknown: read each key (L7).
 #[utoipa::path(post, path = "/v1/batches/acquire", request_body = BatchRequest<AcquireItem>,
-    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
-    security(("bearerAuth" = [])),
-    responses((status = 200, description = "one answer per item, in the request's order: what L4 answers for it", body = BatchAnswer),
-        Invalid, Unauthorized, NotLeader,
-        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of acquires (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity holds none of L4's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
-        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
-    ))]
+    responses((status = 200, description = "one answer per item, in the request's order: what L4 answers for it", body = BatchAnswer)))]
 fn batch_acquire() {}
 
 /// A batch of L6 releases (docs/contract.md#batches).
@@ -126,14 +129,7 @@ fn batch_acquire() {}
 /// own checks; one item's refusal changes nothing for its neighbours. `X-Owner-Id` and the
 /// credential are the batch request's and apply to every item; the batch needs L6's roles.
 #[utoipa::path(post, path = "/v1/batches/release", request_body = BatchRequest<ReleaseItem>,
-    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
-    security(("bearerAuth" = [])),
-    responses((status = 200, description = "one answer per item, in the request's order: what L6 answers for it", body = BatchAnswer),
-        Invalid, Unauthorized, NotLeader,
-        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of releases (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity holds none of L6's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
-        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
-    ))]
+    responses((status = 200, description = "one answer per item, in the request's order: what L6 answers for it", body = BatchAnswer)))]
 fn batch_release() {}
 
 /// Process up.

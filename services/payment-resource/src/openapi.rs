@@ -11,16 +11,27 @@ use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::payment::*;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
-use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
+use dlock_server::openapi::{
+    BatchEndpoint, BatchEndpoints, Idempotent, Invalid, InvalidToken, NotFound, NotLeader,
+    Unauthorized,
+};
 use utoipa::{IntoParams, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock payment resource", description = "Payouts, accounts and a double-entry ledger; fenced claims and postings."),
     paths(create_account, get_account, fund, set_limits, list_fundings, approve_funding, advance_fence, lower_fence, create_payout, list_payouts, get_payout, claim, post_payout, resolve, cancel, batch_claim, batch_post, healthz, readyz),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &BATCHES)
 )]
 pub struct ApiDoc;
+
+/// The batch endpoints' owner header, security and refusals.
+const BATCHES: BatchEndpoints = BatchEndpoints(&[
+    BatchEndpoint::new("/v1/batches/claim", "claims", "P2's", NOT_LEADER),
+    BatchEndpoint::new("/v1/batches/post", "postings", "P3's", NOT_LEADER),
+]);
+const NOT_LEADER: &str =
+    "nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer";
 
 /// The payment resource's document.
 pub fn document() -> utoipa::openapi::OpenApi {
@@ -199,14 +210,7 @@ fn cancel() {}
 /// `X-Owner-Id` and the credential are the batch request's and apply to every item; the batch
 /// needs P2's roles.
 #[utoipa::path(post, path = "/v1/batches/claim", request_body = BatchRequest<ClaimItem>,
-    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
-    security(("bearerAuth" = [])),
-    responses((status = 200, description = "one answer per item, in the request's order: what P2 answers for it", body = BatchAnswer),
-        Invalid, Unauthorized, NotLeader,
-        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of claims (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity holds none of P2's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
-        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
-    ))]
+    responses((status = 200, description = "one answer per item, in the request's order: what P2 answers for it", body = BatchAnswer)))]
 fn batch_claim() {}
 
 /// A batch of P3 postings (docs/contract.md#batches).
@@ -218,14 +222,7 @@ fn batch_claim() {}
 /// its neighbours. `X-Owner-Id` and the credential are the batch request's and apply to every
 /// item; the batch needs P3's roles.
 #[utoipa::path(post, path = "/v1/batches/post", request_body = BatchRequest<PostItem>,
-    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
-    security(("bearerAuth" = [])),
-    responses((status = 200, description = "one answer per item, in the request's order: what P3 answers for it", body = BatchAnswer),
-        Invalid, Unauthorized, NotLeader,
-        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of postings (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity holds none of P3's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
-        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer", body = ErrorBody),
-    ))]
+    responses((status = 200, description = "one answer per item, in the request's order: what P3 answers for it", body = BatchAnswer)))]
 fn batch_post() {}
 
 /// Process up.

@@ -10,16 +10,27 @@ use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::*;
-use dlock_server::openapi::{Invalid, InvalidToken, NotFound, RailUnavailable, Unauthorized};
+use dlock_server::openapi::{
+    BatchEndpoint, BatchEndpoints, Invalid, InvalidToken, NotFound, RailUnavailable, Unauthorized,
+};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dlock rail proxy", description = "The only caller of the rail: durable high-water mark, intent before forward, one forward."),
     paths(submit, high_water, advance_high_water, lower_high_water, batch_submit, healthz, readyz),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &BATCHES)
 )]
 pub struct ApiDoc;
+
+/// The batch endpoint's owner header, security and refusals.
+const BATCHES: BatchEndpoints = BatchEndpoints(&[BatchEndpoint::new(
+    "/v1/batches/submit",
+    "submissions",
+    "the submission's",
+    "nothing ran or was forwarded. An item paydb or the rail does not take is that item's 503 \
+     RAIL_UNAVAILABLE, in its answer",
+)]);
 
 /// The rail proxy's document.
 pub fn document() -> utoipa::openapi::OpenApi {
@@ -94,14 +105,7 @@ fn lower_high_water() {}
 /// needs the submission's roles. Never send an item again after any answer, or after none: no
 /// answer to the batch request leaves every item's outcome unknown.
 #[utoipa::path(post, path = "/v1/batches/submit", request_body = BatchRequest<SubmitItem>,
-    params(("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars, for every item")),
-    security(("bearerAuth" = [])),
-    responses((status = 200, description = "one answer per item, in the request's order: what POST /v1/rail/submissions answers for it", body = BatchAnswer),
-        Invalid, Unauthorized, RailUnavailable,
-        (status = 400, description = "VALIDATION_FAILED: the body is not a batch of submissions (an unknown field, a missing one, a wrong type), or holds no item or more than 64; nothing ran", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity holds none of the submission's roles, or X-Owner-Id does not belong to it; nothing ran", body = ErrorBody),
-        (status = 503, description = "AUTH_UNAVAILABLE: the credential could not be checked; nothing ran or was forwarded. An item paydb or the rail does not take is that item's 503 RAIL_UNAVAILABLE, in its answer", body = ErrorBody),
-    ))]
+    responses((status = 200, description = "one answer per item, in the request's order: what POST /v1/rail/submissions answers for it", body = BatchAnswer)))]
 fn batch_submit() {}
 
 /// Process up.

@@ -4,7 +4,7 @@
 //! its status (a more precise description).
 
 use dlock_contract::error::ErrorBody;
-use utoipa::IntoResponses;
+use utoipa::{IntoResponses, Modify};
 
 /// 400: the request failed validation.
 #[derive(IntoResponses)]
@@ -60,4 +60,112 @@ pub enum NotLeader {
 pub enum RailUnavailable {
     #[response(status = 503, description = "RAIL_UNAVAILABLE")]
     RailUnavailable(ErrorBody),
+}
+
+/// What a batch endpoint of docs/contract.md#batches documents the same way in every service:
+/// `X-Owner-Id` for every item, the `bearerAuth` security and its refusals of the whole batch
+/// (400, 401, 403, 503), each naming the step it batches. Listed in the document's `modifiers`;
+/// the operation itself (`#[utoipa::path]`) declares its request body and its 200.
+pub struct BatchEndpoints(pub &'static [BatchEndpoint]);
+
+/// One batch endpoint and the words its refusals name it with.
+pub struct BatchEndpoint {
+    path: &'static str,
+    items: &'static str,
+    roles: &'static str,
+    unavailable: &'static str,
+}
+
+impl BatchEndpoint {
+    /// `path` batches `items` (`"acquires"`), needs `roles` (`"L4's"`); `unavailable` says what
+    /// an item the service cannot write answers (the end of the 503's description).
+    pub const fn new(
+        path: &'static str,
+        items: &'static str,
+        roles: &'static str,
+        unavailable: &'static str,
+    ) -> Self {
+        Self {
+            path,
+            items,
+            roles,
+            unavailable,
+        }
+    }
+
+    fn refusals(&self) -> [(&'static str, String); 4] {
+        let (items, roles) = (self.items, self.roles);
+        [
+            (
+                "400",
+                format!(
+                    "VALIDATION_FAILED: the body is not a batch of {items} (an unknown field, a \
+                     missing one, a wrong type), or holds no item or more than 64; nothing ran"
+                ),
+            ),
+            ("401", "UNAUTHENTICATED".to_owned()),
+            (
+                "403",
+                format!(
+                    "FORBIDDEN: the identity holds none of {roles} roles, or X-Owner-Id does not \
+                     belong to it; nothing ran"
+                ),
+            ),
+            (
+                "503",
+                format!(
+                    "AUTH_UNAVAILABLE: the credential could not be checked; {}",
+                    self.unavailable
+                ),
+            ),
+        ]
+    }
+}
+
+impl Modify for BatchEndpoints {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        use utoipa::openapi::security::SecurityRequirement;
+        use utoipa::openapi::{Content, Ref, Required, ResponseBuilder};
+
+        for endpoint in self.0 {
+            let Some(operation) = openapi
+                .paths
+                .paths
+                .get_mut(endpoint.path)
+                .and_then(|item| item.post.as_mut())
+            else {
+                continue;
+            };
+            let owner = ParameterBuilder::new()
+                .name("X-Owner-Id")
+                .parameter_in(ParameterIn::Header)
+                .description(Some("owner id, ≤64 chars, for every item"))
+                .required(Required::True)
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .build();
+            operation
+                .parameters
+                .get_or_insert_with(Vec::new)
+                .insert(0, owner);
+            operation
+                .security
+                .get_or_insert_with(Vec::new)
+                .push(SecurityRequirement::new("bearerAuth", Vec::<String>::new()));
+            for (status, description) in endpoint.refusals() {
+                let response = ResponseBuilder::new()
+                    .description(description)
+                    .content(
+                        "application/json",
+                        Content::new(Some(Ref::from_schema_name("ErrorBody"))),
+                    )
+                    .build();
+                operation
+                    .responses
+                    .responses
+                    .insert(status.to_owned(), response.into());
+            }
+        }
+    }
 }
