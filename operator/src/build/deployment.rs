@@ -5,9 +5,8 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, Lifecycle,
-    LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
-    SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, SleepAction, Volume,
-    VolumeMount, VolumeProjection,
+    LifecycleHandler, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
+    SecurityContext, SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -210,49 +209,17 @@ fn volumes(workload: &Workload) -> (Vec<VolumeMount>, Vec<Volume>) {
         volumes.push(volume);
     }
     if workload.rail_token {
-        let (mount, volume) = projected_token("rail-token", RAIL_TOKEN_DIR);
+        let (mount, volume) =
+            super::projected_token("rail-token", RAIL_TOKEN_DIR, super::job::TOKEN_AUDIENCE);
         volume_mounts.push(mount);
         volumes.push(volume);
     }
     (volume_mounts, volumes)
 }
 
-/// A projected token of the pod's ServiceAccount with the audience `dlock`, at `dir/token`:
-/// kubelet rotates it at 80 % of its hour, and the rail proxy re-reads the file.
-fn projected_token(name: &str, dir: &str) -> (VolumeMount, Volume) {
-    use super::job::{TOKEN_AUDIENCE, TOKEN_EXPIRATION_SECONDS};
-    let mount = VolumeMount {
-        name: name.to_owned(),
-        mount_path: dir.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
-    let volume = Volume {
-        name: name.to_owned(),
-        projected: Some(ProjectedVolumeSource {
-            sources: Some(vec![VolumeProjection {
-                service_account_token: Some(ServiceAccountTokenProjection {
-                    audience: Some(TOKEN_AUDIENCE.to_owned()),
-                    expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
-                    path: "token".to_owned(),
-                }),
-                ..VolumeProjection::default()
-            }]),
-            ..ProjectedVolumeSource::default()
-        }),
-        ..Volume::default()
-    };
-    (mount, volume)
-}
-
 /// A Secret mounted read-only as the directory `dir`.
 fn secret_directory(name: &str, dir: &str, secret: &str) -> (VolumeMount, Volume) {
-    let mount = VolumeMount {
-        name: name.to_owned(),
-        mount_path: dir.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
+    let mount = super::read_only_mount(name, dir);
     let volume = Volume {
         name: name.to_owned(),
         secret: Some(SecretVolumeSource {

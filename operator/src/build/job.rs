@@ -3,8 +3,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath,
-    PodSpec, ProjectedVolumeSource, SecretVolumeSource, ServiceAccountTokenProjection, Volume,
-    VolumeMount, VolumeProjection,
+    PodSpec, SecretVolumeSource, Volume, VolumeMount,
 };
 
 use sha2::{Digest, Sha256};
@@ -38,12 +37,7 @@ pub fn secret_key_file(
     dir: &str,
     secret: &crate::crd::SecretKeyRef,
 ) -> (VolumeMount, Volume, String) {
-    let mount = VolumeMount {
-        name: volume.to_owned(),
-        mount_path: dir.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
+    let mount = super::read_only_mount(volume, dir);
     let volume = Volume {
         name: volume.to_owned(),
         secret: Some(SecretVolumeSource {
@@ -253,27 +247,9 @@ fn executor_volumes(batch: &ValidatedBatch) -> (Vec<VolumeMount>, Vec<Volume>) {
         volumes.push(volume);
     }
     if let TokenSource::ProjectedServiceAccountToken { audience } = &batch.credential.token {
-        volume_mounts.push(VolumeMount {
-            name: "credential".to_owned(),
-            mount_path: TOKEN_DIR.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-        volumes.push(Volume {
-            name: "credential".to_owned(),
-            projected: Some(ProjectedVolumeSource {
-                sources: Some(vec![VolumeProjection {
-                    service_account_token: Some(ServiceAccountTokenProjection {
-                        audience: Some(audience.clone()),
-                        expiration_seconds: Some(TOKEN_EXPIRATION_SECONDS),
-                        path: "token".to_owned(),
-                    }),
-                    ..VolumeProjection::default()
-                }]),
-                ..ProjectedVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
+        let (mount, volume) = super::projected_token("credential", TOKEN_DIR, audience);
+        volume_mounts.push(mount);
+        volumes.push(volume);
     }
     (volume_mounts, volumes)
 }

@@ -109,12 +109,7 @@ pub fn ca_trust(secret: &str) -> (VolumeMount, Volume, EnvVar) {
     use crate::workload::{CA_DIR, CA_FILE};
     use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource};
     (
-        VolumeMount {
-            name: "ca".to_owned(),
-            mount_path: CA_DIR.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        },
+        read_only_mount("ca", CA_DIR),
         Volume {
             name: "ca".to_owned(),
             secret: Some(SecretVolumeSource {
@@ -132,15 +127,44 @@ pub fn ca_trust(secret: &str) -> (VolumeMount, Volume, EnvVar) {
     )
 }
 
+/// The read-only mount of the volume `name` at `dir`.
+pub fn read_only_mount(name: &str, dir: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: dir.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// A projected token of the pod's ServiceAccount with `audience`, at `dir/token`: kubelet
+/// rotates it at 80 % of its lifetime, and its reader re-reads the file.
+pub fn projected_token(name: &str, dir: &str, audience: &str) -> (VolumeMount, Volume) {
+    use k8s_openapi::api::core::v1::{
+        ProjectedVolumeSource, ServiceAccountTokenProjection, VolumeProjection,
+    };
+    let volume = Volume {
+        name: name.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: Some(audience.to_owned()),
+                    expiration_seconds: Some(job::TOKEN_EXPIRATION_SECONDS),
+                    path: "token".to_owned(),
+                }),
+                ..VolumeProjection::default()
+            }]),
+            ..ProjectedVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    (read_only_mount(name, dir), volume)
+}
+
 /// A ConfigMap mounted read-only at `/config`, under the volume name `volume`.
 pub fn config_volume(volume: &str, config_map: String) -> (VolumeMount, Volume) {
     (
-        VolumeMount {
-            name: volume.to_owned(),
-            mount_path: "/config".to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        },
+        read_only_mount(volume, "/config"),
         Volume {
             name: volume.to_owned(),
             config_map: Some(ConfigMapVolumeSource {
@@ -191,6 +215,14 @@ pub fn labels(component: Component, instance: &str) -> BTreeMap<String, String> 
 
 /// [`labels`] for any component name (the executor and the reconciler too).
 pub fn owned_labels(component: &str, instance: &str) -> BTreeMap<String, String> {
+    let mut labels = namespace_labels(component);
+    labels.insert(INSTANCE_LABEL.to_owned(), instance.to_owned());
+    labels
+}
+
+/// The labels of an object the operator makes for the namespace rather than for one custom
+/// resource (a ServiceAccount, the proof-keys Secret): name, component and `managed-by`.
+pub fn namespace_labels(component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
         (
@@ -201,8 +233,17 @@ pub fn owned_labels(component: &str, instance: &str) -> BTreeMap<String, String>
             "app.kubernetes.io/managed-by".to_owned(),
             MANAGED_BY.to_owned(),
         ),
-        (INSTANCE_LABEL.to_owned(), instance.to_owned()),
     ])
+}
+
+/// The metadata of an object of the namespace (see [`namespace_labels`]).
+pub fn namespace_meta(name: &str, namespace: &str, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(namespace_labels(component)),
+        ..ObjectMeta::default()
+    }
 }
 
 /// The metadata of an object built for a workload: its name, labels and owner reference.

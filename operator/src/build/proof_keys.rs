@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The Secret the operator makes when a workload names no `spec.fencingProofKeysSecret`.
 pub const SECRET: &str = "dlock-fencing-proof-keys";
@@ -45,22 +44,7 @@ pub fn keys_file(secret: &str) -> String {
 /// The namespace's proof-keys Secret holding `secret` (see [`random_secret`]).
 pub fn proof_keys_secret(namespace: &str, secret: &str) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            labels: Some(BTreeMap::from([
-                ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
-                (
-                    "app.kubernetes.io/component".to_owned(),
-                    "fencing-proof-keys".to_owned(),
-                ),
-                (
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    super::MANAGED_BY.to_owned(),
-                ),
-            ])),
-            ..ObjectMeta::default()
-        },
+        metadata: super::namespace_meta(SECRET, namespace, "fencing-proof-keys"),
         type_: Some("Opaque".to_owned()),
         string_data: Some(BTreeMap::from([(KEY.to_owned(), keys_file(secret))])),
         ..Secret::default()

@@ -1,7 +1,4 @@
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::workload::SERVICE_ACCOUNT;
 
@@ -28,22 +25,7 @@ pub fn executor(namespace: &str) -> ServiceAccount {
 
 fn labelled(name: &str, component: &str, namespace: &str) -> ServiceAccount {
     ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            labels: Some(BTreeMap::from([
-                ("app.kubernetes.io/name".to_owned(), "dlock".to_owned()),
-                (
-                    "app.kubernetes.io/component".to_owned(),
-                    component.to_owned(),
-                ),
-                (
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    super::MANAGED_BY.to_owned(),
-                ),
-            ])),
-            ..ObjectMeta::default()
-        },
+        metadata: super::namespace_meta(name, namespace, component),
         ..ServiceAccount::default()
     }
 }
