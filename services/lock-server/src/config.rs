@@ -47,14 +47,6 @@ pub struct EtcdUser {
     pub password_file: PathBuf,
 }
 
-fn config_error(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        origin: String::new(),
-        message: message.into(),
-    }
-}
-
 /// Reads `lock.etcd.ca-file`, `cert-file`, `key-file`, `username` and `password-file`, and
 /// checks them against the endpoints' schemes. The files themselves are read (and a bad one
 /// named) when the store connects.
@@ -69,7 +61,7 @@ fn etcd_credentials(
         (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
         (None, None) => None,
         _ => {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.cert-file",
                 "lock.etcd.cert-file and lock.etcd.key-file go together: set both for a client \
                  certificate, or neither",
@@ -82,7 +74,7 @@ fn etcd_credentials(
             client,
         }),
         (None, Some(_)) => {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.ca-file",
                 "is required with lock.etcd.cert-file: name the CA bundle that signed etcd's \
                  serving certificate",
@@ -93,7 +85,7 @@ fn etcd_credentials(
     for endpoint in endpoints {
         let https = endpoint.starts_with("https://");
         if tls.is_some() && endpoint.starts_with("http://") {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.endpoints",
                 format!(
                     "{endpoint:?} is plain HTTP but lock.etcd.ca-file is set: write https:// \
@@ -102,7 +94,7 @@ fn etcd_credentials(
             ));
         }
         if tls.is_none() && https {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.ca-file",
                 format!(
                     "is required for the https endpoint {endpoint:?}: name the CA bundle that \
@@ -120,13 +112,13 @@ fn etcd_credentials(
         }),
         (None, None) => None,
         (Some(_), None) => {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.password-file",
                 "is required with lock.etcd.username: name the file holding the user's password",
             ));
         }
         (None, Some(_)) => {
-            return Err(config_error(
+            return Err(ConfigError::new(
                 "lock.etcd.username",
                 "is required with lock.etcd.password-file",
             ));

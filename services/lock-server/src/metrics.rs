@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use dlock_server::metrics::GroupCommit;
 use dlock_server::registry::Register;
 
 // Variant names are the label values, hence lower case.
@@ -50,54 +51,13 @@ pub enum BatchKind {
     release,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BatchLabels {
-    pub kind: BatchKind,
-}
-
-/// Buckets 1, 2, 4, … 256: the batch sizes `lock.pg.batch.max` allows.
-fn batch_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+impl dlock_server::metrics::BatchKind for BatchKind {
+    const ALL: &'static [Self] = &[BatchKind::acquire, BatchKind::release];
 }
 
 /// The batches of the `pg` store: made by the store, registered with [`Metrics`]. A clone
 /// counts into the same series.
-#[derive(Clone)]
-pub struct BatchMetrics {
-    size: Family<BatchLabels, Histogram, fn() -> Histogram>,
-    queued: Family<BatchLabels, Gauge>,
-}
-
-impl Default for BatchMetrics {
-    fn default() -> Self {
-        let metrics = Self {
-            size: Family::new_with_constructor(batch_histogram as fn() -> Histogram),
-            queued: Family::default(),
-        };
-        // Every kind exists from the start, so a dashboard shows 0 rather than nothing.
-        for kind in [BatchKind::acquire, BatchKind::release] {
-            let _ = metrics.size.get_or_create(&BatchLabels { kind });
-            let _ = metrics.queued.get_or_create(&BatchLabels { kind });
-        }
-        metrics
-    }
-}
-
-impl BatchMetrics {
-    /// One transaction of `kind` ran `size` requests.
-    pub fn batch(&self, kind: BatchKind, size: usize) {
-        self.size
-            .get_or_create(&BatchLabels { kind })
-            .observe(size as f64);
-    }
-
-    /// `queued` requests of `kind` wait for the next transaction.
-    pub fn queued(&self, kind: BatchKind, queued: usize) {
-        self.queued
-            .get_or_create(&BatchLabels { kind })
-            .set(queued as i64);
-    }
-}
+pub type BatchMetrics = GroupCommit<BatchKind>;
 
 /// The `etcd` store's refusals while etcd's revision is below the tokens already answered (etcd
 /// restored to an older revision, docs/design.md#d-12-etcd): made by the store's high-water
@@ -154,15 +114,11 @@ impl Metrics {
     ) -> Arc<Self> {
         let mut registry = Registry::default();
         if let Some(batches) = batches {
-            registry.register(
-                "lock_batch_size",
+            batches.register(
+                &mut registry,
+                "lock",
                 "Acquires (releases) per lockdb transaction of the pg store (1: a request alone)",
-                batches.size,
-            );
-            registry.register(
-                "lock_batch_queued",
                 "Acquires (releases) waiting for the lockdb transaction of their kind that runs",
-                batches.queued,
             );
         }
         let etcd = etcd.unwrap_or_default();

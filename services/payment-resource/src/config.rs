@@ -1,12 +1,10 @@
 //! The payment resource's configuration: one TOML file plus `DLOCK_*` overrides, validated whole
 //! at start (docs/design.md#configuration).
 
-use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig};
-use dlock_server::http::{HttpLimits, Served};
+use dlock_server::http::Served;
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
-use dlock_server::tls::TlsSettings;
 
 /// The shortest operator credential accepted: a guessable one would let anyone move a fence.
 pub const OPERATOR_TOKEN_LEN_MIN: usize = 16;
@@ -51,14 +49,6 @@ pub struct PaymentConfig {
     pub dual_approval_above: Option<i64>,
 }
 
-fn error(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        origin: String::new(),
-        message: message.into(),
-    }
-}
-
 impl PaymentConfig {
     pub fn from_raw(raw: &mut RawConfig) -> Result<Self, ConfigError> {
         let listen = raw.socket_addr("server.listen", "127.0.0.1:7071")?;
@@ -66,7 +56,7 @@ impl PaymentConfig {
         // configuration in which a payout may be written without its token being checked, so
         // `false` stops the start.
         if !raw.boolean("payment.fencing.enabled", true)? {
-            return Err(error(
+            return Err(ConfigError::new(
                 "payment.fencing.enabled",
                 "cannot be false: the payment resource never accepts unfenced writes \
                  (docs/design.md#configuration); remove the key or set it to true",
@@ -83,7 +73,7 @@ impl PaymentConfig {
             && (token.len() < OPERATOR_TOKEN_LEN_MIN
                 || !token.bytes().all(|b| b.is_ascii_graphic()))
         {
-            return Err(error(
+            return Err(ConfigError::new(
                 "payment.operator.token",
                 format!(
                     "must be at least {OPERATOR_TOKEN_LEN_MIN} visible ASCII characters without spaces"
@@ -115,22 +105,8 @@ impl PaymentConfig {
         };
         let max_attempts = raw.integer("payment.payout.max-attempts", 20, 1..=1_000)? as i32;
         let batch_max = raw.integer("payment.batch.max", 32, 1..=256)? as usize;
-        let http = HttpLimits {
-            body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
-                as usize,
-            request_timeout: raw.millis("server.request-timeout-ms", 10_000, 1_000..=120_000)?,
-        };
-        let auth = Authenticator::new(
-            &AuthSettings::from_raw(raw)?,
-            operator_token.as_deref(),
-            OperatorWithoutAuth::Refused,
-        )?;
-        let served = Served {
-            listen,
-            http,
-            tls: TlsSettings::from_raw(raw)?,
-            auth,
-        };
+        let request_timeout = raw.millis("server.request-timeout-ms", 10_000, 1_000..=120_000)?;
+        let served = Served::from_raw(raw, listen, request_timeout, operator_token.as_deref())?;
         let proof_keys = ProofKeys::from_raw(raw)?;
         // -1, the default, is "not set": every funding applies at once.
         let dual_approval_above = raw.integer(

@@ -8,12 +8,10 @@ use std::sync::Arc;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use dlock_server::metrics::FencedOut;
 pub use dlock_server::metrics::Resource;
+use dlock_server::metrics::{FencedOut, GroupCommit};
 use dlock_server::registry::Register;
 
 // Variant names are the label values, hence lower case.
@@ -41,14 +39,8 @@ pub enum BatchKind {
     read,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BatchLabels {
-    pub kind: BatchKind,
-}
-
-/// Buckets 1, 2, 4, … 256: the batch sizes `payment.batch.max` allows.
-fn batch_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+impl dlock_server::metrics::BatchKind for BatchKind {
+    const ALL: &'static [Self] = &[BatchKind::claim, BatchKind::post, BatchKind::read];
 }
 
 pub struct Metrics {
@@ -57,8 +49,7 @@ pub struct Metrics {
     lookups: Family<LookupLabels, Counter>,
     conflicts: Counter,
     in_progress_timeouts: Counter,
-    batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
-    batch_queued: Family<BatchLabels, Gauge>,
+    batches: GroupCommit<BatchKind>,
 }
 
 impl Metrics {
@@ -81,21 +72,14 @@ impl Metrics {
                 "idempotency_in_progress_timeouts",
                 "Duplicates that stopped waiting for the identical request still in progress",
             ),
-            batch_size: registry.add_made(
-                "payment_batch_size",
+            batches: GroupCommit::registered(
+                &mut registry,
+                "payment",
                 "Requests per transaction of the claims and posts, and per statement of the payout reads (1: a request alone)",
-                Family::new_with_constructor(batch_histogram as fn() -> Histogram),
-            ),
-            batch_queued: registry.add(
-                "payment_batch_queued",
                 "Claims, posts and payout reads waiting for the transaction (statement) of their kind that runs",
             ),
             registry,
         };
-        for kind in [BatchKind::claim, BatchKind::post, BatchKind::read] {
-            let _ = metrics.batch_size.get_or_create(&BatchLabels { kind });
-            let _ = metrics.batch_queued.get_or_create(&BatchLabels { kind });
-        }
         // Every label value exists from the start, so a dashboard shows 0 rather than nothing.
         for outcome in [Lookup::hit, Lookup::miss] {
             let _ = metrics.lookups.get_or_create(&LookupLabels { outcome });
@@ -121,16 +105,12 @@ impl Metrics {
 
     /// One transaction of `kind` ran `size` requests.
     pub fn batch(&self, kind: BatchKind, size: usize) {
-        self.batch_size
-            .get_or_create(&BatchLabels { kind })
-            .observe(size as f64);
+        self.batches.batch(kind, size);
     }
 
     /// `queued` requests of `kind` wait for the next transaction.
     pub fn queued(&self, kind: BatchKind, queued: usize) {
-        self.batch_queued
-            .get_or_create(&BatchLabels { kind })
-            .set(queued as i64);
+        self.batches.queued(kind, queued);
     }
 
     pub fn encode(&self) -> String {

@@ -4,12 +4,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dlock_contract::auth::Credential;
-use dlock_server::auth::{AuthSettings, Authenticator, OperatorWithoutAuth};
 use dlock_server::config::{ConfigError, RawConfig};
-use dlock_server::http::{HttpLimits, Served};
+use dlock_server::http::Served;
 use dlock_server::pg::PgSettings;
 use dlock_server::proof::ProofKeys;
-use dlock_server::tls::TlsSettings;
 
 #[derive(Debug, Clone)]
 pub struct RailProxyConfig {
@@ -60,17 +58,9 @@ impl RailProxyConfig {
         let rail_url = raw.string_required("rail.proxy.rail-url", "http://rail-stub:7090")?;
         let read_ms = raw.integer("rail.proxy.read-timeout-ms", 8_000, 100..=120_000)?;
         let operator_token = raw.secret("rail.proxy.operator-token")?;
-        let http = HttpLimits {
-            body_bytes_max: raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?
-                as usize,
-            // A forward may take the whole read timeout; the request must outlive it.
-            request_timeout: Duration::from_millis(read_ms as u64 + 5_000),
-        };
-        let auth = Authenticator::new(
-            &AuthSettings::from_raw(raw)?,
-            operator_token.as_deref(),
-            OperatorWithoutAuth::Refused,
-        )?;
+        // A forward may take the whole read timeout; the request must outlive it.
+        let request_timeout = Duration::from_millis(read_ms as u64 + 5_000);
+        let served = Served::from_raw(raw, listen, request_timeout, operator_token.as_deref())?;
         let config = Self {
             pg,
             rail_url,
@@ -90,22 +80,13 @@ impl RailProxyConfig {
             rail_credential: match raw.string_optional("rail.proxy.rail-credential-file")? {
                 None => None,
                 Some(path) => Some(Credential::from_file(Path::new(&path)).map_err(|message| {
-                    ConfigError {
-                        key: "rail.proxy.rail-credential-file".into(),
-                        origin: String::new(),
-                        message,
-                    }
+                    ConfigError::new("rail.proxy.rail-credential-file", message)
                 })?),
             },
             rail_ca_file: raw
                 .string_optional("rail.proxy.rail-ca-file")?
                 .map(PathBuf::from),
-            served: Served {
-                listen,
-                http,
-                tls: TlsSettings::from_raw(raw)?,
-                auth,
-            },
+            served,
             operator_token,
             proof_keys: ProofKeys::from_raw(raw)?,
             batch_max: raw.integer("rail.batch.max", 16, 1..=256)? as usize,

@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use dlock_server::metrics::{FencedOut, Resource};
+use dlock_server::metrics::{FencedOut, GroupCommit, Resource};
 use dlock_server::registry::Register;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 
@@ -38,14 +37,8 @@ pub enum BatchKind {
     record,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BatchLabels {
-    kind: BatchKind,
-}
-
-fn batch_histogram() -> Histogram {
-    // 1 to 256.
-    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+impl dlock_server::metrics::BatchKind for BatchKind {
+    const ALL: &'static [Self] = &[BatchKind::admit, BatchKind::record];
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,8 +53,7 @@ pub struct Metrics {
     fenced: FencedOut,
     ambiguous: Gauge,
     ambiguous_oldest_age: Gauge<f64, AtomicU64>,
-    batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
-    batch_queued: Family<BatchLabels, Gauge>,
+    batches: GroupCommit<BatchKind>,
 }
 
 impl Metrics {
@@ -85,41 +77,24 @@ impl Metrics {
                 "payout_ambiguous_oldest_age_seconds",
                 "Time since the oldest RAIL_AMBIGUOUS payout became ambiguous (0 when there is none)",
             ),
-            batch_size: registry.add_made(
-                "rail_batch_size",
+            batches: GroupCommit::registered(
+                &mut registry,
+                "rail",
                 "Submissions per paydb transaction of their kind (1: a submission alone)",
-                Family::new_with_constructor(batch_histogram as fn() -> Histogram),
-            ),
-            batch_queued: registry.add(
-                "rail_batch_queued",
                 "Submissions waiting for the paydb transaction of their kind that runs",
             ),
             registry,
         })
-        .with_kinds()
-    }
-
-    /// Every kind exists from the start, so a dashboard shows 0 rather than nothing.
-    fn with_kinds(self: Arc<Self>) -> Arc<Self> {
-        for kind in [BatchKind::admit, BatchKind::record] {
-            let _ = self.batch_size.get_or_create(&BatchLabels { kind });
-            let _ = self.batch_queued.get_or_create(&BatchLabels { kind });
-        }
-        self
     }
 
     /// One transaction of `kind` ran `size` submissions.
     pub fn batch(&self, kind: BatchKind, size: usize) {
-        self.batch_size
-            .get_or_create(&BatchLabels { kind })
-            .observe(size as f64);
+        self.batches.batch(kind, size);
     }
 
     /// `queued` submissions of `kind` wait for the next transaction.
     pub fn queued(&self, kind: BatchKind, queued: usize) {
-        self.batch_queued
-            .get_or_create(&BatchLabels { kind })
-            .set(queued as i64);
+        self.batches.queued(kind, queued);
     }
 
     pub fn submission(&self, outcome: SubmissionOutcome) {

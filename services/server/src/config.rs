@@ -31,6 +31,18 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// An error of `key` found after reading it (a check across keys, a file it names): no
+    /// origin.
+    pub fn new(key: &str, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            origin: String::new(),
+            message: message.into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Origin {
     File(PathBuf),

@@ -53,6 +53,32 @@ pub struct Served {
 }
 
 impl Served {
+    /// `server.*` and `auth.*` of a service whose bodies are small JSON (`server.body-limit-bytes`
+    /// 16 KiB by default, at most 1 MiB) and whose operator-only calls take `operator_token`
+    /// besides the operator identities, refused to everybody when neither is set.
+    pub fn from_raw(
+        raw: &mut crate::config::RawConfig,
+        listen: std::net::SocketAddr,
+        request_timeout: Duration,
+        operator_token: Option<&str>,
+    ) -> Result<Self, crate::config::ConfigError> {
+        let body_bytes_max = raw.integer("server.body-limit-bytes", 16 * 1024, 1024..=1 << 20)?;
+        let auth = Authenticator::new(
+            &crate::auth::AuthSettings::from_raw(raw)?,
+            operator_token,
+            crate::auth::OperatorWithoutAuth::Refused,
+        )?;
+        Ok(Self {
+            listen,
+            http: HttpLimits {
+                body_bytes_max: body_bytes_max as usize,
+                request_timeout,
+            },
+            tls: crate::tls::TlsSettings::from_raw(raw)?,
+            auth,
+        })
+    }
+
     /// Opens the listener on `server.listen`.
     pub async fn bind(&self) -> std::io::Result<tokio::net::TcpListener> {
         let listen = self.listen;

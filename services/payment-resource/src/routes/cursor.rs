@@ -57,20 +57,7 @@ impl ListQuery {
         if let Some(id) = &self.account_id {
             check_account_id(&mut checks, "accountId", id);
         }
-        let limit = match &self.limit {
-            None => Some(LIST_LIMIT_DEFAULT),
-            Some(text) => checks.take(
-                text.parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
-                    .ok_or_else(|| {
-                        FieldError::new(
-                            "limit",
-                            format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
-                        )
-                    }),
-            ),
-        };
+        let limit = list_limit(&mut checks, self.limit.as_deref());
         let after = match &self.cursor {
             None => None,
             Some(text) => checks
@@ -132,6 +119,25 @@ fn decode_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
         return None;
     }
     Some((DateTime::from_timestamp_micros(micros)?, payout_id))
+}
+
+/// A list's `limit` query parameter: [`LIST_LIMIT_DEFAULT`] when absent, else an integer from 1
+/// to [`LIST_LIMIT_MAX`] (`None`, and a field error in `checks`, when it is not).
+pub(super) fn list_limit(checks: &mut Checks, limit: Option<&str>) -> Option<i64> {
+    let Some(text) = limit else {
+        return Some(LIST_LIMIT_DEFAULT);
+    };
+    checks.take(
+        text.parse::<i64>()
+            .ok()
+            .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
+            .ok_or_else(|| {
+                FieldError::new(
+                    "limit",
+                    format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
+                )
+            }),
+    )
 }
 
 #[cfg(test)]

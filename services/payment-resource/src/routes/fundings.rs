@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorCode, FieldError};
 use dlock_contract::http::json_response;
-use dlock_contract::payment::{FundingList, FundingsFilter, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+use dlock_contract::payment::{FundingList, FundingsFilter};
 use dlock_server::auth::Caller;
 use serde::Deserialize;
 
@@ -37,20 +37,7 @@ impl FundingsQuery {
                 )
             })),
         };
-        let limit = match &self.limit {
-            None => Some(LIST_LIMIT_DEFAULT),
-            Some(text) => checks.take(
-                text.parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
-                    .ok_or_else(|| {
-                        FieldError::new(
-                            "limit",
-                            format!("must be an integer from 1 to {LIST_LIMIT_MAX}"),
-                        )
-                    }),
-            ),
-        };
+        let limit = super::cursor::list_limit(&mut checks, self.limit.as_deref());
         checks.done()?;
         Ok((present(filter)?, present(limit)?))
     }
