@@ -176,24 +176,13 @@ impl PaymentClient {
         limit: Option<i64>,
         cursor: Option<&str>,
     ) -> Result<PayoutPage, ClientError> {
-        let (url, mut req) = self.request(Method::GET, "/v1/payouts", READ_TIMEOUT);
-        let mut query: Vec<(&str, String)> = Vec::new();
-        if let Some(state) = state {
-            query.push(("state", state.as_str().to_owned()));
-        }
-        if let Some(account_id) = account_id {
-            query.push(("accountId", account_id.to_owned()));
-        }
-        if let Some(limit) = limit {
-            query.push(("limit", limit.to_string()));
-        }
-        if let Some(cursor) = cursor {
-            query.push(("cursor", cursor.to_owned()));
-        }
-        if !query.is_empty() {
-            req = req.query(&query);
-        }
-        expect_body(&url, send(&url, req).await?)
+        let query = [
+            ("state", state.map(|s| s.as_str().to_owned())),
+            ("accountId", account_id.map(str::to_owned)),
+            ("limit", limit.map(|n| n.to_string())),
+            ("cursor", cursor.map(str::to_owned)),
+        ];
+        self.list("/v1/payouts", &query).await
     }
 
     /// The fundings that needed a second treasury identity (docs/contract.md#list-fundings):
@@ -203,16 +192,26 @@ impl PaymentClient {
         state: Option<FundingsFilter>,
         limit: Option<i64>,
     ) -> Result<FundingList, ClientError> {
-        let (url, mut req) = self.request(Method::GET, "/v1/fundings", READ_TIMEOUT);
-        let mut query: Vec<(&str, String)> = Vec::new();
-        if let Some(state) = state {
-            query.push(("state", state.as_str().to_owned()));
-        }
-        if let Some(limit) = limit {
-            query.push(("limit", limit.to_string()));
-        }
-        if !query.is_empty() {
-            req = req.query(&query);
+        let query = [
+            ("state", state.map(|s| s.as_str().to_owned())),
+            ("limit", limit.map(|n| n.to_string())),
+        ];
+        self.list("/v1/fundings", &query).await
+    }
+
+    /// A list (P1, the fundings): `GET path` with the query parameters that are set.
+    async fn list<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, Option<String>)],
+    ) -> Result<T, ClientError> {
+        let (url, mut req) = self.request(Method::GET, path, READ_TIMEOUT);
+        let set: Vec<(&str, &String)> = query
+            .iter()
+            .filter_map(|(name, value)| value.as_ref().map(|v| (*name, v)))
+            .collect();
+        if !set.is_empty() {
+            req = req.query(&set);
         }
         expect_body(&url, send(&url, req).await?)
     }

@@ -487,9 +487,10 @@ fn a_full_review_cache_forgets_its_least_recently_used_entry_only() {
     );
 }
 
-#[test]
-fn review_answers_expire_and_refusals_sooner() {
-    let settings = TokenReviewSettings {
+/// TokenReview settings with no API server: answers cached 60 s (10 of each), one review at a
+/// time, a burst of one, one source.
+fn review_settings() -> TokenReviewSettings {
+    TokenReviewSettings {
         url: String::new(),
         ca_file: None,
         token_file: PathBuf::new(),
@@ -504,7 +505,12 @@ fn review_answers_expire_and_refusals_sooner() {
         source_reviews_per_second: 1,
         source_review_burst: 1,
         sources_max: 1,
-    };
+    }
+}
+
+#[test]
+fn review_answers_expire_and_refusals_sooner() {
+    let settings = review_settings();
     let mut cache = ReviewCache::new(&settings);
     let t0 = Instant::now();
     let (ok, bad) = (digest("ok"), digest("bad"));
@@ -557,20 +563,10 @@ fn the_token_bucket_refills_at_its_rate_up_to_its_burst() {
 #[test]
 fn a_source_that_spent_its_budget_leaves_the_shared_one_to_the_others() {
     let settings = TokenReviewSettings {
-        url: String::new(),
-        ca_file: None,
-        token_file: PathBuf::new(),
-        audiences: vec![],
-        cache_ttl: Duration::from_secs(60),
-        cache_max: 10,
-        refused_cache_max: 10,
-        timeout: Duration::from_secs(1),
-        reviews_per_second: 1,
         review_burst: 5,
-        reviews_in_flight_max: 1,
-        source_reviews_per_second: 1,
         source_review_burst: 2,
         sources_max: 2,
+        ..review_settings()
     };
     let review = TokenReviewer::new(&settings).unwrap_or_else(|e| panic!("{e}"));
     let flood = source_key(Some("127.0.0.2".parse().unwrap_or_else(|e| panic!("{e}"))));
