@@ -31,19 +31,23 @@ fn string_rules(field: &Value) -> Value {
     })
 }
 
+/// [`string_rules`] of a field that only the contract's `pattern` and length (1 to `max`) hold.
+fn pattern_rules(pattern: &str, max: usize) -> Value {
+    json!({"type": "string", "pattern": pattern, "minLength": 1, "maxLength": max,
+           "x-kubernetes-validations": null})
+}
+
 #[test]
 fn every_payout_item_field_carries_the_contracts_rule() {
     let spec = spec_schema(&PayoutBatch::crd());
     let item = &spec["properties"]["payouts"]["items"]["properties"];
     assert_eq!(
         string_rules(&item["accountId"]),
-        json!({"type": "string", "pattern": ACCOUNT_ID_PATTERN, "minLength": 1,
-               "maxLength": ACCOUNT_ID_LEN_MAX, "x-kubernetes-validations": null})
+        pattern_rules(ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX)
     );
     assert_eq!(
         string_rules(&item["beneficiaryRef"]),
-        json!({"type": "string", "pattern": REFERENCE_PATTERN, "minLength": 1,
-               "maxLength": REFERENCE_LEN_MAX, "x-kubernetes-validations": null})
+        pattern_rules(REFERENCE_PATTERN, REFERENCE_LEN_MAX)
     );
     assert_eq!(
         string_rules(&item["key"]),
@@ -85,13 +89,11 @@ fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
         let fields = &spec["properties"];
         assert_eq!(
             string_rules(&fields["key"]),
-            json!({"type": "string", "pattern": KEY_PATTERN, "minLength": 1,
-                   "maxLength": LOCK_KEY_LEN_MAX, "x-kubernetes-validations": null})
+            pattern_rules(KEY_PATTERN, LOCK_KEY_LEN_MAX)
         );
         assert_eq!(
             string_rules(&fields["accountId"]),
-            json!({"type": "string", "pattern": ACCOUNT_ID_PATTERN, "minLength": 1,
-                   "maxLength": ACCOUNT_ID_LEN_MAX, "x-kubernetes-validations": null})
+            pattern_rules(ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX)
         );
     }
 }

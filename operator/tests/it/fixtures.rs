@@ -24,6 +24,36 @@ pub fn executor_allowance() -> dlock_operator::validate::ExecutorAllowance {
     }
 }
 
+/// The credential Secret [`executor_allowance`] lists: `executor-credential`, key `token`.
+pub fn executor_credential() -> SecretKeyRef {
+    SecretKeyRef {
+        name: "executor-credential".to_owned(),
+        key: "token".to_owned(),
+    }
+}
+
+/// An executor authenticating with [`executor_credential`] as the identity `executor`.
+pub fn executor_with_credential() -> ExecutorSpec {
+    ExecutorSpec {
+        identity: Some("executor".to_owned()),
+        credential_secret: Some(executor_credential()),
+        service_account_name: None,
+    }
+}
+
+/// The lock a lock server holds in the mirror tests, as its held-locks list carries it.
+pub fn held_lock() -> dlock_contract::lock::LockGrant {
+    dlock_contract::lock::LockGrant {
+        key: "payout:acct-17".to_owned(),
+        owner_id: "executor-7".to_owned(),
+        session_id: uuid::Uuid::from_u128(7),
+        fencing_token: 42,
+        acquired_at: "2026-12-02T16:59:00.250Z".parse().unwrap(),
+        expires_at: "2026-12-02T17:00:10Z".parse().unwrap(),
+        fencing_proof: None,
+    }
+}
+
 pub fn settings() -> dlock_operator::validate::Settings {
     dlock_operator::validate::Settings {
         image: IMAGE.to_owned(),

@@ -85,14 +85,7 @@ fn the_executor_job_runs_dlock_run_on_the_manifest() {
 #[test]
 fn the_executor_job_carries_its_credential_and_identity() {
     let mut object = fixtures::payout_batch();
-    object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
-        identity: Some("executor".to_owned()),
-        credential_secret: Some(dlock_operator::crd::SecretKeyRef {
-            name: "executor-credential".to_owned(),
-            key: "token".to_owned(),
-        }),
-        service_account_name: None,
-    });
+    object.spec.executor = Some(fixtures::executor_with_credential());
     let batch =
         validate::payout_batch(&object, &settings(), &fixtures::executor_allowance()).unwrap();
     let job = serde_json::to_value(job::executor_job(&batch)).unwrap();
@@ -162,10 +155,7 @@ fn the_executor_job_carries_its_credential_and_identity() {
     // A Secret without the identity it authenticates as, or an identity the service account's
     // token cannot prove, is refused.
     object.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
-        credential_secret: Some(dlock_operator::crd::SecretKeyRef {
-            name: "executor-credential".to_owned(),
-            key: "token".to_owned(),
-        }),
+        credential_secret: Some(fixtures::executor_credential()),
         ..Default::default()
     });
     let error =
@@ -274,14 +264,7 @@ fn secret_env_paths(value: &serde_json::Value, at: &str, found: &mut Vec<String>
 #[test]
 fn no_job_or_cron_job_carries_a_secret_in_its_environment() {
     let mut with_secret = fixtures::payout_batch();
-    with_secret.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
-        identity: Some("executor".to_owned()),
-        credential_secret: Some(dlock_operator::crd::SecretKeyRef {
-            name: "executor-credential".to_owned(),
-            key: "token".to_owned(),
-        }),
-        service_account_name: None,
-    });
+    with_secret.spec.executor = Some(fixtures::executor_with_credential());
     let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
     let hourly =
         validate::reconciliation(&fixtures::reconciliation(Some("0 * * * *")), &settings())
@@ -433,18 +416,12 @@ fn the_executor_mounts_only_a_credential_secret_the_platform_lists() {
     }
     // Positive control: the listed Secret is mounted.
     object.spec.executor.as_mut().unwrap().credential_secret =
-        Some(dlock_operator::crd::SecretKeyRef {
-            name: "executor-credential".to_owned(),
-            key: "token".to_owned(),
-        });
+        Some(fixtures::executor_credential());
     let batch =
         validate::payout_batch(&object, &settings(), &fixtures::executor_allowance()).unwrap();
     assert_eq!(
         batch.credential.token,
-        validate::TokenSource::Secret(dlock_operator::crd::SecretKeyRef {
-            name: "executor-credential".to_owned(),
-            key: "token".to_owned(),
-        })
+        validate::TokenSource::Secret(fixtures::executor_credential())
     );
 }
 

@@ -6,15 +6,7 @@ use super::*;
 fn a_mirrored_lock_is_named_from_its_key_and_owned_by_its_lock_server() {
     let server = fixtures::lock_server();
     let owner = kube::Resource::controller_owner_ref(&server, &()).unwrap();
-    let held = dlock_contract::lock::LockGrant {
-        key: "payout:acct-17".to_owned(),
-        owner_id: "executor-7".to_owned(),
-        session_id: uuid::Uuid::from_u128(7),
-        fencing_token: 42,
-        acquired_at: "2026-12-02T16:59:00Z".parse().unwrap(),
-        expires_at: "2026-12-02T17:00:10Z".parse().unwrap(),
-        fencing_proof: None,
-    };
+    let held = fixtures::held_lock();
     let name = lock::lock_name("lock-server", &held.key);
     assert!(name.starts_with("payout-acct-17-"), "{name}");
     assert_json(

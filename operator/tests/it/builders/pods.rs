@@ -107,7 +107,8 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
     let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
     let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
     let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
-    for workload in [&lock_server, &payment, &rail.proxy] {
+    let stub = rail.stub.as_ref().unwrap();
+    for workload in [&lock_server, &payment, &rail.proxy, stub] {
         let pod = deployment::deployment(workload)
             .spec
             .unwrap()
@@ -116,6 +117,8 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
             .unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("dlock-service"));
         assert_eq!(pod.automount_service_account_token, Some(true));
+    }
+    for workload in [&lock_server, &payment, &rail.proxy] {
         assert!(
             workload.config_toml.contains(
                 "\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n"
@@ -124,15 +127,6 @@ fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_rev
             workload.config_toml
         );
     }
-    let stub = rail.stub.unwrap();
-    let pod = deployment::deployment(&stub)
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
-    assert_eq!(pod.service_account_name.as_deref(), Some("dlock-service"));
-    assert_eq!(pod.automount_service_account_token, Some(true));
     assert_json(
         &service_account::service_account("payments"),
         json!({

@@ -279,6 +279,29 @@ fn reply_names(call: Call, plural: &str, names: &[&str]) {
     );
 }
 
+/// `result` (a revocation's result, as applied) is OutcomeUnknown for `token`, with no
+/// revocation id: the answer was lost.
+fn assert_outcome_unknown(result: &Value, token: i64) {
+    assert_eq!(
+        (
+            &result["outcome"],
+            &result["revokedToken"],
+            &result["revocationId"]
+        ),
+        (&json!("OutcomeUnknown"), &json!(token), &Value::Null),
+        "{result}"
+    );
+}
+
+/// `revocation` (a revocation's result, as applied) is Refused, its summary saying `why`.
+fn assert_refused(revocation: &Value, why: &str) {
+    assert_eq!(revocation["outcome"], "Refused");
+    assert!(
+        revocation["summary"].as_str().unwrap().contains(why),
+        "{revocation}"
+    );
+}
+
 /// The stack of the fixtures: one LockServer, PaymentResource and RailProxy in the namespace.
 async fn answer_fence_targets(api: &mut ApiServerVerifier) {
     reply_names(api.next().await, "lockservers", &["lock-server"]);

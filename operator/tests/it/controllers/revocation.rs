@@ -15,14 +15,9 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
     reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
     reply_names(api.next().await, "railproxies", &["rail"]);
     let call = api.next().await;
-    let revocation = &call.body["status"]["revocation"];
-    assert_eq!(revocation["outcome"], "Refused");
-    assert!(
-        revocation["summary"]
-            .as_str()
-            .unwrap()
-            .contains("2 PaymentResources in the namespace (pay-a, pay-b)"),
-        "{revocation}"
+    assert_refused(
+        &call.body["status"]["revocation"],
+        "2 PaymentResources in the namespace (pay-a, pay-b)",
     );
     call.answer(&fixtures::lock());
     api.next().await.echo();
@@ -160,15 +155,7 @@ async fn a_lock_revocation_whose_l8_outcome_is_unknown_is_requeued_then_complete
     answer_fence_targets(&mut api).await;
     let call = api.expect_apply(&path).await;
     let result = call.body["status"]["result"].clone();
-    assert_eq!(
-        (
-            &result["outcome"],
-            &result["revokedToken"],
-            &result["revocationId"]
-        ),
-        (&json!("OutcomeUnknown"), &json!(41), &Value::Null),
-        "{result}"
-    );
+    assert_outcome_unknown(&result, 41);
     assert!(
         result["summary"]
             .as_str()

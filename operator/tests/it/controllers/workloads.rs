@@ -25,19 +25,6 @@ fn ready_deployment(mut body: Value, replicas: i64) -> Value {
     body
 }
 
-/// The lock a lock server holds in the mirror tests, as its held-locks list carries it.
-fn held_lock() -> LockGrant {
-    LockGrant {
-        key: "payout:acct-17".to_owned(),
-        owner_id: "executor-7".to_owned(),
-        session_id: uuid::Uuid::from_u128(7),
-        fencing_token: 42,
-        acquired_at: "2026-12-02T16:59:00.250Z".parse().unwrap(),
-        expires_at: "2026-12-02T17:00:10Z".parse().unwrap(),
-        fencing_proof: None,
-    }
-}
-
 /// A LockServer scaled to 3 replicas, last seen Ready with `ready_message`.
 fn ready_lock_server(ready_message: &str) -> dlock_operator::crd::LockServer {
     let mut object = fixtures::lock_server();
@@ -189,7 +176,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
 #[tokio::test]
 async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_locks() {
     let (services, ctx, mut api) = world(FakeServices {
-        held: vec![held_lock()],
+        held: vec![fixtures::held_lock()],
         ..FakeServices::default()
     });
     let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
@@ -274,7 +261,7 @@ fn created_keys(call: &Call) -> String {
 #[tokio::test]
 async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
     let (services, ctx, mut api) = world(FakeServices {
-        held: vec![held_lock()],
+        held: vec![fixtures::held_lock()],
         truncated: true,
         ..FakeServices::default()
     });
