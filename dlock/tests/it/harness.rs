@@ -11,6 +11,7 @@ use dlock_devstack::{
 };
 use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
+use sqlx::{Connection, PgConnection};
 
 pub use crate::shared::http::{post_json, raw};
 
@@ -283,6 +284,39 @@ pub fn serve_in_task(
 
 pub fn port() -> u16 {
     free_port().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A connection to the PostgreSQL database at `url` in a transaction that holds the rows
+/// `select_for_update` (a `SELECT … FOR UPDATE` of one parameter, `param`) locks, until it is
+/// closed ([`open`]) or dropped; asserts that it locked exactly one, `what`.
+pub async fn hold_row<'q, T>(
+    url: &str,
+    select_for_update: &'static str,
+    param: T,
+    what: &str,
+) -> PgConnection
+where
+    T: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
+    let mut conn = PgConnection::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let locked = sqlx::query(select_for_update)
+        .bind(param)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(locked.len(), 1, "{what}, so its row can gate");
+    conn
+}
+
+/// Lets a gate go: its locks end with its session.
+pub async fn open(gate: PgConnection) {
+    gate.close().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Polls `probe` until it returns `Some`, failing the test after `timeout`.

@@ -19,7 +19,9 @@ use dlock_devstack::ManagedChild;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::harness::{Backend, LockStack, client, eventually, port, post_json, session};
+use crate::harness::{
+    Backend, LockStack, client, eventually, hold_row, open, port, post_json, session,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 /// The acquires under test may wait server-side this long: it only lengthens their client's
@@ -98,19 +100,14 @@ impl Server {
 
     /// A connection in a transaction that holds the row of `key`'s grant until [`open`].
     async fn gate_release(&self, key: &str) -> PgConnection {
-        let mut conn = self.connection().await;
-        sqlx::query("BEGIN")
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let locked: Vec<(i64,)> =
-            sqlx::query_as("SELECT fencing_token FROM locks WHERE lock_key = $1 FOR UPDATE")
-                .bind(key)
-                .fetch_all(&mut conn)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(locked.len(), 1, "{key} is held, so its row can gate");
-        conn
+        let url = self.stack.pg.as_ref().map(|pg| pg.url("lockdb"));
+        hold_row(
+            &url.unwrap_or_default(),
+            "SELECT fencing_token FROM locks WHERE lock_key = $1 FOR UPDATE",
+            key,
+            &format!("{key} is held"),
+        )
+        .await
     }
 
     /// Backends of lockdb waiting for a lock in a statement whose text holds `text`.
@@ -200,11 +197,6 @@ impl Server {
             )),
         )
     }
-}
-
-/// Lets a gate go: its locks end with its session.
-async fn open(gate: PgConnection) {
-    gate.close().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn metric(text: &str, sample: &str) -> f64 {

@@ -94,17 +94,7 @@ async fn only_the_rail_proxy_may_submit_to_the_rail_stub() {
         transfers(&before) + 3,
         "the proxy's submits reached the rail: {after}"
     );
-    let page = stack
-        .executor_payments()
-        .list_payouts(None, None, Some(100), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let posted = page
-        .items
-        .iter()
-        .filter(|p| p.state.as_str() == "POSTED")
-        .count();
-    assert_eq!(posted, 3, "{output}");
+    assert_eq!(stack.posted().await, 3, "{output}");
 }
 
 #[test]

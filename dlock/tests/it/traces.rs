@@ -14,10 +14,8 @@ use dlock_devstack::{ManagedChild, free_port, spawn_logged};
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::auth::DevStack;
+use crate::auth::{DevStack, run_logged};
 use crate::harness::{eventually, raw};
-
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
 fn jaeger_bin() -> PathBuf {
     let path = std::env::var_os("DLOCK_JAEGER_BIN")
@@ -211,7 +209,7 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
         ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_http.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ]);
-    let (lock, payment, proxy) = stack.services();
+    let (lock, payment, _) = stack.services();
     let executor = stack.token("executor");
 
     // One account, funded, and a batch of one payout.
@@ -245,22 +243,7 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
          amountMinor: 1250\n      currency: EUR\n      beneficiaryRef: ben-1\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let args: Vec<String> = [
-        "run",
-        "-f",
-        &batch.display().to_string(),
-        "--lock-server",
-        &lock,
-        "--payment-resource",
-        &payment,
-        "--rail-proxy",
-        &proxy,
-        "--identity",
-        "executor",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let args = stack.run_args(&batch.display().to_string(), &[]);
     // The executor exports over gRPC, the services over HTTP: both protocols reach one trace.
     let mut env = stack.run_env();
     env.extend([
@@ -271,13 +254,8 @@ async fn one_payout_is_one_trace_from_the_executor_to_the_rail_and_an_error_name
         ("OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(), "grpc".to_owned()),
     ]);
     let log = dir.path().join("run.log");
-    let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(60)))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(status.is_some_and(|s| s.success()), "dlock run: {output}");
+    let (ok, output) = run_logged(&args, &env, &log, Duration::from_secs(60)).await;
+    assert!(ok, "dlock run: {output}");
     let page = client
         .list_payouts(None, Some("acct-trace"), Some(10), None)
         .await

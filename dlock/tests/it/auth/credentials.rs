@@ -12,7 +12,6 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     let (executor, operator) = stack.credentials();
 
     // Some state to protect: an account with funds, opened by the treasury.
-    let client = stack.executor_payments();
     open_account(&stack.treasury_payments(), "acct-a", Some(100_000)).await;
     let before = stack.snapshot().await;
 
@@ -163,13 +162,11 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
     for (method, url, body) in &writes[..2] {
         let body = (!body.is_empty()).then_some(body.as_str());
         let answer = raw(method.clone(), url, &foreign, body).await;
-        assert_refused(
+        forbidden(
             &format!("{method} {url} as a foreign owner"),
             &answer,
-            403,
-            "FORBIDDEN",
+            &mut refused,
         );
-        refused += 1;
     }
     // ...nor run an operator-only operation.
     let own = [
@@ -185,13 +182,11 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
             || url.contains("/high-water/")
     }) {
         let answer = raw(method.clone(), url, &own, Some(body)).await;
-        assert_refused(
+        forbidden(
             &format!("{method} {url} as the executor"),
             &answer,
-            403,
-            "FORBIDDEN",
+            &mut refused,
         );
-        refused += 1;
     }
     // ...nor create money: opening and funding an account are the treasury's alone (the
     // treasury opened and funded acct-a above), and the operator is no treasury either.
@@ -219,17 +214,10 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
                 ("authorization", credential),
             ];
             let answer = raw(Method::POST, &url, &headers, Some(body)).await;
-            assert_refused(
-                &format!("POST {url} as the {who}"),
-                &answer,
-                403,
-                "FORBIDDEN",
-            );
-            refused += 1;
+            forbidden(&format!("POST {url} as the {who}"), &answer, &mut refused);
         }
     }
-    let after = stack.snapshot().await;
-    assert_eq!(before, after, "{refused} refused requests changed nothing");
+    let after = stack.unchanged_since(&before, refused).await;
     assert!(refused >= 64, "{refused}");
 
     // Probes, scrapes and the statement stay open.
@@ -270,14 +258,5 @@ async fn on_the_dev_stack_every_write_needs_a_credential_and_a_refusal_changes_n
         ok,
         "dlock run with a credential finishes the batch: {output}"
     );
-    let page = client
-        .list_payouts(None, None, Some(100), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let posted = page
-        .items
-        .iter()
-        .filter(|p| p.state.as_str() == "POSTED")
-        .count();
-    assert_eq!(posted, 12, "{output}");
+    assert_eq!(stack.posted().await, 12, "{output}");
 }

@@ -37,18 +37,11 @@ fn items(list: &Value) -> &Vec<Value> {
 /// limit is 400 VALIDATION_FAILED naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_fundings_list_shows_a_waiting_funding_to_the_second_treasury_identity() {
-    let stack = DevStack::with_dual_approval_above(THRESHOLD).await;
+    let stack = DevStack::with_second_treasury(THRESHOLD, TREASURY_2).await;
     let payment = stack.url("paymentResource");
-    stack
-        .add_tokens(&[("treasury-2", TREASURY_2, "treasury")])
-        .await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let second_file = dir.path().join("treasury-2.token");
-    let executor_file = dir.path().join("executor.token");
-    std::fs::write(&second_file, TREASURY_2).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&executor_file, stack.token("executor")).unwrap_or_else(|e| panic!("{e}"));
-    let second = second_file.display().to_string();
-    let executor = executor_file.display().to_string();
+    let files = TokenFiles::new();
+    let second = files.write("treasury-2", TREASURY_2);
+    let executor = files.write("executor", &stack.token("executor"));
 
     // Nothing waits yet: the table says so (the control for the listing below).
     let (ok, out, said) = dlock_as(&["fundings", "list"], &payment, "treasury-2", &second);
@@ -164,17 +157,7 @@ async fn dlock_fundings_list_shows_a_waiting_funding_to_the_second_treasury_iden
     assert!(said.contains("400 VALIDATION_FAILED"), "{said}");
 
     // B approves it by the listed id.
-    let (ok, out, said) = dlock_as(
-        &["fundings", "approve", &id],
-        &payment,
-        "treasury-2",
-        &second,
-    );
-    assert!(ok, "the second identity approves: {said}");
-    assert!(
-        out.contains("requested by treasury, approved by treasury-2"),
-        "{out}"
-    );
+    approved_by_second(&id, &payment, &second, "the second identity approves");
 
     // No longer pending; listed as applied, approved by B.
     assert_eq!(

@@ -75,6 +75,27 @@ impl DevStack {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// [`DevStack::with_dual_approval_above`] `threshold`, with a second treasury identity,
+    /// `treasury-2`, of `token`.
+    pub(crate) async fn with_second_treasury(threshold: &str, token: &str) -> Self {
+        let stack = Self::with_dual_approval_above(threshold).await;
+        stack.add_tokens(&[("treasury-2", token, "treasury")]).await;
+        stack
+    }
+
+    /// How many of the first 100 payouts the executor identity lists are POSTED.
+    pub(crate) async fn posted(&self) -> usize {
+        let page = self
+            .executor_payments()
+            .list_payouts(None, None, Some(100), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        page.items
+            .iter()
+            .filter(|p| p.state.as_str() == "POSTED")
+            .count()
+    }
+
     /// A payment client of the executor identity, with its credential.
     pub(crate) fn executor_payments(&self) -> PaymentClient {
         self.payments_as("executor/test")
@@ -91,33 +112,33 @@ impl DevStack {
         );
         let batch = dir.path().join("batch.yaml");
         std::fs::write(&batch, text).unwrap_or_else(|e| panic!("{e}"));
+        let args = self.run_args(&batch.display().to_string(), &[]);
         let log = dir.path().join("run.log");
-        let args: Vec<String> = [
+        run_logged(&args, &self.run_env(), &log, Duration::from_secs(120)).await
+    }
+
+    /// The arguments of `dlock run` of the manifest `batch` against this stack's lock server,
+    /// payment resource and rail proxy as the executor identity, then `extra`.
+    pub(crate) fn run_args(&self, batch: &str, extra: &[&str]) -> Vec<String> {
+        let (lock, payment, proxy) = self.services();
+        let mut args: Vec<String> = [
             "run",
             "-f",
-            &batch.display().to_string(),
+            batch,
             "--lock-server",
-            &self.url("lockServer"),
+            &lock,
             "--payment-resource",
-            &self.url("paymentResource"),
+            &payment,
             "--rail-proxy",
-            &self.url("railProxy"),
+            &proxy,
             "--identity",
             "executor",
         ]
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-        let env = self.run_env();
-        let mut run = spawn_logged("dlock run", Path::new(EXE), &args, &env, Some(&log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(120)))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        (
-            status.is_some_and(|s| s.success()),
-            std::fs::read_to_string(&log).unwrap_or_default(),
-        )
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
     }
 
     /// The URLs of the lock server, the payment resource and the rail proxy.
@@ -166,6 +187,18 @@ impl DevStack {
     }
 
     /// A digest of every row of every table of paydb and lockdb, and the rail's statement.
+    /// Asserts that the `refused` requests since the [`DevStack::snapshot`] `before` changed
+    /// nothing; the snapshot now.
+    async fn unchanged_since(
+        &self,
+        before: &[(String, String)],
+        refused: usize,
+    ) -> Vec<(String, String)> {
+        let after = self.snapshot().await;
+        assert_eq!(before, after, "{refused} refused requests changed nothing");
+        after
+    }
+
     async fn snapshot(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for db in ["paydb", "lockdb"] {
@@ -202,6 +235,54 @@ impl DevStack {
         out.push(("rail statement".into(), statement.to_string()));
         out
     }
+}
+
+/// Files of tokens for `--credential-file`, in a directory that goes with them.
+pub(crate) struct TokenFiles(tempfile::TempDir);
+
+impl TokenFiles {
+    pub(crate) fn new() -> Self {
+        Self(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// Writes `token` to the file `{name}.token`; its path.
+    pub(crate) fn write(&self, name: &str, token: &str) -> String {
+        let path = self.0.path().join(format!("{name}.token"));
+        std::fs::write(&path, token).unwrap_or_else(|e| panic!("{e}"));
+        path.display().to_string()
+    }
+}
+
+/// `dlock ARGS` with `env`, its output logged to `log`, given `timeout` to exit: whether it
+/// succeeded, and its log.
+pub(crate) async fn run_logged(
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+    timeout: Duration,
+) -> (bool, String) {
+    let mut run = spawn_logged("dlock run", Path::new(EXE), args, env, Some(log))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let status = tokio::task::spawn_blocking(move || run.wait_exit(timeout))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        status.is_some_and(|s| s.success()),
+        std::fs::read_to_string(log).unwrap_or_default(),
+    )
+}
+
+/// `dlock fundings approve ID` against `payment` as the second treasury identity, `treasury-2`
+/// (its token in `file`), of a funding `treasury` asked for: it succeeds (`what`) and says who
+/// asked and who approved; its output.
+fn approved_by_second(id: &str, payment: &str, file: &str, what: &str) -> String {
+    let (ok, out, said) = dlock_as(&["fundings", "approve", id], payment, "treasury-2", file);
+    assert!(ok, "{what}: {said}");
+    assert!(
+        out.contains("requested by treasury, approved by treasury-2"),
+        "{out}"
+    );
+    out
 }
 
 /// `dlock ARGS` against `payment` as `identity`, its token read from `file`.
@@ -280,6 +361,12 @@ async fn write_as(
         headers.push(("x-fencing-proof", proof));
     }
     raw(Method::POST, url, &headers, Some(&body.to_string())).await
+}
+
+/// [`assert_refused`] 403 FORBIDDEN, counted in `refused`.
+fn forbidden(step: &str, answer: &(u16, String, Value), refused: &mut usize) {
+    assert_refused(step, answer, 403, "FORBIDDEN");
+    *refused += 1;
 }
 
 fn assert_refused(step: &str, answer: &(u16, String, Value), status: u16, code: &str) {

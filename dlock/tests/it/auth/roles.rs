@@ -87,13 +87,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
     // No role: every write, and every read under /v1/, is 403 before any handler.
     for (url, body) in &writes {
         let answer = write_as(url, STRANGER, "stranger/w", Some((7, "dev.x")), body).await;
-        assert_refused(
-            &format!("POST {url} with no role"),
-            &answer,
-            403,
-            "FORBIDDEN",
-        );
-        refused += 1;
+        forbidden(&format!("POST {url} with no role"), &answer, &mut refused);
     }
     for url in [
         format!("{payment}/v1/payouts/{payout}"),
@@ -103,13 +97,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         format!("{proxy}/v1/rail/high-water/acct-r"),
     ] {
         let answer = get_as(&url, STRANGER).await;
-        assert_refused(
-            &format!("GET {url} with no role"),
-            &answer,
-            403,
-            "FORBIDDEN",
-        );
-        refused += 1;
+        forbidden(&format!("GET {url} with no role"), &answer, &mut refused);
     }
     // The probes stay open to it.
     for url in [format!("{payment}/readyz"), format!("{lock}/healthz")] {
@@ -125,13 +113,11 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         (format!("{payment}/v1/fundings/{other}/approve"), &json!({})),
     ] {
         let answer = write_as(&url, &executor, "executor/test", None, body).await;
-        assert_refused(
+        forbidden(
             &format!("POST {url} as the executor"),
             &answer,
-            403,
-            "FORBIDDEN",
+            &mut refused,
         );
-        refused += 1;
     }
     // The registrar registers and nothing else: it cannot claim, submit, hold a lock or fund.
     for (url, body) in [
@@ -144,13 +130,11 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         (format!("{payment}/v1/accounts/acct-r/fund"), &fund),
     ] {
         let answer = write_as(&url, &registrar, "registrar/test", Some((7, "dev.x")), body).await;
-        assert_refused(
+        forbidden(
             &format!("POST {url} as the registrar"),
             &answer,
-            403,
-            "FORBIDDEN",
+            &mut refused,
         );
-        refused += 1;
     }
     // A reader reads, and writes nothing.
     let (status, _, body) = get_as(&format!("{payment}/v1/payouts/{payout}"), AUDITOR).await;
@@ -160,13 +144,7 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         (format!("{payment}/v1/payouts/{payout}/claim"), &claim),
     ] {
         let answer = write_as(&url, AUDITOR, "auditor/test", Some((7, "dev.x")), body).await;
-        assert_refused(
-            &format!("POST {url} as a reader"),
-            &answer,
-            403,
-            "FORBIDDEN",
-        );
-        refused += 1;
+        forbidden(&format!("POST {url} as a reader"), &answer, &mut refused);
     }
     // The treasury funds, and registers nothing.
     let answer = write_as(
@@ -177,15 +155,8 @@ async fn each_identity_does_only_what_its_role_allows_and_a_refusal_changes_noth
         &new_payout,
     )
     .await;
-    assert_refused(
-        "POST /v1/payouts as the treasury",
-        &answer,
-        403,
-        "FORBIDDEN",
-    );
-    refused += 1;
-    let after = stack.snapshot().await;
-    assert_eq!(before, after, "{refused} refused requests changed nothing");
+    forbidden("POST /v1/payouts as the treasury", &answer, &mut refused);
+    let after = stack.unchanged_since(&before, refused).await;
 
     // Positive control: the registrar registers (the snapshot sees it), and `dlock run` with the
     // registrar's credential for registering and the executor's for the cycles pays a batch.

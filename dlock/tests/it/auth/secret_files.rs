@@ -13,7 +13,6 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_run_and_reconcile_read_their_secrets_from_files() {
     let stack = DevStack::up().await;
-    let (lock, payment, proxy) = stack.services();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let file = |name: &str, text: &str| {
         let path = dir.path().join(name);
@@ -38,23 +37,9 @@ async fn dlock_run_and_reconcile_read_their_secrets_from_files() {
     // authenticates the run below).
     // `dlock run` of the batch against the stack as the executor, registering as the registrar.
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "-f",
-            &batch,
-            "--lock-server",
-            &lock,
-            "--payment-resource",
-            &payment,
-            "--rail-proxy",
-            &proxy,
-            "--identity",
-            "executor",
-            "--registrar-identity",
-            "registrar",
-        ];
-        args.extend(extra);
-        dlock(&args)
+        let mut args = stack.run_args(&batch, &["--registrar-identity", "registrar"]);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        dlock(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let (ok, _, said) = run(&["--settle-timeout-s", "5"]);
     assert!(!ok, "a run without credentials must fail: {said}");

@@ -18,21 +18,11 @@ const TREASURY_2: &str = "treasury-2-cli-0123456789abcdef";
 /// identity it applies the funding, once (the same command again applies nothing more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treasury_identity() {
-    let stack = DevStack::with_dual_approval_above(THRESHOLD).await;
+    let stack = DevStack::with_second_treasury(THRESHOLD, TREASURY_2).await;
     let payment = stack.url("paymentResource");
-    stack
-        .add_tokens(&[("treasury-2", TREASURY_2, "treasury")])
-        .await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let first_file = dir.path().join("treasury.token");
-    let second_file = dir.path().join("treasury-2.token");
-    std::fs::write(&first_file, format!("{}\n", stack.token("treasury")))
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&second_file, TREASURY_2).unwrap_or_else(|e| panic!("{e}"));
-    let (first, second) = (
-        first_file.display().to_string(),
-        second_file.display().to_string(),
-    );
+    let files = TokenFiles::new();
+    let first = files.write("treasury", &format!("{}\n", stack.token("treasury")));
+    let second = files.write("treasury-2", TREASURY_2);
 
     let pending = large_funding_waits(&stack.treasury_payments(), "acct-cli", "cli").await;
     let pool = stack.pool("paydb").await;
@@ -57,26 +47,14 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
     assert_eq!(scalar(&pool, balance).await, 100_000);
 
     // A second treasury identity applies it.
-    let (ok, out, said) = dlock_as(
-        &["fundings", "approve", &id],
-        &payment,
-        "treasury-2",
-        &second,
-    );
-    assert!(ok, "the second identity approves: {said}");
+    let out = approved_by_second(&id, &payment, &second, "the second identity approves");
     assert!(
         out.contains("requested by treasury, approved by treasury-2; balance 5100000"),
         "{out}"
     );
     assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied");
     // The same command again answers the same approval and applies nothing more.
-    let (ok, out, said) = dlock_as(
-        &["fundings", "approve", &id],
-        &payment,
-        "treasury-2",
-        &second,
-    );
-    assert!(ok, "the same approval again: {said}");
+    let out = approved_by_second(&id, &payment, &second, "the same approval again");
     assert!(out.contains("balance 5100000"), "{out}");
     assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied once");
     assert_eq!(
@@ -97,13 +75,9 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
 async fn limits_set_by_dlock_accounts_limits_refuse_a_payout_over_them() {
     let stack = DevStack::up().await;
     let payment = stack.url("paymentResource");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let treasury_file = dir.path().join("treasury.token");
-    let executor_file = dir.path().join("executor.token");
-    std::fs::write(&treasury_file, stack.token("treasury")).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&executor_file, stack.token("executor")).unwrap_or_else(|e| panic!("{e}"));
-    let treasury = treasury_file.display().to_string();
-    let executor = executor_file.display().to_string();
+    let files = TokenFiles::new();
+    let treasury = files.write("treasury", &stack.token("treasury"));
+    let executor = files.write("executor", &stack.token("executor"));
     open_account(&stack.treasury_payments(), "acct-lim", Some(100_000)).await;
     let registrar = stack.registrar_payments();
     let payout = |amount_minor: i64| CreatePayoutRequest {

@@ -7,24 +7,21 @@
 //! (services/server/src/trace.rs), exported over OTLP/HTTP. The test receives the export itself
 //! and counts the span names in it (OTLP/protobuf carries a span's name as its UTF-8 bytes).
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_devstack::spawn_logged;
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::claim_item;
-use crate::auth::DevStack;
+use crate::auth::{DevStack, run_logged};
 use crate::harness::{hold, loopback, post_json, raw, serve_in_task, session};
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest, register_payout};
 
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const JSON: &str = "application/json; charset=utf-8";
 
 /// A `POST /v1/batches/claim` of `items` with `token`'s credential: `(status, type, body)`.
@@ -235,7 +232,6 @@ const STEPS: [(&str, &str); 5] = [
 async fn dlock_run_pays_a_batch_through_the_batch_endpoints() {
     let otlp = Otlp::start().await;
     let stack = traced_stack(&otlp).await;
-    let (lock, payment, proxy) = stack.services();
     const FUNDS: i64 = 1_000_000;
     let accounts = ["acct-bt-0", "acct-bt-1", "acct-bt-2", "acct-bt-3"];
     for account in accounts {
@@ -255,38 +251,10 @@ async fn dlock_run_pays_a_batch_through_the_batch_endpoints() {
     );
     let file = dir.path().join("batch.yaml");
     std::fs::write(&file, manifest).unwrap_or_else(|e| panic!("{e}"));
+    let args = stack.run_args(&file.display().to_string(), &["--batch-max", "16"]);
     let log = dir.path().join("run.log");
-    let args: Vec<String> = [
-        "run",
-        "-f",
-        &file.display().to_string(),
-        "--lock-server",
-        &lock,
-        "--payment-resource",
-        &payment,
-        "--rail-proxy",
-        &proxy,
-        "--identity",
-        "executor",
-        "--batch-max",
-        "16",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    let mut run = spawn_logged(
-        "dlock run",
-        Path::new(EXE),
-        &args,
-        &stack.run_env(),
-        Some(&log),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    let status = tokio::task::spawn_blocking(move || run.wait_exit(Duration::from_secs(180)))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(status.is_some_and(|s| s.success()), "dlock run: {output}");
+    let (ok, output) = run_logged(&args, &stack.run_env(), &log, Duration::from_secs(180)).await;
+    assert!(ok, "dlock run: {output}");
 
     // Every payout POSTED, and on the rail's statement exactly once.
     let pool = stack.pool("paydb").await;

@@ -29,19 +29,12 @@ async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwards_again() {
-    let (w, stub) = RailWorld::with_stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
-    let settings = [
-        ("rail.proxy.read-timeout-ms", "3000"),
-        ("rail.proxy.unresolved-margin-ms", "200"),
-        ("rail.proxy.sweep-interval-ms", "100"),
-    ];
-    let port = port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut proxy = w.proxy_process(port, &stub, &settings);
+    let (w, restartable, mut proxy) = RailWorld::with_restartable_proxy(&[]).await;
+    let (url, stub) = (&restartable.url, &restartable.stub);
     w.account("acct-c", 10_000).await;
     let payout = w.claimed("acct-c", 700, 3).await;
     let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
-    let in_flight = tokio::spawn(submission(&client, &url, "acct-c", payout, 700, "3").send());
+    let in_flight = tokio::spawn(submission(&client, url, "acct-c", payout, 700, "3").send());
     // Wait until the intent is committed and the forward is on its way, then kill the proxy.
     w.intent_committed(payout, 3).await;
     proxy.kill();
@@ -49,24 +42,18 @@ async fn a_proxy_killed_mid_forward_leaves_the_payout_ambiguous_and_never_forwar
     assert!(answer.is_err(), "the caller got no answer: {answer:?}");
     assert_eq!(w.state(payout).await, "SUBMITTING");
     // After a restart the unresolved intent is declared ambiguous, never re-forwarded.
-    let _proxy = w.proxy_process(port, &stub, &settings);
-    eventually(
-        "the payout is quarantined",
-        Duration::from_secs(20),
-        || async { (w.state(payout).await == "RAIL_AMBIGUOUS").then_some(()) },
-    )
-    .await;
-    assert_eq!(w.submissions(payout).await, vec![("TIMEOUT".to_owned(), 3)]);
+    let _proxy = w.restart(&restartable);
+    w.quarantined(payout, 3, "acct-c").await;
     // The identical request is answered from the timed-out attempt; another token is a duplicate.
-    let (status, body) = submit(&url, "acct-c", payout, 700, "3").await;
+    let (status, body) = submit(url, "acct-c", payout, 700, "3").await;
     assert_eq!(status, 409);
     assert_envelope("replay after restart", status, &body, "RAIL_AMBIGUOUS");
     assert_eq!(body["details"]["outcome"], "TIMEOUT");
-    let (status, body) = submit(&url, "acct-c", payout, 700, "4").await;
+    let (status, body) = submit(url, "acct-c", payout, 700, "4").await;
     assert_eq!(status, 409);
     assert_envelope("after restart", status, &body, "DUPLICATE_SUBMISSION");
     // The rail may have taken the one attempt; it never sees a second.
-    let transfers = statement(&stub, payout).await;
+    let transfers = statement(stub, payout).await;
     assert!(transfers.len() <= 1, "{transfers:?}");
 }
 

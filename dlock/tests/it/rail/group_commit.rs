@@ -9,7 +9,9 @@
 //! many), and only then lets the gate go. The `rail_batch_size` histogram shows the batches that
 //! ran.
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
+
+use crate::harness::{hold_row, open};
 
 use super::*;
 
@@ -26,50 +28,25 @@ fn batching_proxy(w: &RailWorld, stub: &str, settings: &[(&str, &str)]) -> (Stri
 
 /// A connection in a transaction that holds `payout`'s row until [`open`] or until it is dropped.
 async fn hold_payout(w: &RailWorld, payout: Uuid) -> PgConnection {
-    let mut conn = PgConnection::connect(&w.pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("BEGIN")
-        .execute(&mut conn)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let locked: Vec<(Uuid,)> =
-        sqlx::query_as("SELECT payout_id FROM payouts WHERE payout_id = $1 FOR UPDATE")
-            .bind(payout)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(locked.len(), 1, "{payout} exists, so its row can gate");
-    conn
+    hold_row(
+        &w.pg.url("paydb"),
+        "SELECT payout_id FROM payouts WHERE payout_id = $1 FOR UPDATE",
+        payout,
+        &format!("{payout} exists"),
+    )
+    .await
 }
 
 /// A connection in a transaction that holds the attempt row of `payout` (its intent committed)
 /// until [`open`]: that attempt's record waits for it.
 async fn hold_attempt(w: &RailWorld, payout: Uuid) -> PgConnection {
-    let mut conn = PgConnection::connect(&w.pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("BEGIN")
-        .execute(&mut conn)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let locked: Vec<(Uuid,)> =
-        sqlx::query_as("SELECT submission_id FROM rail_submission WHERE payout_id = $1 FOR UPDATE")
-            .bind(payout)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        locked.len(),
-        1,
-        "{payout} has its attempt, so its row can gate"
-    );
-    conn
-}
-
-/// Lets a gate go: its locks end with its session.
-async fn open(gate: PgConnection) {
-    gate.close().await.unwrap_or_else(|e| panic!("{e}"));
+    hold_row(
+        &w.pg.url("paydb"),
+        "SELECT submission_id FROM rail_submission WHERE payout_id = $1 FOR UPDATE",
+        payout,
+        &format!("{payout} has its attempt"),
+    )
+    .await
 }
 
 /// Waits until a statement calling `function` waits for a lock in paydb; its backend's pid.
@@ -116,6 +93,13 @@ async fn batches_of(proxy: &str, kind: &str) -> (f64, f64) {
         metric(proxy, &format!("rail_batch_size_count{{kind=\"{kind}\"}}")).await,
         metric(proxy, &format!("rail_batch_size_sum{{kind=\"{kind}\"}}")).await,
     )
+}
+
+/// Growth of the batch-size histogram of `kind` since `before` (a [`batches_of`]): (batches
+/// that ran, submissions in them).
+async fn batches_since(proxy: &str, kind: &str, before: (f64, f64)) -> (f64, f64) {
+    let after = batches_of(proxy, kind).await;
+    (after.0 - before.0, after.1 - before.1)
 }
 
 /// One submission of a batch: its account, payout, amount and presented token.
@@ -215,9 +199,8 @@ async fn a_batch_with_mixed_outcomes_answers_each_and_forwards_only_the_admitted
     let ((gate_status, gate_body), answers) =
         gated(&w, &proxy, gate, gate_conn, &items, async {}).await;
     assert_eq!(gate_status, 200, "the gate: {gate_body}");
-    let after = batches(&proxy).await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches_since(&proxy, "admit", before).await,
         (2.0, 6.0),
         "the gate alone, then the five in one batch"
     );
@@ -293,17 +276,9 @@ async fn a_batch_with_mixed_outcomes_answers_each_and_forwards_only_the_admitted
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_never_forwarded_again()
 {
-    let (w, stub) = RailWorld::with_stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
-    let settings = [
-        ("rail.proxy.read-timeout-ms", "3000"),
-        ("rail.proxy.unresolved-margin-ms", "200"),
-        ("rail.proxy.sweep-interval-ms", "100"),
-    ];
-    let port = port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut all = vec![("rail.batch.max", "16")];
-    all.extend_from_slice(&settings);
-    let mut proxy = w.proxy_process(port, &stub, &all);
+    let (w, restartable, mut proxy) =
+        RailWorld::with_restartable_proxy(&[("rail.batch.max", "16")]).await;
+    let (url, stub) = (restartable.url.clone(), restartable.stub.clone());
     for account in ["gk-gate", "gk-1", "gk-2"] {
         w.account(account, 10_000).await;
     }
@@ -332,9 +307,8 @@ async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_nev
     for (_, payout, token) in &items {
         w.intent_committed(*payout, *token).await;
     }
-    let after = batches(&url).await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches_since(&url, "admit", before).await,
         (2.0, 3.0),
         "the gate alone, then the two together"
     );
@@ -348,19 +322,9 @@ async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_nev
         assert_eq!(w.state(*payout).await, "SUBMITTING");
     }
     // After a restart the unresolved intents are declared ambiguous, never re-forwarded.
-    let _proxy = w.proxy_process(port, &stub, &all);
+    let _proxy = w.restart(&restartable);
     for (account, payout, token) in &items {
-        eventually(
-            "the payout is quarantined",
-            Duration::from_secs(20),
-            || async { (w.state(*payout).await == "RAIL_AMBIGUOUS").then_some(()) },
-        )
-        .await;
-        assert_eq!(
-            w.submissions(*payout).await,
-            vec![("TIMEOUT".to_owned(), *token)],
-            "{account}"
-        );
+        w.quarantined(*payout, *token, account).await;
     }
     // The identical requests, sent together, are answered from the timed-out attempts; a newer
     // token is a duplicate. None is forwarded.
@@ -438,9 +402,8 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     .await;
     open(blocker).await;
     assert_eq!(gate_status, 200, "the gate: {gate_body}");
-    let after = batches(&proxy).await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches_since(&proxy, "admit", before).await,
         (2.0, 3.0),
         "the gate, then the batch of two"
     );
@@ -549,9 +512,8 @@ async fn the_answers_of_concurrent_forwards_are_recorded_in_one_commit_each_its_
     let ((status, body), answers) =
         gated_records(&w, &proxy, items[0], &items[1..], async {}).await;
     assert_eq!(status, 200, "the gate: {body}");
-    let after = batches_of(&proxy, "record").await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches_since(&proxy, "record", before).await,
         (2.0, 4.0),
         "the gate's record alone, then the three together"
     );
@@ -584,9 +546,8 @@ async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous()
         }
     );
     assert_eq!(status, 200, "the gate: {body}");
-    let after = batches_of(&proxy, "record").await;
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
+        batches_since(&proxy, "record", before).await,
         (2.0, 4.0),
         "the gate's record alone, then the batch of three that was aborted"
     );
@@ -598,23 +559,7 @@ async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous()
 async fn durable_world() -> RailWorld {
     let pg = PgServer::start_durability(dlock_devstack::Durability::Durable)
         .unwrap_or_else(|e| panic!("{e:#}"));
-    pg.create_database("paydb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(16)
-        .connect(&pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    dlock_rail_proxy::MIGRATOR
-        .run(&pool)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    RailWorld {
-        pg,
-        pool,
-        dir: tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")),
-        servers: Servers::default(),
-    }
+    RailWorld::on(pg, 16).await
 }
 
 /// `clients` clients, each submitting `cycles` payouts one after the other through `proxy`, each

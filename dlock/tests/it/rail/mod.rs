@@ -41,6 +41,15 @@ pub struct Rails {
     pub declining_proxy: String,
 }
 
+/// A proxy process of [`RailWorld::with_restartable_proxy`]: where it listens, the stub it is in
+/// front of, its settings.
+pub struct Restartable {
+    pub port: u16,
+    pub url: String,
+    pub stub: String,
+    settings: Vec<(&'static str, &'static str)>,
+}
+
 pub struct RailWorld {
     /// First: the servers stop before their database does.
     servers: Servers,
@@ -59,6 +68,52 @@ impl RailWorld {
         (w, stub, proxy)
     }
 
+    /// A world with a rail stub that answers after 1.5 s and a proxy process in front of it, with
+    /// `extra` settings, to be killed mid-forward and started again ([`RailWorld::restart`]).
+    pub async fn with_restartable_proxy(
+        extra: &[(&'static str, &'static str)],
+    ) -> (Self, Restartable, ManagedChild) {
+        let (w, stub) = Self::with_stub("stub", &[("rail.stub.latency-ms", "1500")]).await;
+        // A read timeout above the rail's latency; a dead process's unresolved intents declared
+        // ambiguous soon after the restart.
+        let mut settings = vec![
+            ("rail.proxy.read-timeout-ms", "3000"),
+            ("rail.proxy.unresolved-margin-ms", "200"),
+            ("rail.proxy.sweep-interval-ms", "100"),
+        ];
+        settings.extend_from_slice(extra);
+        let port = port();
+        let proxy = Restartable {
+            port,
+            url: format!("http://127.0.0.1:{port}"),
+            stub,
+            settings,
+        };
+        let process = w.restart(&proxy);
+        (w, proxy, process)
+    }
+
+    /// Starts `proxy`'s process (again), on its port with its settings.
+    pub fn restart(&self, proxy: &Restartable) -> ManagedChild {
+        self.proxy_process(proxy.port, &proxy.stub, &proxy.settings)
+    }
+
+    /// Waits until `payout`, whose attempt under `token` was in flight when its proxy died, is
+    /// declared RAIL_AMBIGUOUS with that attempt recorded TIMEOUT.
+    pub async fn quarantined(&self, payout: Uuid, token: i64, what: &str) {
+        eventually(
+            "the payout is quarantined",
+            Duration::from_secs(20),
+            || async { (self.state(payout).await == "RAIL_AMBIGUOUS").then_some(()) },
+        )
+        .await;
+        assert_eq!(
+            self.submissions(payout).await,
+            vec![("TIMEOUT".to_owned(), token)],
+            "{what}"
+        );
+    }
+
     /// A world with one rail stub, `name` with `settings` (its URL).
     pub async fn with_stub(name: &str, settings: &[(&str, &str)]) -> (Self, String) {
         let mut w = Self::new().await;
@@ -67,11 +122,15 @@ impl RailWorld {
     }
 
     pub async fn new() -> Self {
-        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+        Self::on(PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}")), 8).await
+    }
+
+    /// A world on `pg`: its paydb, migrated, and a pool of `max_connections` to it.
+    pub async fn on(pg: PgServer, max_connections: u32) -> Self {
         pg.create_database("paydb")
             .unwrap_or_else(|e| panic!("{e:#}"));
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
+            .max_connections(max_connections)
             .connect(&pg.url("paydb"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
