@@ -367,7 +367,7 @@ struct Payout {
     /// An attempt that may have reached the rail (any outcome but FENCED).
     presented: bool,
     /// Quarantined by the store-epoch recovery (`pay_epoch_quarantined`,
-    /// migrations/paydb/0021_epoch_quarantine.sql): the rail had it and paydb had lost its
+    /// migrations/paydb/0027_baseline_payment_writes.sql): the rail had it and paydb had lost its
     /// attempt, so its lines are matched to it by their clientRef alone.
     epoch_quarantined: bool,
 }
@@ -481,39 +481,38 @@ async fn compare_with_ledger(
                 ),
             );
         }
+        // A line and its payout that disagree: counted and reported the same way, whichever
+        // side shows it.
+        let mut differs = |detail: String| {
+            differing += 1;
+            add(
+                Severity::Critical,
+                KIND_TRANSFER_DIFFERS,
+                client_ref.to_owned(),
+                detail,
+            );
+        };
         for t in on_rail {
             if t.amount_minor != payout.amount_minor || t.currency != payout.currency {
-                differing += 1;
-                add(
-                    Severity::Critical,
-                    KIND_TRANSFER_DIFFERS,
-                    client_ref.to_owned(),
-                    format!(
-                        "the rail took {} {} as {}; the payout is {} {} ({})",
-                        t.amount_minor,
-                        t.currency,
-                        t.rail_reference,
-                        payout.amount_minor,
-                        payout.currency,
-                        payout.state
-                    ),
-                );
+                differs(format!(
+                    "the rail took {} {} as {}; the payout is {} {} ({})",
+                    t.amount_minor,
+                    t.currency,
+                    t.rail_reference,
+                    payout.amount_minor,
+                    payout.currency,
+                    payout.state
+                ));
             }
         }
         if payout.state == "POSTED"
             && let Some(reference) = &payout.rail_reference
             && !on_rail.iter().any(|t| &t.rail_reference == reference)
         {
-            differing += 1;
-            add(
-                Severity::Critical,
-                KIND_TRANSFER_DIFFERS,
-                client_ref.to_owned(),
-                format!(
-                    "the payout is POSTED as {reference}, which is not on the rail; the rail has it as {}",
-                    references()
-                ),
-            );
+            differs(format!(
+                "the payout is POSTED as {reference}, which is not on the rail; the rail has it as {}",
+                references()
+            ));
         }
     }
 
