@@ -520,8 +520,10 @@ fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f6
     );
 }
 
-/// The payout path as it was before migrations/paydb/0019: 0016's per-item `pay_claim_many` and
-/// `pay_post_many` and 0010's row triggers on the ledger, restored on a database migrated to the
+/// The payout path as it was before the set path
+/// (migrations/paydb/0028_baseline_idempotency_and_rail.sql): the per-item `pay_claim_many` and
+/// `pay_post_many` (migrations/bench/paydb_per_item_claim_post.sql) and the ledger's row triggers
+/// (pay_ledger_apply, pay_posting_balanced), restored on a database migrated to the
 /// latest (`paydb_rows`), so that one run compares both SQL paths on the same server.
 const PAYDB_BEFORE_0019: &str = "
     DROP TRIGGER ledger_entries_apply ON ledger_entries;
@@ -568,7 +570,7 @@ async fn group_commit(
         .unwrap_or_else(|e| panic!("{e}"));
     for sql in [
         PAYDB_BEFORE_0019,
-        include_str!("../../../migrations/paydb/0016_set_based_claim_post.sql"),
+        include_str!("../../../migrations/bench/paydb_per_item_claim_post.sql"),
     ] {
         sqlx::raw_sql(sql)
             .execute(&rows)
@@ -710,6 +712,36 @@ async fn batch_endpoints(
         baseline.k.updates_per_second(),
         baseline.k.updates
     );
+}
+
+/// `--profile`: where PostgreSQL's time goes at 128 workers over 1 000 accounts with batch
+/// requests of up to 32 items: the row once untracked, then again with every statement tracked
+/// (pg_stat_statements), and the statements that took the most time per payout.
+async fn profile(
+    pg: &PgServer,
+    etcd: &EtcdServer,
+    dir: &std::path::Path,
+    lock: String,
+    payouts: usize,
+) {
+    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (endpoints, state) = stack(pg, dir, lock, 32).await;
+    let bench = Bench { pg, etcd, stats };
+    for (i, track) in ["none", "top", "all"].into_iter().enumerate() {
+        statements::track(pg, track);
+        let before = batches(&state);
+        let run = bench
+            .run(&endpoints, &format!("prof{i}"), 1_000, payouts, 128, 32)
+            .await;
+        let after = batches(&state);
+        let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+        batch_row(&format!("track {track}"), 1_000, 128, &run, mean, 0.0);
+        if track != "none" {
+            println!("{}", statements::top(&bench.stats, payouts).await);
+        }
+    }
 }
 
 /// `--replicas`: one replica of each service (the lock server, the payment resource, the rail
@@ -883,6 +915,10 @@ fn main() {
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
         if std::env::args().any(|a| a == "--replicas") {
             replicas(&pg, &etcd, dir.path(), payouts, &baseline).await;
+            return;
+        }
+        if std::env::args().any(|a| a == "--profile") {
+            profile(&pg, &etcd, dir.path(), pg_lock.clone(), payouts).await;
             return;
         }
         if std::env::args().any(|a| a == "--batch-endpoints") {

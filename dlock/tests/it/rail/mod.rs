@@ -7,6 +7,7 @@
 mod admission;
 mod forward;
 mod group_commit;
+mod set_based;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

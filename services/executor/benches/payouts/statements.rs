@@ -45,10 +45,10 @@ pub async fn reset(pool: &sqlx::PgPool) {
 pub async fn top(pool: &sqlx::PgPool, payouts: usize) -> String {
     let rows: Vec<(bool, i64, f64, String)> = sqlx::query_as(
         "SELECT s.toplevel, s.calls, s.total_exec_time, \
-                left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90) \
+                left(regexp_replace(s.query, '\\s+', ' ', 'g'), 140) \
          FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
          WHERE d.datname IN ('paydb', 'lockdb') \
-         ORDER BY s.total_exec_time DESC LIMIT 25",
+         ORDER BY s.total_exec_time DESC LIMIT 40",
     )
     .fetch_all(pool)
     .await
