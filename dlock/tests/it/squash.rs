@@ -1,6 +1,8 @@
-//! A database built by the migrations a baseline squashed starts the services as it is: its
-//! migration rows are rewritten to the baseline's, and the schema is already the
-//! baseline's. One that carries part of that history is refused and left alone.
+//! A database built by the migrations this build's baseline squashed (the last generation of
+//! migrations/<database>/retired.tsv) starts the services as it is: its migration rows are
+//! rewritten to the baseline's, and the schema is already the baseline's. One that carries part
+//! of a history, or exactly an older one (whose baseline was squashed in turn), is refused with
+//! what to do and left alone.
 
 use std::time::Duration;
 
@@ -28,9 +30,9 @@ fn settings(pg: &PgServer, database: &str) -> PgSettings {
     }
 }
 
-/// A database with the baseline's schema whose migration rows are `history` (version, checksum):
-/// what a database that applied the retired migrations looks like (their schema is the
-/// baseline's: `pg_dump --schema-only` of both was the same when the history was squashed).
+/// A database with the baseline's schema whose migration rows are `history` (version, checksum,
+/// description): what a database that applied the last retired history looks like (its schema is
+/// the baseline's: `pg_dump --schema-only` of both was the same when the history was squashed).
 async fn database_recording(
     pg: &PgServer,
     database: &str,
@@ -53,9 +55,10 @@ async fn database_recording(
     for r in history {
         sqlx::query(
             "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
-             execution_time) VALUES ($1, 'retired', TRUE, $2, 1)",
+             execution_time) VALUES ($1, $2, TRUE, $3, 1)",
         )
         .bind(r.version)
+        .bind(&r.description)
         .bind(&r.checksum)
         .execute(&pool)
         .await
@@ -91,12 +94,36 @@ async fn serves_with_the_baseline_alone(pg: &PgServer, database: &str, migrator:
     pool.close().await;
 }
 
+/// The retired histories of `database`, oldest first, each as the rows sqlx recorded.
+fn generations(database: &str) -> Vec<Vec<squash::Retired>> {
+    let generations: Vec<Vec<squash::Retired>> = squash::retired(database)
+        .into_iter()
+        .map(|g| g.migrations)
+        .collect();
+    assert!(
+        generations.len() >= 2,
+        "{database}: a first history and the one after it"
+    );
+    generations
+}
+
+/// Starts the database `name` of the server as a service starts `database` and returns why it
+/// refused to.
+async fn refusal(pg: &PgServer, name: &str, database: &str, migrator: &Migrator) -> String {
+    settings(pg, name)
+        .connect("dlock-test", migrator, database)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default()
+}
+
 #[tokio::test]
-async fn a_database_with_the_whole_retired_history_is_adopted_and_serves() {
+async fn a_database_with_the_whole_last_retired_history_is_adopted_and_serves() {
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     for (database, migrator) in databases() {
-        let retired = squash::retired(database);
-        let pool = database_recording(&pg, database, migrator, &retired).await;
+        let last = generations(database).pop().unwrap_or_default();
+        let pool = database_recording(&pg, database, migrator, &last).await;
         // Positive control: as recorded, sqlx alone refuses the database (the retired versions
         // are missing from this build), which is what adoption exists to prevent. Through a
         // pool of its own: sqlx keeps its migration lock on a connection it failed on.
@@ -124,23 +151,70 @@ async fn a_database_with_the_whole_retired_history_is_adopted_and_serves() {
 }
 
 #[tokio::test]
-async fn a_database_with_part_of_the_retired_history_is_refused_and_left_alone() {
+async fn a_database_with_part_of_a_retired_history_is_refused_and_left_alone() {
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     for (database, migrator) in databases() {
-        let mut partial = squash::retired(database);
-        partial.pop();
-        let pool = database_recording(&pg, database, migrator, &partial).await;
+        for (g, mut partial) in generations(database).into_iter().enumerate() {
+            partial.pop();
+            let name = format!("{database}_part_{g}");
+            let pool = database_recording(&pg, &name, migrator, &partial).await;
+            let before = rows(&pool).await;
+            let message = refusal(&pg, &name, database, migrator).await;
+            assert!(
+                message.contains(database)
+                    && message.contains("last release before the squash")
+                    && message.contains("Nothing was changed"),
+                "{name}: the refusal says what to do: {message}"
+            );
+            assert_eq!(rows(&pool).await, before, "{name}: nothing changed");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_database_at_the_first_retired_history_is_refused_until_a_release_carries_it_on() {
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    for (database, migrator) in databases() {
+        let generations = generations(database);
+        let (first, second) = (&generations[0], &generations[1]);
+        let first_baseline: Vec<i64> = second
+            .iter()
+            .take_while(|m| m.description.starts_with("baseline"))
+            .map(|m| m.version)
+            .collect();
+        assert!(!first_baseline.is_empty(), "{database}");
+        let pool = database_recording(&pg, database, migrator, first).await;
         let before = rows(&pool).await;
-        let refused = settings(&pg, database)
-            .connect("dlock-test", migrator, database)
-            .await
-            .err();
-        let message = refused.map(|e| e.to_string()).unwrap_or_default();
+        let message = refusal(&pg, database, database, migrator).await;
         assert!(
-            message.contains(database) && message.contains("last release before the squash"),
+            message.contains(database)
+                && message.contains(&format!("still carries versions {first_baseline:?}"))
+                && message.contains("last release before the squash")
+                && message.contains("Then start this one"),
             "{database}: the refusal says what to do: {message}"
         );
         assert_eq!(rows(&pool).await, before, "{database}: nothing changed");
+
+        // Positive control: the same database, the same schema, with the rows a release that
+        // still carries the first baseline leaves (it adopts the first history and applies the
+        // migrations after that baseline, which is the second history): this one starts on it.
+        sqlx::query("DELETE FROM _sqlx_migrations")
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for r in second {
+            sqlx::query(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+                 execution_time) VALUES ($1, $2, TRUE, $3, 1)",
+            )
+            .bind(r.version)
+            .bind(&r.description)
+            .bind(&r.checksum)
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        serves_with_the_baseline_alone(&pg, database, migrator).await;
     }
 }
 

@@ -9,7 +9,7 @@
 //! touches no backend, one pooled `SELECT 1`, the same on a connection of its own (no pool: the
 //! difference is the pool's checkout), and the lockdb acquire and release functions both ways,
 //! beside the server's acquire and release; and what lockdb's store-epoch check (the timeline
-//! check of migrations/lockdb/0009 and 0010, a trigger on every grant) costs per acquire:
+//! check of migrations/lockdb/0013_baseline.sql, a trigger on every grant) costs per acquire:
 //! `dlock_acquire` + `dlock_release` in a server-side loop with the trigger and without it.
 //!
 //! `cargo bench -p dlock-lock-server --bench lock` (optionally `-- --seconds 5`).

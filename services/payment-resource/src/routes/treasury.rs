@@ -2,8 +2,8 @@
 //! docs/contract.md#dual-approval): an account's limits, the answer to a funding that waits for
 //! a second treasury identity (above `auth.treasury.dual-approval-above` with what its identity
 //! funded on the account alone in the last 24 hours), and that identity's approval. paydb
-//! enforces each (migrations/paydb/0015_account_limits.sql,
-//! migrations/paydb/0018_rail_seen_floor_and_funding_window.sql); these
+//! enforces each (migrations/paydb/0026_baseline_guards.sql,
+//! migrations/paydb/0027_baseline_payment_writes.sql); these
 //! handlers check the request, name the caller and read the outcome.
 
 use axum::extract::State;

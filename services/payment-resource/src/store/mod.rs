@@ -48,8 +48,9 @@ pub enum StoreError {
     InProgress,
     #[error("paydb failure: {0}")]
     Backend(String),
-    /// An account limit refused the write (`account_limits_*`, migrations/paydb/0015): the whole
-    /// transaction rolled back. `details` is the database's JSON DETAIL.
+    /// An account limit refused the write (`account_limits_*`,
+    /// migrations/paydb/0026_baseline_guards.sql): the whole transaction rolled back. `details`
+    /// is the database's JSON DETAIL.
     #[error("{message}")]
     LimitExceeded {
         message: String,

@@ -1,12 +1,15 @@
 -- paydb: accounts, the double-entry ledger, payouts and their idempotency records, the rail
 -- proxy's submissions, and the audit of every out-of-band action.
 --
--- This file and the three after it (0010–0012) are the paydb baseline: the whole schema, in four
+-- This file and the three after it (0026–0028) are the paydb baseline: the whole schema, in four
 -- parts (tables; guards and the ledger's triggers; the payment resource's writes; idempotency
--- records and the rail proxy's writes). Versions 1–8 are the history they replace: their files are
--- in git history (retired.tsv lists them), and a database that applied them is adopted when a
--- service starts, which rewrites its migration rows to these four (services/server/src/squash.rs).
--- A change goes into a new migration, numbered from 13.
+-- records, the batched writes and the rail proxy's writes). They replace two histories, both in
+-- git history and listed in migrations/paydb/retired.tsv: versions 9–24 (the first baseline and
+-- the migrations after it), and versions 1–8, which that first baseline had replaced. A database
+-- whose migration rows are exactly versions 9–24 is adopted when a service starts, which rewrites
+-- them to these four in one transaction; one still at versions 1–8 is refused with what to do
+-- (services/server/src/squash.rs). A change goes into a new migration after these, written to
+-- run again harmlessly: dlock/tests/it/squash.rs applies the migrations after the baseline twice.
 --
 -- This database is enforcement point (a). The payment resource trusts no lock state, only the
 -- token a request presents and the fence stored here, so every rule that keeps money from moving
@@ -78,7 +81,10 @@ INSERT INTO payout_transitions (from_state, to_state, actor) VALUES
     ('PENDING', 'ABANDONED', 'cancel'),
     ('CLAIMED', 'ABANDONED', 'cancel'),
     ('RAIL_AMBIGUOUS', 'POSTED', 'operator resolution'),
-    ('RAIL_AMBIGUOUS', 'FAILED', 'operator resolution');
+    ('RAIL_AMBIGUOUS', 'FAILED', 'operator resolution'),
+    -- The store-epoch recovery only (pay_payouts_quarantine_guard): the rail has the payout and
+    -- paydb lost its attempt.
+    ('CLAIMED', 'RAIL_AMBIGUOUS', 'epoch recovery: on the rail, no attempt left in paydb');
 
 -- =============================================================================================
 -- Accounts
@@ -94,8 +100,9 @@ CREATE TABLE accounts (
     -- settlement: the rail's side of every payout posting of its currency.
     kind          text NOT NULL DEFAULT 'customer'
                   CHECK (kind IN ('customer', 'funding', 'settlement')),
-    -- Maintained by the ledger trigger only, so it cannot drift from the entries (FR-25). A
-    -- settlement account's balance is this plus the sum of its account_balance_shards.
+    -- Maintained by the ledger trigger only, so it cannot drift from the entries
+    -- (docs/contract.md#p5). A settlement account's balance is this plus the sum of its
+    -- account_balance_shards.
     balance_minor bigint NOT NULL DEFAULT 0,
     -- The sum of the amounts of this account's payouts in CLAIMED, SUBMITTING, RAIL_ACKED or
     -- RAIL_AMBIGUOUS. Maintained by the payout trigger only.
@@ -106,6 +113,18 @@ CREATE TABLE accounts (
     created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- A customer account stays non-negative even if every held payout turns out to have been
+    -- The highest token the account admitted with a proof the payment resource verified, raised by
+    -- the fenced writes (claim, cancel, post). A fence is lowered (docs/design.md#fence-recovery)
+    -- only to a token at or above it, so no code path, psql included, can lower a fence under a
+    -- token that was used. A fence raised by a revocation floor (docs/design.md#d-3), which no
+    -- holder presented, can still be lowered down to it: the recovery after the lock server's
+    -- store was restored and hands out tokens below the floor. It only rises
+    -- (pay_accounts_seen_guard). 0: no proven token yet.
+    max_seen_token bigint NOT NULL DEFAULT 0
+                  CONSTRAINT accounts_max_seen_token_check CHECK (max_seen_token >= 0),
+    -- A fence below a token that an account has admitted would re-admit the holders between the
+    -- two: a recovery may lower the fence to that token, never under it.
+    CONSTRAINT accounts_fence_covers_seen_check CHECK (fence >= max_seen_token),
     -- paid: available = balance - holds >= 0. Only the system accounts are exempt.
     CONSTRAINT accounts_customer_available_check
         CHECK (kind <> 'customer' OR (balance_minor >= 0 AND balance_minor - held_minor >= 0)),
@@ -122,7 +141,8 @@ CREATE TABLE accounts (
 -- account's balance is its row's balance (what was posted before the balance was sharded, in a
 -- database that had postings then) plus the sum of its shards. The entries themselves are as
 -- for any account: one DEBIT and one CREDIT per posting, the credit names
--- `rail-settlement-<currency>`, so double entry and the ledger-sum check (FR-25) stay exact.
+-- `rail-settlement-<currency>`, so double entry and the ledger-sum check (docs/contract.md#p5)
+-- stay exact.
 CREATE TABLE account_balance_shards (
     account_id    text NOT NULL,
     currency      char(3) NOT NULL,
@@ -132,6 +152,32 @@ CREATE TABLE account_balance_shards (
     balance_minor bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (account_id, shard),
     FOREIGN KEY (account_id, currency, kind) REFERENCES accounts (account_id, currency, kind)
+);
+
+-- Per-account limits, set by the treasury (docs/contract.md#account-limits): the largest single
+-- payout and the outflow per UTC day, enforced on every claim by pay_payouts_limits.
+CREATE TABLE account_limits (
+    account_id          text PRIMARY KEY REFERENCES accounts,
+    -- The largest amount of one payout, minor units; NULL: no limit.
+    max_payout_minor    bigint CONSTRAINT account_limits_max_payout_positive
+                        CHECK (max_payout_minor > 0),
+    -- The most the account's claims may take in one UTC day, minor units; NULL: no limit.
+    daily_outflow_minor bigint CONSTRAINT account_limits_daily_outflow_positive
+                        CHECK (daily_outflow_minor > 0),
+    -- The treasury identity that set them, as its credential proved it.
+    set_by              text NOT NULL CHECK (char_length(set_by) BETWEEN 1 AND 320),
+    updated_at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- What each account's claims took per UTC day: a claim (PENDING -> CLAIMED) adds its amount. A
+-- re-claim (CLAIMED -> CLAIMED) holds nothing new and adds nothing; a claimed payout that later
+-- fails or is abandoned still counts for its day (the limit bounds what was let out towards the
+-- rail, not what finally settled).
+CREATE TABLE account_daily_outflow (
+    account_id    text NOT NULL REFERENCES accounts,
+    day           date NOT NULL,
+    claimed_minor bigint NOT NULL CHECK (claimed_minor > 0),
+    PRIMARY KEY (account_id, day)
 );
 
 -- =============================================================================================
@@ -220,15 +266,73 @@ CREATE INDEX ledger_entries_account_idx ON ledger_entries (account_id);
 CREATE UNIQUE INDEX ledger_entries_payout_once_idx ON ledger_entries (payout_id, direction)
     WHERE payout_id IS NOT NULL;
 
+
+-- The postings written over more than one statement of a transaction (an operator's psql
+-- session); each is checked at commit (pay_ledger_balanced_rows).
+CREATE TABLE ledger_split_postings (
+    reference   text NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- =============================================================================================
+-- Fundings (docs/contract.md#dual-approval)
+-- =============================================================================================
+
+-- Fundings that wait for a second treasury identity: above the payment resource's
+-- auth.treasury.dual-approval-above (what one identity funds on an account alone in 24 hours),
+-- a funding is recorded here, not applied; a second, different treasury identity approves it,
+-- and the approval and the funding commit together, once (a conditional update; a CHECK keeps
+-- the approver apart from the requester).
+CREATE TABLE pending_fundings (
+    funding_id   uuid PRIMARY KEY,
+    account_id   text NOT NULL REFERENCES accounts,
+    amount_minor bigint NOT NULL CHECK (amount_minor > 0),
+    -- The funding's reference: applied, it is the ledger's `fund:<reference>`, so it names one
+    -- funding for good.
+    reference    text NOT NULL UNIQUE CHECK (char_length(reference) BETWEEN 1 AND 128),
+    requested_by text NOT NULL CHECK (char_length(requested_by) BETWEEN 1 AND 320),
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    approved_by  text CHECK (char_length(approved_by) BETWEEN 1 AND 320),
+    approved_at  timestamptz,
+    -- Two people: the approver is never the requester, whatever wrote the row.
+    CONSTRAINT pending_fundings_second_identity
+        CHECK (approved_by IS NULL OR approved_by <> requested_by),
+    CONSTRAINT pending_fundings_approved_at
+        CHECK ((approved_by IS NULL) = (approved_at IS NULL))
+);
+
+-- Every funding applied without a second approval, with the treasury identity that asked for
+-- it (its credential's identity). The ledger's `fund:<reference>` pair is the money; this row
+-- is who put it there alone, and the window pay_fund_as sums.
+CREATE TABLE direct_fundings (
+    reference    text PRIMARY KEY CHECK (char_length(reference) BETWEEN 1 AND 128),
+    account_id   text NOT NULL REFERENCES accounts,
+    amount_minor bigint NOT NULL CHECK (amount_minor > 0),
+    funded_by    text NOT NULL CHECK (char_length(funded_by) BETWEEN 1 AND 320),
+    funded_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX direct_fundings_window_idx ON direct_fundings (account_id, funded_by, funded_at);
+
 -- =============================================================================================
 -- Rail submissions (written by the rail proxy, read by the payment resource for P4)
 -- =============================================================================================
 
 CREATE TABLE rail_high_water (
     account_id    text PRIMARY KEY REFERENCES accounts,
-    -- Strict: a token submits at most once per account (C3 §3.5 step 1).
+    -- Strict: a token submits at most once per account (docs/contract.md#rail-step-1).
     highest_token bigint NOT NULL DEFAULT 0 CHECK (highest_token >= 0),
-    updated_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+    updated_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The highest token the rail proxy admitted a submission with whose proof it verified (as
+    -- accounts.max_seen_token for the fence): the mark is lowered (rail_lower_high_water) only
+    -- to a token at or above it, so an old, released grant's proof cannot readmit the
+    -- submissions between it and a token that was used. A mark raised by a revocation floor
+    -- (docs/design.md#d-3) or by a token admitted without a proof still comes down to a fresh
+    -- proven grant. It only rises (pay_rail_seen_guard).
+    max_seen_token bigint NOT NULL DEFAULT 0
+                  CONSTRAINT rail_high_water_max_seen_token_check CHECK (max_seen_token >= 0),
+    -- A mark below a token the proxy admitted would admit again the holders between the two: a
+    -- recovery may lower it to that token, never under it.
+    CONSTRAINT rail_high_water_covers_seen_check CHECK (highest_token >= max_seen_token)
 );
 
 CREATE TABLE rail_submission (
@@ -249,31 +353,48 @@ CREATE TABLE rail_submission (
     request_hash    bytea CHECK (octet_length(request_hash) = 32),
     response_status smallint CHECK (response_status BETWEEN 200 AND 599),
     response_body   bytea,
+    -- The rail's answer to a forward that came after the attempt was timed out (the sweeper made
+    -- it TIMEOUT and its payout RAIL_AMBIGUOUS): kept here by rail_record, the payout staying
+    -- quarantined, as the evidence a resolution is checked against (pay_resolve).
+    late_outcome    text CONSTRAINT rail_submission_late_outcome_check
+                    CHECK (late_outcome IN ('ACKED', 'REJECTED')),
+    late_rail_reference text,
+    late_at         timestamptz,
     -- An attempt is resolved exactly when it has an outcome other than unresolved.
     CHECK ((outcome = 'unresolved') = (resolved_at IS NULL)),
     CHECK ((response_status IS NULL) = (response_body IS NULL)),
     -- An answer is stored only for a resolved attempt.
-    CHECK (response_status IS NULL OR outcome <> 'unresolved')
+    CHECK (response_status IS NULL OR outcome <> 'unresolved'),
+    -- Only a timed-out attempt gets a late answer, once, with its time; an acknowledgement names
+    -- the rail's reference, a refusal none.
+    CONSTRAINT rail_submission_late_answer_check CHECK (
+        (late_outcome IS NULL) = (late_at IS NULL)
+        AND (late_outcome IS NULL OR outcome = 'TIMEOUT')
+        AND ((late_outcome IS NOT DISTINCT FROM 'ACKED') = (late_rail_reference IS NOT NULL)))
 );
--- FR-18 with D-2: one presented attempt per payout. Fenced attempts never reached the rail, so
--- they must not block the legitimate holder.
+-- One presented attempt per payout (docs/contract.md#rail-step-2). Fenced attempts never reached
+-- the rail, so they must not block the legitimate holder (docs/design.md#d-2).
 CREATE UNIQUE INDEX rail_submission_one_per_payout_idx ON rail_submission (payout_id)
     WHERE outcome <> 'FENCED';
 -- Replay looks an attempt up by its key and token.
 CREATE INDEX rail_submission_key_token_idx ON rail_submission (idempotency_key, presented_token);
 -- The sweep of FENCED attempts (rail_sweep_fenced).
 CREATE INDEX rail_submission_fenced_idx ON rail_submission (resolved_at) WHERE outcome = 'FENCED';
+-- A payout's read (P4, GET /v1/payouts/{id}: the executor's re-read after every acquire,
+-- docs/design.md#executor) lists the payout's attempts, FENCED ones included, in the order they
+-- were presented; the partial unique index above leaves FENCED attempts out.
+CREATE INDEX rail_submission_payout_idx ON rail_submission (payout_id, submitted_at, submission_id);
 
 -- =============================================================================================
--- Idempotency records (ADR 0004, D-7)
+-- Idempotency records (docs/design.md#idempotency, docs/design.md#d-7)
 -- =============================================================================================
 
 CREATE TABLE idempotency_records (
     -- Method and concrete path (`POST /v1/payouts/{id}/claim` with the id filled in).
     route           text NOT NULL,
     idempotency_key text NOT NULL CHECK (char_length(idempotency_key) BETWEEN 1 AND 128),
-    -- D-7: a newer holder re-uses the payout's stable key, so the token is part of the scope.
-    -- 0 for writes that carry no token.
+    -- A newer holder re-uses the payout's stable key, so the token is part of the scope
+    -- (docs/design.md#d-7). 0 for writes that carry no token.
     fencing_token   bigint NOT NULL CHECK (fencing_token >= 0),
     -- Recorded for attribution; not part of the scope.
     owner_id        text NOT NULL CHECK (char_length(owner_id) BETWEEN 1 AND 64),
@@ -293,8 +414,8 @@ CREATE TABLE idempotency_records (
 CREATE INDEX idempotency_records_expires_idx ON idempotency_records (expires_at);
 
 -- =============================================================================================
--- Audit of the out-of-band actions: fence advances (D-3), ambiguous resolutions, fence
--- recoveries (D-8)
+-- Audit of the out-of-band actions: fence advances (docs/design.md#d-3), ambiguous
+-- resolutions, fence recoveries (docs/design.md#d-8)
 -- =============================================================================================
 
 -- Every out-of-band action records who asked (the body's `operator`, text the caller types, so
@@ -330,7 +451,7 @@ ALTER TABLE audit_log
     ADD CONSTRAINT audit_log_identity_recorded CHECK (identity IS NOT NULL) NOT VALID;
 CREATE INDEX audit_log_account_idx ON audit_log (account_id, recorded_at);
 
--- D-3: every revocation floor pushed to the rail, attributed.
+-- docs/design.md#d-3: every revocation floor pushed to the rail, attributed.
 CREATE TABLE rail_fence_advances (
     advance_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     account_id     text NOT NULL REFERENCES accounts,
@@ -349,7 +470,7 @@ ALTER TABLE rail_fence_advances
     ADD CONSTRAINT rail_fence_advances_identity_recorded CHECK (identity IS NOT NULL) NOT VALID;
 CREATE INDEX rail_fence_advances_account_idx ON rail_fence_advances (account_id, recorded_at);
 
--- Recovery of an account poisoned by a forged fencing token (DESIGN D-8).
+-- Recovery of an account poisoned by a forged fencing token (docs/design.md#d-8).
 --
 -- Before proofs, any authenticated caller could present a token far above anything the lock
 -- server had issued; the account fence and the rail high-water mark took it, and since both only
@@ -378,3 +499,73 @@ CREATE TABLE fence_recoveries (
     recorded_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX fence_recoveries_account_idx ON fence_recoveries (account_id, recorded_at);
+
+-- =============================================================================================
+-- Reconciliation (docs/contract.md#resolve-evidence)
+-- =============================================================================================
+
+-- What `dlock reconcile` found for each RAIL_AMBIGUOUS payout it classified against the rail's
+-- statement, append-only: present on the statement under the rail's reference, or absent from a
+-- statement read at statement_read_at, with the settlement window the reconciler ran with.
+-- Written through pay_record_finding; a resolution of an attempt whose outcome nobody recorded
+-- stands on it (pay_resolve).
+CREATE TABLE reconcile_findings (
+    finding_id           bigserial PRIMARY KEY,
+    payout_id            uuid NOT NULL REFERENCES payouts,
+    verdict              text NOT NULL CHECK (verdict IN ('present', 'absent')),
+    rail_reference       text CHECK (char_length(rail_reference) BETWEEN 1 AND 128),
+    -- paydb's clock when the reconciler started reading the statement: not in the future.
+    statement_read_at    timestamptz NOT NULL,
+    settlement_window_ms bigint NOT NULL CHECK (settlement_window_ms >= 0),
+    recorded_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CHECK ((verdict = 'present') = (rail_reference IS NOT NULL)),
+    CHECK (statement_read_at <= recorded_at)
+);
+CREATE INDEX reconcile_findings_payout ON reconcile_findings (payout_id);
+
+-- The references POSTED resolutions recorded: one payout each, so a reference the rail paid once
+-- cannot settle two payouts.
+CREATE TABLE resolution_references (
+    rail_reference text PRIMARY KEY,
+    payout_id      uuid NOT NULL UNIQUE REFERENCES payouts,
+    recorded_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- =============================================================================================
+-- The store epoch: the fences and marks do not silently go back with paydb (docs/design.md#d-12)
+-- =============================================================================================
+
+-- The timeline paydb's fences were last written on, and whether its primary was replicating
+-- synchronously when last looked at (pay_epoch_guard, in the next part, says what they decide).
+CREATE TABLE pay_store_epoch (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    timeline    bigint NOT NULL CHECK (timeline > 0),
+    synchronous boolean NOT NULL,
+    checked_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Every epoch taken, by the rule or by an operator: kept, never swept.
+CREATE TABLE pay_store_epoch_changes (
+    changed_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    from_timeline bigint NOT NULL,
+    to_timeline   bigint NOT NULL,
+    decided_by    text NOT NULL CHECK (decided_by IN ('synchronous', 'operator')),
+    token_floor   bigint CHECK (token_floor IS NULL OR token_floor > 0),
+    fences_raised integer,
+    marks_raised  integer,
+    operator      text CHECK (operator IS NULL OR char_length(operator) BETWEEN 1 AND 128),
+    reason        text CHECK (reason IS NULL OR char_length(reason) BETWEEN 1 AND 1024),
+    -- The payouts the operator's confirmation quarantined (pay_epoch_quarantined).
+    quarantined   integer,
+    CHECK ((decided_by = 'operator') = (operator IS NOT NULL AND reason IS NOT NULL
+                                        AND token_floor IS NOT NULL)),
+    PRIMARY KEY (changed_at, to_timeline)
+);
+
+-- Every payout the recovery quarantined, for the operator: kept, never swept.
+CREATE TABLE pay_epoch_quarantined (
+    payout_id      uuid PRIMARY KEY REFERENCES payouts,
+    to_timeline    bigint NOT NULL,
+    from_state     text NOT NULL CHECK (from_state IN ('PENDING', 'CLAIMED')),
+    quarantined_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);

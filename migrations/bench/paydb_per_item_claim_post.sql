@@ -1,37 +1,11 @@
--- paydb 0016: claims and posts by the set, for the payment resource's group commit
--- (docs/design.md#group-commit).
---
--- The payment resource runs the claims (and the posts) that queued while its previous
--- transaction ran as one transaction: one call of pay_claim_many (pay_post_many), one statement
--- that stores every answer, one commit. These functions make the same decisions as the per-row
--- functions, which stay for a lone request and for operator writes, because they call them:
--- each item is pay_claim_once (pay_post_once) with its own idempotency record, token, proof
--- flag and outcome. What they add:
---
--- 1. Locks in key order for the whole set before any item runs: the payouts by id, then their
---    accounts by id, then (posts) the settlement shards the postings will update, by account and
---    shard. Two batches, or a batch and a single write (which locks payout -> account -> system
---    account), then wait for each other instead of deadlocking.
--- 2. Items of one account run highest token first: a stale holder and a newer one in the same
---    batch leave the stale one FENCED_OUT whichever arrived first, as they would if the newer
---    one had committed before.
--- 3. Each item runs in its own subtransaction (a BEGIN ... EXCEPTION block). An item that raises
---    (a CHECK, a trigger, an account limit, the bounded wait on a duplicate's idempotency record)
---    is rolled back alone, record included, and answered as `error` with its SQLSTATE: the
---    service runs it again on the single path after the batch commits, so it never fails its
---    neighbours. An item whose payout does not exist is rolled back the same way (its
---    idempotency record is not kept, as the single path keeps none for a 404) and answered
---    `not_found`.
---
--- Every money-moving write is still the per-row function's conditional write (fence < token,
--- state checks, the funds check under the row locks), checked by the same constraints and
--- triggers. Nothing here changes a table.
---
--- Like 0013 and 0014, this file can run again on a database that already has its changes
--- (CREATE OR REPLACE).
+-- Not a migration: pay_claim_many and pay_post_many as they were before the set path
+-- (pay_claim_set, pay_post_set in migrations/paydb/0028_baseline_idempotency_and_rail.sql), each
+-- item through pay_claim_once (pay_post_once) in a subtransaction of its own. The payouts bench
+-- (services/executor/benches/payouts.rs, --group-commit) puts them back on a second database,
+-- with the ledger's row triggers, so that one run compares both SQL paths on the same server.
+-- They take the row locks in key order for the whole set first, as the set path does. CREATE OR
+-- REPLACE: the bench runs this file on a database migrated to the baseline.
 
--- outcome per item: as pay_claim_once's columns, with begin_outcome one of fresh | replay |
--- conflict | not_found | error; error_state and error_message for `error`.
 CREATE OR REPLACE FUNCTION pay_claim_many(p_routes text[], p_keys text[], p_tokens bigint[],
                                           p_owners text[], p_hashes bytea[],
                                           p_retention_ms bigint[], p_wait_ms integer,
@@ -89,7 +63,6 @@ BEGIN
     END LOOP;
 END $$;
 
--- As pay_claim_many, for posts (pay_post_once's columns and its entries JSON).
 CREATE OR REPLACE FUNCTION pay_post_many(p_routes text[], p_keys text[], p_tokens bigint[],
                                          p_owners text[], p_hashes bytea[],
                                          p_retention_ms bigint[], p_wait_ms integer,
@@ -148,24 +121,4 @@ BEGIN
                                     NULL::text, SQLSTATE::text, SQLERRM::text;
         END;
     END LOOP;
-END $$;
-
--- The answers of a batch's fresh items, stored in one statement (as the single path's
--- PayStore::finish does for one): only records still in progress, in this transaction.
-CREATE OR REPLACE FUNCTION pay_idempotency_finish_many(p_routes text[], p_keys text[],
-                                                       p_tokens bigint[], p_statuses smallint[],
-                                                       p_bodies bytea[])
-RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    updated integer;
-BEGIN
-    UPDATE idempotency_records r
-       SET status = CASE WHEN u.status < 300 THEN 'succeeded' ELSE 'failed' END,
-           response_status = u.status, response_body = u.body
-      FROM unnest(p_routes, p_keys, p_tokens, p_statuses, p_bodies)
-           AS u(route, idempotency_key, fencing_token, status, body)
-     WHERE r.route = u.route AND r.idempotency_key = u.idempotency_key
-       AND r.fencing_token = u.fencing_token AND r.status = 'in_progress';
-    GET DIAGNOSTICS updated = ROW_COUNT;
-    RETURN updated;
 END $$;
