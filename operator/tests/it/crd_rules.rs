@@ -31,23 +31,29 @@ fn string_rules(field: &Value) -> Value {
     })
 }
 
-/// [`string_rules`] of a field that only the contract's `pattern` and length (1 to `max`) hold.
-fn pattern_rules(pattern: &str, max: usize) -> Value {
-    json!({"type": "string", "pattern": pattern, "minLength": 1, "maxLength": max,
-           "x-kubernetes-validations": null})
+/// Each `(field, pattern, max)` of `fields` is a string that only the contract's `pattern` and
+/// length (1 to `max`) hold: no other rule.
+fn assert_pattern_fields(fields: &Value, expected: &[(&str, &str, usize)]) {
+    for &(field, pattern, max) in expected {
+        assert_eq!(
+            string_rules(&fields[field]),
+            json!({"type": "string", "pattern": pattern, "minLength": 1, "maxLength": max,
+                   "x-kubernetes-validations": null}),
+            "{field}"
+        );
+    }
 }
 
 #[test]
 fn every_payout_item_field_carries_the_contracts_rule() {
     let spec = spec_schema(&PayoutBatch::crd());
     let item = &spec["properties"]["payouts"]["items"]["properties"];
-    assert_eq!(
-        string_rules(&item["accountId"]),
-        pattern_rules(ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX)
-    );
-    assert_eq!(
-        string_rules(&item["beneficiaryRef"]),
-        pattern_rules(REFERENCE_PATTERN, REFERENCE_LEN_MAX)
+    assert_pattern_fields(
+        item,
+        &[
+            ("accountId", ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX),
+            ("beneficiaryRef", REFERENCE_PATTERN, REFERENCE_LEN_MAX),
+        ],
     );
     assert_eq!(
         string_rules(&item["key"]),
@@ -86,14 +92,12 @@ fn a_lock_and_a_revocation_name_a_key_and_an_account_by_the_contracts_rules() {
         spec_schema(&Lock::crd()),
         spec_schema(&LockRevocation::crd()),
     ] {
-        let fields = &spec["properties"];
-        assert_eq!(
-            string_rules(&fields["key"]),
-            pattern_rules(KEY_PATTERN, LOCK_KEY_LEN_MAX)
-        );
-        assert_eq!(
-            string_rules(&fields["accountId"]),
-            pattern_rules(ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX)
+        assert_pattern_fields(
+            &spec["properties"],
+            &[
+                ("key", KEY_PATTERN, LOCK_KEY_LEN_MAX),
+                ("accountId", ACCOUNT_ID_PATTERN, ACCOUNT_ID_LEN_MAX),
+            ],
         );
     }
 }
