@@ -304,9 +304,15 @@ fn assert_refused(revocation: &Value, why: &str) {
 
 /// The stack of the fixtures: one LockServer, PaymentResource and RailProxy in the namespace.
 async fn answer_fence_targets(api: &mut ApiServerVerifier) {
+    answer_targets(api, &["payment-resource"], &["rail-proxy"]).await;
+}
+
+/// The namespace's objects a revocation looks its fences up in: the fixtures' LockServer, the
+/// PaymentResources `payments` and the RailProxies `rails`, in the order the operator lists them.
+async fn answer_targets(api: &mut ApiServerVerifier, payments: &[&str], rails: &[&str]) {
     reply_names(api.next().await, "lockservers", &["lock-server"]);
-    reply_names(api.next().await, "paymentresources", &["payment-resource"]);
-    reply_names(api.next().await, "railproxies", &["rail-proxy"]);
+    reply_names(api.next().await, "paymentresources", payments);
+    reply_names(api.next().await, "railproxies", rails);
 }
 
 /// The fake services, a context whose client talks to a mocked API server, and that server.

@@ -11,9 +11,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
-    reply_names(api.next().await, "lockservers", &["lock-server"]);
-    reply_names(api.next().await, "paymentresources", &["pay-a", "pay-b"]);
-    reply_names(api.next().await, "railproxies", &["rail"]);
+    answer_targets(&mut api, &["pay-a", "pay-b"], &["rail"]).await;
     let call = api.next().await;
     assert_refused(
         &call.body["status"]["revocation"],
@@ -30,9 +28,7 @@ async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy(
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
     let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
-    reply_names(api.next().await, "lockservers", &["lock-server"]);
-    reply_names(api.next().await, "paymentresources", &["payments-eu"]);
-    reply_names(api.next().await, "railproxies", &["rail-sepa"]);
+    answer_targets(&mut api, &["payments-eu"], &["rail-sepa"]).await;
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
     call.answer(&fixtures::lock());
