@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use dlock_devstack::{PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{free_port, http_status, spawn_logged, wait_until};
 use reqwest::Method;
 
-use crate::harness::{raw, serve_args};
+use crate::harness::{ServiceDbs, raw, serve_args};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
@@ -80,13 +80,7 @@ fn assert_refused(
 /// (401): authentication stayed on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_security_setting_in_the_environment_stops_the_service_and_a_harmless_one_does_not() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-    for db in ["lockdb", "paydb"] {
-        pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let keys = dir.path().join("fencing-proof-keys");
-    std::fs::write(&keys, format!("k1 {SECRET}\n")).unwrap_or_else(|e| panic!("{e}"));
+    let ServiceDbs { dir, pg, keys } = ServiceDbs::start(SECRET);
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "executor executor-token-0123456789\n")
         .unwrap_or_else(|e| panic!("{e}"));

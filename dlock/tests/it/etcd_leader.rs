@@ -17,31 +17,18 @@ use std::time::{Duration, Instant};
 use dlock_contract::ErrorCode;
 use dlock_devstack::certs::Validity;
 use dlock_devstack::etcd_cluster::EtcdCluster;
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::ConnectOptions;
 use tokio::sync::Mutex;
 
 use crate::chaos::Chaos;
 use crate::etcd_tls::{SecureEtcd, tls_options};
-use crate::harness::{Backend, client, eventually, hold, session};
+use crate::harness::{Backend, client, eventually, hold, leading_member, session};
 
 /// The member that leads now, by etcd's status API (asked of each member in turn, as `root`).
 async fn leader(cluster: &EtcdCluster, admin: &ConnectOptions) -> usize {
-    for i in 0..cluster.members.len() {
-        if !cluster.members[i].running() {
-            continue;
-        }
-        let Ok(mut c) = Client::connect([cluster.endpoint(i)], Some(admin.clone())).await else {
-            continue;
-        };
-        let Ok(status) = c.status().await else {
-            continue;
-        };
-        let me = status.header().map(|h| h.member_id()).unwrap_or_default();
-        if status.leader() == me && me != 0 {
-            return i;
-        }
-    }
-    panic!("no member says it leads")
+    leading_member(cluster, Some(admin.clone()))
+        .await
+        .unwrap_or_else(|| panic!("no member says it leads"))
 }
 
 /// Sends `call` again after each `503 NOT_LEADER`, waiting its `retryAfterMillis`, as the

@@ -27,7 +27,9 @@ use crate::shared::accounts::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::stack::{Role, Stack};
-use dlock_executor::executor::{Endpoints, Report, RunOptions, execute};
+use dlock_executor::executor::{Report, RunOptions, execute};
+
+use crate::harness::endpoints;
 
 /// A write lands in paydb a few milliseconds after the executor's check; this much is allowed.
 const SLACK_MS: f64 = 60.0;
@@ -175,11 +177,7 @@ async fn run(setup: Setup, options: RunOptions) -> Seen {
     open_account(&client, "acct-1", Some(10_000)).await;
 
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
-    let endpoints = Endpoints {
-        lock_server: stack.lock().url(),
-        payment_resource: stack.payment().url(),
-        rail_proxy: stack.proxy().url(),
-    };
+    let endpoints = endpoints(&stack);
     let margin = options.safety_margin;
     let report = execute(
         &batch,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use crate::shared::accounts::open_account;
 use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::stack::Stack;
-use dlock_executor::executor::{Endpoints, RunOptions, execute};
+use dlock_executor::executor::{RunOptions, execute};
+
+use crate::harness::endpoints;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
@@ -82,11 +84,7 @@ async fn the_final_report_says_what_paydb_says_whether_a_state_was_answered_or_r
         open_account(&client, account, Some(funds)).await;
     }
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
-    let endpoints = Endpoints {
-        lock_server: stack.lock().url(),
-        payment_resource: stack.payment().url(),
-        rail_proxy: stack.proxy().url(),
-    };
+    let endpoints = endpoints(&stack);
     let options = RunOptions {
         workers: 2,
         settle_timeout: Duration::from_secs(30),

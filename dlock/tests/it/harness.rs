@@ -196,12 +196,24 @@ pub fn serve_process(
     pairs: &[(String, String)],
     log: &std::path::Path,
 ) -> ManagedChild {
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_dlock"));
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_dlock"));
+    serve_process_of(exe, service, listen, pairs, log, Duration::from_secs(30))
+}
+
+/// [`serve_process`] of the `dlock` binary `exe`, given `ready_within` to answer `/readyz`.
+pub fn serve_process_of(
+    exe: &std::path::Path,
+    service: &str,
+    listen: SocketAddr,
+    pairs: &[(String, String)],
+    log: &std::path::Path,
+    ready_within: Duration,
+) -> ManagedChild {
     let args = serve_args(service, pairs, log);
     let mut child =
-        spawn_logged(service, &exe, &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
+        spawn_logged(service, exe, &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
     let what = format!("{} process", service.replace('-', " "));
-    wait_until(&what, Duration::from_secs(30), || {
+    wait_until(&what, ready_within, || {
         !child.exited() && http_status(listen, "/readyz") == Some(200)
     })
     .unwrap_or_else(|e| {
@@ -317,6 +329,95 @@ where
 /// Lets a gate go: its locks end with its session.
 pub async fn open(gate: PgConnection) {
     gate.close().await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// What tests that start the services as processes on PostgreSQL need: a directory, a PostgreSQL
+/// with `lockdb` and `paydb`, and in the directory a fencing-proof keys file of one key, `k1`.
+pub struct ServiceDbs {
+    pub dir: tempfile::TempDir,
+    pub pg: PgServer,
+    /// The keys file.
+    pub keys: std::path::PathBuf,
+}
+
+impl ServiceDbs {
+    /// [`ServiceDbs`] with `secret` (64 hex digits) as the key `k1`.
+    pub fn start(secret: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+        for db in ["lockdb", "paydb"] {
+            pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
+        }
+        let keys = dir.path().join("fencing-proof-keys");
+        std::fs::write(&keys, format!("k1 {secret}\n")).unwrap_or_else(|e| panic!("{e}"));
+        Self { dir, pg, keys }
+    }
+}
+
+/// Where an executor run in this process reaches `stack`'s services.
+pub fn endpoints(stack: &dlock_devstack::stack::Stack) -> dlock_executor::executor::Endpoints {
+    dlock_executor::executor::Endpoints {
+        lock_server: stack.lock().url(),
+        payment_resource: stack.payment().url(),
+        rail_proxy: stack.proxy().url(),
+    }
+}
+
+/// Asserts that `answer` is a refusal with FENCED_OUT (`what`).
+pub fn assert_fenced_out<T>(answer: Result<T, dlock_contract::client::ClientError>, what: &str) {
+    assert_eq!(
+        answer.err().and_then(|e| e.code()),
+        Some(dlock_contract::ErrorCode::FencedOut),
+        "{what}"
+    );
+}
+
+/// A post of `payout` under `token`, as a worker whose grant was lost would send it (a forged
+/// rail reference): asserts that the account fences it (`what`).
+pub async fn stale_post_is_fenced(
+    payment: &dlock_contract::payment_client::PaymentClient,
+    payout: uuid::Uuid,
+    token: i64,
+    what: &str,
+) {
+    let post = payment
+        .post(
+            payout,
+            dlock_contract::payment_client::Fence::new(
+                &dlock_executor::manifest::idempotency_key(payout),
+                token,
+                None,
+            ),
+            "rail-forged",
+            uuid::Uuid::new_v4(),
+        )
+        .await;
+    assert_fenced_out(post, what);
+}
+
+/// The running member of `cluster` that says it leads, by etcd's status API (asked of each in
+/// turn, connecting with `options`), if one does.
+pub async fn leading_member(
+    cluster: &dlock_devstack::etcd_cluster::EtcdCluster,
+    options: Option<etcd_client::ConnectOptions>,
+) -> Option<usize> {
+    for i in 0..cluster.members.len() {
+        if !cluster.members[i].running() {
+            continue;
+        }
+        let endpoint = [cluster.endpoint(i)];
+        let Ok(mut c) = etcd_client::Client::connect(endpoint, options.clone()).await else {
+            continue;
+        };
+        let Ok(status) = c.status().await else {
+            continue;
+        };
+        let me = status.header().map(|h| h.member_id()).unwrap_or_default();
+        if status.leader() == me && me != 0 {
+            return Some(i);
+        }
+    }
+    None
 }
 
 /// Polls `probe` until it returns `Some`, failing the test after `timeout`.

@@ -36,7 +36,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::harness::{Backend, client, on_each_backend, port, serve_args, serve_process};
+use crate::harness::{
+    Backend, client, eventually, leading_member, on_each_backend, port, serve_args, serve_process,
+};
 
 const CLIENTS: usize = 6;
 const KEYS: [&str; 3] = ["hist:a", "hist:b", "hist:c"];
@@ -429,25 +431,12 @@ impl StoreFault for Store {
 
 /// The member that leads now, by etcd's status API.
 async fn etcd_leader(cluster: &EtcdCluster) -> usize {
-    for _ in 0..100 {
-        for i in 0..cluster.members.len() {
-            if !cluster.members[i].running() {
-                continue;
-            }
-            let Ok(mut c) = etcd_client::Client::connect([cluster.endpoint(i)], None).await else {
-                continue;
-            };
-            let Ok(status) = c.status().await else {
-                continue;
-            };
-            let me = status.header().map(|h| h.member_id()).unwrap_or_default();
-            if status.leader() == me && me != 0 {
-                return i;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no etcd member says it leads")
+    eventually(
+        "an etcd member says it leads",
+        Duration::from_secs(20),
+        || leading_member(cluster, None),
+    )
+    .await
 }
 
 /// Where histories go: `DLOCK_HISTORY_DIR`, or `target/history/`.

@@ -186,6 +186,33 @@ impl Server {
         (gate, answers, self.batches_since(kind, before).await)
     }
 
+    /// [`Server::gated`] acquires: `gate_party`'s acquire of `gate_key`, whose lock is held until
+    /// `requests` queue behind it, and `requests`.
+    async fn acquires_gated<R: Future>(
+        &self,
+        gate_party: &Party,
+        gate_key: &str,
+        requests: Vec<R>,
+    ) -> (Result<LockGrant, ClientError>, Vec<R::Output>, (f64, f64)) {
+        let gate_conn = self.gate_acquire(gate_key).await;
+        let gate = acquire(gate_party, gate_key, Some(PATIENT_MS));
+        self.gated("acquire", gate_conn, gate, requests).await
+    }
+
+    /// [`Server::gated`] releases: `gate_party`'s release of its grant of `gate_key` under
+    /// `gate_token`, whose row is held until `requests` queue behind it, and `requests`.
+    async fn releases_gated<R: Future>(
+        &self,
+        (gate_party, gate_key, gate_token): (&Party, &str, i64),
+        requests: Vec<R>,
+    ) -> (Result<(), ClientError>, Vec<R::Output>, (f64, f64)) {
+        let gate_conn = self.gate_release(gate_key).await;
+        let gate = gate_party
+            .client
+            .release(gate_key, gate_party.session, gate_token);
+        self.gated("release", gate_conn, gate, requests).await
+    }
+
     /// Whether the key has a grant row, whatever its state, and whether it was ever seen.
     fn rows_of(&self, key: &str) -> (String, String) {
         (
@@ -252,12 +279,10 @@ async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
     let gate_party = server.party("gc-gate").await;
     let keys: Vec<String> = (0..parties.len()).map(|i| format!("gc:key-{i}")).collect();
 
-    let gate_conn = server.gate_acquire("gc:gate").await;
     let (gate, answers, batches) = server
-        .gated(
-            "acquire",
-            gate_conn,
-            acquire(&gate_party, "gc:gate", Some(PATIENT_MS)),
+        .acquires_gated(
+            &gate_party,
+            "gc:gate",
             parties
                 .iter()
                 .zip(&keys)
@@ -286,14 +311,9 @@ async fn acquires_of_distinct_keys_in_one_batch_each_get_their_own_grant() {
     // Released in one batch too, then acquired again in one: each key's token only grows.
     let gate_token = server.psql("SELECT fencing_token FROM locks WHERE lock_key = 'gc:gate'");
     let gate_token: i64 = gate_token.parse().unwrap_or_else(|e| panic!("{e}"));
-    let gate_conn = server.gate_release("gc:gate").await;
     let (gate, answers, batches) = server
-        .gated(
-            "release",
-            gate_conn,
-            gate_party
-                .client
-                .release("gc:gate", gate_party.session, gate_token),
+        .releases_gated(
+            (&gate_party, "gc:gate", gate_token),
             parties
                 .iter()
                 .zip(&keys)
@@ -341,12 +361,10 @@ async fn two_acquires_of_one_key_in_flight_are_one_grant_and_one_contention() {
         server.party("gk-neighbour").await,
     );
     let gate_party = server.party("gk-gate").await;
-    let gate_conn = server.gate_acquire("gk:gate").await;
     let (gate, answers, batches) = server
-        .gated(
-            "acquire",
-            gate_conn,
-            acquire(&gate_party, "gk:gate", Some(PATIENT_MS)),
+        .acquires_gated(
+            &gate_party,
+            "gk:gate",
             vec![
                 acquire_now(&server, &one, "gk:key"),
                 acquire_now(&server, &two, "gk:key"),
@@ -406,14 +424,9 @@ async fn releases_in_one_batch_with_a_wrong_token_are_refused_alone() {
                 .map_or(grants[i].1, |(_, t)| *t)
         })
         .collect();
-    let gate_conn = server.gate_release("gr:gate").await;
     let (gate_answer, answers, batches) = server
-        .gated(
-            "release",
-            gate_conn,
-            gate_party
-                .client
-                .release("gr:gate", gate_party.session, gate.fencing_token),
+        .releases_gated(
+            (&gate_party, "gr:gate", gate.fencing_token),
             parties
                 .iter()
                 .zip(&grants)
@@ -455,12 +468,10 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     let gate_party = server.party("ga-gate").await;
     // ga:held's acquire lock is held from outside: the batch stops there, and dies there.
     let blocker = server.gate_acquire("ga:held").await;
-    let gate_conn = server.gate_acquire("ga:gate").await;
     let ((gate, answers, batches), ()) = tokio::join!(
-        server.gated(
-            "acquire",
-            gate_conn,
-            acquire(&gate_party, "ga:gate", Some(PATIENT_MS)),
+        server.acquires_gated(
+            &gate_party,
+            "ga:gate",
             vec![
                 acquire(&free, "ga:free", Some(PATIENT_MS)),
                 acquire(&held, "ga:held", Some(PATIENT_MS)),

@@ -26,7 +26,9 @@ use dlock_contract::payout_batch::payout_id;
 use dlock_contract::rail::read_statement;
 use dlock_contract::reconcile::ReconcileSummary;
 use dlock_devstack::stack::{Role, Stack};
-use dlock_executor::executor::{Endpoints, RunOptions, execute};
+use dlock_executor::executor::{RunOptions, execute};
+
+use crate::harness::endpoints;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -184,11 +186,7 @@ fn batch(name: &str, items: &[(&str, &str, i64)]) -> dlock_executor::PayoutBatch
 }
 
 async fn run_batch(stack: &Stack, batch: &dlock_executor::PayoutBatch) {
-    let endpoints = Endpoints {
-        lock_server: stack.lock().url(),
-        payment_resource: stack.payment().url(),
-        rail_proxy: stack.proxy().url(),
-    };
+    let endpoints = endpoints(stack);
     let options = RunOptions {
         workers: 2,
         settle_timeout: Duration::from_secs(60),

@@ -2,9 +2,8 @@
 //! the rail proxy do not start without fencing-token proof keys unless
 //! `fencing.insecure-no-proofs = true` says so by name. Each is a real `dlock serve` process.
 
-use dlock_devstack::PgServer;
-
 use crate::etcd_tls::{refused_process, serve_process};
+use crate::harness::ServiceDbs;
 
 /// A secret of the keys file (64 hex digits, as `openssl rand -hex 32` makes one).
 const SECRET: &str = "5f2c8e1a9b7d4f3e6a0c2b8d1e9f7a3c5b4d6e8f0a1c3e5b7d9f2a4c6e8b0d1f";
@@ -16,13 +15,7 @@ const SECRET: &str = "5f2c8e1a9b7d4f3e6a0c2b8d1e9f7a3c5b4d6e8f0a1c3e5b7d9f2a4c6e
 /// refused as a contradiction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_without_proof_keys_starts_only_with_the_insecure_flag_said_by_name() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-    for db in ["lockdb", "paydb"] {
-        pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let keys = dir.path().join("fencing-proof-keys");
-    std::fs::write(&keys, format!("k1 {SECRET}\n")).unwrap_or_else(|e| panic!("{e}"));
+    let ServiceDbs { dir, pg, keys } = ServiceDbs::start(SECRET);
     let keys = keys.display().to_string();
     let services: [(&str, Vec<(&'static str, String)>); 3] = [
         (

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use dlock_contract::auth::Credential;
-use dlock_contract::client::LockClient;
 use dlock_devstack::wait_until;
 
 use crate::world::World;
@@ -66,9 +64,7 @@ async fn kubectl_get_locks_shows_the_real_holders_with_a_readable_expiry() {
 
     // Two locks held through the real lock server, as the executor identity would hold them.
     let services = world.services();
-    let lock = LockClient::new(&services.url("lockServer"), "executor/e2e")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&services.token("executor"))));
+    let lock = services.executor_locks();
     let session = lock
         .create_session(Some(60_000))
         .await

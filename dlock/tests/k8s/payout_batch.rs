@@ -62,13 +62,30 @@ async fn all_in(
     states
 }
 
-/// The rail's statement, on which each of `payouts` stands once.
-async fn paid_once(rail: &str, payouts: &BTreeMap<String, PayoutState>) -> BTreeMap<String, usize> {
+/// [`all_in`] `state`, each of them on the rail's statement once: the states and the statement.
+async fn all_paid_once(
+    payment: &PaymentClient,
+    rail: &str,
+    accounts: &[&str],
+    state: PayoutState,
+    why: &str,
+) -> (BTreeMap<String, PayoutState>, BTreeMap<String, usize>) {
+    let states = all_in(payment, accounts, state, why).await;
     let paid = statement(rail).await;
-    for id in payouts.keys() {
+    for id in states.keys() {
         assert_eq!(paid.get(id), Some(&1), "payout {id} on the statement once");
     }
-    paid
+    (states, paid)
+}
+
+/// [`all_paid_once`] POSTED: every payout paid, once.
+async fn all_posted_once(
+    payment: &PaymentClient,
+    rail: &str,
+    accounts: &[&str],
+) -> (BTreeMap<String, PayoutState>, BTreeMap<String, usize>) {
+    let why = "every payout paid";
+    all_paid_once(payment, rail, accounts, PayoutState::Posted, why).await
 }
 
 fn job_done(world: &World) -> bool {
@@ -156,14 +173,7 @@ async fn kubectl_apply_of_a_payout_batch_pays_each_payout_once_across_reapply_an
     assert_eq!(ran[0].exit_code, Some(0));
     assert_eq!(ran[0].args.first().map(String::as_str), Some("run"));
 
-    let posted = all_in(
-        &payment,
-        &accounts,
-        PayoutState::Posted,
-        "every payout paid",
-    )
-    .await;
-    let paid = paid_once(&rail, &posted).await;
+    let (posted, paid) = all_posted_once(&payment, &rail, &accounts).await;
 
     // The batch's status, as kubectl shows it.
     world.wait_kubectl(
@@ -344,15 +354,15 @@ async fn a_batch_on_a_rail_that_redirects_is_degraded_naming_its_ambiguous_payou
     apply_batch(&world);
     wait_job_done(&world, "the executor Job ends");
 
-    let states = all_in(
+    // The rail took each transfer once: no redirect was followed, nothing was sent again.
+    let (states, _) = all_paid_once(
         &payment,
+        &rail,
         &accounts,
         PayoutState::RailAmbiguous,
         "every payout left the automated path",
     )
     .await;
-    // The rail took each transfer once: no redirect was followed, nothing was sent again.
-    paid_once(&rail, &states).await;
 
     // The batch names its ambiguous payouts; Argo CD's health says Degraded with the same words.
     let object = world.wait_for(
@@ -429,8 +439,9 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
     wait_job_done(&world, "the executor Job ends");
     let took = started.elapsed();
 
-    let states = all_in(
+    all_paid_once(
         &payment,
+        &rail,
         &accounts,
         PayoutState::Posted,
         "every slow answer was waited for",
@@ -451,7 +462,6 @@ async fn the_executor_waits_for_a_rail_proxy_whose_read_timeout_is_above_the_def
         "{}",
         manifest["data"]
     );
-    paid_once(&rail, &states).await;
     eprintln!(
         "4 payouts at 11 s each in {} ms; scenario done in {} ms",
         took.as_millis(),
@@ -584,12 +594,5 @@ async fn a_telemetry_config_map_cannot_change_the_executors_credential() {
         "DLOCK_LOG from the telemetry ConfigMap reached the executor: {log}"
     );
     assert!(!log.contains("attacker-token"), "{log}");
-    let posted = all_in(
-        &payment,
-        &accounts,
-        PayoutState::Posted,
-        "every payout paid",
-    )
-    .await;
-    paid_once(&rail, &posted).await;
+    all_posted_once(&payment, &rail, &accounts).await;
 }

@@ -215,7 +215,19 @@ impl RealCluster {
     /// The address of Service `name` in `namespace`, reachable from the machine (kube-proxy
     /// programs the machine's own connections too).
     pub fn service_url(&self, namespace: &str, name: &str) -> String {
-        let ip = self.kubectl(&[
+        let ip = self.try_cluster_ip(namespace, name).unwrap_or_else(|e| {
+            panic!(
+                "kubectl get service {name} -n {namespace}: {e}{}",
+                self.diagnostics()
+            )
+        });
+        format!("http://{ip}:8080")
+    }
+
+    /// The cluster IP of Service `name` in `namespace` (empty while it has none), or kubectl's
+    /// error.
+    pub fn try_cluster_ip(&self, namespace: &str, name: &str) -> Result<String, String> {
+        let ip = self.try_kubectl(&[
             "get",
             "service",
             name,
@@ -223,8 +235,8 @@ impl RealCluster {
             namespace,
             "-o",
             "jsonpath={.spec.clusterIP}",
-        ]);
-        format!("http://{}:8080", ip.trim())
+        ])?;
+        Ok(ip.trim().to_owned())
     }
 
     /// The node's containerd, as `ctr -n k8s.io ARGS`.

@@ -65,14 +65,7 @@ pub fn install(cluster: &RealCluster) {
         "paymentresource/payment-resource",
         "railproxy/rail-proxy",
     ] {
-        cluster.kubectl(&[
-            "wait",
-            "-n",
-            NS,
-            "--for=condition=Ready",
-            object,
-            "--timeout=180s",
-        ]);
+        wait_ready(cluster, object, 180);
     }
     for service in [
         "lock-server",
@@ -86,6 +79,18 @@ pub fn install(cluster: &RealCluster) {
 
 /// `dlock accounts fund -f FILE` as the treasury, with a projected token of its ServiceAccount,
 /// against the payment resource's Service address.
+/// `kubectl wait` until `object` in [`NS`] is Ready, `timeout_s` at the most.
+fn wait_ready(cluster: &RealCluster, object: &str, timeout_s: u32) {
+    cluster.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        object,
+        &format!("--timeout={timeout_s}s"),
+    ]);
+}
+
 pub fn fund(cluster: &RealCluster, file: &str) {
     let token = cluster.kubectl(&[
         "create",
@@ -214,14 +219,7 @@ fn the_chart_installs_as_the_readme_says_and_the_example_batch_is_paid_once_by_r
         "the rail took transfers already: {before:?}"
     );
     cluster.kubectl(&["apply", "-n", NS, "-f", &example("payoutbatch.yaml")]);
-    cluster.kubectl(&[
-        "wait",
-        "-n",
-        NS,
-        "--for=condition=Ready",
-        &format!("payoutbatch/{BATCH}"),
-        "--timeout=300s",
-    ]);
+    wait_ready(&cluster, &format!("payoutbatch/{BATCH}"), 300);
     let batch = cluster.get_json(&["payoutbatch", BATCH, "-n", NS]);
     assert_eq!(
         batch["status"]["counts"],
@@ -327,14 +325,7 @@ fn run_batch(cluster: &RealCluster, name: &str) -> Duration {
     fund(cluster, &file);
     let applied = std::time::Instant::now();
     cluster.kubectl(&["apply", "--server-side", "-n", NS, "-f", &file]);
-    cluster.kubectl(&[
-        "wait",
-        "-n",
-        NS,
-        "--for=condition=Ready",
-        &format!("payoutbatch/{name}"),
-        "--timeout=600s",
-    ]);
+    wait_ready(cluster, &format!("payoutbatch/{name}"), 600);
     applied.elapsed()
 }
 
@@ -457,14 +448,7 @@ fn a_service_container_killed_mid_batch_is_restarted_by_the_kubelet_and_nothing_
             "{instance}: pod {pod} killed, restarted and Ready again in {:.1} s",
             killed.elapsed().as_secs_f64()
         ));
-        cluster.kubectl(&[
-            "wait",
-            "-n",
-            NS,
-            "--for=condition=Ready",
-            &format!("payoutbatch/{name}"),
-            "--timeout=600s",
-        ]);
+        wait_ready(&cluster, &format!("payoutbatch/{name}"), 600);
     }
     let states = payout_states(&cluster);
     let paid = statement(&cluster);
@@ -600,14 +584,7 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         ));
     }
     for i in 0..steps.len() {
-        cluster.kubectl(&[
-            "wait",
-            "-n",
-            NS,
-            "--for=condition=Ready",
-            &format!("payoutbatch/rolling-{i}"),
-            "--timeout=600s",
-        ]);
+        wait_ready(&cluster, &format!("payoutbatch/rolling-{i}"), 600);
     }
     let wall = started.elapsed();
     watching.store(false, std::sync::atomic::Ordering::SeqCst);

@@ -3,8 +3,6 @@
 //! grant per payout), the operator reads the key's live grant from the real lock server when it
 //! handles the annotation and revokes that one, not the token the mirror still shows.
 
-use dlock_contract::auth::Credential;
-use dlock_contract::client::LockClient;
 
 use crate::revoke::{
     annotate_revoke, assert_floor_at_both_points, lock_status_until, wait_for_lock_row,
@@ -23,9 +21,7 @@ async fn the_revoke_annotation_fences_out_the_live_holder_when_the_mirror_is_a_g
     let paydb = services.url("paydb");
     let payment = services.payments_as("executor/setup");
     open_account(&services.treasury_payments(), ACCOUNT, Some(1_000)).await;
-    let lock = LockClient::new(&services.url("lockServer"), "executor/e2e")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_credential(Some(Credential::fixed(&services.token("executor"))));
+    let lock = services.executor_locks();
     let session = lock
         .create_session(Some(60_000))
         .await

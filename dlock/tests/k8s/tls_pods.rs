@@ -83,17 +83,10 @@ pub fn make_ca(cluster: &RealCluster) -> ServiceCa {
 fn cluster_ip(cluster: &RealCluster, namespace: &str, name: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        if let Ok(ip) = cluster.try_kubectl(&[
-            "get",
-            "service",
-            name,
-            "-n",
-            namespace,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ]) && !ip.trim().is_empty()
+        if let Ok(ip) = cluster.try_cluster_ip(namespace, name)
+            && !ip.is_empty()
         {
-            return ip.trim().to_owned();
+            return ip;
         }
         assert!(
             std::time::Instant::now() < deadline,

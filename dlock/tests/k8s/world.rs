@@ -60,6 +60,18 @@ pub fn example_batch_with_executor_credential() -> String {
 /// `dlock dev up` as a process: the four services, PostgreSQL, authentication on.
 pub use crate::shared::dev_up::DevUp as DevStack;
 
+impl DevStack {
+    /// A client of the lock server with the executor identity's credential, calling as
+    /// `executor/e2e`.
+    pub fn executor_locks(&self) -> dlock_contract::client::LockClient {
+        dlock_contract::client::LockClient::new(&self.url("lockServer"), "executor/e2e")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_credential(Some(dlock_contract::auth::Credential::fixed(
+                &self.token("executor"),
+            )))
+    }
+}
+
 pub struct World {
     pub cluster: KubeCluster,
     pub client: kube::Client,

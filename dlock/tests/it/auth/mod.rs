@@ -285,6 +285,20 @@ fn approved_by_second(id: &str, payment: &str, file: &str, what: &str) -> String
     out
 }
 
+/// `dlock ARGS` against `payment` as `identity` (its token in `file`) fails (`what`): 403
+/// FORBIDDEN, with `hint`.
+fn forbidden_with_hint(
+    args: &[&str],
+    (payment, identity, file): (&str, &str, &str),
+    hint: &str,
+    what: &str,
+) {
+    let (ok, _, said) = dlock_as(args, payment, identity, file);
+    assert!(!ok, "{what}: {said}");
+    assert!(said.contains("403 FORBIDDEN"), "{said}");
+    assert!(said.contains(&format!("hint: {hint}")), "{said}");
+}
+
 /// `dlock ARGS` against `payment` as `identity`, its token read from `file`.
 fn dlock_as(args: &[&str], payment: &str, identity: &str, file: &str) -> (bool, String, String) {
     let mut all = args.to_vec();

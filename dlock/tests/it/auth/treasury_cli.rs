@@ -32,12 +32,11 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
 
     // The identity that asked: refused with the service's envelope message and a hint.
     let before = stack.snapshot().await;
-    let (ok, _, said) = dlock_as(&["fundings", "approve", &id], &payment, "treasury", &first);
-    assert!(!ok, "self-approval must fail: {said}");
-    assert!(said.contains("403 FORBIDDEN"), "{said}");
-    assert!(
-        said.contains("hint: treasury asked for this funding and may not approve it too"),
-        "{said}"
+    forbidden_with_hint(
+        &["fundings", "approve", &id],
+        (&payment, "treasury", &first),
+        "treasury asked for this funding and may not approve it too",
+        "self-approval must fail",
     );
     assert_eq!(
         before,
@@ -142,17 +141,11 @@ async fn limits_set_by_dlock_accounts_limits_refuse_a_payout_over_them() {
 
     // The executor's credential is no treasury's: refused, with a hint, and the limits stay.
     let before = stack.snapshot().await;
-    let (ok, _, said) = dlock_as(
+    forbidden_with_hint(
         &["accounts", "limits", "acct-lim"],
-        &payment,
-        "executor",
-        &executor,
-    );
-    assert!(!ok, "the executor may not set limits: {said}");
-    assert!(said.contains("403 FORBIDDEN"), "{said}");
-    assert!(
-        said.contains("hint: this credential's identity has no treasury role"),
-        "{said}"
+        (&payment, "executor", &executor),
+        "this credential's identity has no treasury role",
+        "the executor may not set limits",
     );
     assert_eq!(
         before,

@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::payment::{Answer, PayStack};
+use crate::payment::{Answer, PayStack, fields_of};
 
 const OWNER: &str = "worker-1";
 const CLAIM_BATCH: &str = "/v1/batches/claim";
@@ -101,18 +101,6 @@ fn code_of(body: &Value) -> &str {
 fn refused(step: &str, item: &(u16, Value), status: u16, code: &str) {
     assert_eq!(item.0, status, "{step}: {}", item.1);
     crate::conformance::assert_envelope(step, item.0, &item.1, code);
-}
-
-/// The field names in an envelope's `details.fields[]`.
-fn fields_of(body: &Value) -> Vec<String> {
-    body["details"]["fields"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f["field"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// What paydb holds for a payout: state, attempts, claim token.

@@ -12,7 +12,6 @@ use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
 use dlock_contract::payment_client::{Fence, PaymentClient};
@@ -23,7 +22,7 @@ use dlock_executor::manifest::{idempotency_key, payout_id};
 
 use uuid::Uuid;
 
-use crate::harness::{Backend, eventually};
+use crate::harness::{Backend, assert_fenced_out, eventually, stale_post_is_fenced};
 use crate::shared::accounts::open_account;
 
 pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
@@ -405,25 +404,14 @@ impl ScriptedHolder {
             beneficiary_ref: "ben-0".into(),
         };
         let submit = self.rail.submit(self.token, &key, &body).await;
-        assert_eq!(
-            submit.err().and_then(|e| e.code()),
-            Some(ErrorCode::FencedOut),
-            "the stale submit is fenced at the rail"
-        );
-        let post = self
-            .payment
-            .post(
-                payout,
-                Fence::new(&key, self.token, None),
-                "rail-forged",
-                Uuid::new_v4(),
-            )
-            .await;
-        assert_eq!(
-            post.err().and_then(|e| e.code()),
-            Some(ErrorCode::FencedOut),
-            "the stale post is fenced at the account"
-        );
+        assert_fenced_out(submit, "the stale submit is fenced at the rail");
+        stale_post_is_fenced(
+            &self.payment,
+            payout,
+            self.token,
+            "the stale post is fenced at the account",
+        )
+        .await;
         let _ = self.lock.end_session(self.session).await;
         2
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use dlock_contract::ErrorCode;
 use dlock_contract::client::LockClient;
-use dlock_contract::payment_client::Fence;
 use dlock_contract::rail::RailClient;
 use dlock_devstack::PgServer;
 use dlock_devstack::pg_standby::{PgPair, Replication};
@@ -22,7 +21,7 @@ use super::scenario_a::{Services, url};
 use super::{
     claim, fail_over, last_token, new_session, number, register, scratch_grants, submission,
 };
-use crate::harness::eventually;
+use crate::harness::{assert_fenced_out, eventually, stale_post_is_fenced};
 use crate::shared::accounts::open_account;
 
 const ACCOUNT: &str = "epoch-00";
@@ -158,24 +157,14 @@ async fn an_asynchronous_promotion_that_lost_grants_issues_no_token_twice_and_fe
     let submit = rail("epoch-worker")
         .submit(stale, &idempotency_key(p1), &submission(ACCOUNT, p1))
         .await;
-    assert_eq!(
-        submit.err().and_then(|e| e.code()),
-        Some(ErrorCode::FencedOut),
-        "the lost token's submit is fenced at the rail"
-    );
-    let post = payment
-        .post(
-            p1,
-            Fence::new(&idempotency_key(p1), stale, None),
-            "rail-forged",
-            Uuid::new_v4(),
-        )
-        .await;
-    assert_eq!(
-        post.err().and_then(|e| e.code()),
-        Some(ErrorCode::FencedOut),
-        "the lost token's post is fenced at the account"
-    );
+    assert_fenced_out(submit, "the lost token's submit is fenced at the rail");
+    stale_post_is_fenced(
+        &payment,
+        p1,
+        stale,
+        "the lost token's post is fenced at the account",
+    )
+    .await;
     let renew = lock.renew(KEY, stale_session, stale, None).await;
     assert!(
         matches!(
@@ -274,11 +263,7 @@ async fn paydb_promoted_after_losing_writes_takes_no_write_until_an_operator_con
         .await
         .unwrap_or_else(|e| panic!("the newer holder's claim: {e}"));
     let stale = claim(p3, paused).await;
-    assert_eq!(
-        stale.err().and_then(|e| e.code()),
-        Some(ErrorCode::FencedOut),
-        "before the failover the paused worker is fenced out"
-    );
+    assert_fenced_out(stale, "before the failover the paused worker is fenced out");
     fail_over(&mut pair);
     let fence = number(
         &pair.standby,
@@ -445,11 +430,7 @@ async fn paydb_promoted_after_losing_writes_takes_no_write_until_an_operator_con
     assert_eq!(audit, format!("operator ops-on-call {floor} 1"));
     // Every token issued before is fenced out; a holder acquires again and carries on.
     let stale = claim(p3, paused).await;
-    assert_eq!(
-        stale.err().and_then(|e| e.code()),
-        Some(ErrorCode::FencedOut),
-        "the paused worker after the recovery"
-    );
+    assert_fenced_out(stale, "the paused worker after the recovery");
     let (_, _, fresh) = acquire("epoch-fresh", 60_000).await;
     assert!(fresh > floor, "fresh {fresh}, floor {floor}");
     claim(p2, fresh)

@@ -76,6 +76,50 @@ impl PayStack {
         )
     }
 
+    /// Growth of the batch-size histogram of `kind` since `before` (a [`PayStack::batches`]):
+    /// (batches that ran, requests in them).
+    async fn batches_since(&self, kind: &str, before: (f64, f64)) -> (f64, f64) {
+        let after = self.batches(kind).await;
+        (after.0 - before.0, after.1 - before.1)
+    }
+
+    /// Sends `gate`, a request that waits behind `gate_tx`, and once `gate_waits` says it waits,
+    /// `requests`; commits `gate_tx` once they are all queued as `kind`. The answers of the gate
+    /// and of the requests, and the batches of `kind` that ran after the gate
+    /// ([`PayStack::batches_since`]).
+    async fn gated<G: Future, W: Future, R: Future>(
+        &self,
+        (kind, gate_waits): (&str, W),
+        gate_tx: Transaction<'static, Postgres>,
+        gate: G,
+        requests: Vec<R>,
+    ) -> (G::Output, Vec<R::Output>, (f64, f64)) {
+        let (gate, (answers, before)) = tokio::join!(gate, async {
+            gate_waits.await;
+            let before = self.batches(kind).await;
+            let n = requests.len();
+            let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
+                self.queued(kind, n).await;
+                gate_tx.commit().await.unwrap_or_else(|e| panic!("{e}"));
+            });
+            (answers, before)
+        });
+        (gate, answers, self.batches_since(kind, before).await)
+    }
+
+    /// [`PayStack::gated`] claims, behind a claim of `gate_payout`, whose account's row
+    /// (`gate_account`) is held until `requests` queue.
+    async fn claims_gated<R: Future>(
+        &self,
+        (gate_account, gate_payout): (&str, Uuid),
+        requests: Vec<R>,
+    ) -> (Answer, Vec<R::Output>, (f64, f64)) {
+        let gate_tx = self.gate(gate_account).await;
+        let gate = self.claim(gate_payout, self.token(), "PENDING");
+        let waits = self.waiting_in("pay_claim_once");
+        self.gated(("claim", waits), gate_tx, gate, requests).await
+    }
+
     fn fence_of(&self, account: &str) -> String {
         self.psql(&format!(
             "SELECT fence FROM accounts WHERE account_id = '{account}'"
@@ -119,30 +163,20 @@ async fn claims_in_one_batch_each_get_their_own_answer() {
     first.expect("first claim", 200, None);
     let ok_token = stack.token();
 
-    let gate = stack.gate("gc-gate").await;
-    let gate_token = stack.token();
-    let (blocker, (answers, before)) =
-        tokio::join!(stack.claim(gate_payout, gate_token, "PENDING"), async {
-            stack.waiting_in("pay_claim_once").await;
-            let before = stack.batches("claim").await;
-            let answers = tokio::join!(
-                async {
-                    tokio::join!(
-                        stack.claim(ok, ok_token, "PENDING"),
-                        stack.claim(fenced, stale, "PENDING"),
-                        stack.claim(replayed, replay_token, "PENDING"),
-                    )
-                },
-                async {
-                    stack.queued("claim", 3).await;
-                    gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-                }
-            )
-            .0;
-            (answers, before)
-        });
+    let (blocker, answers, batches) = stack
+        .claims_gated(
+            ("gc-gate", gate_payout),
+            vec![
+                stack.claim(ok, ok_token, "PENDING"),
+                stack.claim(fenced, stale, "PENDING"),
+                stack.claim(replayed, replay_token, "PENDING"),
+            ],
+        )
+        .await;
     blocker.expect("the gate's claim", 200, None);
-    let (ok_answer, fenced_answer, replay_answer) = answers;
+    let [ok_answer, fenced_answer, replay_answer] = answers.as_slice() else {
+        panic!("three answers, got {}", answers.len())
+    };
     assert_eq!(
         ok_answer.expect("accepted claim", 200, None)["claimToken"],
         Value::from(ok_token)
@@ -152,12 +186,7 @@ async fn claims_in_one_batch_each_get_their_own_answer() {
     replay_answer.expect("repeated claim", 200, None);
     replay_answer.replays("repeated claim", &first);
     // One transaction ran the three.
-    let after = stack.batches("claim").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (1.0, 3.0),
-        "one batch of three"
-    );
+    assert_eq!(batches, (1.0, 3.0), "one batch of three");
     // Each effect as its answer says: one claim, one refusal that changed nothing, no second
     // attempt for the replay.
     assert_eq!(stack.state_of(ok).await, "CLAIMED");
@@ -212,9 +241,8 @@ async fn a_stale_and_a_newer_holder_of_one_account_in_one_batch_leave_the_stale_
         stale_answer.expect(step, 409, Some("FENCED_OUT"));
         assert_eq!(stack.state_of(p[1]).await, "PENDING", "{step}");
         assert_eq!(stack.fence_of("gs-acct"), newer.to_string(), "{step}");
-        let after = stack.batches("claim").await;
         assert_eq!(
-            (after.0 - before.0, after.1 - before.1),
+            stack.batches_since("claim", before).await,
             (1.0, 2.0),
             "{step}: one batch of the two"
         );
@@ -226,26 +254,19 @@ async fn a_duplicate_in_flight_is_answered_once() {
     let (stack, p) = stack_with(&["gd-gate", "gd-acct", "gd-other"]).await;
     let token = stack.token();
     let other_token = stack.token();
-    let gate = stack.gate("gd-gate").await;
-    let gate_token = stack.token();
-    let (blocker, (one, two, other)) =
-        tokio::join!(stack.claim(p[0], gate_token, "PENDING"), async {
-            stack.waiting_in("pay_claim_once").await;
-            tokio::join!(
-                async {
-                    tokio::join!(
-                        stack.claim(p[1], token, "PENDING"),
-                        stack.claim(p[1], token, "PENDING"),
-                        stack.claim(p[2], other_token, "PENDING"),
-                    )
-                },
-                async {
-                    stack.queued("claim", 3).await;
-                    gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-                }
-            )
-            .0
-        });
+    let (blocker, answers, _) = stack
+        .claims_gated(
+            ("gd-gate", p[0]),
+            vec![
+                stack.claim(p[1], token, "PENDING"),
+                stack.claim(p[1], token, "PENDING"),
+                stack.claim(p[2], other_token, "PENDING"),
+            ],
+        )
+        .await;
+    let [one, two, other] = answers.as_slice() else {
+        panic!("three answers, got {}", answers.len())
+    };
     blocker.expect("the gate's claim", 200, None);
     other.expect("the other claim", 200, None);
     one.expect("first of the two", 200, None);
@@ -264,11 +285,7 @@ async fn a_duplicate_in_flight_is_answered_once() {
         1,
         "exactly one of the two is a replay"
     );
-    let (ran, replay) = if one.replayed {
-        (&two, &one)
-    } else {
-        (&one, &two)
-    };
+    let (ran, replay) = if one.replayed { (two, one) } else { (one, two) };
     replay.replays("the duplicate", ran);
 }
 
@@ -276,32 +293,25 @@ async fn a_duplicate_in_flight_is_answered_once() {
 async fn a_failed_batch_answers_every_item_503_and_writes_nothing() {
     let (stack, p) = stack_with(&["gf-gate", "gf-held", "gf-free"]).await;
     let (held_token, free_token) = (stack.token(), stack.token());
-    let gate = stack.gate("gf-gate").await;
     let held = stack.gate("gf-held").await;
-    let gate_token = stack.token();
-    let (blocker, (held_answer, free_answer)) =
-        tokio::join!(stack.claim(p[0], gate_token, "PENDING"), async {
-            stack.waiting_in("pay_claim_once").await;
-            tokio::join!(
-                async {
-                    tokio::join!(
-                        stack.claim(p[1], held_token, "PENDING"),
-                        stack.claim(p[2], free_token, "PENDING"),
-                    )
-                },
-                async {
-                    stack.queued("claim", 2).await;
-                    gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-                    // The batch of the two waits on gf-held's row: its connection dies there.
-                    let pid = stack.waiting_in("pay_claim_many").await;
-                    stack.psql(&format!("SELECT pg_terminate_backend({pid})"));
-                }
-            )
-            .0
-        });
+    let ((blocker, answers, _), ()) = tokio::join!(
+        stack.claims_gated(
+            ("gf-gate", p[0]),
+            vec![
+                stack.claim(p[1], held_token, "PENDING"),
+                stack.claim(p[2], free_token, "PENDING"),
+            ],
+        ),
+        async {
+            // Once the gate is open, the batch of the two waits on gf-held's row: its connection
+            // dies there.
+            let pid = stack.waiting_in("pay_claim_many").await;
+            stack.psql(&format!("SELECT pg_terminate_backend({pid})"));
+        }
+    );
     held.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     blocker.expect("the gate's claim", 200, None);
-    for (step, answer) in [("held", &held_answer), ("free", &free_answer)] {
+    for (step, answer) in [("held", &answers[0]), ("free", &answers[1])] {
         assert_eq!(answer.status, 503, "{step}: {}", answer.json);
         assert_eq!(code(answer), "NOT_LEADER", "{step}");
     }
@@ -334,29 +344,24 @@ async fn posts_in_one_batch_each_post_once_with_their_entries() {
         tokens.push(stack.claimed(payout).await);
         stack.rail_ack(payout).await;
     }
-    let gate = stack.gate("gp-gate").await;
-    let (blocker, ((a1, a2, b), before)) = tokio::join!(stack.post(payouts[0], tokens[0]), async {
-        stack.waiting_in("pay_post_once").await;
-        let before = stack.batches("post").await;
-        let answers = tokio::join!(
-            async {
-                tokio::join!(
-                    // gp-a's newer holder posts both of its payouts (fence <= token).
-                    stack.post(payouts[1], tokens[2]),
-                    stack.post(payouts[2], tokens[2]),
-                    stack.post(payouts[3], tokens[3]),
-                )
-            },
-            async {
-                stack.queued("post", 3).await;
-                gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-            }
+    let (blocker, answers, batches) = stack
+        .gated(
+            ("post", stack.waiting_in("pay_post_once")),
+            stack.gate("gp-gate").await,
+            stack.post(payouts[0], tokens[0]),
+            vec![
+                // gp-a's newer holder posts both of its payouts (fence <= token).
+                stack.post(payouts[1], tokens[2]),
+                stack.post(payouts[2], tokens[2]),
+                stack.post(payouts[3], tokens[3]),
+            ],
         )
-        .0;
-        (answers, before)
-    });
+        .await;
     blocker.expect("the gate's post", 200, None);
-    for (step, answer, amount) in [("a1", &a1, 100), ("a2", &a2, 250), ("b", &b, 100)] {
+    let [a1, a2, b] = answers.as_slice() else {
+        panic!("three answers, got {}", answers.len())
+    };
+    for (step, answer, amount) in [("a1", a1, 100), ("a2", a2, 250), ("b", b, 100)] {
         let body = answer.expect(step, 200, None);
         let entries = body["entries"].as_array().cloned().unwrap_or_default();
         assert_eq!(entries.len(), 2, "{step}: two entries");
@@ -364,12 +369,7 @@ async fn posts_in_one_batch_each_post_once_with_their_entries() {
             assert_eq!(e["amountMinor"], Value::from(amount), "{step}");
         }
     }
-    let after = stack.batches("post").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (1.0, 3.0),
-        "one batch of three"
-    );
+    assert_eq!(batches, (1.0, 3.0), "one batch of three");
     // Both of gp-a's payouts left its balance, once each.
     assert_eq!(
         stack.psql("SELECT balance_minor FROM accounts WHERE account_id = 'gp-a'"),
@@ -394,31 +394,23 @@ async fn payout_reads_in_one_statement_each_get_their_own_payout() {
         .unwrap_or_else(|e| panic!("{e}"));
     let path = |id: Uuid| format!("/v1/payouts/{id}");
     let paths = [path(p[0]), path(p[1]), path(p[2]), path(unknown)];
-    let (blocker, ((b, c, missing), before)) = tokio::join!(stack.get(&paths[0]), async {
-        eventually("the first read waits", WAIT, || async {
-            stack
-                .waiters_on("LEFT JOIN rail_submission")
-                .first()
-                .copied()
-        })
-        .await;
-        let before = stack.batches("read").await;
-        let answers = tokio::join!(
-            async {
-                tokio::join!(
-                    stack.get(&paths[1]),
-                    stack.get(&paths[2]),
-                    stack.get(&paths[3]),
-                )
-            },
-            async {
-                stack.queued("read", 3).await;
-                gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-            }
-        )
-        .0;
-        (answers, before)
+    let first_read_waits = eventually("the first read waits", WAIT, || async {
+        stack
+            .waiters_on("LEFT JOIN rail_submission")
+            .first()
+            .copied()
     });
+    let (blocker, answers, batches) = stack
+        .gated(
+            ("read", first_read_waits),
+            gate,
+            stack.get(&paths[0]),
+            paths[1..].iter().map(|path| stack.get(path)).collect(),
+        )
+        .await;
+    let [b, c, missing] = answers.as_slice() else {
+        panic!("three answers, got {}", answers.len())
+    };
     assert_eq!(
         blocker.expect("the gate's read", 200, None)["payoutId"],
         Value::from(p[0].to_string())
@@ -433,12 +425,7 @@ async fn payout_reads_in_one_statement_each_get_their_own_payout() {
     assert_eq!(c["payoutId"], Value::from(p[2].to_string()));
     assert_eq!(c["state"], Value::from("PENDING"));
     missing.expect("unknown payout", 404, Some("NOT_FOUND"));
-    let after = stack.batches("read").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (1.0, 3.0),
-        "one statement for the three reads"
-    );
+    assert_eq!(batches, (1.0, 3.0), "one statement for the three reads");
 }
 
 #[tokio::test]
@@ -447,36 +434,19 @@ async fn an_item_that_raises_is_rolled_back_alone_and_answered_on_the_single_pat
     // gl-limited may send 50 a day: claiming its payout of 100 raises in paydb's limit trigger.
     stack.psql("SELECT outcome FROM pay_set_limits('gl-limited', NULL, 50, 'test')");
     let (limited_token, ok_token) = (stack.token(), stack.token());
-    let gate = stack.gate("gl-gate").await;
-    let gate_token = stack.token();
-    let (blocker, ((limited, ok), before)) =
-        tokio::join!(stack.claim(p[0], gate_token, "PENDING"), async {
-            stack.waiting_in("pay_claim_once").await;
-            let before = stack.batches("claim").await;
-            let answers = tokio::join!(
-                async {
-                    tokio::join!(
-                        stack.claim(p[1], limited_token, "PENDING"),
-                        stack.claim(p[2], ok_token, "PENDING"),
-                    )
-                },
-                async {
-                    stack.queued("claim", 2).await;
-                    gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
-                }
-            )
-            .0;
-            (answers, before)
-        });
+    let (blocker, answers, batches) = stack
+        .claims_gated(
+            ("gl-gate", p[0]),
+            vec![
+                stack.claim(p[1], limited_token, "PENDING"),
+                stack.claim(p[2], ok_token, "PENDING"),
+            ],
+        )
+        .await;
     blocker.expect("the gate's claim", 200, None);
-    limited.expect("the claim over the limit", 422, Some("LIMIT_EXCEEDED"));
-    ok.expect("its neighbour", 200, None);
-    let after = stack.batches("claim").await;
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (1.0, 2.0),
-        "the two were one batch"
-    );
+    answers[0].expect("the claim over the limit", 422, Some("LIMIT_EXCEEDED"));
+    answers[1].expect("its neighbour", 200, None);
+    assert_eq!(batches, (1.0, 2.0), "the two were one batch");
     // The limited claim changed nothing; its neighbour's claim committed.
     assert_eq!(stack.state_of(p[1]).await, "PENDING");
     assert_eq!(stack.fence_of("gl-limited"), "0");

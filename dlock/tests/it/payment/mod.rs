@@ -83,15 +83,20 @@ impl Answer {
 
     /// The names in `details.fields[]`.
     pub fn fields(&self) -> Vec<String> {
-        self.json["details"]["fields"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|f| f["field"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
+        fields_of(&self.json)
     }
+}
+
+/// The field names in an envelope's `details.fields[]`.
+pub fn fields_of(body: &Value) -> Vec<String> {
+    body["details"]["fields"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f["field"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl PayStack {

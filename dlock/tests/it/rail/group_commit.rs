@@ -124,17 +124,21 @@ impl Item {
     }
 }
 
-/// Sends `gate`'s submission (its payout's row held by `gate_conn`), waits for it to wait in
-/// paydb, sends `items`, waits until they queue behind it, lets the gate go: the gate's answer
-/// and the items' answers, in order.
+/// The answers of [`gated`] and [`gated_records`]: the gate's, the items' in order, and the
+/// batches that ran meanwhile ([`batches_since`]).
+type Gated = ((u16, Value), Vec<(u16, Value)>, (f64, f64));
+
+/// Holds `gate`'s payout row, sends its submission, waits for it to wait in paydb, sends
+/// `items`, waits until they queue behind it, lets the gate go and runs `after_queued`.
 async fn gated(
     w: &RailWorld,
     proxy: &str,
     gate: Item,
-    gate_conn: PgConnection,
     items: &[Item],
     after_queued: impl std::future::Future<Output = ()>,
-) -> ((u16, Value), Vec<(u16, Value)>) {
+) -> Gated {
+    let before = batches(proxy).await;
+    let gate_conn = hold_payout(w, gate.payout).await;
     let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         waits_in(w, "rail_admit").await;
         let (answers, ()) = tokio::join!(
@@ -147,7 +151,11 @@ async fn gated(
         );
         answers
     });
-    (gate_answer, answers)
+    (
+        gate_answer,
+        answers,
+        batches_since(proxy, "admit", before).await,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -193,14 +201,12 @@ async fn a_batch_with_mixed_outcomes_answers_each_and_forwards_only_the_admitted
         token: 60,
     };
     let duplicates_before = metric(&proxy, "rail_duplicate_attempted_total").await;
-    let before = batches(&proxy).await;
-    let gate_conn = hold_payout(&w, gate.payout).await;
     let items = [admitted[0], fenced, admitted[1], duplicate, admitted[2]];
-    let ((gate_status, gate_body), answers) =
-        gated(&w, &proxy, gate, gate_conn, &items, async {}).await;
+    let ((gate_status, gate_body), answers, batches) =
+        gated(&w, &proxy, gate, &items, async {}).await;
     assert_eq!(gate_status, 200, "the gate: {gate_body}");
     assert_eq!(
-        batches_since(&proxy, "admit", before).await,
+        batches,
         (2.0, 6.0),
         "the gate alone, then the five in one batch"
     );
@@ -388,9 +394,7 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     ];
     // ga-held's payout row is held from outside: the batch stops there, and dies there.
     let blocker = hold_payout(&w, items[1].payout).await;
-    let gate_conn = hold_payout(&w, gate.payout).await;
-    let before = batches(&proxy).await;
-    let ((gate_status, gate_body), answers) = gated(&w, &proxy, gate, gate_conn, &items, async {
+    let ((gate_status, gate_body), answers, batches) = gated(&w, &proxy, gate, &items, async {
         let pid = waits_in(&w, "rail_admit_many").await;
         let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
             .bind(pid)
@@ -402,11 +406,7 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     .await;
     open(blocker).await;
     assert_eq!(gate_status, 200, "the gate: {gate_body}");
-    assert_eq!(
-        batches_since(&proxy, "admit", before).await,
-        (2.0, 3.0),
-        "the gate, then the batch of two"
-    );
+    assert_eq!(batches, (2.0, 3.0), "the gate, then the batch of two");
     for (item, (status, body)) in items.iter().zip(&answers) {
         let account = item.account;
         assert_eq!(*status, 503, "{account}: {body}");
@@ -464,15 +464,16 @@ async fn record_world(
 
 /// Sends the gate's submission, holds its attempt's row while its forward is at the slow rail so
 /// that its record waits in paydb, sends `items` and waits until their records queue behind it
-/// (each forward done), runs `then`, and lets the gate go: the gate's answer and the items'.
+/// (each forward done), runs `then`, and lets the gate go.
 async fn gated_records(
     w: &RailWorld,
     proxy: &str,
     gate: Item,
     items: &[Item],
     then: impl std::future::Future<Output = ()>,
-) -> ((u16, Value), Vec<(u16, Value)>) {
-    tokio::join!(gate.send(proxy), async {
+) -> Gated {
+    let before = batches_of(proxy, "record").await;
+    let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         w.intent_committed(gate.payout, gate.token).await;
         let gate_conn = hold_attempt(w, gate.payout).await;
         waits_in(w, "rail_record").await;
@@ -485,7 +486,12 @@ async fn gated_records(
             }
         );
         answers
-    })
+    });
+    (
+        gate_answer,
+        answers,
+        batches_since(proxy, "record", before).await,
+    )
 }
 
 /// Each item answered ACKED under its own token, recorded ACKED, and presented to the rail once.
@@ -508,12 +514,11 @@ async fn all_acked(w: &RailWorld, stub: &str, items: &[Item], answers: &[(u16, V
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_answers_of_concurrent_forwards_are_recorded_in_one_commit_each_its_own() {
     let (w, stub, proxy, _process, items) = record_world("gr").await;
-    let before = batches_of(&proxy, "record").await;
-    let ((status, body), answers) =
+    let ((status, body), answers, batches) =
         gated_records(&w, &proxy, items[0], &items[1..], async {}).await;
     assert_eq!(status, 200, "the gate: {body}");
     assert_eq!(
-        batches_since(&proxy, "record", before).await,
+        batches,
         (2.0, 4.0),
         "the gate's record alone, then the three together"
     );
@@ -523,11 +528,10 @@ async fn the_answers_of_concurrent_forwards_are_recorded_in_one_commit_each_its_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous() {
     let (w, stub, proxy, _process, items) = record_world("gx").await;
-    let before = batches_of(&proxy, "record").await;
     // The last item's attempt is held from outside: the batch of three stops there, and dies
     // there; then each answer is recorded alone.
     let blocker = std::sync::Arc::new(tokio::sync::Mutex::new(None));
-    let (((status, body), answers), ()) = tokio::join!(
+    let (((status, body), answers, batches), ()) = tokio::join!(
         gated_records(&w, &proxy, items[0], &items[1..], async {
             *blocker.lock().await = Some(hold_attempt(&w, items[3].payout).await);
         }),
@@ -547,7 +551,7 @@ async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous()
     );
     assert_eq!(status, 200, "the gate: {body}");
     assert_eq!(
-        batches_since(&proxy, "record", before).await,
+        batches,
         (2.0, 4.0),
         "the gate's record alone, then the batch of three that was aborted"
     );

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use dlock_devstack::faultproxy::FaultProxy;
 use dlock_devstack::pg_standby::{PgPair, Replication};
-use dlock_devstack::{ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, PgServer, free_port, spawn_logged};
 
 use super::super::{EXE, OPERATOR_TOKEN};
 use super::faults::Fault;
 use crate::failover::sweeping_proxy;
-use crate::harness::serve_args;
+use crate::harness::serve_process_of;
 
 pub(super) const READ_TIMEOUT_MS: u64 = 1_000;
 /// The executors' lock and session TTL: a paused executor is stopped for longer than this.
@@ -33,19 +33,7 @@ fn serve(
     pairs: &[(String, String)],
     log: &Path,
 ) -> ManagedChild {
-    let args = serve_args(service, pairs, log);
-    let mut child =
-        spawn_logged(service, &exe(), &args, &[], Some(log)).unwrap_or_else(|e| panic!("{e:#}"));
-    wait_until(service, Duration::from_secs(60), || {
-        !child.exited() && http_status(listen, "/readyz") == Some(200)
-    })
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e:#}: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        )
-    });
-    child
+    serve_process_of(&exe(), service, listen, pairs, log, Duration::from_secs(60))
 }
 
 /// One `dlock serve` process that can be killed and started again on the same address.
