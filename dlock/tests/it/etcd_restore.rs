@@ -35,6 +35,16 @@ struct Restorable {
 }
 
 impl Restorable {
+    /// The keys the guarded server's held list shows.
+    async fn guarded_holds(&self) -> Vec<String> {
+        let held = self
+            .guarded
+            .held(None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        held.items.into_iter().map(|g| g.key).collect()
+    }
+
     fn start() -> Self {
         let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
         pg.create_database("lockdb")
@@ -250,16 +260,8 @@ async fn a_restored_etcd_never_gets_a_token_answered_twice() {
         message.contains(&high.to_string()),
         "names the high-water {high}: {message}"
     );
-    let held = run
-        .guarded
-        .held(None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        held.items.is_empty(),
-        "held after the refusal: {:?}",
-        held.items
-    );
+    let held = run.guarded_holds().await;
+    assert!(held.is_empty(), "held after the refusal: {held:?}");
     assert!(
         run.log("guarded").contains("etcd_revision_went_back"),
         "the log says etcd went back: {}",
@@ -320,16 +322,8 @@ async fn a_restored_etcd_never_gets_a_token_answered_twice() {
         (2.0, 0.0),
         "a grant answered: no revisions to go, the refusals stay counted"
     );
-    let held = run
-        .guarded
-        .held(None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        held.items
-            .iter()
-            .map(|g| g.key.as_str())
-            .collect::<Vec<_>>(),
+        run.guarded_holds().await,
         ["restore:resumed"],
         "the held list shows the grant (control of the empty list above)"
     );

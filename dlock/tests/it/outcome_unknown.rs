@@ -34,6 +34,23 @@ pub(crate) struct Proxied {
     pub(crate) url: String,
 }
 
+impl Proxied {
+    /// Awaits `call`, a write whose answer this proxy loses (`what`): asserts that it went through
+    /// (the proxy fired once) and that its caller got an error; the error.
+    async fn answer_lost<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> ClientError {
+        let lost = call
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{what}: its answer was to be lost"));
+        assert_eq!(self.proxy.fired(), 1, "{what}: it went through");
+        lost
+    }
+}
+
 fn port_of(url: &str) -> u16 {
     let tail = url.rsplit(':').next().unwrap_or_default();
     let digits: String = tail.chars().take_while(char::is_ascii_digit).collect();
@@ -137,13 +154,11 @@ async fn acquire_answer_lost(backend: Backend) {
         Backend::Etcd => format!("/seen/{key}"),
     };
     p.lose_answer_of(pattern.as_bytes(), 0);
-    let lost = lock
-        .acquire(&key, sid, Some(20_000), None)
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("{backend:?}: the acquire's answer was to be lost"));
-    assert_eq!(p.proxy.fired(), 1, "{backend:?}: the acquire went through");
-    assert_outcome_unknown(&format!("{backend:?} acquire"), &lost);
+    let what = format!("{backend:?} acquire");
+    let lost = p
+        .answer_lost(&what, lock.acquire(&key, sid, Some(20_000), None))
+        .await;
+    assert_outcome_unknown(&what, &lost);
     // The write was applied: the key is this session's. NOT_LEADER would have said otherwise.
     let info = lock
         .get(&key)
@@ -311,12 +326,9 @@ async fn end_answer_lost(backend: Backend) {
         // The tombstone is read once (the session's check), then deleted by the end.
         Backend::Etcd => p.lose_answer_of(format!("/t/{sid}").as_bytes(), 1),
     }
-    let lost = lock
-        .end_session(sid)
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("{backend:?}: the end's answer was to be lost"));
-    assert_eq!(p.proxy.fired(), 1, "{backend:?}: the end went through");
+    let lost = p
+        .answer_lost(&format!("{backend:?} end"), lock.end_session(sid))
+        .await;
     let ClientError::Api { body, .. } = &lost else {
         panic!("{backend:?}: {lost}");
     };
@@ -387,13 +399,11 @@ async fn release_answer_lost(backend: Backend) {
     let key = format!("ou:{}", Uuid::new_v4());
     let grant = hold(&lock, &key, sid, 30_000).await;
     p.lose_answer_of(pattern(&key, sid).as_bytes(), 0);
-    let lost = lock
-        .release(&key, sid, grant.fencing_token)
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("{backend:?}: the release's answer was to be lost"));
-    assert_eq!(p.proxy.fired(), 1, "{backend:?}: the release went through");
-    assert_outcome_unknown(&format!("{backend:?} release"), &lost);
+    let what = format!("{backend:?} release");
+    let lost = p
+        .answer_lost(&what, lock.release(&key, sid, grant.fencing_token))
+        .await;
+    assert_outcome_unknown(&what, &lost);
     let info = lock
         .get(&key)
         .await

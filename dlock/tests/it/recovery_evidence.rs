@@ -31,9 +31,9 @@ mod rail_floor;
 mod support;
 
 use support::{
-    Mark, assert_lowering_under, assert_refused, client_as, failed, operator_grant,
-    payment_process, posted, process, proxy_pairs, released_then_held, resolutions_audited,
-    resolve, scalar, write, write_with,
+    Mark, advance_to_floor, assert_lowering_under, assert_refused, client_as, failed,
+    operator_grant, payment_process, posted, process, proxy_pairs, released_then_held,
+    resolutions_audited, resolve, scalar, write_with,
 };
 
 /// On `dlock dev up` (proofs on): a worker claims with its grant B after an earlier grant A was
@@ -132,16 +132,14 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
     // The legitimate recovery: a revocation floor far above every token issued (a lock store
     // restored from an old snapshot hands out tokens below it) fences the next worker out.
     let floor = b.fencing_token + 1_000_000;
-    let (status, body) = write(
+    advance_to_floor(
         &format!("{payment}/v1/accounts/acct-e/fence"),
         &operator,
-        "ops-console",
-        None,
-        &json!({ "floor": floor, "revocationId": Uuid::new_v4(), "operator": "jane.doe",
-                 "reason": "INC-7: floor from the old lock store" }),
+        floor,
+        "INC-7: floor from the old lock store",
+        "the fence advance",
     )
     .await;
-    assert_eq!(status, 200, "the fence advance: {body}");
     let c = hold(&worker, "payout:acct-e", s1, 60_000).await;
     let (status, body) = write_with(&claim_url(second), &executor, "executor/w1", &c, &claim).await;
     assert_eq!(status, 409, "the floor fences the next worker out: {body}");

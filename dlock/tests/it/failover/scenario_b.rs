@@ -27,17 +27,24 @@ use crate::shared::accounts::open_account;
 const ACCOUNT: &str = "epoch-00";
 const KEY: &str = "payout:epoch-00";
 
+/// An asynchronous pair holding the database `paired`, and a PostgreSQL of its own holding
+/// `alone`.
+fn paired_and_alone(paired: &str, alone: &str) -> (PgPair, PgServer) {
+    let pair = PgPair::start(Replication::Asynchronous).unwrap_or_else(|e| panic!("{e:#}"));
+    pair.create_database(paired)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let server = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
+    server
+        .create_database(alone)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (pair, server)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_asynchronous_promotion_that_lost_grants_issues_no_token_twice_and_fences_their_holder()
 {
-    let mut pair = PgPair::start(Replication::Asynchronous).unwrap_or_else(|e| panic!("{e:#}"));
-    pair.create_database("lockdb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
     // paydb is elsewhere, and keeps what it was told.
-    let paydb = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    paydb
-        .create_database("paydb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (mut pair, paydb) = paired_and_alone("lockdb", "paydb");
     let services = Services::start(&pair.url("lockdb"), &paydb.url("paydb"), &[]);
     let payment = services.payment_client();
     open_account(&payment, ACCOUNT, Some(1_000_000)).await;
@@ -208,14 +215,8 @@ fn recover(paydb: &str, rail: &str, floor: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paydb_promoted_after_losing_writes_takes_no_write_until_an_operator_confirms() {
-    let mut pair = PgPair::start(Replication::Asynchronous).unwrap_or_else(|e| panic!("{e:#}"));
-    pair.create_database("paydb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
     // lockdb is elsewhere, and keeps every token it issued.
-    let lockdb = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
-    lockdb
-        .create_database("lockdb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (mut pair, lockdb) = paired_and_alone("paydb", "lockdb");
     let services = Services::start(&lockdb.url("lockdb"), &pair.url("paydb"), &[]);
     let payment = services.payment_client();
     open_account(&payment, ACCOUNT, Some(1_000_000)).await;

@@ -4,10 +4,10 @@
 //! (docs/threat-model.md#recovery).
 
 use serde_json::json;
-use uuid::Uuid;
 
 use super::support::{
-    Mark, assert_lowering_under, operator_grant, released_then_held, scalar, write, write_with,
+    Mark, advance_to_floor, assert_lowering_under, operator_grant, released_then_held, scalar,
+    write_with,
 };
 use crate::auth::DevStack;
 use crate::harness::release;
@@ -101,16 +101,14 @@ async fn a_rail_high_water_is_lowered_only_down_to_the_highest_token_the_proxy_a
     // Positive control, the legitimate recovery: a revocation floor far above every token
     // issued raises the mark; the operator's fresh grant D, above B, brings it down to D.
     let floor = b.fencing_token + 1_000_000;
-    let (status, body) = write(
+    advance_to_floor(
         &format!("{proxy}/v1/rail/high-water/acct-h"),
         &operator,
-        "ops-console",
-        None,
-        &json!({ "floor": floor, "revocationId": Uuid::new_v4(), "operator": "jane.doe",
-                 "reason": "INC-8: floor from the old lock store" }),
+        floor,
+        "INC-8: floor from the old lock store",
+        "the high-water advance",
     )
     .await;
-    assert_eq!(status, 200, "the high-water advance: {body}");
     assert_eq!(high().await, floor);
     let (ops, ops_session, d) = operator_grant(&lock, &operator, "payout:acct-h").await;
     assert!(d.fencing_token > b.fencing_token);

@@ -25,6 +25,22 @@ pub(super) async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
 }
 
 /// A fenced write on the dev stack: `bearer`'s credential as `owner`, with `token` and `proof`.
+/// The operator (`operator`'s credential, owner `ops-console`) advances the fence at `url` (an
+/// account's fence or a rail mark) to `floor`, a revocation's floor for `reason`: asserts 200
+/// (`what`).
+pub(super) async fn advance_to_floor(
+    url: &str,
+    operator: &str,
+    floor: i64,
+    reason: &str,
+    what: &str,
+) {
+    let body = json!({ "floor": floor, "revocationId": Uuid::new_v4(), "operator": "jane.doe",
+                       "reason": reason });
+    let (status, body) = write(url, operator, "ops-console", None, &body).await;
+    assert_eq!(status, 200, "{what}: {body}");
+}
+
 pub(super) async fn write(
     url: &str,
     bearer: &str,
