@@ -63,7 +63,7 @@ pub struct RunArgs {
     pub rail_read_timeout_ms: u64,
     /// Send each step's concurrent calls (acquire, claim, submit, post, release) as batch
     /// requests of up to this many items, 1 to 64 (docs/contract.md#batches); 1 sends one
-    /// request per payout per step. Default: the manifest's spec.batchMax (32 when absent).
+    /// request per payout per step. Default: the manifest's spec.batchMax (1 when absent).
     #[arg(long, env = "DLOCK_BATCH_MAX",
         value_parser = clap::value_parser!(u16).range(1..=dlock_contract::batch::MAX_ITEMS as i64))]
     pub batch_max: Option<u16>,
