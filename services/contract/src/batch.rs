@@ -12,7 +12,9 @@
 //! call that finds no batch request of its step in flight sends at once (alone, or with whatever
 //! queued meanwhile), the others wait for it and go together in the next one. No timer, so a
 //! lone call is never delayed and the batch size follows the load (the same queue the services
-//! commit with, [`crate::group_commit`]).
+//! commit with, [`crate::group_commit`]). A batch of one item goes to the single endpoint as the
+//! single request it stands for ([`send_single`]): a batch request carrying one item costs more
+//! than the request it wraps (docs/benchmarks.md).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -90,13 +92,14 @@ pub trait Item: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn single(&self) -> Single;
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters, so that a parameter stays
-/// one path segment whatever it holds (`a/revoke` becomes `a%2Frevoke`, and the handler refuses
-/// it as a key).
+/// Percent-encodes everything but RFC 3986's unreserved characters, `:` and `@` (what a path
+/// segment may hold as it is), so that a parameter stays one path segment whatever it holds
+/// (`a/revoke` becomes `a%2Frevoke`, and the handler refuses it as a key), and a valid key
+/// ([`crate::lock::KEY_PATTERN`]) is the path the single client sends for it.
 pub fn path_segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b':' | b'@') {
             out.push(char::from(byte));
         } else {
             out.push_str(&format!("%{byte:02X}"));
@@ -392,11 +395,46 @@ fn item_result<T: DeserializeOwned>(url: &str, item: ItemAnswer) -> Result<Optio
 type Answer<T> = Result<Option<T>, ClientError>;
 type Queue<I, T> = GroupCommit<(Hop, Duration), I, Answer<T>>;
 
+/// Sends `item` alone as the single request it stands for ([`Item::single`]) on `hop`, with
+/// the item's own `traceparent`: what the single client sends for it, answered as the single
+/// endpoint answers.
+pub async fn send_single<I: Item, T: DeserializeOwned>(
+    hop: &Hop,
+    item: &I,
+    timeout: Duration,
+) -> Answer<T> {
+    let Single {
+        method,
+        path,
+        headers,
+        body,
+    } = item.single();
+    let (traceparent, headers): (Vec<_>, Vec<_>) = headers
+        .into_iter()
+        .partition(|(name, _)| *name == headers::TRACEPARENT);
+    let traceparent = match traceparent.into_iter().next() {
+        Some((_, traceparent)) => traceparent,
+        None => hop.traceparent(),
+    };
+    let (url, request) = hop.request_traced(method, &path, timeout, &traceparent);
+    let request = headers.into_iter().fold(request, |request, (name, value)| {
+        request.header(name, value)
+    });
+    send(&url, Hop::json(request, &body)).await
+}
+
+/// The one place a step's batch is sent: one item to its single endpoint, more in a batch
+/// request.
 fn run<I: Item, T: DeserializeOwned + Send + 'static>(
     (hop, timeout): (Hop, Duration),
     items: Vec<I>,
 ) -> Pin<Box<dyn Future<Output = Vec<Answer<T>>> + Send + 'static>> {
-    Box::pin(async move { send_batch(&hop, &items, timeout).await })
+    Box::pin(async move {
+        match <[I; 1]>::try_from(items) {
+            Ok([item]) => vec![send_single(&hop, &item, timeout).await],
+            Err(items) => send_batch(&hop, &items, timeout).await,
+        }
+    })
 }
 
 /// A client's items hold no keys: the service's own queues keep one payout and one account per
@@ -466,6 +504,168 @@ pub(crate) async fn call<I: Item, T: Send + 'static>(
 mod tests {
     use super::*;
 
+    /// A request as a real server received it.
+    #[derive(Debug, Clone)]
+    struct Received {
+        method: Method,
+        path: String,
+        headers: http::HeaderMap,
+        body: serde_json::Value,
+    }
+
+    type Log = Arc<std::sync::Mutex<Vec<Received>>>;
+
+    /// Records every request and answers it as the lock server answers a release: `204`, or for
+    /// a batch request one `204` item per item.
+    async fn record(
+        axum::extract::State(log): axum::extract::State<Log>,
+        request: axum::extract::Request,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse as _;
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, 1 << 20)
+            .await
+            .unwrap_or_default();
+        let body: serde_json::Value =
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        let items = body["items"].as_array().map_or(0, Vec::len);
+        let batch = parts.uri.path().starts_with("/v1/batches/");
+        log.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Received {
+                method: parts.method,
+                path: parts.uri.path().to_owned(),
+                headers: parts.headers,
+                body,
+            });
+        if !batch {
+            return http::StatusCode::NO_CONTENT.into_response();
+        }
+        let answers = (0..items).map(|_| ItemAnswer {
+            status: 204,
+            body: None,
+        });
+        axum::Json(BatchAnswer {
+            items: answers.collect(),
+        })
+        .into_response()
+    }
+
+    /// A real HTTP server on a free port that records what it receives: its base URL and log.
+    async fn recording_server() -> (String, Log) {
+        let log = Log::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let address = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("local address: {e}"));
+        let app = axum::Router::new().fallback(record).with_state(log.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{address}"), log)
+    }
+
+    fn received(log: &Log) -> Vec<Received> {
+        log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn release_item(key: &str, token: i64) -> ReleaseItem {
+        ReleaseItem {
+            key: key.into(),
+            session_id: Uuid::nil(),
+            fencing_token: token,
+            traceparent: None,
+        }
+    }
+
+    /// A call the client's queue hands alone goes to the single endpoint as exactly the request
+    /// the client sends without batching: method, path, headers (the traceparent in the same
+    /// trace) and body.
+    #[tokio::test]
+    async fn a_batch_of_one_sends_the_single_request() {
+        let (base, log) = recording_server().await;
+        let http = crate::client::http_client().unwrap_or_else(|e| panic!("client: {e}"));
+        let client = crate::client::LockClient::with_http(&base, "owner-1", http)
+            .as_operator("secret")
+            .in_trace("0af7651916cd43dd8448eb211c80319c");
+        let session = Uuid::new_v4();
+        client
+            .release("payout:acct-1", session, 7)
+            .await
+            .unwrap_or_else(|e| panic!("single: {e}"));
+        client
+            .with_batching(8)
+            .release("payout:acct-1", session, 7)
+            .await
+            .unwrap_or_else(|e| panic!("batching, alone: {e}"));
+        let [single, alone] = <[Received; 2]>::try_from(received(&log))
+            .unwrap_or_else(|r| panic!("two requests, got {r:?}"));
+        assert_eq!(single.method, Method::DELETE);
+        assert_eq!(single.path, "/v1/locks/payout:acct-1");
+        assert_eq!(alone.method, single.method);
+        assert_eq!(alone.path, single.path);
+        assert_eq!(alone.body, single.body);
+        let trace = |r: &Received| {
+            let header = r.headers.get(headers::TRACEPARENT).map(|v| v.as_bytes());
+            let text = String::from_utf8_lossy(header.unwrap_or_default()).into_owned();
+            text.split('-').nth(1).map(str::to_owned)
+        };
+        assert_eq!(
+            trace(&alone).as_deref(),
+            Some("0af7651916cd43dd8448eb211c80319c")
+        );
+        assert_eq!(trace(&alone), trace(&single));
+        let others = |r: &Received| {
+            let mut headers = r.headers.clone();
+            headers.remove(headers::TRACEPARENT);
+            headers
+        };
+        assert_eq!(others(&alone), others(&single));
+        assert_eq!(
+            single
+                .headers
+                .get(headers::FENCING_TOKEN)
+                .map(|v| v.as_bytes()),
+            Some(&b"7"[..])
+        );
+    }
+
+    /// Two or more items a queue hands together go as one batch request, each answered.
+    #[tokio::test]
+    async fn two_items_or_more_send_one_batch_request() {
+        let (base, log) = recording_server().await;
+        let http = crate::client::http_client().unwrap_or_else(|e| panic!("client: {e}"));
+        let hop = Hop::with_http(&base, "owner-1", http);
+        for n in [2, 3] {
+            let items: Vec<_> = (1..=n).map(|t| release_item("payout:a", t)).collect();
+            let answers =
+                run::<ReleaseItem, ()>((hop.clone(), Duration::from_secs(2)), items).await;
+            assert_eq!(answers.len(), n as usize);
+            assert!(answers.iter().all(|a| matches!(a, Ok(None))), "{answers:?}");
+        }
+        let answers =
+            run::<ReleaseItem, ()>((hop, Duration::from_secs(2)), vec![release_item("k", 1)]).await;
+        assert!(matches!(answers[..], [Ok(None)]), "{answers:?}");
+        let sent: Vec<_> = received(&log)
+            .iter()
+            .map(|r| {
+                (
+                    r.method.clone(),
+                    r.path.clone(),
+                    r.body["items"].as_array().map(Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                (Method::POST, ReleaseItem::PATH.to_owned(), Some(2)),
+                (Method::POST, ReleaseItem::PATH.to_owned(), Some(3)),
+                (Method::DELETE, "/v1/locks/k".to_owned(), None),
+            ]
+        );
+    }
+
     /// utoipa takes only a literal for `max_items`: the documents the services serve (committed
     /// in docs/openapi/, kept equal to the services' by scripts/check-openapi) must say
     /// [`MAX_ITEMS`].
@@ -507,7 +707,7 @@ mod tests {
 
     #[test]
     fn a_parameter_stays_one_path_segment() {
-        assert_eq!(path_segment("payout:acct-1"), "payout%3Aacct-1");
+        assert_eq!(path_segment("payout:acct-1"), "payout:acct-1");
         assert_eq!(path_segment("a/revoke?x=1"), "a%2Frevoke%3Fx%3D1");
         assert_eq!(path_segment("é"), "%C3%A9");
         let item = AcquireItem {

@@ -251,13 +251,25 @@ impl Hop {
         path: &str,
         timeout: Duration,
     ) -> (String, RequestBuilder) {
+        self.request_traced(method, path, timeout, &self.traceparent())
+    }
+
+    /// [`Self::request`] carrying `traceparent` (a batch item's own, [`crate::batch`]) instead of
+    /// the hop's.
+    pub(crate) fn request_traced(
+        &self,
+        method: Method,
+        path: &str,
+        timeout: Duration,
+        traceparent: &str,
+    ) -> (String, RequestBuilder) {
         let url = format!("{}{path}", self.base);
         let mut builder = self
             .http
             .request(method, &url)
             .timeout(timeout)
             .header(headers::OWNER_ID, &self.owner_id)
-            .header(headers::TRACEPARENT, self.traceparent());
+            .header(headers::TRACEPARENT, traceparent);
         if let Some(credential) = &self.credential {
             builder = builder.header("authorization", credential.header_value());
         }
