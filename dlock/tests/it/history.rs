@@ -29,7 +29,7 @@ use dlock_contract::auth::Credential;
 use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::error::ErrorCode;
 use dlock_devstack::etcd_cluster::EtcdCluster;
-use dlock_devstack::{ManagedChild, PgServer, http_status, spawn_logged, wait_until};
+use dlock_devstack::{ManagedChild, PgServer};
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -37,7 +37,8 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::harness::{
-    Backend, client, eventually, leading_member, on_each_backend, port, serve_args, serve_process,
+    Backend, client, eventually, leading_member, on_each_backend, port, serve_process,
+    serve_process_of,
 };
 
 const CLIENTS: usize = 6;
@@ -639,128 +640,6 @@ async fn history_is_linearizable(backend: Backend) {
     planted_violations_are_caught(&run.dir, &run.name, &run.lines);
 }
 
-/// The positive control: each planted violation makes the checker exit 1 and name the call.
-fn planted_violations_are_caught(dir: &Path, name: &str, lines: &[Value]) {
-    let clients = lines
-        .iter()
-        .filter_map(|l| l["client"].as_u64())
-        .max()
-        .unwrap_or_default()
-        + 1;
-    // 1. A token given twice: a second session gets the token of an acquire, just after it.
-    let (n, acquired) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| l["op"] == "acquire" && l["status"] == "ok")
-        .unwrap_or_else(|| panic!("no acquire succeeded"));
-    let token = acquired["out"]["token"].as_i64().unwrap_or_default();
-    let at = acquired["ret"].as_i64().unwrap_or_default();
-    let mut planted = lines.to_vec();
-    planted.insert(
-        n + 1,
-        json!({"client": clients, "op": "acquire", "key": acquired["key"],
-               "session": "planted-session", "ttl_ms": GRANT_TTL_MS, "session_until": at + 10_000_000_000i64,
-               "call": at + 1_000_000, "ret": at + 2_000_000, "status": "ok", "out": {"token": token}}),
-    );
-    let path = dir.join(format!("{name}.planted-token.jsonl"));
-    write_lines(&path, &planted);
-    let (status, verdict) = check(&path);
-    assert_eq!(status, 1, "a token given twice is caught: {verdict}");
-    assert!(
-        verdict.contains("violation on the global token order")
-            && verdict.contains(&format!("token {token}")),
-        "the checker names the token given twice ({token}): {verdict}"
-    );
-
-    // 2. A read that shows a released grant still held, just after the release, where no
-    // acquire of that session on that key is in doubt.
-    let (n, released) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| {
-            l["op"] == "release"
-                && l["status"] == "ok"
-                && !lines.iter().any(|o| {
-                    o["op"] == "acquire"
-                        && o["status"] == "unknown"
-                        && o["key"] == l["key"]
-                        && o["session"] == l["session"]
-                })
-        })
-        .unwrap_or_else(|| panic!("no release succeeded"));
-    let at = released["ret"].as_i64().unwrap_or_default();
-    let mut planted = lines.to_vec();
-    planted.insert(
-        n + 1,
-        json!({"client": clients, "op": "read", "key": released["key"],
-               "call": at + 1_000_000, "ret": at + 2_000_000, "status": "ok",
-               "out": {"held": true, "session": released["session"], "token": released["token"]}}),
-    );
-    let path = dir.join(format!("{name}.planted-read.jsonl"));
-    write_lines(&path, &planted);
-    let (status, verdict) = check(&path);
-    let key = released["key"].as_str().unwrap_or_default();
-    assert_eq!(status, 1, "a read of a released grant is caught: {verdict}");
-    assert!(
-        verdict.contains(&format!("violation on key {key}"))
-            && verdict.contains(&format!("line {}, client {clients}: read", n + 2)),
-        "the checker names the planted read (line {}): {verdict}",
-        n + 2
-    );
-
-    // 3. An applied write answered as refused.
-    applied_acquire_refused_is_caught(dir, &format!("{name}.planted-not-leader"), lines, i64::MIN);
-}
-
-/// The positive control for a refusal: the first acquire called at `after` or later whose
-/// session then renews or releases the grant, made "503 NOT_LEADER, nothing was changed" (what
-/// the lock server once answered when its store's answer was lost after the write), written as
-/// `{name}.jsonl`, must make the checker exit 1 and name its key. The planted line (from 1).
-fn applied_acquire_refused_is_caught(dir: &Path, name: &str, lines: &[Value], after: i64) -> usize {
-    let unknown_of = |l: &Value| {
-        lines.iter().any(|o| {
-            o["op"] == "acquire"
-                && o["status"] == "unknown"
-                && o["key"] == l["key"]
-                && o["session"] == l["session"]
-        })
-    };
-    let (n, acquired) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| {
-            l["op"] == "acquire"
-                && l["status"] == "ok"
-                && l["call"].as_i64().is_some_and(|t| t >= after)
-                && !unknown_of(l)
-                && lines.iter().any(|o| {
-                    (o["op"] == "renew" || o["op"] == "release")
-                        && o["status"] == "ok"
-                        && o["key"] == l["key"]
-                        && o["session"] == l["session"]
-                        && o["token"] == l["out"]["token"]
-                })
-        })
-        .unwrap_or_else(|| panic!("no acquire was renewed or released"));
-    let mut planted = lines.to_vec();
-    planted[n]["status"] = "fail".into();
-    planted[n]["code"] = "NOT_LEADER".into();
-    planted[n]["out"] = json!({});
-    let path = dir.join(format!("{name}.jsonl"));
-    write_lines(&path, &planted);
-    let (status, verdict) = check(&path);
-    let key = acquired["key"].as_str().unwrap_or_default();
-    assert_eq!(
-        status, 1,
-        "an applied acquire answered NOT_LEADER is caught: {verdict}"
-    );
-    assert!(
-        verdict.contains(&format!("violation on key {key}")),
-        "the checker names the key whose acquire was answered NOT_LEADER: {verdict}"
-    );
-    n + 1
-}
-
 /// `dlock serve lock-server` on `listen`, ready: the binary `DLOCK_BIN` names (a long run
 /// against a release build, or against a copy that a rebuild cannot replace mid-run), else the
 /// test build's.
@@ -772,16 +651,20 @@ fn lock_server(
     let Some(exe) = std::env::var_os("DLOCK_BIN") else {
         return serve_process("lock-server", listen, pairs, log);
     };
-    let args = serve_args("lock-server", pairs, log);
-    let mut child = spawn_logged("lock-server", Path::new(&exe), &args, &[], Some(log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    wait_until("lock server process", Duration::from_secs(30), || {
-        !child.exited() && http_status(listen, "/readyz") == Some(200)
-    })
-    .unwrap_or_else(|e| panic!("{e:#}: see {}", log.display()));
-    child
+    let ready_within = Duration::from_secs(30);
+    serve_process_of(
+        Path::new(&exe),
+        "lock-server",
+        listen,
+        pairs,
+        log,
+        ready_within,
+    )
 }
 
 mod pg_failover;
+mod planted;
+
+use planted::{applied_acquire_refused_is_caught, planted_violations_are_caught};
 
 on_each_backend!(history_is_linearizable => history_on_pg_is_linearizable, history_on_etcd_is_linearizable);

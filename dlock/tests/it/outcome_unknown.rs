@@ -51,6 +51,17 @@ impl Proxied {
     }
 }
 
+/// L7 of `key` through `lock`, on `backend`.
+pub(crate) async fn l7(
+    lock: &dlock_contract::client::LockClient,
+    key: &str,
+    backend: Backend,
+) -> dlock_contract::lock::LockInfo {
+    lock.get(key)
+        .await
+        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"))
+}
+
 fn port_of(url: &str) -> u16 {
     let tail = url.rsplit(':').next().unwrap_or_default();
     let digits: String = tail.chars().take_while(char::is_ascii_digit).collect();
@@ -160,10 +171,7 @@ async fn acquire_answer_lost(backend: Backend) {
         .await;
     assert_outcome_unknown(&what, &lost);
     // The write was applied: the key is this session's. NOT_LEADER would have said otherwise.
-    let info = lock
-        .get(&key)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    let info = l7(&lock, &key, backend).await;
     assert!(
         info.held && info.session_id == Some(sid),
         "{backend:?}: the acquire whose answer was lost took the key: {info:?}"
@@ -191,10 +199,7 @@ async fn acquire_answer_lost(backend: Backend) {
         2,
         "{backend:?}: the first acquire's answer was lost"
     );
-    let info_b = lock_b
-        .get(&key_b)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    let info_b = l7(&lock_b, &key_b, backend).await;
     assert_eq!(
         (info_b.session_id, info_b.fencing_token),
         (Some(worker.id().await), Some(held.token())),
@@ -404,10 +409,7 @@ async fn release_answer_lost(backend: Backend) {
         .answer_lost(&what, lock.release(&key, sid, grant.fencing_token))
         .await;
     assert_outcome_unknown(&what, &lost);
-    let info = lock
-        .get(&key)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    let info = l7(&lock, &key, backend).await;
     assert!(
         !info.held,
         "{backend:?}: the release whose answer was lost ended the grant: {info:?}"
@@ -437,10 +439,7 @@ async fn release_answer_lost(backend: Backend) {
         2,
         "{backend:?}: the release's answer was lost"
     );
-    let info_b = lock_b
-        .get(&key_b)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    let info_b = l7(&lock_b, &key_b, backend).await;
     assert!(!info_b.held, "{backend:?}: released: {info_b:?}");
     println!(
         "{backend:?}: release with its answer lost -> 503 OUTCOME_UNKNOWN, grant gone, resent -> \

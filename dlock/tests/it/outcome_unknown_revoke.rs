@@ -17,7 +17,7 @@ use dlock_devstack::stack::{Role, Stack};
 use uuid::Uuid;
 
 use crate::harness::{Backend, client, eventually, hold, on_each_backend, session};
-use crate::outcome_unknown::{Proxied, proxied};
+use crate::outcome_unknown::{Proxied, l7, proxied};
 use crate::shared::accounts::open_account;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
@@ -202,10 +202,7 @@ async fn lost_revoke(backend: Backend) {
         1,
         "{backend:?}: revoked once: {ran}"
     );
-    let info = holder
-        .get(&key)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} L7: {e}"));
+    let info = l7(&holder, &key, backend).await;
     assert!(!info.held, "{backend:?}: {info:?}");
     let renewed = holder.renew(&key, sid, token, Some(60_000)).await;
     assert_eq!(
