@@ -48,7 +48,7 @@ pub async fn top(pool: &sqlx::PgPool, payouts: usize) -> String {
                 left(regexp_replace(s.query, '\\s+', ' ', 'g'), 140) \
          FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
          WHERE d.datname IN ('paydb', 'lockdb') \
-         ORDER BY s.total_exec_time DESC LIMIT 40",
+         ORDER BY s.total_exec_time DESC LIMIT 80",
     )
     .fetch_all(pool)
     .await
