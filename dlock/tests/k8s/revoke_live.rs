@@ -3,7 +3,6 @@
 //! grant per payout), the operator reads the key's live grant from the real lock server when it
 //! handles the annotation and revokes that one, not the token the mirror still shows.
 
-
 use crate::revoke::{
     annotate_revoke, assert_floor_at_both_points, lock_status_until, wait_for_lock_row,
 };
