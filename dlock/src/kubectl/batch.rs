@@ -32,8 +32,8 @@ pub struct JobView {
     pub message: Option<String>,
 }
 
-pub fn batch_phase(conditions: &[Condition], job: Option<&JobView>) -> &'static str {
-    let is_true = |t: &str| find(conditions, t).is_some_and(|c| c.status == "True");
+pub fn batch_phase(reported: &Reported, job: Option<&JobView>) -> &'static str {
+    let is_true = |t: &str| reported.find(t).is_some_and(|c| c.status == "True");
     if is_true("Degraded") {
         if job.is_some_and(|j| j.state == "Failed") {
             "Failed"
@@ -42,7 +42,7 @@ pub fn batch_phase(conditions: &[Condition], job: Option<&JobView>) -> &'static 
         }
     } else if is_true("Ready") {
         "Succeeded"
-    } else if conditions.is_empty() {
+    } else if reported.conditions.is_empty() {
         "Pending"
     } else {
         "Running"
@@ -92,13 +92,13 @@ pub(super) async fn batch_view(kube: &Kube, batch: &PayoutBatch) -> Result<Batch
     Ok(BatchView {
         name: batch.name_any(),
         namespace: kube.namespace.clone(),
-        phase: batch_phase(&status.conditions, job.as_ref()).to_owned(),
+        phase: batch_phase(&status.reported, job.as_ref()).to_owned(),
         payouts: batch.spec.payouts.len(),
         counts: status.counts,
         ambiguous: status.ambiguous,
         fenced_out: status.fenced_out,
         summary: status.summary,
-        conditions: status.conditions,
+        conditions: status.reported.conditions,
         job,
     })
 }

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dlock_operator::crd::{
     Condition, Lock, LockRevocation, LockRevocationSpec, LockServer, LockSpec, LockStatus,
-    PaymentResource, PayoutBatch, RailProxy, Reconciliation, RevocationResult,
+    PaymentResource, PayoutBatch, RailProxy, Reconciliation, Reported, RevocationResult,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
@@ -434,8 +434,4 @@ fn cell(text: &str, max: usize) -> String {
     } else {
         format!("{}…", text.chars().take(max - 1).collect::<String>())
     }
-}
-
-fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
 }

@@ -46,13 +46,13 @@ pub struct AmbiguousView {
     pub payout_id: String,
 }
 
-pub(super) fn resource_view(kind: &str, name: String, conditions: &[Condition]) -> ResourceView {
-    let ready = find(conditions, "Ready");
-    let degraded = find(conditions, "Degraded");
+pub(super) fn resource_view(kind: &str, name: String, reported: Reported) -> ResourceView {
+    let ready = reported.find("Ready");
+    let degraded = reported.find("Degraded");
     let explaining = degraded
         .filter(|d| d.status == "True")
         .or(ready)
-        .or_else(|| find(conditions, "Progressing"));
+        .or_else(|| reported.find("Progressing"));
     ResourceView {
         kind: kind.to_owned(),
         name,
@@ -60,26 +60,22 @@ pub(super) fn resource_view(kind: &str, name: String, conditions: &[Condition]) 
         degraded: degraded.map_or("False", |c| c.status.as_str()).to_owned(),
         reason: explaining.map(|c| c.reason.clone()).unwrap_or_default(),
         message: explaining.map(|c| c.message.clone()).unwrap_or_default(),
-        conditions: conditions.to_vec(),
+        conditions: reported.conditions,
     }
 }
 
-pub(super) fn conditions_of<S>(
-    status: &Option<S>,
-    get: impl Fn(&S) -> &Vec<Condition>,
-) -> Vec<Condition> {
-    status.as_ref().map(|s| get(s).clone()).unwrap_or_default()
-}
-
-/// The rows of one kind's objects, from their status conditions (every dlock status has a
-/// `conditions` list, in a type of its own per kind).
+/// The rows of one kind's objects, from their status conditions (every dlock status flattens a
+/// [`Reported`] into a type of its own per kind).
 macro_rules! resource_views {
     ($kind:literal, $objects:expr) => {
         $objects.iter().map(|o| {
             resource_view(
                 $kind,
                 o.name_any(),
-                &conditions_of(&o.status, |s| &s.conditions),
+                o.status
+                    .as_ref()
+                    .map(|s| s.reported.clone())
+                    .unwrap_or_default(),
             )
         })
     };

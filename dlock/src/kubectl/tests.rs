@@ -11,6 +11,11 @@ fn condition(type_: &str, status: &str, reason: &str) -> Condition {
     }
 }
 
+/// A status's conditions, as the operator reports them.
+fn reported<const N: usize>(conditions: [Condition; N]) -> Reported {
+    Reported::new(Some(1), conditions.into())
+}
+
 #[test]
 fn durations_read_as_kubectl_writes_them() {
     assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
@@ -47,10 +52,10 @@ fn a_degraded_resource_explains_itself_with_the_degraded_reason() {
     let view = resource_view(
         "PayoutBatch",
         "b".into(),
-        &[
+        reported([
             condition("Ready", "True", "Completed"),
             condition("Degraded", "True", "RailAmbiguous"),
-        ],
+        ]),
     );
     assert_eq!(
         (view.ready.as_str(), view.degraded.as_str()),
@@ -60,13 +65,13 @@ fn a_degraded_resource_explains_itself_with_the_degraded_reason() {
     let view = resource_view(
         "LockServer",
         "l".into(),
-        &[condition("Ready", "True", "Available")],
+        reported([condition("Ready", "True", "Available")]),
     );
     assert_eq!(
         (view.degraded.as_str(), view.reason.as_str()),
         ("False", "Available")
     );
-    let view = resource_view("RailProxy", "r".into(), &[]);
+    let view = resource_view("RailProxy", "r".into(), Reported::default());
     assert_eq!((view.ready.as_str(), view.reason.as_str()), ("Unknown", ""));
 }
 
@@ -111,16 +116,19 @@ fn a_batch_phase_follows_its_conditions_and_job() {
         failed: 1,
         message: None,
     };
-    assert_eq!(batch_phase(&[], None), "Pending");
+    assert_eq!(batch_phase(&Reported::default(), None), "Pending");
     assert_eq!(
-        batch_phase(&[condition("Progressing", "True", "Executing")], None),
+        batch_phase(
+            &reported([condition("Progressing", "True", "Executing")]),
+            None
+        ),
         "Running"
     );
     assert_eq!(
-        batch_phase(&[condition("Ready", "True", "Completed")], None),
+        batch_phase(&reported([condition("Ready", "True", "Completed")]), None),
         "Succeeded"
     );
-    let degraded = [condition("Degraded", "True", "ExecutorFailed")];
+    let degraded = reported([condition("Degraded", "True", "ExecutorFailed")]);
     assert_eq!(batch_phase(&degraded, Some(&failed)), "Failed");
     assert_eq!(batch_phase(&degraded, None), "Degraded");
 }

@@ -12,7 +12,9 @@ use super::status::Conditions;
 use super::{
     Context, Error, LOCK_REVOKE_MANAGER, Result, apply_status, apply_status_as, publish, reconciled,
 };
-use crate::crd::{Lock, LockRevocation, LockRevocationStatus, LockStatus, RevocationResult};
+use crate::crd::{
+    Lock, LockRevocation, LockRevocationStatus, LockStatus, Reported, RevocationResult,
+};
 use crate::validate;
 
 pub const REVOKE_REASON_ANNOTATION: &str = "dlock.io/revoke-reason";
@@ -60,7 +62,7 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
     let Some((reason, revoked_by)) = requested(&object) else {
         // A mirrored Lock nobody asked to revoke: Ready, once (the conditions are this
         // controller's fields, never the mirror's).
-        if previous.conditions.is_empty() {
+        if previous.reported.conditions.is_empty() {
             let status = revoke_fields(
                 object.metadata.generation,
                 Conditions::ready("mirrored from its lock server; no revocation asked").render(
@@ -109,7 +111,7 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
                             let status = revoke_fields(
                                 object.metadata.generation,
                                 conditions_of(&pinned).render(
-                                    &previous.conditions,
+                                    &previous.reported.conditions,
                                     object.metadata.generation,
                                     &ctx.now(),
                                 ),
@@ -131,7 +133,11 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
     };
     let status = revoke_fields(
         object.metadata.generation,
-        conditions_of(&result).render(&previous.conditions, object.metadata.generation, &ctx.now()),
+        conditions_of(&result).render(
+            &previous.reported.conditions,
+            object.metadata.generation,
+            &ctx.now(),
+        ),
         Some(result.clone()),
     );
     apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
@@ -153,8 +159,7 @@ pub fn revoke_fields(
     revocation: Option<RevocationResult>,
 ) -> LockStatus {
     LockStatus {
-        observed_generation: generation,
-        conditions,
+        reported: Reported::new(generation, conditions),
         revocation,
         ..LockStatus::default()
     }
@@ -323,11 +328,13 @@ pub async fn reconcile_lock_revocation(
     )
     .await?;
     let status = LockRevocationStatus {
-        observed_generation: object.metadata.generation,
-        conditions: conditions_of(&result).render(
-            &previous.conditions,
+        reported: Reported::new(
             object.metadata.generation,
-            &ctx.now(),
+            conditions_of(&result).render(
+                &previous.reported.conditions,
+                object.metadata.generation,
+                &ctx.now(),
+            ),
         ),
         result: Some(result.clone()),
     };

@@ -22,7 +22,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use super::status::{Conditions, Observed, condition, ready_of};
 use super::{Context, Error, Result, apply, apply_status, publish, reconciled, report_failure};
 use crate::build::job;
-use crate::crd::{Condition, PaymentResource, PayoutBatch, PayoutBatchStatus, RailProxy};
+use crate::crd::{Condition, PaymentResource, PayoutBatch, PayoutBatchStatus, RailProxy, Reported};
 use crate::validate;
 use crate::validate::ValidatedBatch;
 
@@ -176,17 +176,16 @@ pub fn batch_status(observed: &BatchObserved) -> PayoutBatchStatus {
             );
         }
     }
-    let mut rendered = conditions.render(&previous.conditions, generation, observed.now);
+    let mut rendered = conditions.render(&previous.reported.conditions, generation, observed.now);
     rendered.push(condition(
-        &previous.conditions,
+        &previous.reported.conditions,
         JOB_TEMPLATE_CURRENT,
         &observed.template,
         generation,
         observed.now,
     ));
     PayoutBatchStatus {
-        observed_generation: generation,
-        conditions: rendered,
+        reported: Reported::new(generation, rendered),
         accepted: Some(true),
         job_name: Some(observed.job_name.clone()),
         summary: Some(summary.unwrap_or(phase_summary)),
@@ -254,12 +253,12 @@ async fn apply_batch(object: Arc<PayoutBatch>, ctx: Arc<Context>) -> Result<Acti
     let applied_job = match apply_executor(&ctx, &mut batch, &built).await {
         Ok(job) => job,
         Err(error) => {
-            report_failure(&ctx, object.as_ref(), &previous.conditions, &error).await;
+            report_failure(&ctx, object.as_ref(), &previous.reported.conditions, &error).await;
             return Err(error);
         }
     };
     let template = template_condition(&applied_job, &built);
-    let outdated = template_went_outdated(&previous.conditions, &template);
+    let outdated = template_went_outdated(&previous.reported.conditions, &template);
     let payouts = if object.spec.payouts.len() <= COUNTED_PAYOUTS_MAX {
         count_payouts(&object, &batch, &ctx).await
     } else {
@@ -310,12 +309,18 @@ async fn write_invalid_spec(
 ) -> Result<()> {
     let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
     let status = PayoutBatchStatus {
-        observed_generation: object.metadata.generation,
-        conditions: conditions.render(&previous.conditions, object.metadata.generation, &ctx.now()),
+        reported: Reported::new(
+            object.metadata.generation,
+            conditions.render(
+                &previous.reported.conditions,
+                object.metadata.generation,
+                &ctx.now(),
+            ),
+        ),
         ..previous.clone()
     };
     apply_status(&ctx.client, object, &status).await?;
-    if ready_of(&previous.conditions) != ready_of(&status.conditions) {
+    if ready_of(&previous.reported.conditions) != ready_of(&status.reported.conditions) {
         publish(
             ctx,
             object,
@@ -375,8 +380,8 @@ async fn publish_ready_event(
     phase: &JobPhase,
     ambiguous_left: bool,
 ) {
-    if ready_of(&previous.conditions) != ready_of(&status.conditions)
-        && let Some(ready) = status.conditions.first()
+    if ready_of(&previous.reported.conditions) != ready_of(&status.reported.conditions)
+        && let Some(ready) = status.reported.conditions.first()
     {
         let (type_, reason) = match phase {
             _ if ambiguous_left => (EventType::Warning, RAIL_AMBIGUOUS),
@@ -685,7 +690,10 @@ mod tests {
     }
 
     fn of<'a>(status: &'a PayoutBatchStatus, type_: &str) -> &'a Condition {
-        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+        status
+            .reported
+            .find(type_)
+            .unwrap_or_else(|| panic!("no {type_} condition"))
     }
 
     fn counted(
@@ -713,7 +721,7 @@ mod tests {
         assert_eq!(status.summary.as_deref(), Some("1/3 POSTED, 2 CLAIMED"));
         assert_eq!(status.accepted, Some(true));
         assert_eq!(status.job_name.as_deref(), Some("b1-executor"));
-        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(status.reported.observed_generation, Some(2));
         assert_eq!(status.ambiguous_count, Some(0));
     }
 
@@ -745,7 +753,7 @@ mod tests {
         assert_eq!(status.ambiguous, vec!["p-3".to_owned()]);
         assert_eq!(status.ambiguous_count, Some(1));
         // The template condition is kept next to the ambiguous batch's three.
-        assert_eq!(status.conditions.len(), 4);
+        assert_eq!(status.reported.conditions.len(), 4);
     }
 
     #[test]
@@ -793,7 +801,7 @@ mod tests {
         );
         // Already reported: no second Event.
         assert_eq!(
-            template_went_outdated(&status.conditions, &observed.template),
+            template_went_outdated(&status.reported.conditions, &observed.template),
             None
         );
     }

@@ -15,7 +15,7 @@ use super::{
     report_failure,
 };
 use crate::build::reconciler;
-use crate::crd::{Reconciliation, ReconciliationStatus};
+use crate::crd::{Reconciliation, ReconciliationStatus, Reported};
 use crate::validate::{self, ValidatedReconciliation};
 
 /// The summary `dlock reconcile` leaves as its termination message (`DLOCK_TERMINATION_LOG`),
@@ -121,17 +121,17 @@ pub async fn reconcile_reconciliation(
             match run_reconciler(&ctx, object.as_ref(), &valid, &mut findings, &mut summary).await {
                 Ok(done) => done,
                 Err(error) => {
-                    report_failure(&ctx, object.as_ref(), &previous.conditions, &error).await;
+                    report_failure(&ctx, object.as_ref(), &previous.reported.conditions, &error)
+                        .await;
                     return Err(error);
                 }
             }
         }
     };
-    let rendered = conditions.render(&previous.conditions, generation, &ctx.now());
+    let rendered = conditions.render(&previous.reported.conditions, generation, &ctx.now());
     let summary = summary.or_else(|| rendered.first().map(|c| c.message.clone()));
     let status = ReconciliationStatus {
-        observed_generation: generation,
-        conditions: rendered,
+        reported: Reported::new(generation, rendered),
         last_run_job,
         findings,
         summary,
@@ -140,8 +140,8 @@ pub async fn reconcile_reconciliation(
     publish_ready_change(
         &ctx,
         object.as_ref(),
-        &previous.conditions,
-        &status.conditions,
+        &previous.reported.conditions,
+        &status.reported.conditions,
     )
     .await;
     if outcome.is_ok() {

@@ -24,7 +24,7 @@ use super::{
 use crate::build::{
     config_map, deployment, lock, network_policy, pdb, proof_keys, service, service_account,
 };
-use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, WorkloadStatus};
+use crate::crd::{LockServer, LockStatus, PaymentResource, RailProxy, Reported, WorkloadStatus};
 use crate::validate;
 use crate::workload::{Component, Workload};
 
@@ -221,7 +221,9 @@ where
         + std::fmt::Debug,
 {
     let kind = K::kind(&()).to_string();
-    let previous_conditions = previous.map(|s| s.conditions.clone()).unwrap_or_default();
+    let previous_conditions = previous
+        .map(|s| s.reported.conditions.clone())
+        .unwrap_or_default();
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(invalid) => {
@@ -244,6 +246,7 @@ where
         &ctx.now(),
     );
     let ready = status
+        .reported
         .conditions
         .first()
         .is_some_and(|c| c.status == "True");
@@ -267,8 +270,10 @@ async fn write_invalid_spec<K: Namespaced>(
 ) -> Result<()> {
     let conditions = Conditions::degraded("InvalidSpec", invalid.to_string());
     let status = WorkloadStatus {
-        observed_generation: object.meta().generation,
-        conditions: conditions.render(previous, object.meta().generation, &ctx.now()),
+        reported: Reported::new(
+            object.meta().generation,
+            conditions.render(previous, object.meta().generation, &ctx.now()),
+        ),
         ..WorkloadStatus::default()
     };
     write_status(object, previous, status, ctx).await
@@ -400,8 +405,7 @@ pub fn workload_status(
     );
     rendered.extend(auth_condition(previous, *auth_disabled, generation, now));
     WorkloadStatus {
-        observed_generation: generation,
-        conditions: rendered,
+        reported: Reported::new(generation, rendered),
         ready_replicas: Some(ready_total),
         summary: Some(format!("{ready_total}/{desired_total}")),
         url: Some(url.clone()),
@@ -480,7 +484,7 @@ async fn write_status<K: Namespaced>(
     ctx: &Context,
 ) -> Result<()> {
     apply_status(&ctx.client, object, &status).await?;
-    publish_ready_change(ctx, object, previous, &status.conditions).await;
+    publish_ready_change(ctx, object, previous, &status.reported.conditions).await;
     Ok(())
 }
 
@@ -621,7 +625,7 @@ async fn record_mirror_condition(
     ctx: &Context,
 ) -> Result<()> {
     let Some(conditions) = mirror_conditions(
-        &status.conditions,
+        &status.reported.conditions,
         truncated,
         listed,
         object.metadata.generation,
@@ -633,7 +637,10 @@ async fn record_mirror_condition(
         &ctx.client,
         object,
         &WorkloadStatus {
-            conditions,
+            reported: Reported {
+                conditions,
+                ..status.reported
+            },
             ..status
         },
     )

@@ -4,7 +4,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
+use super::Reported;
 
 /// A held lock, mirrored read-only from a lock server for `kubectl get locks`.
 /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…` force-revokes
@@ -47,10 +47,9 @@ pub struct LockSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockStatus {
-    // Every kind reports these two (the generation they describe, and the conditions).
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    // `observedGeneration` and `conditions`, what every kind reports.
+    #[serde(flatten)]
+    pub reported: Reported,
     pub holder: Option<String>,
     pub token: Option<i64>,
     pub acquired_at: Option<String>,
@@ -145,9 +144,8 @@ pub fn trimmed_at_least(min: usize) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockRevocationStatus {
-    // Every kind reports these two (the generation they describe, and the conditions).
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    // `observedGeneration` and `conditions`, what every kind reports.
+    #[serde(flatten)]
+    pub reported: Reported,
     pub result: Option<RevocationResult>,
 }

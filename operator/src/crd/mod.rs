@@ -1,9 +1,9 @@
 //! The custom resources of `dlock.io/v1alpha1` (docs/design.md#kubernetes).
 //!
 //! Every kind is namespaced, has a status subresource with `conditions` and
-//! `observedGeneration`, a short name and printer columns. No field has a schema default: an
-//! API-server-defaulted field would show in Argo CD as drift, so defaults are resolved by the
-//! operator's validate step instead.
+//! `observedGeneration` (a [`Reported`] flattened into each kind's status), a short name and
+//! printer columns. No field has a schema default: an API-server-defaulted field would show in
+//! Argo CD as drift, so defaults are resolved by the operator's validate step instead.
 //!
 //! One file per kind (the three services share [`workloads`]); the types every kind uses are here.
 
@@ -117,15 +117,40 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
+// What every kind's status reports, flattened into it: the generation the status describes and
+// the conditions (`Ready`, `Progressing`, `Degraded` and any of the kind's own). A comment, not a
+// doc comment: schemars would make a doc the description of every status without one of its own.
+#[serde_with::skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reported {
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl Reported {
+    pub fn new(observed_generation: Option<i64>, conditions: Vec<Condition>) -> Self {
+        Self {
+            observed_generation,
+            conditions,
+        }
+    }
+
+    /// The condition of this type, if there is one.
+    pub fn find(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
 /// The status every workload kind (LockServer, PaymentResource, RailProxy) reports.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadStatus {
-    // Every kind reports these two (the generation they describe, and the conditions).
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    // `observedGeneration` and `conditions`, what every kind reports.
+    #[serde(flatten)]
+    pub reported: Reported,
     /// Ready replicas of the main Deployment.
     pub ready_replicas: Option<i32>,
     /// `ready/desired`, for `kubectl get`.
@@ -165,4 +190,40 @@ pub fn write_all(dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf
         written.push(path);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `observedGeneration` and `conditions` stay top-level status fields: a status reads and
+    /// writes as it did before they were one flattened [`Reported`], and a status without them
+    /// (the Lock mirror's apply) still leaves them out, so it never claims them.
+    #[test]
+    fn a_status_reads_and_writes_its_generation_and_conditions_at_the_top_level() {
+        let json = serde_json::json!({
+            "observedGeneration": 3,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Available", "message": ""}],
+            "holder": "executor/w1",
+        });
+        let status: LockStatus =
+            serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("read: {e}"));
+        assert_eq!(status.reported.observed_generation, Some(3));
+        assert_eq!(
+            status.reported.find("Ready").map(|c| c.reason.as_str()),
+            Some("Available")
+        );
+        assert_eq!(status.reported.find("Degraded"), None);
+        assert_eq!(status.holder.as_deref(), Some("executor/w1"));
+        let written = serde_json::to_value(&status).unwrap_or_else(|e| panic!("write: {e}"));
+        assert_eq!(written, json);
+        let mirror = LockStatus {
+            holder: Some("executor/w1".to_owned()),
+            ..LockStatus::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&mirror).unwrap_or_else(|e| panic!("write: {e}")),
+            serde_json::json!({"holder": "executor/w1"})
+        );
+    }
 }

@@ -6,7 +6,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, PayoutItem, PodOptions, SecretKeyRef};
+use super::{PayoutItem, PodOptions, Reported, SecretKeyRef};
 
 /// A batch of payouts, run by executor Job(s). Its payout ids and idempotency keys come from the
 /// batch name and each item's key, so re-applying or re-creating it never pays twice.
@@ -105,10 +105,9 @@ pub struct ExecutorSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutBatchStatus {
-    // Every kind reports these two (the generation they describe, and the conditions).
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    // `observedGeneration` and `conditions`, what every kind reports.
+    #[serde(flatten)]
+    pub reported: Reported,
     /// Set once the executor Job exists; from then on `spec.payouts` is immutable.
     pub accepted: Option<bool>,
     /// Payouts per state, from paydb.

@@ -4,7 +4,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, PodOptions, SecretKeyRef};
+use super::{PodOptions, Reported, SecretKeyRef};
 
 /// Runs the reconciler (paydb, ledger and rail statement compared) once, or on a schedule.
 #[serde_with::skip_serializing_none]
@@ -51,10 +51,9 @@ pub struct ReconciliationSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReconciliationStatus {
-    // Every kind reports these two (the generation they describe, and the conditions).
-    pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
+    // `observedGeneration` and `conditions`, what every kind reports.
+    #[serde(flatten)]
+    pub reported: Reported,
     pub last_run_job: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<String>,

@@ -72,8 +72,8 @@ fn a_truncated_list_sets_locks_mirrored_false_and_a_complete_one_flips_it_back()
         },
         NOW,
     );
-    assert!(status.conditions.iter().any(|c| c.type_ == LOCKS_MIRRORED));
-    assert_eq!(status.conditions.len(), 4);
+    assert!(status.reported.find(LOCKS_MIRRORED).is_some());
+    assert_eq!(status.reported.conditions.len(), 4);
 }
 
 /// `AuthenticationDisabled` is True while `spec.auth.mode` is none and flips to False, kept,
@@ -86,27 +86,26 @@ fn authentication_disabled_is_raised_and_flips_back() {
         auth_disabled,
     };
     let on = workload_status(Some(1), &[], &applied(false), NOW);
-    assert!(
-        on.conditions
-            .iter()
-            .all(|c| c.type_ != AUTHENTICATION_DISABLED)
-    );
-    let off = workload_status(Some(2), &on.conditions, &applied(true), NOW);
+    assert!(on.reported.find(AUTHENTICATION_DISABLED).is_none());
+    let off = workload_status(Some(2), &on.reported.conditions, &applied(true), NOW);
     let disabled = |s: &WorkloadStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == AUTHENTICATION_DISABLED)
+        s.reported
+            .find(AUTHENTICATION_DISABLED)
             .map(|c| (c.status.clone(), c.reason.clone()))
     };
     assert_eq!(
         disabled(&off),
         Some(("True".to_owned(), "AuthModeNone".to_owned()))
     );
-    assert_eq!(off.conditions.len(), 4);
-    let back = workload_status(Some(3), &off.conditions, &applied(false), "later");
+    assert_eq!(off.reported.conditions.len(), 4);
+    let back = workload_status(Some(3), &off.reported.conditions, &applied(false), "later");
     assert_eq!(
         disabled(&back),
         Some(("False".to_owned(), "TokenReview".to_owned()))
     );
-    assert_eq!(back.conditions.len(), 4, "kept once, never duplicated");
+    assert_eq!(
+        back.reported.conditions.len(),
+        4,
+        "kept once, never duplicated"
+    );
 }

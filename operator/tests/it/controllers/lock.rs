@@ -289,7 +289,7 @@ async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
     call.answer(&lock);
     reconcile.await.unwrap().unwrap();
     let mut ready = lock;
-    ready.status.as_mut().unwrap().conditions =
+    ready.status.as_mut().unwrap().reported.conditions =
         serde_json::from_value(json!([condition("Ready", "True", "Available", "")])).unwrap();
     controller::lock::reconcile_lock(Arc::new(ready), ctx)
         .await

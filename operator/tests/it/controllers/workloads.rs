@@ -30,13 +30,16 @@ fn ready_lock_server(ready_message: &str) -> dlock_operator::crd::LockServer {
     let mut object = fixtures::lock_server();
     object.spec.service.replicas = Some(3);
     object.status = Some(dlock_operator::crd::WorkloadStatus {
-        conditions: serde_json::from_value(json!([condition(
-            "Ready",
-            "True",
-            "Available",
-            ready_message
-        )]))
-        .unwrap(),
+        reported: dlock_operator::crd::Reported {
+            conditions: serde_json::from_value(json!([condition(
+                "Ready",
+                "True",
+                "Available",
+                ready_message
+            )]))
+            .unwrap(),
+            ..Default::default()
+        },
         ..Default::default()
     });
     object
