@@ -94,6 +94,7 @@ pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
         rail_redirect_rate: 0.0,
         rail_read_timeout_ms: args.rail_read_timeout_ms,
         treasury_dual_approval_above: None,
+        durable: false,
         data_dir: None,
         detach: false,
         remove_data_dir: false,

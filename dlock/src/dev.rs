@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use dlock_contract::service_config;
 use dlock_devstack::{
-    EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
+    Durability, EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged,
+    wait_until,
 };
 use serde::Serialize;
 
@@ -101,6 +102,11 @@ pub struct UpArgs {
     /// (the payment resource's `auth.treasury.dual-approval-above`). Unset: none waits.
     #[arg(long)]
     pub treasury_dual_approval_above: Option<i64>,
+    /// Run PostgreSQL with production's durability (fsync and full-page writes on, each commit
+    /// waiting for its WAL flush) instead of the local stack's fast mode (both off): slower
+    /// commits, the figures a production database would show.
+    #[arg(long)]
+    pub durable: bool,
     /// Keep the databases and logs here (and reuse them next time) instead of a temp dir.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -467,7 +473,12 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
     };
     std::fs::create_dir_all(dir.join("logs"))?;
     eprintln!("dlock dev up: data and logs in {}", dir.display());
-    let pg = PgServer::start(Some(&dir.join("postgres")))?;
+    let durability = if args.durable {
+        Durability::Durable
+    } else {
+        Durability::Fast
+    };
+    let pg = PgServer::start_in(Some(&dir.join("postgres")), durability)?;
     pg.create_database("lockdb")?;
     pg.create_database("paydb")?;
     let etcd = match args.backend {

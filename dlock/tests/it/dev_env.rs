@@ -44,21 +44,7 @@ fn dev_up_detached_hands_a_shell_the_stack_and_no_log_shows_a_credential() {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("{e}"));
-    let up = Command::new(EXE)
-        .args(["dev", "up", "--detach"])
-        .env("TMPDIR", tmp.path())
-        .output()
-        .unwrap_or_else(|e| panic!("dlock dev up --detach: {e}"));
-    let said = String::from_utf8_lossy(&up.stderr).into_owned();
-    assert!(up.status.success(), "dev up --detach failed: {said}");
-    let printed = String::from_utf8_lossy(&up.stdout).into_owned();
-    let dir = printed
-        .lines()
-        .find_map(|l| l.strip_prefix("export DLOCK_DEV_DIR='"))
-        .and_then(|l| l.strip_suffix('\''))
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| panic!("no DLOCK_DEV_DIR in {printed}"));
-    let stop = scopeguard(&dir);
+    let (dir, stop, printed, said) = up_detached(tmp.path(), &[]);
     let env = dir.join("env");
     assert_eq!(printed, std::fs::read_to_string(&env).unwrap_or_default());
     let line: Value = serde_json::from_str(
@@ -149,7 +135,7 @@ fn dev_up_detached_hands_a_shell_the_stack_and_no_log_shows_a_credential() {
 }
 
 /// Stops the stack if the test fails before `dlock dev down`.
-fn scopeguard(dir: &Path) -> impl Drop {
+fn scopeguard(dir: &Path) -> impl Drop + use<> {
     struct Stop(std::path::PathBuf);
     impl Drop for Stop {
         fn drop(&mut self) {
@@ -162,4 +148,56 @@ fn scopeguard(dir: &Path) -> impl Drop {
         }
     }
     Stop(dir.to_path_buf())
+}
+
+/// `dlock dev up --detach` with `extra` arguments and TMPDIR `tmp`: the stack's directory, a
+/// guard that stops the stack when dropped, and what the command printed (stdout, stderr).
+fn up_detached(
+    tmp: &Path,
+    extra: &[&str],
+) -> (std::path::PathBuf, impl Drop + use<>, String, String) {
+    let up = Command::new(EXE)
+        .args(["dev", "up", "--detach"])
+        .args(extra)
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap_or_else(|e| panic!("dlock dev up --detach: {e}"));
+    let said = String::from_utf8_lossy(&up.stderr).into_owned();
+    assert!(
+        up.status.success(),
+        "dev up --detach {extra:?} failed: {said}"
+    );
+    let printed = String::from_utf8_lossy(&up.stdout).into_owned();
+    let dir = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("export DLOCK_DEV_DIR='"))
+        .and_then(|l| l.strip_suffix('\''))
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no DLOCK_DEV_DIR in {printed}"));
+    let stop = scopeguard(&dir);
+    (dir, stop, printed, said)
+}
+
+#[test]
+fn dev_up_durable_runs_postgresql_with_productions_durability() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let settings = "psql \"$DLOCK_PAYDB\" -Atc 'SELECT current_setting($$fsync$$) || \
+                    $$ $$ || current_setting($$full_page_writes$$)'";
+    for (extra, want) in [(&["--durable"][..], "on on"), (&[][..], "off off")] {
+        let (dir, stop, _, _) = up_detached(tmp.path(), extra);
+        let out = in_shell(&dir.join("env"), settings);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want,
+            "fsync and full_page_writes of dev up {extra:?}"
+        );
+        drop(stop);
+    }
 }

@@ -187,7 +187,12 @@ impl PgServer {
 
     /// Like [`PgServer::start`] in a temp dir, with the given [`Durability`].
     pub fn start_durability(durability: Durability) -> Result<Self> {
-        Self::start_inner(None, &[], durability, |_| Ok(Vec::new()))
+        Self::start_in(None, durability)
+    }
+
+    /// Like [`PgServer::start`] in `dir` (a temp dir when None), with the given [`Durability`].
+    pub fn start_in(dir: Option<&Path>, durability: Durability) -> Result<Self> {
+        Self::start_inner(dir, &[], durability, |_| Ok(Vec::new()))
     }
 
     /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with
