@@ -437,3 +437,17 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The rows of each of `queries` (each selecting one text column), in order: what a test
+/// compares between two ways of writing the same thing.
+pub async fn text_rows(conn: &mut sqlx::PgConnection, queries: &[&'static str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for sql in queries {
+        let rows: Vec<(String,)> = sqlx::query_as(*sql)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        out.extend(rows.into_iter().map(|r| r.0));
+    }
+    out
+}

@@ -27,8 +27,7 @@ fn refused(stack: &PayStack, what: &str, sql: &str) {
 /// payouts, the idempotency records, the ledger, the shards, the day's outflow and the
 /// abandonments.
 async fn snapshot(tx: &mut sqlx::PgConnection) -> Vec<String> {
-    let mut out = Vec::new();
-    for sql in [
+    const QUERIES: &[&str] = &[
         "SELECT account_id || ' ' || balance_minor || ' ' || held_minor || ' ' || fence || ' ' \
          || max_seen_token FROM accounts ORDER BY account_id",
         "SELECT payout_id || ' ' || state || ' ' || attempt_count || ' ' \
@@ -43,14 +42,8 @@ async fn snapshot(tx: &mut sqlx::PgConnection) -> Vec<String> {
         "SELECT account_id || ' ' || claimed_minor FROM account_daily_outflow ORDER BY account_id",
         "SELECT payout_id || ' ' || cause || ' ' || token FROM payout_abandonments \
          ORDER BY payout_id",
-    ] {
-        let rows: Vec<(String,)> = sqlx::query_as(sql)
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        out.extend(rows.into_iter().map(|r| r.0));
-    }
-    out
+    ];
+    crate::harness::text_rows(tx, QUERIES).await
 }
 
 /// An answer as JSON, without what a batch adds (item, error columns) and with the entries'

@@ -42,8 +42,7 @@ impl Admission {
 
 /// What the rail's tables and the payouts hold, without times.
 async fn snapshot(tx: &mut PgConnection) -> Vec<String> {
-    let mut out = Vec::new();
-    for sql in [
+    const QUERIES: &[&str] = &[
         "SELECT submission_id || ' ' || payout_id || ' ' || account_id || ' ' || presented_token \
          || ' ' || idempotency_key || ' ' || outcome || ' ' \
          || coalesce(encode(request_hash, 'hex'), '-') || ' ' || coalesce(rail_reference, '-') \
@@ -55,14 +54,8 @@ async fn snapshot(tx: &mut PgConnection) -> Vec<String> {
          || coalesce(rail_reference, '-') FROM payouts ORDER BY payout_id",
         "SELECT account_id || ' ' || balance_minor || ' ' || held_minor FROM accounts \
          ORDER BY account_id",
-    ] {
-        let rows: Vec<(String,)> = sqlx::query_as(sql)
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        out.extend(rows.into_iter().map(|r| r.0));
-    }
-    out
+    ];
+    crate::harness::text_rows(tx, QUERIES).await
 }
 
 /// An answer without what only a batch has (`item`, the error columns) and without the time
@@ -87,19 +80,20 @@ async fn begin(w: &RailWorld) -> sqlx::Transaction<'static, sqlx::Postgres> {
 }
 
 /// `function` (`rail_admit_set` or `rail_admit_many`) over `items` in one call: the answers in
-/// item order and the tables after, rolled back.
-async fn admitted_together(
+/// item order and the tables after, rolled back; or what PostgreSQL answered if it refused the
+/// call.
+async fn try_admitted_together(
     w: &RailWorld,
     function: &str,
     items: &[Admission],
     proven: bool,
-) -> (Vec<Value>, Vec<String>) {
+) -> Result<(Vec<Value>, Vec<String>), sqlx::Error> {
     let mut tx = begin(w).await;
     let sql = format!(
         "SELECT row_to_json(a)::text FROM {function}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a \
          ORDER BY a.item"
     );
-    let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Result<Vec<(String,)>, _> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(items.iter().map(|i| i.payout).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.account.clone()).collect::<Vec<_>>())
         .bind(items.iter().map(|i| i.amount).collect::<Vec<_>>())
@@ -111,12 +105,28 @@ async fn admitted_together(
         .bind(items.iter().map(|i| i.request.clone()).collect::<Vec<_>>())
         .bind(proven)
         .fetch_all(&mut *tx)
-        .await
-        .unwrap_or_else(|e| panic!("{function}: {e}"));
-    let answers = rows.iter().map(|r| comparable(&r.0)).collect();
+        .await;
+    let answers = match rows {
+        Ok(rows) => rows.iter().map(|r| comparable(&r.0)).collect(),
+        Err(e) => {
+            tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+            return Err(e);
+        }
+    };
     let tables = snapshot(&mut tx).await;
     tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
-    (answers, tables)
+    Ok((answers, tables))
+}
+
+async fn admitted_together(
+    w: &RailWorld,
+    function: &str,
+    items: &[Admission],
+    proven: bool,
+) -> (Vec<Value>, Vec<String>) {
+    try_admitted_together(w, function, items, proven)
+        .await
+        .unwrap_or_else(|e| panic!("{function}: {e}"))
 }
 
 /// `rail_admit` over `items` one by one, in item order: the answers and the tables after,
@@ -335,25 +345,11 @@ async fn a_batch_the_set_cannot_take_goes_one_by_one_and_answers_the_same() {
         Admission::new(second, "sb-shared", 100, 6, "k-second"),
         Admission::new(alone, "sb-alone", 100, 5, "k-alone"),
     ];
-    let mut tx = begin(&w).await;
-    let refused =
-        sqlx::query("SELECT * FROM rail_admit_set($1, $2, $3, $4, $5, $6, $7, $8, $9, true)")
-            .bind(items.iter().map(|i| i.payout).collect::<Vec<_>>())
-            .bind(items.iter().map(|i| i.account.clone()).collect::<Vec<_>>())
-            .bind(items.iter().map(|i| i.amount).collect::<Vec<_>>())
-            .bind(vec!["EUR".to_owned(); 3])
-            .bind(vec!["ben".to_owned(); 3])
-            .bind(items.iter().map(|i| i.token).collect::<Vec<_>>())
-            .bind(items.iter().map(|i| i.key.clone()).collect::<Vec<_>>())
-            .bind(items.iter().map(|i| i.submission).collect::<Vec<_>>())
-            .bind(items.iter().map(|i| i.request.clone()).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await;
+    let refused = try_admitted_together(&w, "rail_admit_set", &items, true).await;
     assert!(
         refused.is_err(),
-        "the set path refuses two items on one account"
+        "the set path refuses two items on one account: {refused:?}"
     );
-    tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     let (many, many_tables) = admitted_together(&w, "rail_admit_many", &items, true).await;
     let (single, single_tables) = admitted_one_by_one(&w, &items, true).await;
     assert_eq!(
