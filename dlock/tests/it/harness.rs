@@ -421,7 +421,22 @@ pub async fn leading_member(
 }
 
 /// Polls `probe` until it returns `Some`, failing the test after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_or(what, timeout, probe, String::new).await
+}
+
+/// [`eventually`], and on failure the test's message ends with `explain()`: what the system
+/// was doing when the wait ran out.
+pub async fn eventually_or<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+    explain: impl FnOnce() -> String,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -432,7 +447,11 @@ where
             return value;
         }
         if tokio::time::Instant::now() >= deadline {
-            panic!("{what} did not happen within {} ms", timeout.as_millis());
+            panic!(
+                "{what} did not happen within {} ms{}",
+                timeout.as_millis(),
+                explain()
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

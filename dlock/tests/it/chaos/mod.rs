@@ -22,7 +22,7 @@ use dlock_executor::manifest::{idempotency_key, payout_id};
 
 use uuid::Uuid;
 
-use crate::harness::{Backend, assert_fenced_out, eventually, stale_post_is_fenced};
+use crate::harness::{Backend, assert_fenced_out, eventually, eventually_or, stale_post_is_fenced};
 use crate::shared::accounts::open_account;
 
 pub(crate) const OPERATOR_TOKEN: &str = "chaos-operator-token";
@@ -188,12 +188,45 @@ impl Chaos {
         self.posted()
     }
 
-    /// Waits up to `timeout` until `at_least` payouts are posted; `what` names the wait.
+    /// Waits up to `timeout` until `at_least` payouts are posted; `what` names the wait. If they
+    /// are not, the failure shows the payouts by state and the end of every log of the stack
+    /// (the services' and the executors').
     pub(crate) async fn progressed(&self, what: &str, at_least: usize, timeout: Duration) {
-        eventually(what, timeout, || async {
-            (self.posted() >= at_least).then_some(())
-        })
+        eventually_or(
+            what,
+            timeout,
+            || async { (self.posted() >= at_least).then_some(()) },
+            || self.stalled(),
+        )
         .await;
+    }
+
+    /// The payouts by state and the last lines of each log in the stack's directory.
+    fn stalled(&self) -> String {
+        let states = self
+            .pg()
+            .psql(
+                "paydb",
+                "SELECT string_agg(state || ' ' || n, ', ') FROM \
+                 (SELECT state, count(*) AS n FROM payouts GROUP BY state ORDER BY state) s",
+            )
+            .unwrap_or_else(|e| format!("(paydb unreadable: {e:#})"));
+        let mut out = format!("\npayouts by state: {states}");
+        let mut logs: Vec<_> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            out.push_str(&format!("\n--- the end of {}:\n{tail}", log.display()));
+        }
+        out
     }
 
     /// What the invariant checker reads.
