@@ -240,14 +240,20 @@ fn start_service<T: Serialize>(
         config_path.display().to_string(),
     ];
     let mut child = spawn_logged(name, &exe, &args, &[], Some(&log))?;
+    // A service that exits (a port taken, a bad configuration) ends the wait at once.
     let ready = wait_until(name, Duration::from_secs(60), || {
-        !child.exited() && http_status(listen, "/readyz") == Some(200)
+        child.exited() || http_status(listen, "/readyz") == Some(200)
     });
-    if ready.is_err() {
+    let exited = child.exited();
+    if ready.is_err() || exited {
         let tail = std::fs::read_to_string(&log).unwrap_or_default();
         let tail: Vec<&str> = tail.lines().rev().take(5).collect();
         bail!(
-            "{name} did not become ready on {listen}; last log lines ({}):\n{}",
+            "{name} {} on {listen}; last log lines ({}):\n{}",
+            match exited {
+                true => "exited before it became ready",
+                false => "did not become ready",
+            },
             log.display(),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );

@@ -32,10 +32,83 @@ pub use nix::sys::signal::Signal;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, reserved for this caller for a while.
+///
+/// The port is handed out and bound later by another process, so two things could take it in
+/// between; both are ruled out here:
+/// - it lies outside the kernel's ephemeral range, where every outgoing connection of every test
+///   gets its local port (a port from `bind(":0")` lies inside it and was once taken by a
+///   client's connection before the service started);
+/// - a marker file under the temporary directory, taken under a file lock, reserves it for
+///   [`PORT_RESERVATION`] against every other process that calls this function (the suites run
+///   as many processes at once).
 pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("binding a probe socket")?;
-    Ok(listener.local_addr()?.port())
+    let (low, high) = ephemeral_range();
+    // The larger stretch outside the ephemeral range, above 10 000 (below it live well-known
+    // services).
+    let (from, to) = if low.saturating_sub(10_000) >= 65_535 - high {
+        (10_000, low.saturating_sub(1).max(10_000))
+    } else {
+        (high.saturating_add(1), 65_535)
+    };
+    let dir = std::env::temp_dir().join("dlock-ports");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".lock"))
+        .with_context(|| format!("opening {}/.lock", dir.display()))?;
+    // Held until this function returns: one caller at a time picks and reserves.
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow!("locking {}/.lock: {e}", dir.display()))?;
+    let span = u32::from(to - from) + 1;
+    let mut seed = u32::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos(),
+    )
+    .unwrap_or(0)
+        ^ std::process::id().rotate_left(16);
+    for _ in 0..512 {
+        // xorshift: enough to spread concurrent callers over the range.
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        let port = from + u16::try_from(seed % span).unwrap_or(0);
+        if reserve(&dir.join(port.to_string())) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!(
+        "no free port found between {from} and {to} on 127.0.0.1; see what holds them with `ss -ltn`"
+    )
+}
+
+/// How long a port handed out by [`free_port`] stays reserved against other callers.
+pub const PORT_RESERVATION: Duration = Duration::from_secs(600);
+
+/// Takes the marker `path` unless another caller took it within [`PORT_RESERVATION`]. The
+/// caller holds the directory's lock, so checking and taking are one step.
+fn reserve(path: &Path) -> bool {
+    let fresh = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < PORT_RESERVATION);
+    !fresh && std::fs::write(path, std::process::id().to_string()).is_ok()
+}
+
+/// The kernel's range of ephemeral ports (Linux's default when it cannot be read).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|w| w.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
 /// Waits until `probe` says yes, or fails after `timeout` naming `what`.
@@ -396,4 +469,47 @@ pub fn spawn_command(
         .spawn()
         .with_context(|| format!("starting {name} ({what})"))?;
     Ok(ManagedChild::new(name, child))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_lies_outside_the_ephemeral_range_and_is_handed_out_once() {
+        let (low, high) = ephemeral_range();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..50 {
+            let port = free_port().unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(
+                !(low..=high).contains(&port),
+                "{port} lies in the ephemeral range {low}-{high}"
+            );
+            assert!(seen.insert(port), "{port} was handed out twice");
+        }
+        // The positive control for "outside the range": a port the kernel picks lies inside it.
+        let kernel = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .port();
+        assert!((low..=high).contains(&kernel), "{kernel} vs {low}-{high}");
+    }
+
+    #[test]
+    fn a_reservation_is_refused_while_fresh_and_taken_over_when_old() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let marker = dir.path().join("20000");
+        assert!(reserve(&marker), "a port nobody reserved");
+        assert!(!reserve(&marker), "a port reserved a moment ago");
+        let old = std::time::SystemTime::now() - PORT_RESERVATION - Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&marker)
+            .and_then(|f| f.set_modified(old))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            reserve(&marker),
+            "a reservation older than PORT_RESERVATION"
+        );
+    }
 }

@@ -142,8 +142,13 @@ impl Service {
         let mut child = spawn_command(name, command, &args, &[], Some(&self.log))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let addr = self.addr;
+        // A service that exits (a port taken, a bad configuration) ends the wait at once.
         wait_until(name, Duration::from_secs(60), || {
-            !child.exited() && http_status(addr, "/readyz") == Some(200)
+            child.exited() || http_status(addr, "/readyz") == Some(200)
+        })
+        .and_then(|()| match child.exited() {
+            true => Err(anyhow::anyhow!("{name} exited before it became ready")),
+            false => Ok(()),
         })
         .unwrap_or_else(|e| {
             panic!(
