@@ -63,14 +63,12 @@ pub fn free_port() -> Result<u16> {
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| anyhow!("locking {}/.lock: {e}", dir.display()))?;
     let span = u32::from(to - from) + 1;
-    let mut seed = u32::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos(),
-    )
-    .unwrap_or(0)
-        ^ std::process::id().rotate_left(16);
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ std::process::id().rotate_left(16)
+        | 1;
     for _ in 0..512 {
         // xorshift: enough to spread concurrent callers over the range.
         seed ^= seed << 13;
