@@ -63,7 +63,7 @@ pub struct RunArgs {
     pub rail_read_timeout_ms: u64,
     /// Send each step's concurrent calls (acquire, claim, submit, post, release) as batch
     /// requests of up to this many items, 1 to 64 (docs/contract.md#batches); 1 sends one
-    /// request per payout per step. Default: the manifest's spec.batchMax (1 when absent).
+    /// request per payout per step. Default: the manifest's spec.batchMax (32 when absent).
     #[arg(long, env = "DLOCK_BATCH_MAX",
         value_parser = clap::value_parser!(u16).range(1..=dlock_contract::batch::MAX_ITEMS as i64))]
     pub batch_max: Option<u16>,
@@ -709,7 +709,7 @@ mod run_options_tests {
         - {key: k, accountId: acct-1, amountMinor: 1, currency: EUR, beneficiaryRef: ben-1}\n";
 
     /// The batch size is `--batch-max` when given, else the manifest's `spec.batchMax` (as the
-    /// operator's Job runs it: no flag), else 1; the flag keeps the batch request's range.
+    /// operator's Job runs it: no flag), else 32; the flag keeps the batch request's range.
     #[test]
     fn the_batch_size_is_the_flag_else_the_manifests_batch_max() {
         assert_eq!(options(&[], MANIFEST).batch_max, 16);
@@ -717,7 +717,7 @@ mod run_options_tests {
         assert_eq!(options(&["--batch-max", "64"], MANIFEST).batch_max, 64);
         let absent = MANIFEST.replace("  batchMax: 16\n", "");
         assert_ne!(absent, MANIFEST);
-        assert_eq!(options(&[], &absent).batch_max, 1);
+        assert_eq!(options(&[], &absent).batch_max, 32);
         assert_eq!(options(&[], &absent).workers, 2);
         for outside in ["0", "65"] {
             assert!(

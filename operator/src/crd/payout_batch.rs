@@ -39,7 +39,7 @@ pub struct PayoutBatchSpec {
     #[schemars(range(min = 1, max = dlock_contract::payout_batch::WORKERS_MAX))]
     pub workers: Option<i32>,
     /// The executor sends each step's concurrent calls (acquire, claim, submit, post, release)
-    /// as batch requests of up to this many items; 1 (the default) sends one request per payout
+    /// as batch requests of up to this many items, 32 when absent; 1 sends one request per payout
     /// per step.
     #[schemars(range(min = 1, max = dlock_contract::payout_batch::BATCH_MAX_MAX))]
     pub batch_max: Option<i32>,

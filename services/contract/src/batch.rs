@@ -8,11 +8,11 @@
 //! endpoints would not. `X-Owner-Id` and the credential are the batch request's own and apply to
 //! every item.
 //!
-//! On the client side, [`Batches`] lets concurrent calls of one step share a batch request: a
-//! call that finds no batch request of its step in flight sends at once (alone, or with whatever
-//! queued meanwhile), the others wait for it and go together in the next one. No timer, so a
-//! lone call is never delayed and the batch size follows the load (the same queue the services
-//! commit with, [`crate::group_commit`]). A batch of one item goes to the single endpoint as the
+//! On the client side, [`Batches`] lets concurrent calls of one step share a batch request: the
+//! calls of a step that are ready together (the workers one answer woke) go in one request, and
+//! a call never waits for the answer of a batch request already in flight
+//! ([`crate::group_commit::GroupCommit::pipelined`]). No timer, so a lone call is never delayed
+//! and the batch size follows the load. A batch of one item goes to the single endpoint as the
 //! single request it stands for ([`send_single`]): a batch request carrying one item costs more
 //! than the request it wraps (docs/benchmarks.md).
 
@@ -472,11 +472,11 @@ impl Batches {
     pub fn new(max: usize) -> Arc<Self> {
         let max = max.clamp(1, MAX_ITEMS);
         Arc::new(Self {
-            acquire: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
-            release: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
-            claim: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
-            post: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
-            submit: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
+            acquire: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
+            release: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
+            claim: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
+            post: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
+            submit: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
         })
     }
 }

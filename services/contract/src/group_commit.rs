@@ -6,6 +6,12 @@
 //! in arrival order, none of which shares a key with an item already taken (the others wait one
 //! round). The runner answers every item of its batch, in order; no answer leaves before the
 //! runner returns, so no answer leaves before its batch's transaction committed (or failed).
+//!
+//! A client's queue is [`GroupCommit::pipelined`]: a batch forms only while the tasks that are
+//! ready to run have their turn, then leaves, and the next request starts the next batch at once
+//! instead of waiting for the answer of the one in flight. Behind a slow answer (a rail taking
+//! seconds) nothing queues, and the batch size still follows the load: the workers one answer
+//! wakes reach their next step together.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -31,6 +37,8 @@ pub struct GroupCommit<C, I, O> {
     /// The keys an item holds in its batch: two items sharing one never go in the same batch.
     keys: fn(&I) -> Vec<String>,
     observer: Arc<dyn Observer>,
+    /// Batches leave without waiting for the answer of the one before ([`Self::pipelined`]).
+    pipelined: bool,
 }
 
 impl<C, I, O> Clone for GroupCommit<C, I, O> {
@@ -41,6 +49,7 @@ impl<C, I, O> Clone for GroupCommit<C, I, O> {
             run: self.run,
             keys: self.keys,
             observer: self.observer.clone(),
+            pipelined: self.pipelined,
         }
     }
 }
@@ -71,6 +80,21 @@ where
             run,
             keys,
             observer,
+            pipelined: false,
+        }
+    }
+
+    /// A client's queue: batches form while the ready tasks have their turn and never wait for
+    /// the answer of a batch in flight (see the module's documentation).
+    pub fn pipelined(
+        max: usize,
+        keys: fn(&I) -> Vec<String>,
+        run: Runner<C, I, O>,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        Self {
+            pipelined: true,
+            ..Self::new(max, keys, run, observer)
         }
     }
 
@@ -94,14 +118,25 @@ where
 
     /// Runs batches until the queue is empty.
     async fn drive(self, context: C) {
+        if self.pipelined {
+            // The batch forms while every task that is ready now has its turn: the others an
+            // answer woke reach this step and queue.
+            tokio::task::yield_now().await;
+        }
         while let Some((items, answers)) = self.take() {
             self.observer.batch(items.len());
             // Its own task: a panic in a batch answers its items `None` and the queue goes on.
             let batch = tokio::spawn((self.run)(context.clone(), items));
-            if let Ok(outs) = batch.await {
-                for (answer, out) in answers.into_iter().zip(outs) {
-                    let _ = answer.send(out);
+            let answered = async move {
+                if let Ok(outs) = batch.await {
+                    for (answer, out) in answers.into_iter().zip(outs) {
+                        let _ = answer.send(out);
+                    }
                 }
+            };
+            match self.pipelined {
+                true => drop(tokio::spawn(answered)),
+                false => answered.await,
             }
         }
     }
@@ -180,6 +215,12 @@ mod tests {
         Box::pin(async move { items.into_iter().map(|(_, _, n)| n).collect() })
     }
 
+    /// Answers each item with its batch's size.
+    fn echo_sizes(_: (), items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        let n = u32::try_from(items.len()).unwrap_or(u32::MAX);
+        Box::pin(async move { items.iter().map(|_| n).collect() })
+    }
+
     fn keys(item: &Item) -> Vec<String> {
         vec![format!("payout:{}", item.0), format!("account:{}", item.1)]
     }
@@ -227,6 +268,66 @@ mod tests {
         // Empty: the queue is idle again, so the next request starts a batch at once.
         assert!(q.take().is_none());
         assert!(!q.queue.lock().unwrap_or_else(|e| e.into_inner()).running);
+    }
+
+    /// Answers after `n` ms: a batch's answer that takes its time.
+    fn slow(_: (), items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        Box::pin(async move {
+            let n = items.first().map_or(0, |(_, _, n)| *n);
+            tokio::time::sleep(std::time::Duration::from_millis(u64::from(n))).await;
+            items.into_iter().map(|(_, _, n)| n).collect()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_pipelined_queue_never_holds_a_request_behind_a_batch_in_flight() {
+        for (pipelined, fast_first) in [(true, true), (false, false)] {
+            let q: Test = match pipelined {
+                true => GroupCommit::pipelined(8, keys, slow, Arc::new(Quiet)),
+                false => GroupCommit::new(8, keys, slow, Arc::new(Quiet)),
+            };
+            let slow_one = tokio::spawn({
+                let q = q.clone();
+                async move { q.submit((), ("p1", "a", 500)).await }
+            });
+            // The slow batch has left: its request is in flight.
+            while q
+                .queue
+                .lock()
+                .map(|q| !q.waiting.is_empty())
+                .unwrap_or(false)
+            {
+                tokio::task::yield_now().await;
+            }
+            tokio::task::yield_now().await;
+            let fast_one = q.submit((), ("p2", "b", 1));
+            let first = tokio::select! {
+                biased;
+                answer = fast_one => answer,
+                answer = slow_one => answer.ok().flatten(),
+            };
+            // Pipelined, the fast request is answered first; serial (the positive control for
+            // what this test can see), it waits for the slow batch's answer.
+            assert_eq!(first == Some(1), fast_first, "pipelined: {pipelined}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pipelined_queue_batches_the_requests_that_are_ready_together() {
+        let q: Test = GroupCommit::pipelined(8, keys, echo_sizes, Arc::new(Quiet));
+        let calls: Vec<_> = ["p0", "p1", "p2", "p3", "p4"]
+            .into_iter()
+            .zip(0u32..)
+            .map(|(payout, n)| {
+                let q = q.clone();
+                tokio::spawn(async move { q.submit((), (payout, payout, n)).await })
+            })
+            .collect();
+        let mut sizes = Vec::new();
+        for call in calls {
+            sizes.push(call.await.ok().flatten());
+        }
+        assert_eq!(sizes, vec![Some(5); 5], "one batch of five");
     }
 
     #[tokio::test]

@@ -30,9 +30,9 @@ pub const PAYOUTS_PER_BATCH_MAX: usize = 100_000;
 pub const WORKERS_DEFAULT: u32 = 4;
 pub const WORKERS_MAX: u32 = 256;
 /// The most calls of one step the executor sends in one batch request
-/// (docs/contract.md#batches): the default, one request per payout per step, and the most, a
-/// batch request's own limit ([`crate::batch::MAX_ITEMS`]).
-pub const BATCH_MAX_DEFAULT: u32 = 1;
+/// (docs/contract.md#batches): the default (1 turns batching off: one request per payout per
+/// step), and the most, a batch request's own limit ([`crate::batch::MAX_ITEMS`]).
+pub const BATCH_MAX_DEFAULT: u32 = 32;
 pub const BATCH_MAX_MAX: u32 = crate::batch::MAX_ITEMS as u32;
 /// The longest item key.
 pub const KEY_LEN_MAX: usize = 128;
@@ -117,8 +117,8 @@ pub struct BatchSpec {
     #[serde(default = "default_workers")]
     pub workers: u32,
     /// The executor sends each step's concurrent calls as batch requests of up to this many
-    /// items (docs/contract.md#batches); 1 sends one request per payout per step. `dlock run
-    /// --batch-max` overrides it.
+    /// items (docs/contract.md#batches), 32 ([`BATCH_MAX_DEFAULT`]) when absent; 1 sends one
+    /// request per payout per step. `dlock run --batch-max` overrides it.
     #[serde(default = "default_batch_max")]
     pub batch_max: u32,
     pub payouts: Vec<PayoutItem>,
@@ -460,9 +460,9 @@ mod tests {
         assert_eq!(batch(Vec::new()).validate()[0].field, "spec.payouts");
     }
 
-    /// `spec.batchMax` is 1 to a batch request's limit, 1 when absent, and named when outside.
+    /// `spec.batchMax` is 1 to a batch request's limit, 32 when absent, and named when outside.
     #[test]
-    fn batch_max_is_one_to_a_batch_requests_limit_and_one_when_absent() {
+    fn batch_max_is_one_to_a_batch_requests_limit_and_32_when_absent() {
         assert_eq!(BATCH_MAX_MAX as usize, crate::batch::MAX_ITEMS);
         let read = |spec: &str| -> PayoutBatch {
             let text = format!(
@@ -474,7 +474,7 @@ mod tests {
         };
         let absent = read("");
         assert_eq!(absent.spec.batch_max, BATCH_MAX_DEFAULT);
-        assert_eq!(absent.spec.batch_max, 1);
+        assert_eq!(absent.spec.batch_max, 32);
         assert_eq!(absent.validate(), []);
         assert_eq!(read(r#""batchMax": 8, "#).spec.batch_max, 8);
         for fits in [1, BATCH_MAX_MAX] {

@@ -20,7 +20,7 @@ fn the_payout_batch_manifest_is_the_dlock_run_format() {
             "apiVersion": "dlock.io/v1alpha1",
             "kind": "PayoutBatch",
             "metadata": {"name": "payroll-2026-12", "namespace": "default"},
-            "spec": {"workers": 8, "batchMax": 1, "payouts": [
+            "spec": {"workers": 8, "batchMax": 32, "payouts": [
                 {"key": "emp-0001", "accountId": "acct-17", "amountMinor": 125000, "currency": "EUR", "beneficiaryRef": "ben-emp-0001"},
                 {"key": "emp-0002", "accountId": "acct-18", "amountMinor": 98000, "currency": "EUR", "beneficiaryRef": "ben-emp-0002"},
             ]},

@@ -39,7 +39,8 @@ pub struct RunOptions {
     /// once and time only the payout cycles (the bench).
     pub register: bool,
     /// Up to this many concurrent calls of one step travel as one batch request
-    /// (docs/contract.md#batches); 1 sends each to its single endpoint.
+    /// (docs/contract.md#batches); 1 sends each to its single endpoint. Default:
+    /// [`dlock_contract::payout_batch::BATCH_MAX_DEFAULT`].
     pub batch_max: usize,
 }
 
@@ -58,7 +59,7 @@ impl Default for RunOptions {
             credential: None,
             registrar: None,
             register: true,
-            batch_max: 1,
+            batch_max: dlock_contract::payout_batch::BATCH_MAX_DEFAULT as usize,
         }
     }
 }
