@@ -472,11 +472,11 @@ impl Batches {
     pub fn new(max: usize) -> Arc<Self> {
         let max = max.clamp(1, MAX_ITEMS);
         Arc::new(Self {
-            acquire: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
-            release: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
-            claim: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
-            post: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
-            submit: GroupCommit::pipelined(max, no_keys, run, Arc::new(Unobserved)),
+            acquire: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
+            release: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
+            claim: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
+            post: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
+            submit: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
         })
     }
 }

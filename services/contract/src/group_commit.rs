@@ -84,17 +84,12 @@ where
         }
     }
 
-    /// A client's queue: batches form while the ready tasks have their turn and never wait for
-    /// the answer of a batch in flight (see the module's documentation).
-    pub fn pipelined(
-        max: usize,
-        keys: fn(&I) -> Vec<String>,
-        run: Runner<C, I, O>,
-        observer: Arc<dyn Observer>,
-    ) -> Self {
+    /// As a client's queue: batches form while the ready tasks have their turn and never wait
+    /// for the answer of a batch in flight (see the module's documentation).
+    pub fn pipelined(self) -> Self {
         Self {
             pipelined: true,
-            ..Self::new(max, keys, run, observer)
+            ..self
         }
     }
 
@@ -283,7 +278,7 @@ mod tests {
     async fn a_pipelined_queue_never_holds_a_request_behind_a_batch_in_flight() {
         for (pipelined, fast_first) in [(true, true), (false, false)] {
             let q: Test = match pipelined {
-                true => GroupCommit::pipelined(8, keys, slow, Arc::new(Quiet)),
+                true => GroupCommit::new(8, keys, slow, Arc::new(Quiet)).pipelined(),
                 false => GroupCommit::new(8, keys, slow, Arc::new(Quiet)),
             };
             let slow_one = tokio::spawn({
@@ -314,7 +309,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_pipelined_queue_batches_the_requests_that_are_ready_together() {
-        let q: Test = GroupCommit::pipelined(8, keys, echo_sizes, Arc::new(Quiet));
+        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet)).pipelined();
         let calls: Vec<_> = ["p0", "p1", "p2", "p3", "p4"]
             .into_iter()
             .zip(0u32..)
