@@ -729,15 +729,25 @@ async fn profile(
         .unwrap_or_else(|e| panic!("{e}"));
     let (endpoints, state) = stack(pg, dir, lock, 32).await;
     let bench = Bench { pg, etcd, stats };
+    // `--workers N` and `--accounts N` choose the row (128 workers over 1 000 accounts unless
+    // given).
+    let arg = |name: &str, default: usize| {
+        std::env::args()
+            .skip_while(|a| a != name)
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let (workers, accounts) = (arg("--workers", 128), arg("--accounts", 1_000));
     for (i, track) in ["none", "top", "all"].into_iter().enumerate() {
         statements::track(pg, track);
         let before = batches(&state);
         let run = bench
-            .run(&endpoints, &format!("prof{i}"), 1_000, payouts, 128, 32)
+            .run(&endpoints, &format!("prof{i}"), accounts, payouts, workers, 32)
             .await;
         let after = batches(&state);
         let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
-        batch_row(&format!("track {track}"), 1_000, 128, &run, mean, 0.0);
+        batch_row(&format!("track {track}"), accounts, workers, &run, mean, 0.0);
         if track != "none" {
             println!("{}", statements::top(&bench.stats, payouts).await);
         }
