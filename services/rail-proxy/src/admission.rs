@@ -5,10 +5,11 @@
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
-use dlock_contract::rail::SubmissionRequest;
+use dlock_contract::rail::{SubmissionRequest, SubmissionResponse};
+use dlock_server::openapi::{InvalidToken, RailUnavailable, Unauthorized};
 use serde_json::json;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -106,6 +107,20 @@ fn admit_batch(
     })
 }
 
+/// Submits one payout to the rail, once, never retried. The identical request retried (same
+/// X-Idempotency-Key, X-Fencing-Token and body) gets the first attempt's answer, status and
+/// body, and is never forwarded again.
+#[utoipa::path(post, path = "/v1/rail/submissions", request_body = SubmissionRequest,
+    params(("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`) on payout:{accountId}; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
+           ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = SubmissionResponse), InvalidToken, Unauthorized, RailUnavailable,
+        (status = 404, description = "NOT_FOUND: payout", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT, DUPLICATE_SUBMISSION, PAYOUT_NOT_CLAIMABLE or RAIL_AMBIGUOUS", body = ErrorBody),
+        (status = 422, description = "VALIDATION_FAILED: the rail declined; IDEMPOTENCY_CONFLICT: this key and token were already used with another body", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: the identical request's first attempt is still in flight (retry-safe after retryAfterMillis, nothing forwarded again)", body = ErrorBody),
+    ))]
 pub(crate) async fn submit(
     State(state): State<AppState>,
     headers: HeaderMap,

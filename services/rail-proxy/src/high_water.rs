@@ -4,16 +4,19 @@
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
+use dlock_contract::rail::{HighWater, HighWaterRequest};
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Invalid, InvalidToken, NotFound, RailUnavailable, Unauthorized};
 use serde_json::json;
 
 use crate::AppState;
+use crate::openapi::HighWaterAdvanced;
 use crate::store::{self, Audit, LowerOutcome};
 
 /// A high-water write paydb failed: RECOVERY_REQUIRED when its epoch guard refused it, else a
@@ -25,6 +28,11 @@ fn refused_write(error: store::StoreError) -> ApiError {
 /// The longest reason paydb keeps for a high-water advance.
 const REASON_LEN_MAX: usize = 4096;
 
+/// Raises an account's high-water mark to a revocation floor (operator; docs/design.md#d-3).
+#[utoipa::path(post, path = "/v1/rail/high-water/{account_id}", request_body = HighWaterRequest,
+    params(("accountId" = String, Path), ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = HighWaterAdvanced), Invalid, Unauthorized, NotFound, RailUnavailable))]
 pub(crate) async fn advance_high_water(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<AdvanceRequest, Caller>,
@@ -122,11 +130,25 @@ fn account_not_found(account_id: &str) -> ApiError {
     ApiError::not_found(format!("account {account_id} does not exist"))
 }
 
-/// docs/design.md#d-8 recovery: lowers a high-water mark poisoned by a forged token to the token of
-/// the operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
-/// nobody else holds the key, above every token issued before), and never under a token the proxy
-/// admitted a proven submission with (`409 FENCED_OUT`). Operator only, needs proof keys,
-/// recorded in `fence_recoveries` with the operator, reason and authenticated identity.
+/// Lowers a high-water mark poisoned by a forged token (docs/design.md#d-8) to the token of the
+/// operator's own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file), never
+/// under the highest token the proxy admitted a proven submission with. Audited in
+/// fence_recoveries.
+#[utoipa::path(post, path = "/v1/rail/high-water/{account_id}/lower", request_body = FenceLowerRequest,
+    params(("accountId" = String, Path),
+           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
+           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
+           ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, RailUnavailable,
+        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: the token is below the highest token the proxy admitted a submission with, its proof verified (details.highestToken); nothing changed", body = ErrorBody),
+    ))]
+// docs/design.md#d-8 recovery: lowers a high-water mark poisoned by a forged token to the token of
+// the operator's own proven grant on `payout:{accountId}` (which the lock server issues only while
+// nobody else holds the key, above every token issued before), and never under a token the proxy
+// admitted a proven submission with (`409 FENCED_OUT`). Operator only, needs proof keys,
+// recorded in `fence_recoveries` with the operator, reason and authenticated identity.
 pub(crate) async fn lower_high_water(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,
@@ -210,6 +232,9 @@ fn below_seen(account_id: &str, token: i64, seen: i64, owner_id: &str) -> ApiErr
     )
 }
 
+/// An account's high-water mark.
+#[utoipa::path(get, path = "/v1/rail/high-water/{account_id}", params(("accountId" = String, Path)),
+    responses((status = 200, body = HighWater), Invalid, NotFound, RailUnavailable))]
 pub(crate) async fn high_water(
     State(state): State<AppState>,
     Path(account_id): Path<String>,

@@ -24,18 +24,18 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::json_response;
+use dlock_server::openapi::RailUnavailable;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-use admission::submit;
 pub use config::RailProxyConfig;
 pub use dlock_contract::rail::{SubmissionRequest, SubmissionResponse};
-use high_water::{advance_high_water, high_water, lower_high_water};
 use metrics::{Metrics, SubmissionOutcome};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
@@ -93,24 +93,29 @@ pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
         .await?)
 }
 
+/// Every route of the rail proxy but the batch's (`dlock_server::batch`), each with its operation
+/// (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
+/// ([`openapi::document`]) is made of their operations.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(admission::submit))
+        .routes(routes!(
+            high_water::high_water,
+            high_water::advance_high_water
+        ))
+        .routes(routes!(high_water::lower_high_water))
+        .routes(routes!(dlock_server::http::healthz))
+        .routes(routes!(readyz))
+}
+
 pub fn app(state: AppState) -> Router {
-    let routes = Router::new()
-        .route("/v1/rail/submissions", post(submit))
-        .route(
-            "/v1/rail/high-water/{account_id}",
-            get(high_water).post(advance_high_water),
-        )
-        .route(
-            "/v1/rail/high-water/{account_id}/lower",
-            post(lower_high_water),
-        );
+    let (routes, document) = routes().split_for_parts();
     let config = state.config.clone();
     config.served.app(
         routes,
         state,
         &[dlock_server::batch::route::<dlock_contract::batch::SubmitItem>],
-        openapi::document,
-        readyz,
+        dlock_server::openapi::published(document),
         metrics_text,
     )
 }
@@ -245,6 +250,8 @@ pub async fn expire_unresolved(state: &AppState) -> usize {
     }
 }
 
+/// paydb takes writes.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), RailUnavailable))]
 async fn readyz(State(state): State<AppState>) -> Response {
     match dlock_server::pg::standby(&state.pool, "paydb").await {
         Ok(None) => json_response(StatusCode::OK, &json!({"status": "ready"})),

@@ -7,7 +7,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode};
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_server::auth::{AuthMode, Caller};
@@ -48,8 +48,17 @@ fn draw(config: &RailStubConfig) -> Fate {
     }
 }
 
-/// A real rail keeps processing a transfer whose caller hung up, so the work runs in its own
-/// task: a proxy that dies mid-flight cannot cancel it. Only a submitter identity gets that far.
+/// One transfer; every accepted call is a fresh transfer.
+#[utoipa::path(post, path = "/submit", request_body = SubmitRequest, responses(
+    (status = 200, description = "accepted: railReference, acceptedAt", body = serde_json::Value),
+    (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+    (status = 401, description = "UNAUTHENTICATED: no credential, or one that authenticates nobody", body = ErrorBody),
+    (status = 403, description = "FORBIDDEN: the identity is not in rail.stub.submitter-identities", body = ErrorBody),
+    (status = 402, description = "declined (the rail's own body, not the envelope)", body = serde_json::Value),
+    (status = 502, description = "the rail failed (the rail's own body, not the envelope)", body = serde_json::Value),
+))]
+// A real rail keeps processing a transfer whose caller hung up, so the work runs in its own
+// task: a proxy that dies mid-flight cannot cancel it. Only a submitter identity gets that far.
 pub(crate) async fn submit(
     State(state): State<StubState>,
     caller: Caller,
@@ -200,6 +209,18 @@ async fn accept(
     ))
 }
 
+/// Ready.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value)))]
+pub(crate) async fn readyz() -> Json<serde_json::Value> {
+    dlock_server::http::healthz().await
+}
+
+/// The durable statement, optionally for one clientRef. Readable without a credential: it
+/// shows transfers, it cannot make one (docs/threat-model.md).
+#[utoipa::path(get, path = "/statement", params(("clientRef" = Option<String>, Query)), responses(
+    (status = 200, body = Statement),
+    (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
+))]
 pub(crate) async fn statement(
     State(state): State<StubState>,
     RawQuery(query): RawQuery,

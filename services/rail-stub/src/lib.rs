@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::routing::{get, post};
 use dlock_server::config::{ConfigError, RawConfig};
 use dlock_server::http::HttpLimits;
-use handlers::{statement, submit};
 use ledger::Ledger;
 use serde::Deserialize;
 use tokio::sync::Mutex;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 mod handlers;
 mod ledger;
@@ -139,17 +139,31 @@ impl StubState {
     }
 }
 
+/// Every route of the rail stub, each with its operation (`#[utoipa::path]` on its handler):
+/// [`app`] serves them, and the document ([`openapi::document`]) is made of their operations.
+fn routes() -> OpenApiRouter<StubState> {
+    OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(handlers::submit))
+        .routes(routes!(handlers::statement))
+        .routes(routes!(dlock_server::http::healthz))
+        .routes(routes!(handlers::readyz))
+}
+
 pub fn app(state: StubState) -> Router {
-    let routes = Router::new()
-        .route("/submit", post(submit))
-        .route("/statement", get(statement))
-        .route("/readyz", get(dlock_server::http::healthz));
+    let (routes, document) = routes().split_for_parts();
     let limits = HttpLimits {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
     };
     let auth = &state.config.auth;
-    dlock_server::http::service(routes, state.clone(), &[], openapi::document, auth, limits)
+    dlock_server::http::service(
+        routes,
+        state.clone(),
+        &[],
+        dlock_server::openapi::published(document),
+        auth,
+        limits,
+    )
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
@@ -175,55 +189,21 @@ pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {
 }
 
 /// The rail stub's OpenAPI document (docs/contract.md#s3-6), served at `GET /v1/openapi.json`. Each
-/// operation documents the handler of the same name above.
+/// route's operation is declared once, on its handler (`#[utoipa::path]`), and collected from the
+/// router ([`routes`]).
 pub mod openapi {
-    #![allow(dead_code)]
-
-    use dlock_contract::error::ErrorBody;
-    use dlock_contract::rail::Statement;
     use utoipa::OpenApi;
 
-    use super::SubmitRequest;
-
     #[derive(OpenApi)]
-    #[openapi(
-        info(
-            title = "dlock rail stub",
-            description = "A hostile stand-in for the payment rail: slow, lossy, non-idempotent."
-        ),
-        paths(submit, statement, healthz, readyz)
-    )]
+    #[openapi(info(
+        title = "dlock rail stub",
+        description = "A hostile stand-in for the payment rail: slow, lossy, non-idempotent."
+    ))]
     pub struct ApiDoc;
 
-    /// The rail stub's document.
+    /// The rail stub's document: this one's, then the operation of each of its routes
+    /// ([`super::routes`]).
     pub fn document() -> utoipa::openapi::OpenApi {
-        ApiDoc::openapi()
+        dlock_server::openapi::published(super::routes().into_openapi())
     }
-
-    /// One transfer; every accepted call is a fresh transfer.
-    #[utoipa::path(post, path = "/submit", request_body = SubmitRequest, responses(
-        (status = 200, description = "accepted: railReference, acceptedAt", body = serde_json::Value),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-        (status = 401, description = "UNAUTHENTICATED: no credential, or one that authenticates nobody", body = ErrorBody),
-        (status = 403, description = "FORBIDDEN: the identity is not in rail.stub.submitter-identities", body = ErrorBody),
-        (status = 402, description = "declined (the rail's own body, not the envelope)", body = serde_json::Value),
-        (status = 502, description = "the rail failed (the rail's own body, not the envelope)", body = serde_json::Value),
-    ))]
-    fn submit() {}
-
-    /// The durable statement, optionally for one clientRef. Readable without a credential: it
-    /// shows transfers, it cannot make one (docs/threat-model.md).
-    #[utoipa::path(get, path = "/statement", params(("clientRef" = Option<String>, Query)), responses(
-        (status = 200, body = Statement),
-        (status = 400, description = "VALIDATION_FAILED", body = ErrorBody),
-    ))]
-    fn statement() {}
-
-    /// Process up.
-    #[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
-    fn healthz() {}
-
-    /// Ready.
-    #[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value)))]
-    fn readyz() {}
 }

@@ -90,28 +90,23 @@ impl Served {
         })
     }
 
-    /// A service's router: its `routes`, then `GET /readyz` and `GET /metrics` answered by
-    /// `readyz` and `metrics`, then the tail of [`service`] with this listener's
-    /// credential check and limits.
-    pub fn app<S, R, RT, M, MT>(
+    /// A service's router: its `routes` (each with its operation in `document`, `GET /readyz`
+    /// among them), then `GET /metrics` answered by `metrics`, then the tail of [`service`] with
+    /// this listener's credential check and limits.
+    pub fn app<S, M, MT>(
         &self,
         routes: axum::Router<S>,
         state: S,
         batches: &[crate::batch::Route],
-        document: fn() -> utoipa::openapi::OpenApi,
-        readyz: R,
+        document: utoipa::openapi::OpenApi,
         metrics: M,
     ) -> axum::Router
     where
         S: Clone + Send + Sync + 'static,
-        R: axum::handler::Handler<RT, S>,
         M: axum::handler::Handler<MT, S>,
-        RT: 'static,
         MT: 'static,
     {
-        let routes = routes
-            .route("/readyz", axum::routing::get(readyz))
-            .route("/metrics", axum::routing::get(metrics));
+        let routes = routes.route("/metrics", axum::routing::get(metrics));
         service(routes, state, batches, document, &self.auth, self.http)
     }
 
@@ -234,22 +229,25 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// The tail every service's router shares: `GET /healthz`, the service's OpenAPI `document` at
+/// The tail every service's router shares: the service's OpenAPI `document` at
 /// `GET /v1/openapi.json`, the state, the credential check in front of every route, then
-/// [`finish`].
+/// [`finish`]. `GET /healthz` ([`healthz`]) is among a service's own `routes`, with its operation.
 pub fn service<S: Clone + Send + Sync + 'static>(
     routes: Router<S>,
     state: S,
     batches: &[crate::batch::Route],
-    document: fn() -> utoipa::openapi::OpenApi,
+    document: utoipa::openapi::OpenApi,
     auth: &Authenticator,
     limits: HttpLimits,
 ) -> Router {
+    let document = std::sync::Arc::new(document);
     let routes = routes
-        .route("/healthz", get(healthz))
         .route(
             dlock_contract::openapi::PATH,
-            get(move || async move { dlock_contract::openapi::response(&document()) }),
+            get(move || {
+                let document = document.clone();
+                async move { dlock_contract::openapi::response(&document) }
+            }),
         )
         .with_state(state);
     let singles = singles(routes.clone(), limits);
@@ -273,7 +271,8 @@ fn singles(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// `GET /healthz`: the process is up.
+/// Process up.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = serde_json::Value)))]
 pub async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }

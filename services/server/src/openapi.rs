@@ -169,3 +169,81 @@ impl Modify for BatchEndpoints {
         }
     }
 }
+
+/// The document a service publishes, from the operations of the routes it serves
+/// (`utoipa_axum::OpenApiRouter`), in the form of the documents under `docs/openapi/`:
+///
+/// - each route's path as the contract names it. A route names its path parameters in snake
+///   case, as the router matches them and as the request spans name the route
+///   (`POST /v1/payouts/{payout_id}/claim`); the contract names them in camel case
+///   (`/v1/payouts/{payoutId}/claim`, docs/contract.md), like the operation's own `params`;
+/// - every operation lists its tags, none (`"tags": []`), as an operation listed in an
+///   `#[openapi(paths(...))]` does; a route's operation leaves the list out.
+pub fn published(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let paths = std::mem::take(&mut document.paths.paths);
+    document.paths.paths = paths
+        .into_iter()
+        .map(|(path, mut item)| {
+            for operation in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.options,
+                &mut item.head,
+                &mut item.patch,
+                &mut item.trace,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                operation.tags.get_or_insert_with(Vec::new);
+            }
+            (contract_path(&path), item)
+        })
+        .collect();
+    document
+}
+
+/// `path` with each `{snake_case}` parameter in camel case.
+fn contract_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let (mut in_param, mut upper) = (false, false);
+    for c in path.chars() {
+        match c {
+            '{' => in_param = true,
+            '}' => in_param = false,
+            '_' if in_param => {
+                upper = true;
+                continue;
+            }
+            _ if upper => {
+                out.extend(c.to_uppercase());
+                upper = false;
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contract_path;
+
+    #[test]
+    fn a_route_parameter_is_named_in_camel_case_and_nothing_else_changes() {
+        assert_eq!(
+            contract_path("/v1/payouts/{payout_id}/claim"),
+            "/v1/payouts/{payoutId}/claim"
+        );
+        assert_eq!(
+            contract_path("/v1/rail/high-water/{account_id}/lower"),
+            "/v1/rail/high-water/{accountId}/lower"
+        );
+        assert_eq!(contract_path("/v1/locks/{key}"), "/v1/locks/{key}");
+        assert_eq!(contract_path("/v1/rail_x/{a_b_c}"), "/v1/rail_x/{aBC}");
+    }
+}

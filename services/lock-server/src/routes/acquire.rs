@@ -3,19 +3,29 @@
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Invalid, NotLeader, Unauthorized};
 use uuid::Uuid;
 
 use super::AppState;
 use super::checks::{Checks, lock_ttl, path_key, present};
 use super::errors::{contended, store_error};
 use crate::metrics::AcquireOutcome;
+use crate::openapi::SessionGone;
 use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicket};
 
+/// L4: acquire a lock, optionally waiting in the key's FIFO queue.
+#[utoipa::path(post, path = "/v1/locks/{key}/acquire", request_body = AcquireRequest,
+    params(("key" = String, Path, description = "1–128 of [a-zA-Z0-9:._-]"), ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = LockGrant), Invalid, Unauthorized, SessionGone, NotLeader,
+        (status = 409, description = "LOCK_CONTENDED", body = ErrorBody),
+        (status = 429, description = "CONTENTION_EXCEEDED: the key's waiter queue is full, or this session already has its share of it (lock.waiters.max-per-session)", body = ErrorBody),
+    ))]
 pub(super) async fn acquire(
     State(state): State<AppState>,
     PathWrite((), key, headers, body): PathWrite<AcquireRequest>,

@@ -4,19 +4,32 @@ use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::{Json, parse_body};
 use dlock_contract::lock::*;
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Invalid, InvalidToken, NotLeader, Unauthorized};
 use serde::Deserialize;
 
 use super::AppState;
 use super::checks::{Checks, lock_ttl, path_key, path_session, present, strict_query};
 use super::errors::store_error;
+use crate::openapi::SessionGone;
 use crate::store::{Claim, Renewal, StoreError};
 
+/// L5: renew a grant; the token never changes.
+///
+/// Only the session that holds the grant, under the grant's owner, may renew it: the answer
+/// carries the grant's proof.
+#[utoipa::path(post, path = "/v1/locks/{key}/renew", request_body = RenewRequest,
+    params(("key" = String, Path), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = LockGrant), InvalidToken, Unauthorized, SessionGone, NotLeader,
+        (status = 403, description = "FORBIDDEN: X-Owner-Id does not belong to the authenticated identity (an operator too renews only under an owner of its own)", body = ErrorBody),
+        (status = 409, description = "LOCK_LOST: the grant ended, was taken over, or is not held by the caller's owner and session", body = ErrorBody),
+    ))]
 pub(super) async fn renew(
     State(state): State<AppState>,
     PathWrite(caller, key, headers, body): PathWrite<RenewRequest, Caller>,
@@ -84,6 +97,13 @@ pub(super) struct ReleaseQuery {
     session_id: Option<String>,
 }
 
+/// L6: release a grant (compare-and-delete on key and token).
+#[utoipa::path(delete, path = "/v1/locks/{key}", request_body(content = Option<ReleaseRequest>, description = "or sessionId in the query"),
+    params(("key" = String, Path), ("sessionId" = Option<String>, Query), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
+    security(("bearerAuth" = [])),
+    responses((status = 204, description = "released"), InvalidToken, Unauthorized, NotLeader,
+        (status = 409, description = "LOCK_LOST", body = ErrorBody),
+    ))]
 pub(super) async fn release(
     State(state): State<AppState>,
     Path(key): Path<String>,
@@ -131,6 +151,12 @@ pub(super) async fn release(
         }
     }
 }
+/// L7: who holds a key (advisory only).
+#[utoipa::path(get, path = "/v1/locks/{key}",
+    params(("key" = String, Path)),
+    responses((status = 200, body = LockInfo), Invalid, NotLeader,
+        (status = 404, description = "NOT_FOUND: never locked, or not granted for lock.keys-seen.retention", body = ErrorBody),
+    ))]
 pub(super) async fn lock_info(
     State(state): State<AppState>,
     Path(key): Path<String>,
@@ -158,6 +184,10 @@ pub(super) struct HeldQuery {
 /// The most held locks one list returns.
 pub const HELD_LIMIT_MAX: i64 = 1_000;
 
+/// Every held lock (advisory).
+#[utoipa::path(get, path = "/v1/locks",
+    params(("limit" = Option<i64>, Query, description = "1 to 1000, default 500")),
+    responses((status = 200, body = HeldLocks), Invalid, NotLeader))]
 pub(super) async fn held_locks(
     State(state): State<AppState>,
     query: Result<Query<HeldQuery>, QueryRejection>,

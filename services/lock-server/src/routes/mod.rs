@@ -14,20 +14,18 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
 use dlock_contract::error::ErrorCode;
 use dlock_contract::lock::LockGrant;
+use dlock_server::openapi::NotLeader;
 use serde_json::json;
 use tokio::sync::Notify;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::LockServerConfig;
 use crate::metrics::{Backend, Metrics};
-use crate::openapi::document;
 use crate::store::Store;
-use acquire::acquire;
-use locks::{held_locks, lock_info, release, renew};
-use revoke::revoke;
-use sessions::{create_session, end_session, heartbeat};
 
 pub use locks::HELD_LIMIT_MAX;
 
@@ -80,19 +78,25 @@ impl AppState {
     }
 }
 
+/// Every route of the lock server but the batches' (`dlock_server::batch`), each with its
+/// operation (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
+/// ([`crate::openapi::document`]) is made of their operations.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(sessions::create_session))
+        .routes(routes!(sessions::heartbeat))
+        .routes(routes!(sessions::end_session))
+        .routes(routes!(locks::held_locks))
+        .routes(routes!(acquire::acquire))
+        .routes(routes!(locks::renew))
+        .routes(routes!(revoke::revoke))
+        .routes(routes!(locks::lock_info, locks::release))
+        .routes(routes!(dlock_server::http::healthz))
+        .routes(routes!(readyz))
+}
+
 pub fn app(state: AppState) -> Router {
-    let routes = Router::new()
-        .route("/v1/sessions", post(create_session))
-        .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
-        .route(
-            "/v1/sessions/{session_id}",
-            axum::routing::delete(end_session),
-        )
-        .route("/v1/locks", get(held_locks))
-        .route("/v1/locks/{key}/acquire", post(acquire))
-        .route("/v1/locks/{key}/renew", post(renew))
-        .route("/v1/locks/{key}/revoke", post(revoke))
-        .route("/v1/locks/{key}", get(lock_info).delete(release));
+    let (routes, document) = routes().split_for_parts();
     let config = state.config.clone();
     config.served.app(
         routes,
@@ -101,12 +105,13 @@ pub fn app(state: AppState) -> Router {
             dlock_server::batch::route::<dlock_contract::batch::AcquireItem>,
             dlock_server::batch::route::<dlock_contract::batch::ReleaseItem>,
         ],
-        document,
-        readyz,
+        dlock_server::openapi::published(document),
         metrics,
     )
 }
 
+/// The backend takes writes.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), NotLeader))]
 async fn readyz(State(state): State<AppState>) -> Response {
     let ready = json!({ "status": "ready", "backend": state.store.backend_name() });
     let check = state.store.ready().await;

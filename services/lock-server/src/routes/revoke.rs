@@ -1,19 +1,28 @@
 //! L8 revoke: an operator ends a grant and raises the token floor.
 
 use axum::extract::State;
-use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, FieldError};
 use dlock_contract::headers;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
 use dlock_contract::payment::OPERATOR_LEN_MAX;
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Invalid, NotLeader, Unauthorized};
 
 use super::AppState;
 use super::checks::{Checks, path_key};
 use super::errors::store_error;
 use crate::store::RevokeOrder;
 
+/// L8: force-revoke a held lock (operator).
+#[utoipa::path(post, path = "/v1/locks/{key}/revoke", request_body = RevokeRequest,
+    params(("key" = String, Path), ("X-Owner-Id" = String, Header)),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = Revocation), Invalid, Unauthorized, NotLeader,
+        (status = 404, description = "NOT_FOUND: not held", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: expectedToken stale", body = ErrorBody),
+    ))]
 pub(super) async fn revoke(
     State(state): State<AppState>,
     PathWrite(caller, key, headers, body): PathWrite<RevokeRequest, Caller>,

@@ -3,18 +3,27 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_contract::lock::*;
 use dlock_server::auth::Caller;
+use dlock_server::openapi::{Invalid, NotLeader, Unauthorized};
 
 use super::AppState;
 use super::checks::{Checks, path_session, present, session_ttl};
 use super::errors::store_error;
 use crate::config::LockServerConfig;
+use crate::openapi::SessionGone;
 
+/// L1: open a session.
+#[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest,
+    params(("X-Owner-Id" = Option<String>, Header, description = "owner id, ≤64 chars (or ownerId in the body)")),
+    security(("bearerAuth" = [])),
+    responses((status = 201, body = Session), Invalid, Unauthorized, NotLeader,
+        (status = 403, description = "FORBIDDEN: X-Owner-Id or the body's ownerId does not belong to the authenticated identity", body = ErrorBody),
+    ))]
 pub(super) async fn create_session(
     State(state): State<AppState>,
     caller: Caller,
@@ -89,6 +98,11 @@ fn owner_bound(config: &LockServerConfig, caller: &Caller, owner: &str) -> Resul
     ))
 }
 
+/// L2: heartbeat a session.
+#[utoipa::path(post, path = "/v1/sessions/{session_id}/heartbeat",
+    params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = Heartbeat), Invalid, Unauthorized, SessionGone, NotLeader))]
 pub(super) async fn heartbeat(
     State(state): State<AppState>,
     Path(session_id): Path<String>,
@@ -106,6 +120,11 @@ pub(super) async fn heartbeat(
     Ok(Json(beat))
 }
 
+/// L3: end a session, releasing every lock it holds.
+#[utoipa::path(delete, path = "/v1/sessions/{session_id}",
+    params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
+    security(("bearerAuth" = [])),
+    responses((status = 204, description = "ended"), Invalid, Unauthorized, SessionGone, NotLeader))]
 pub(super) async fn end_session(
     State(state): State<AppState>,
     Path(session_id): Path<String>,

@@ -2,17 +2,19 @@
 //! (a revocation floor, docs/design.md#d-8's recovery of a poisoned fence).
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
+use dlock_contract::json::Json;
 use dlock_contract::payment::{
-    CreateAccountRequest, FUNDING_PREFIX, FenceRequest, FenceResponse, SETTLEMENT_PREFIX,
+    Account, CreateAccountRequest, FUNDING_PREFIX, FenceRequest, FenceResponse, SETTLEMENT_PREFIX,
 };
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
 use serde_json::json;
 use sqlx::PgConnection;
 
@@ -21,7 +23,8 @@ use super::checks::{
     Checks, WriteHeaders, check_account_id, check_currency, check_operator_reason, checked_write,
 };
 use super::errors::{account_not_found, store_error};
-use super::idempotency::{Create, Reply, idempotent};
+use super::idempotency::{Create, Reply, create, idempotent};
+use crate::openapi::WriteParams;
 use crate::store::{
     AdvanceOutcome, Audit, CreateAccountOutcome, FenceMove, LowerOutcome, PayStore,
 };
@@ -66,6 +69,23 @@ impl Create for CreateAccountRequest {
     }
 }
 
+/// Opens an account.
+#[utoipa::path(post, path = "/v1/accounts", request_body = CreateAccountRequest,
+    params(WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 201, body = Account), Invalid, Unauthorized, Idempotent, NotLeader))]
+pub(super) async fn create_account(
+    state: State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Json<CreateAccountRequest>,
+) -> Result<Response, ApiError> {
+    create(state, caller, headers, body).await
+}
+
+/// P5: an account (advisory).
+#[utoipa::path(get, path = "/v1/accounts/{account_id}", params(("accountId" = String, Path)),
+    responses((status = 200, body = Account), Invalid, NotFound, NotLeader))]
 pub(super) async fn get_account(
     State(state): State<AppState>,
     Path(account_id): Path<String>,
@@ -84,6 +104,11 @@ pub(super) async fn get_account(
     }
 }
 
+/// Advances an account's fence to a revocation floor (operator; docs/design.md#d-3).
+#[utoipa::path(post, path = "/v1/accounts/{account_id}/fence", request_body = FenceRequest,
+    params(("accountId" = String, Path), WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FenceResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 pub(super) async fn advance_fence(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<FenceRequest, Caller>,
@@ -148,12 +173,25 @@ async fn fence_effect(
     )
 }
 
-/// docs/design.md#d-8 recovery: lowers a fence poisoned by a forged token to the token of the
-/// operator's own grant on `payout:{accountId}`. Operator only; needs proof keys, because only
-/// a proven grant shows that the lock server let the operator hold the key, i.e. that the
-/// previous holder's lock was revoked or had lapsed, and that the token is above every token
-/// issued before it. Recorded in `fence_recoveries` with the operator, the reason and the
-/// authenticated identity.
+/// Lowers a fence poisoned by a forged token (docs/design.md#d-8) to the token of the operator's
+/// own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in
+/// fence_recoveries.
+#[utoipa::path(post, path = "/v1/accounts/{account_id}/fence/lower", request_body = FenceLowerRequest,
+    params(("accountId" = String, Path),
+           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
+           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
+           WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+        (status = 409, description = "FENCED_OUT: the token is below the highest token the account admitted with a proof (details.highestToken); nothing changed", body = ErrorBody),
+    ))]
+// docs/design.md#d-8 recovery: lowers a fence poisoned by a forged token to the token of the
+// operator's own grant on `payout:{accountId}`. Operator only; needs proof keys, because only
+// a proven grant shows that the lock server let the operator hold the key, i.e. that the
+// previous holder's lock was revoked or had lapsed, and that the token is above every token
+// issued before it. Recorded in `fence_recoveries` with the operator, the reason and the
+// authenticated identity.
 pub(super) async fn lower_fence(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,

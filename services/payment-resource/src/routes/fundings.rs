@@ -6,10 +6,11 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::http::json_response;
 use dlock_contract::payment::{FundingList, FundingsFilter};
 use dlock_server::auth::Caller;
+use dlock_server::openapi::{Invalid, NotLeader};
 use serde::Deserialize;
 
 use super::AppState;
@@ -43,8 +44,18 @@ impl FundingsQuery {
     }
 }
 
-/// `GET /v1/fundings?state=pending|applied|all&limit=N`: treasury only (403 FORBIDDEN for any
-/// other role, before the query is looked at).
+/// Lists the fundings that wait for a second treasury identity, or were approved by one
+/// (treasury; a read, docs/contract.md#list-fundings), newest request first.
+#[utoipa::path(get, path = "/v1/fundings",
+    params(("state" = Option<FundingsFilter>, Query, description = "pending (the default), applied or all"),
+           ("limit" = Option<i64>, Query, description = "1 to 500, default 100")),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FundingList), Invalid, NotLeader,
+        (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
+        (status = 403, description = "FORBIDDEN: not a treasury identity", body = ErrorBody),
+    ))]
+// `GET /v1/fundings?state=pending|applied|all&limit=N`: treasury only (403 FORBIDDEN for any
+// other role, before the query is looked at).
 pub(super) async fn list_fundings(
     State(state): State<AppState>,
     caller: Caller,

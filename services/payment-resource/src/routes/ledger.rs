@@ -4,12 +4,13 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use dlock_contract::error::{ApiError, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, FieldError};
 use dlock_contract::payment::{
-    FundRequest, FundResponse, LedgerEntry, PayoutState, PostRequest, PostResponse,
+    FundRequest, FundResponse, LedgerEntry, PayoutState, PendingFunding, PostRequest, PostResponse,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -19,8 +20,16 @@ use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
 use super::payouts::Fenced;
 use crate::metrics::Resource;
+use crate::openapi::{FencedParams, WriteParams};
 use crate::store::{FundAsOutcome, FundOutcome, PayStore, PostOutcome, Scope};
 
+/// Funds an account.
+#[utoipa::path(post, path = "/v1/accounts/{account_id}/fund", request_body = FundRequest,
+    params(("accountId" = String, Path), WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 202, description = "above auth.treasury.dual-approval-above, with what the same treasury identity funded on the account alone in the last 24 hours: recorded, not applied, until a second treasury identity approves it (docs/contract.md#dual-approval)", body = PendingFunding),
+    ))]
 pub(super) async fn fund(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<FundRequest, Caller>,
@@ -94,6 +103,13 @@ async fn fund_effect(
     )
 }
 
+/// P3: a fenced posting.
+#[utoipa::path(post, path = "/v1/payouts/{payout_id}/post", request_body = PostRequest,
+    params(("payoutId" = String, Path), FencedParams, WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = PostResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+    ))]
 pub(super) async fn post_payout(
     State(state): State<AppState>,
     PathWrite((), payout_id, headers, body): PathWrite<PostRequest>,

@@ -20,20 +20,17 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
 use dlock_contract::error::ErrorCode;
-use dlock_contract::payment::{CreateAccountRequest, CreatePayoutRequest};
+use dlock_server::openapi::NotLeader;
 use serde_json::json;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::config::PaymentConfig;
 use crate::metrics::Metrics;
-use crate::openapi::document;
 use crate::store::PayStore;
-use accounts::{advance_fence, get_account, lower_fence};
-use idempotency::create;
 pub use idempotency::{REPLAY_HEADER, Reply};
-use ledger::{fund, post_payout};
-use payouts::{cancel, claim, get_payout, list_payouts, resolve};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -56,31 +53,31 @@ impl AppState {
     }
 }
 
+/// Every route of the payment resource but the batches' (`dlock_server::batch`), each with its
+/// operation (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
+/// ([`crate::openapi::document`]) is made of their operations.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(accounts::create_account))
+        .routes(routes!(accounts::get_account))
+        .routes(routes!(ledger::fund))
+        .routes(routes!(treasury::set_limits))
+        .routes(routes!(fundings::list_fundings))
+        .routes(routes!(treasury::approve_funding))
+        .routes(routes!(accounts::advance_fence))
+        .routes(routes!(accounts::lower_fence))
+        .routes(routes!(payouts::create_payout, payouts::list_payouts))
+        .routes(routes!(payouts::get_payout))
+        .routes(routes!(payouts::claim))
+        .routes(routes!(ledger::post_payout))
+        .routes(routes!(payouts::resolve))
+        .routes(routes!(payouts::cancel))
+        .routes(routes!(dlock_server::http::healthz))
+        .routes(routes!(readyz))
+}
+
 pub fn app(state: AppState) -> Router {
-    let routes = Router::new()
-        .route("/v1/accounts", post(create::<CreateAccountRequest>))
-        .route("/v1/accounts/{account_id}", get(get_account))
-        .route("/v1/accounts/{account_id}/fund", post(fund))
-        .route(
-            "/v1/accounts/{account_id}/limits",
-            post(treasury::set_limits),
-        )
-        .route("/v1/fundings", get(fundings::list_fundings))
-        .route(
-            "/v1/fundings/{funding_id}/approve",
-            post(treasury::approve_funding),
-        )
-        .route("/v1/accounts/{account_id}/fence", post(advance_fence))
-        .route("/v1/accounts/{account_id}/fence/lower", post(lower_fence))
-        .route(
-            "/v1/payouts",
-            post(create::<CreatePayoutRequest>).get(list_payouts),
-        )
-        .route("/v1/payouts/{payout_id}", get(get_payout))
-        .route("/v1/payouts/{payout_id}/claim", post(claim))
-        .route("/v1/payouts/{payout_id}/post", post(post_payout))
-        .route("/v1/payouts/{payout_id}/resolve", post(resolve))
-        .route("/v1/payouts/{payout_id}/cancel", post(cancel));
+    let (routes, document) = routes().split_for_parts();
     let config = state.config.clone();
     config.served.app(
         routes,
@@ -89,8 +86,7 @@ pub fn app(state: AppState) -> Router {
             dlock_server::batch::route::<dlock_contract::batch::ClaimItem>,
             dlock_server::batch::route::<dlock_contract::batch::PostItem>,
         ],
-        document,
-        readyz,
+        dlock_server::openapi::published(document),
         metrics,
     )
 }
@@ -99,6 +95,8 @@ pub fn app(state: AppState) -> Router {
 // Health and metrics
 // ---------------------------------------------------------------------------------------------
 
+/// paydb takes writes.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = serde_json::Value), NotLeader))]
 async fn readyz(State(state): State<AppState>) -> Response {
     let check = state.store.ready().await;
     dlock_server::http::readiness(

@@ -5,15 +5,17 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use dlock_contract::error::{ApiError, ErrorCode, FieldError};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode, FieldError};
 use dlock_contract::headers;
 use dlock_contract::http::json_response;
+use dlock_contract::json::Json;
 use dlock_contract::payment::{
     CancelRequest, Cancelled, ClaimRequest, ClaimResponse, CreatePayoutRequest, OPERATOR_LEN_MAX,
-    Payout, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest, ResolveResponse,
+    Payout, PayoutPage, PayoutState, REASON_LEN_MAX, Resolution, ResolveRequest, ResolveResponse,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
 use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::Arc;
@@ -28,9 +30,10 @@ use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, idempotent};
+use super::idempotency::{Create, Reply, Started, create, idempotent};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
+use crate::openapi::{FencedParams, WriteParams};
 use crate::store::{
     AbandonOutcome, Answer, Audit, Begin, ClaimItem, ClaimOutcome, Contradiction,
     ContradictionKind, CreatePayoutOutcome, GroupCommit, Item, PayStore, PostItem, Refusal,
@@ -82,6 +85,28 @@ impl Create for CreatePayoutRequest {
     }
 }
 
+/// Registers a payout.
+#[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
+    params(WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 201, body = Payout), Invalid, Unauthorized, Idempotent, NotLeader,
+        (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout (docs/contract.md#account-limits); nothing changed", body = ErrorBody),
+    ))]
+pub(super) async fn create_payout(
+    state: State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Json<CreatePayoutRequest>,
+) -> Result<Response, ApiError> {
+    create(state, caller, headers, body).await
+}
+
+/// P1: lists payouts.
+#[utoipa::path(get, path = "/v1/payouts",
+    params(("state" = Option<PayoutState>, Query), ("accountId" = Option<String>, Query),
+           ("limit" = Option<i64>, Query, description = "1 to 500, default 100"), ("cursor" = Option<String>, Query)),
+    responses((status = 200, body = PayoutPage), Invalid, NotLeader))]
 pub(super) async fn list_payouts(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -101,6 +126,9 @@ pub(super) async fn list_payouts(
     Ok(json_response(StatusCode::OK, &page.answer(items)))
 }
 
+/// P4: a payout (advisory).
+#[utoipa::path(get, path = "/v1/payouts/{payout_id}", params(("payoutId" = String, Path)),
+    responses((status = 200, body = Payout), Invalid, NotFound, NotLeader))]
 pub(super) async fn get_payout(
     State(state): State<AppState>,
     Path(payout_id): Path<String>,
@@ -207,6 +235,14 @@ impl Fenced {
     }
 }
 
+/// P2: a fenced claim.
+#[utoipa::path(post, path = "/v1/payouts/{payout_id}/claim", request_body = ClaimRequest,
+    params(("payoutId" = String, Path), FencedParams, WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = ClaimResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
+        (status = 422, description = "INSUFFICIENT_FUNDS, IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout or its outflow for the UTC day (docs/contract.md#account-limits; nothing changed)", body = ErrorBody),
+    ))]
 pub(super) async fn claim(
     State(state): State<AppState>,
     PathWrite((), payout_id, headers, body): PathWrite<ClaimRequest>,
@@ -339,6 +375,17 @@ fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutStat
             }))
 }
 
+/// Out-of-band resolution of a RAIL_AMBIGUOUS payout (operator).
+///
+/// It must agree with what the rail proxy recorded for the payout's attempt: POSTED names the
+/// reference the rail acknowledged, FAILED is refused after an acknowledgement, POSTED after a
+/// decline (400 VALIDATION_FAILED naming the field and both references; nothing changed).
+#[utoipa::path(post, path = "/v1/payouts/{payout_id}/resolve", request_body = ResolveRequest,
+    params(("payoutId" = String, Path), WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = ResolveResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+    ))]
 pub(super) async fn resolve(
     State(state): State<AppState>,
     PathWrite(caller, payout_id, headers, body): PathWrite<ResolveRequest, Caller>,
@@ -481,12 +528,23 @@ fn contradicted(payout_id: Uuid, body: &ResolveRequest, record: &Contradiction) 
     }))
 }
 
-/// A dlock extension beyond P1–P5 (docs/contract.md#cancel): the `cancel` transition, PENDING |
-/// CLAIMED → ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a
-/// grant on `payout:{accountId}`, with its proof when proof keys are configured): strict
-/// `fence < token`, the fence advances, so no older holder can act on the payout afterwards.
-/// paydb refuses it once an attempt reached the rail proxy, and records it in
-/// `payout_abandonments`.
+/// Cancels a payout, PENDING | CLAIMED → ABANDONED (operator; a fenced write like a claim,
+/// strict, the fence advances; docs/contract.md#cancel). Refused by paydb once an attempt
+/// reached the rail proxy; recorded in payout_abandonments.
+#[utoipa::path(post, path = "/v1/payouts/{payout_id}/cancel", request_body = CancelRequest,
+    params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "a grant on payout:{accountId}, decimal int64 > 0"),
+           ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
+           WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = Cancelled), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
+    ))]
+// A dlock extension beyond P1–P5 (docs/contract.md#cancel): the `cancel` transition, PENDING |
+// CLAIMED → ABANDONED. Operator only, and a fenced write like a claim (X-Fencing-Token of a
+// grant on `payout:{accountId}`, with its proof when proof keys are configured): strict
+// `fence < token`, the fence advances, so no older holder can act on the payout afterwards.
+// paydb refuses it once an attempt reached the rail proxy, and records it in
+// `payout_abandonments`.
 pub(super) async fn cancel(
     State(state): State<AppState>,
     PathWrite(caller, payout_id, headers, body): PathWrite<CancelRequest, Caller>,

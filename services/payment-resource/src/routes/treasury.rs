@@ -9,13 +9,14 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use dlock_contract::error::{ApiError, ErrorCode};
+use dlock_contract::error::{ApiError, ErrorBody, ErrorCode};
 use dlock_contract::payment::{
     AccountLimits, AccountLimitsRequest, ApproveFundingRequest, ApprovedFunding, FundRequest,
     PendingFunding,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
+use dlock_server::openapi::{Idempotent, Invalid, NotFound, NotLeader, Unauthorized};
 use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -24,6 +25,7 @@ use super::AppState;
 use super::checks::{Checks, WriteHeaders, check_account_id, checked_write};
 use super::errors::{account_not_found, store_error};
 use super::idempotency::{Reply, idempotent};
+use crate::openapi::WriteParams;
 use crate::store::{ApproveOutcome, LimitsOutcome, PayStore, PendingRow};
 
 /// `PENDING_APPROVAL`: a funding recorded and not applied.
@@ -38,8 +40,14 @@ fn not_customer() -> ApiError {
     )
 }
 
-/// `POST /v1/accounts/{accountId}/limits`: the account's limits as a whole (a field left out
-/// or null is no limit of that kind).
+/// Sets an account's limits: the largest single payout and the outflow per UTC day (treasury;
+/// docs/contract.md#account-limits). paydb refuses a payout above them with LIMIT_EXCEEDED.
+#[utoipa::path(post, path = "/v1/accounts/{account_id}/limits", request_body = AccountLimitsRequest,
+    params(("accountId" = String, Path), WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = AccountLimits), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
+// `POST /v1/accounts/{accountId}/limits`: the account's limits as a whole (a field left out
+// or null is no limit of that kind).
 pub(super) async fn set_limits(
     State(state): State<AppState>,
     PathWrite(caller, account_id, headers, body): PathWrite<AccountLimitsRequest, Caller>,
@@ -166,8 +174,16 @@ pub(super) fn pending_reply(
     )
 }
 
-/// `POST /v1/fundings/{fundingId}/approve`: a second treasury identity applies a pending
-/// funding, once.
+/// Applies a pending funding, once, by a second treasury identity (docs/contract.md#dual-approval).
+#[utoipa::path(post, path = "/v1/fundings/{funding_id}/approve", request_body = ApproveFundingRequest,
+    params(("fundingId" = String, Path), WriteParams),
+    security(("bearerAuth" = [])),
+    responses((status = 200, body = ApprovedFunding), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
+        (status = 403, description = "FORBIDDEN: not a treasury identity, or the identity that asked for the funding; nothing changed", body = ErrorBody),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT: already approved (details.approvedBy)", body = ErrorBody),
+    ))]
+// `POST /v1/fundings/{fundingId}/approve`: a second treasury identity applies a pending
+// funding, once.
 pub(super) async fn approve_funding(
     State(state): State<AppState>,
     PathWrite(caller, funding_id, headers, body): PathWrite<ApproveFundingRequest, Caller>,
