@@ -7,7 +7,7 @@
 // The batches' stand-in functions and the types below only document.
 #![allow(dead_code)]
 
-use dlock_contract::batch::{AcquireItem, BatchAnswer, BatchRequest, ReleaseItem};
+use dlock_contract::batch::{AcquireItem, BatchAnswer, BatchRequest, Item, ReleaseItem};
 use dlock_contract::error::ErrorBody;
 use dlock_contract::openapi::BearerAuth;
 use dlock_server::openapi::{BatchEndpoint, BatchEndpoints};
@@ -21,10 +21,10 @@ use utoipa::OpenApi;
 )]
 pub struct ApiDoc;
 
-/// The batch endpoints' owner header, security and refusals.
-const BATCHES: BatchEndpoints = BatchEndpoints(&[
-    BatchEndpoint::new("/v1/batches/acquire", "acquires", "L4's", NOT_LEADER),
-    BatchEndpoint::new("/v1/batches/release", "releases", "L6's", NOT_LEADER),
+/// The batch endpoints: their routes, owner header, security and refusals.
+pub(crate) const BATCHES: BatchEndpoints = BatchEndpoints(&[
+    BatchEndpoint::new::<AcquireItem>("acquires", "L4's", NOT_LEADER),
+    BatchEndpoint::new::<ReleaseItem>("releases", "L6's", NOT_LEADER),
 ]);
 const NOT_LEADER: &str =
     "nothing ran. An item the backend does not take is that item's 503 NOT_LEADER, in its answer";
@@ -37,7 +37,7 @@ const NOT_LEADER: &str =
 /// checks and waiting; one item's refusal changes nothing for its neighbours. `X-Owner-Id` and the
 /// credential are the batch request's and apply to every item; the batch needs L4's roles. No
 /// answer to the batch request leaves every item's outcome unknown: read each key (L7).
-#[utoipa::path(post, path = "/v1/batches/acquire", request_body = BatchRequest<AcquireItem>,
+#[utoipa::path(post, path = AcquireItem::PATH, request_body = BatchRequest<AcquireItem>,
     responses((status = 200, description = "one answer per item, in the request's order: what L4 answers for it", body = BatchAnswer)))]
 fn batch_acquire() {}
 
@@ -48,7 +48,7 @@ fn batch_acquire() {}
 /// (no body for its 204, else its error envelope). The items run concurrently, each through L6's
 /// own checks; one item's refusal changes nothing for its neighbours. `X-Owner-Id` and the
 /// credential are the batch request's and apply to every item; the batch needs L6's roles.
-#[utoipa::path(post, path = "/v1/batches/release", request_body = BatchRequest<ReleaseItem>,
+#[utoipa::path(post, path = ReleaseItem::PATH, request_body = BatchRequest<ReleaseItem>,
     responses((status = 200, description = "one answer per item, in the request's order: what L6 answers for it", body = BatchAnswer)))]
 fn batch_release() {}
 

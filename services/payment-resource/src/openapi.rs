@@ -8,7 +8,7 @@
 // The batches' stand-in functions and the types below only document.
 #![allow(dead_code)]
 
-use dlock_contract::batch::{BatchAnswer, BatchRequest, ClaimItem, PostItem};
+use dlock_contract::batch::{BatchAnswer, BatchRequest, ClaimItem, Item, PostItem};
 use dlock_contract::openapi::BearerAuth;
 use dlock_server::openapi::{BatchEndpoint, BatchEndpoints};
 use utoipa::{IntoParams, OpenApi};
@@ -21,10 +21,10 @@ use utoipa::{IntoParams, OpenApi};
 )]
 pub struct ApiDoc;
 
-/// The batch endpoints' owner header, security and refusals.
-const BATCHES: BatchEndpoints = BatchEndpoints(&[
-    BatchEndpoint::new("/v1/batches/claim", "claims", "P2's", NOT_LEADER),
-    BatchEndpoint::new("/v1/batches/post", "postings", "P3's", NOT_LEADER),
+/// The batch endpoints: their routes, owner header, security and refusals.
+pub(crate) const BATCHES: BatchEndpoints = BatchEndpoints(&[
+    BatchEndpoint::new::<ClaimItem>("claims", "P2's", NOT_LEADER),
+    BatchEndpoint::new::<PostItem>("postings", "P3's", NOT_LEADER),
 ]);
 const NOT_LEADER: &str =
     "nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer";
@@ -66,7 +66,7 @@ pub(crate) struct FencedParams {
 /// its neighbours, and two items of one account are answered as two concurrent claims would be.
 /// `X-Owner-Id` and the credential are the batch request's and apply to every item; the batch
 /// needs P2's roles.
-#[utoipa::path(post, path = "/v1/batches/claim", request_body = BatchRequest<ClaimItem>,
+#[utoipa::path(post, path = ClaimItem::PATH, request_body = BatchRequest<ClaimItem>,
     responses((status = 200, description = "one answer per item, in the request's order: what P2 answers for it", body = BatchAnswer)))]
 fn batch_claim() {}
 
@@ -78,6 +78,6 @@ fn batch_claim() {}
 /// P3's own checks, idempotency record and group commit; one item's refusal changes nothing for
 /// its neighbours. `X-Owner-Id` and the credential are the batch request's and apply to every
 /// item; the batch needs P3's roles.
-#[utoipa::path(post, path = "/v1/batches/post", request_body = BatchRequest<PostItem>,
+#[utoipa::path(post, path = PostItem::PATH, request_body = BatchRequest<PostItem>,
     responses((status = 200, description = "one answer per item, in the request's order: what P3 answers for it", body = BatchAnswer)))]
 fn batch_post() {}

@@ -114,7 +114,7 @@ pub fn app(state: AppState) -> Router {
     config.served.app(
         routes,
         state,
-        &[dlock_server::batch::route::<dlock_contract::batch::SubmitItem>],
+        &crate::openapi::BATCHES.routes(),
         dlock_server::openapi::published(document),
         metrics_text,
     )

@@ -8,7 +8,7 @@
 // The batches' stand-in functions and the types below only document.
 #![allow(dead_code)]
 
-use dlock_contract::batch::{BatchAnswer, BatchRequest, SubmitItem};
+use dlock_contract::batch::{BatchAnswer, BatchRequest, Item, SubmitItem};
 use dlock_contract::openapi::BearerAuth;
 use dlock_server::openapi::{BatchEndpoint, BatchEndpoints};
 use utoipa::OpenApi;
@@ -21,9 +21,8 @@ use utoipa::OpenApi;
 )]
 pub struct ApiDoc;
 
-/// The batch endpoint's owner header, security and refusals.
-const BATCHES: BatchEndpoints = BatchEndpoints(&[BatchEndpoint::new(
-    "/v1/batches/submit",
+/// The batch endpoint: its route, owner header, security and refusals.
+pub(crate) const BATCHES: BatchEndpoints = BatchEndpoints(&[BatchEndpoint::new::<SubmitItem>(
     "submissions",
     "the submission's",
     "nothing ran or was forwarded. An item paydb or the rail does not take is that item's 503 \
@@ -59,6 +58,6 @@ pub struct HighWaterAdvanced {
 /// `X-Owner-Id` and the credential are the batch request's and apply to every item; the batch
 /// needs the submission's roles. Never send an item again after any answer, or after none: no
 /// answer to the batch request leaves every item's outcome unknown.
-#[utoipa::path(post, path = "/v1/batches/submit", request_body = BatchRequest<SubmitItem>,
+#[utoipa::path(post, path = SubmitItem::PATH, request_body = BatchRequest<SubmitItem>,
     responses((status = 200, description = "one answer per item, in the request's order: what POST /v1/rail/submissions answers for it", body = BatchAnswer)))]
 fn batch_submit() {}

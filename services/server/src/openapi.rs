@@ -3,6 +3,7 @@
 //! `responses(...)`, after its success; a tuple listed after a set replaces that set's entry for
 //! its status (a more precise description).
 
+use dlock_contract::batch::Item;
 use dlock_contract::error::ErrorBody;
 use utoipa::{IntoResponses, Modify};
 
@@ -62,31 +63,42 @@ pub enum RailUnavailable {
     RailUnavailable(ErrorBody),
 }
 
-/// What a batch endpoint of docs/contract.md#batches documents the same way in every service:
+/// A service's batch endpoints (docs/contract.md#batches): the routes it serves them on
+/// ([`BatchEndpoints::routes`]) and what each documents the same way in every service:
 /// `X-Owner-Id` for every item, the `bearerAuth` security and its refusals of the whole batch
 /// (400, 401, 403, 503), each naming the step it batches. Listed in the document's `modifiers`;
-/// the operation itself (`#[utoipa::path]`) declares its request body and its 200.
+/// the operation itself (`#[utoipa::path]` with the items' [`Item::PATH`]) declares its request
+/// body and its 200.
 pub struct BatchEndpoints(pub &'static [BatchEndpoint]);
 
-/// One batch endpoint and the words its refusals name it with.
+impl BatchEndpoints {
+    /// The batch routes, one per endpoint, for `Served::app`.
+    pub fn routes(&self) -> Vec<crate::batch::Route> {
+        self.0.iter().map(|endpoint| endpoint.route).collect()
+    }
+}
+
+/// One batch endpoint, its route and the words its refusals name it with.
 pub struct BatchEndpoint {
     path: &'static str,
+    route: crate::batch::Route,
     items: &'static str,
     roles: &'static str,
     unavailable: &'static str,
 }
 
 impl BatchEndpoint {
-    /// `path` batches `items` (`"acquires"`), needs `roles` (`"L4's"`); `unavailable` says what
-    /// an item the service cannot write answers (the end of the 503's description).
-    pub const fn new(
-        path: &'static str,
+    /// The batch of items `I`, served at [`Item::PATH`]: it batches `items` (`"acquires"`),
+    /// needs `roles` (`"L4's"`); `unavailable` says what an item the service cannot write
+    /// answers (the end of the 503's description).
+    pub const fn new<I: Item>(
         items: &'static str,
         roles: &'static str,
         unavailable: &'static str,
     ) -> Self {
         Self {
-            path,
+            path: I::PATH,
+            route: crate::batch::route::<I>,
             items,
             roles,
             unavailable,

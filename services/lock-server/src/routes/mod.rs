@@ -101,10 +101,7 @@ pub fn app(state: AppState) -> Router {
     config.served.app(
         routes,
         state,
-        &[
-            dlock_server::batch::route::<dlock_contract::batch::AcquireItem>,
-            dlock_server::batch::route::<dlock_contract::batch::ReleaseItem>,
-        ],
+        &crate::openapi::BATCHES.routes(),
         dlock_server::openapi::published(document),
         metrics,
     )

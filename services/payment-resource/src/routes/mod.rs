@@ -82,10 +82,7 @@ pub fn app(state: AppState) -> Router {
     config.served.app(
         routes,
         state,
-        &[
-            dlock_server::batch::route::<dlock_contract::batch::ClaimItem>,
-            dlock_server::batch::route::<dlock_contract::batch::PostItem>,
-        ],
+        &crate::openapi::BATCHES.routes(),
         dlock_server::openapi::published(document),
         metrics,
     )
