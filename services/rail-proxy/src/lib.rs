@@ -109,15 +109,10 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let (routes, document) = routes().split_for_parts();
     let config = state.config.clone();
-    config.served.app(
-        routes,
-        state,
-        &crate::openapi::BATCHES.routes(),
-        dlock_server::openapi::published(document),
-        metrics_text,
-    )
+    config
+        .served
+        .app(routes(), state, &openapi::BATCHES, metrics_text)
 }
 
 /// Serves until SIGINT/SIGTERM. At start, and then periodically, intents left unresolved by a

@@ -150,20 +150,13 @@ fn routes() -> OpenApiRouter<StubState> {
 }
 
 pub fn app(state: StubState) -> Router {
-    let (routes, document) = routes().split_for_parts();
     let limits = HttpLimits {
         body_bytes_max: 16 * 1024,
         request_timeout: Duration::from_secs(3_600),
     };
     let auth = &state.config.auth;
-    dlock_server::http::service(
-        routes,
-        state.clone(),
-        &[],
-        dlock_server::openapi::published(document),
-        auth,
-        limits,
-    )
+    let batches = &dlock_server::openapi::BatchEndpoints(&[]);
+    dlock_server::http::service(routes(), state.clone(), batches, auth, limits)
 }
 
 pub async fn run(config: RailStubConfig) -> anyhow::Result<()> {

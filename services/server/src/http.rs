@@ -16,7 +16,10 @@ use dlock_contract::Json;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::{JSON_CONTENT_TYPE, METRICS_CONTENT_TYPE, envelope_for};
 
+use utoipa_axum::router::OpenApiRouter;
+
 use crate::auth::Authenticator;
+use crate::openapi::BatchEndpoints;
 
 /// Limits every service applies to every request.
 #[derive(Debug, Clone, Copy)]
@@ -90,15 +93,14 @@ impl Served {
         })
     }
 
-    /// A service's router: its `routes` (each with its operation in `document`, `GET /readyz`
-    /// among them), then `GET /metrics` answered by `metrics`, then the tail of [`service`] with
-    /// this listener's credential check and limits.
+    /// A service's router: its `routes` (each with its operation, `GET /readyz` among them),
+    /// then `GET /metrics` answered by `metrics`, then the tail of [`service`] with this
+    /// listener's credential check and limits.
     pub fn app<S, M, MT>(
         &self,
-        routes: axum::Router<S>,
+        routes: OpenApiRouter<S>,
         state: S,
-        batches: &[crate::batch::Route],
-        document: utoipa::openapi::OpenApi,
+        batches: &BatchEndpoints,
         metrics: M,
     ) -> axum::Router
     where
@@ -107,7 +109,7 @@ impl Served {
         MT: 'static,
     {
         let routes = routes.route("/metrics", axum::routing::get(metrics));
-        service(routes, state, batches, document, &self.auth, self.http)
+        service(routes, state, batches, &self.auth, self.http)
     }
 
     /// Says once what `service` checks (see [`crate::announce`]), then serves `app` on
@@ -229,18 +231,19 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// The tail every service's router shares: the service's OpenAPI `document` at
-/// `GET /v1/openapi.json`, the state, the credential check in front of every route, then
+/// The tail every service's router shares: the service's OpenAPI document, made of the
+/// operations of its `routes` ([`crate::openapi::published`]), at `GET /v1/openapi.json`, the
+/// state, the `batches` ([`crate::batch`]), the credential check in front of every route, then
 /// [`finish`]. `GET /healthz` ([`healthz`]) is among a service's own `routes`, with its operation.
 pub fn service<S: Clone + Send + Sync + 'static>(
-    routes: Router<S>,
+    routes: OpenApiRouter<S>,
     state: S,
-    batches: &[crate::batch::Route],
-    document: utoipa::openapi::OpenApi,
+    batches: &BatchEndpoints,
     auth: &Authenticator,
     limits: HttpLimits,
 ) -> Router {
-    let document = std::sync::Arc::new(document);
+    let (routes, document) = routes.split_for_parts();
+    let document = std::sync::Arc::new(crate::openapi::published(document));
     let routes = routes
         .route(
             dlock_contract::openapi::PATH,
@@ -252,7 +255,8 @@ pub fn service<S: Clone + Send + Sync + 'static>(
         .with_state(state);
     let singles = singles(routes.clone(), limits);
     let routes = batches
-        .iter()
+        .routes()
+        .into_iter()
         .fold(routes, |routes, add| add(routes, singles.clone()));
     finish(auth.protect(routes), limits)
 }

@@ -72,7 +72,7 @@ pub enum RailUnavailable {
 pub struct BatchEndpoints(pub &'static [BatchEndpoint]);
 
 impl BatchEndpoints {
-    /// The batch routes, one per endpoint, for `Served::app`.
+    /// The batch routes, one per endpoint, that [`crate::http::service`] adds.
     pub fn routes(&self) -> Vec<crate::batch::Route> {
         self.0.iter().map(|endpoint| endpoint.route).collect()
     }

@@ -77,15 +77,10 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let (routes, document) = routes().split_for_parts();
     let config = state.config.clone();
-    config.served.app(
-        routes,
-        state,
-        &crate::openapi::BATCHES.routes(),
-        dlock_server::openapi::published(document),
-        metrics,
-    )
+    config
+        .served
+        .app(routes(), state, &crate::openapi::BATCHES, metrics)
 }
 
 // ---------------------------------------------------------------------------------------------
