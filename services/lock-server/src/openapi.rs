@@ -62,7 +62,7 @@ pub(crate) enum SessionGone {
 }
 
 /// The lock server's document: this one's, then the operation of each of its routes
-/// ([`crate::routes::routes`]).
+/// (`crate::routes::routes`) and of what every service serves.
 pub fn document() -> utoipa::openapi::OpenApi {
-    dlock_server::openapi::published(crate::routes::routes().into_openapi())
+    dlock_server::http::document(crate::routes::routes())
 }

@@ -30,9 +30,9 @@ const NOT_LEADER: &str =
     "nothing ran. An item paydb does not take is that item's 503 NOT_LEADER, in its answer";
 
 /// The payment resource's document: this one's, then the operation of each of its routes
-/// ([`crate::routes::routes`]).
+/// (`crate::routes::routes`) and of what every service serves.
 pub fn document() -> utoipa::openapi::OpenApi {
-    dlock_server::openapi::published(crate::routes::routes().into_openapi())
+    dlock_server::http::document(crate::routes::routes())
 }
 
 /// The headers of every write: who writes, and the key it runs once under.

@@ -93,9 +93,9 @@ pub async fn connect(config: &RailProxyConfig) -> anyhow::Result<PgPool> {
         .await?)
 }
 
-/// Every route of the rail proxy but the batch's (`dlock_server::batch`), each with its operation
-/// (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
-/// ([`openapi::document`]) is made of their operations.
+/// The rail proxy's own routes (the batch, `/healthz`, `/metrics` and the document are added by
+/// `dlock_server::http`), each with its operation (`#[utoipa::path]` on its handler): [`app`]
+/// serves them, and the document ([`openapi::document`]) is made of their operations.
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .routes(routes!(admission::submit))
@@ -104,7 +104,6 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
             high_water::advance_high_water
         ))
         .routes(routes!(high_water::lower_high_water))
-        .routes(routes!(dlock_server::http::healthz))
         .routes(routes!(readyz))
 }
 

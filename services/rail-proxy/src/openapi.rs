@@ -30,9 +30,9 @@ pub(crate) const BATCHES: BatchEndpoints = BatchEndpoints(&[BatchEndpoint::new::
 )]);
 
 /// The rail proxy's document: this one's, then the operation of each of its routes
-/// ([`crate::routes`]).
+/// (`crate::routes`) and of what every service serves.
 pub fn document() -> utoipa::openapi::OpenApi {
-    dlock_server::openapi::published(crate::routes().into_openapi())
+    dlock_server::http::document(crate::routes())
 }
 
 /// The answer of a high-water advance: the mark before and after, and who raised it (the

@@ -139,13 +139,13 @@ impl StubState {
     }
 }
 
-/// Every route of the rail stub, each with its operation (`#[utoipa::path]` on its handler):
-/// [`app`] serves them, and the document ([`openapi::document`]) is made of their operations.
+/// The rail stub's own routes (`/healthz` and the document are added by `dlock_server::http`), each
+/// with its operation (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
+/// ([`openapi::document`]) is made of their operations.
 fn routes() -> OpenApiRouter<StubState> {
     OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .routes(routes!(handlers::submit))
         .routes(routes!(handlers::statement))
-        .routes(routes!(dlock_server::http::healthz))
         .routes(routes!(handlers::readyz))
 }
 
@@ -195,8 +195,8 @@ pub mod openapi {
     pub struct ApiDoc;
 
     /// The rail stub's document: this one's, then the operation of each of its routes
-    /// ([`super::routes`]).
+    /// (`super::routes`) and of what every service serves.
     pub fn document() -> utoipa::openapi::OpenApi {
-        dlock_server::openapi::published(super::routes().into_openapi())
+        dlock_server::http::document(super::routes())
     }
 }

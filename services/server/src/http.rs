@@ -231,9 +231,8 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// The tail every service's router shares: the service's OpenAPI document, made of the
-/// operations of its `routes` ([`crate::openapi::published`]), at `GET /v1/openapi.json`, the
-/// state, the `batches` ([`crate::batch`]), the credential check in front of every route, then
+/// The tail every service's router shares: the service's OpenAPI [`document`] at
+/// `GET /v1/openapi.json`, the state, the `batches` ([`crate::batch`]), the credential check in front of every route, then
 /// [`finish`]. `GET /healthz` ([`healthz`]) is among a service's own `routes`, with its operation.
 pub fn service<S: Clone + Send + Sync + 'static>(
     routes: OpenApiRouter<S>,
@@ -242,7 +241,7 @@ pub fn service<S: Clone + Send + Sync + 'static>(
     auth: &Authenticator,
     limits: HttpLimits,
 ) -> Router {
-    let (routes, document) = routes.split_for_parts();
+    let (routes, document) = with_health(routes).split_for_parts();
     let document = std::sync::Arc::new(crate::openapi::published(document));
     let routes = routes
         .route(
@@ -259,6 +258,19 @@ pub fn service<S: Clone + Send + Sync + 'static>(
         .into_iter()
         .fold(routes, |routes, add| add(routes, singles.clone()));
     finish(auth.protect(routes), limits)
+}
+
+/// The OpenAPI document of a service whose own routes are `routes` (each with its operation):
+/// theirs and `GET /healthz`'s, as [`service`] serves it ([`crate::openapi::published`]).
+pub fn document<S: Clone + Send + Sync + 'static>(
+    routes: OpenApiRouter<S>,
+) -> utoipa::openapi::OpenApi {
+    crate::openapi::published(with_health(routes).into_openapi())
+}
+
+/// `routes` and `GET /healthz` ([`healthz`]), every service's.
+fn with_health<S: Clone + Send + Sync + 'static>(routes: OpenApiRouter<S>) -> OpenApiRouter<S> {
+    routes.routes(utoipa_axum::routes!(healthz))
 }
 
 /// The routes a batch's items run through ([`crate::batch`]): the service's own, with the

@@ -78,9 +78,9 @@ impl AppState {
     }
 }
 
-/// Every route of the lock server but the batches' (`dlock_server::batch`), each with its
-/// operation (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
-/// ([`crate::openapi::document`]) is made of their operations.
+/// The lock server's own routes (the batches, `/healthz`, `/metrics` and the document are added by
+/// `dlock_server::http`), each with its operation (`#[utoipa::path]` on its handler): [`app`]
+/// serves them, and the document ([`crate::openapi::document`]) is made of their operations.
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
         .routes(routes!(sessions::create_session))
@@ -91,7 +91,6 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(locks::renew))
         .routes(routes!(revoke::revoke))
         .routes(routes!(locks::lock_info, locks::release))
-        .routes(routes!(dlock_server::http::healthz))
         .routes(routes!(readyz))
 }
 

@@ -53,9 +53,10 @@ impl AppState {
     }
 }
 
-/// Every route of the payment resource but the batches' (`dlock_server::batch`), each with its
-/// operation (`#[utoipa::path]` on its handler): [`app`] serves them, and the document
-/// ([`crate::openapi::document`]) is made of their operations.
+/// The payment resource's own routes (the batches, `/healthz`, `/metrics` and the document are
+/// added by `dlock_server::http`), each with its operation (`#[utoipa::path]` on its handler):
+/// [`app`] serves them, and the document ([`crate::openapi::document`]) is made of their
+/// operations.
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
         .routes(routes!(accounts::create_account))
@@ -72,7 +73,6 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ledger::post_payout))
         .routes(routes!(payouts::resolve))
         .routes(routes!(payouts::cancel))
-        .routes(routes!(dlock_server::http::healthz))
         .routes(routes!(readyz))
 }
 
