@@ -743,11 +743,25 @@ async fn profile(
         statements::track(pg, track);
         let before = batches(&state);
         let run = bench
-            .run(&endpoints, &format!("prof{i}"), accounts, payouts, workers, 32)
+            .run(
+                &endpoints,
+                &format!("prof{i}"),
+                accounts,
+                payouts,
+                workers,
+                32,
+            )
             .await;
         let after = batches(&state);
         let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
-        batch_row(&format!("track {track}"), accounts, workers, &run, mean, 0.0);
+        batch_row(
+            &format!("track {track}"),
+            accounts,
+            workers,
+            &run,
+            mean,
+            0.0,
+        );
         if track != "none" {
             println!("{}", statements::top(&bench.stats, payouts).await);
         }
