@@ -280,6 +280,31 @@ pub(super) struct ClaimJob {
     expected: PayoutState,
 }
 
+/// A request waiting in a group-commit queue: its idempotency scope, and how it runs alone.
+pub(super) trait BatchJob: Sync {
+    fn scope(&self) -> &Scope;
+    /// The request in a transaction of its own.
+    fn single<'a>(&'a self, state: &'a AppState) -> impl Future<Output = Response> + Send + 'a;
+}
+
+impl BatchJob for ClaimJob {
+    fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    fn single<'a>(&'a self, state: &'a AppState) -> impl Future<Output = Response> + Send + 'a {
+        claim_single(state, self)
+    }
+}
+
+impl BatchJob for super::ledger::PostJob {
+    fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    fn single<'a>(&'a self, state: &'a AppState) -> impl Future<Output = Response> + Send + 'a {
+        post_single(state, self)
+    }
+}
+
 /// A claim in a transaction of its own: the idempotency record and the claim in one call
 /// (`pay_claim_once`).
 async fn claim_single(state: &AppState, job: &ClaimJob) -> Response {
@@ -726,24 +751,49 @@ fn batch_failed(state: &AppState, kind: BatchKind, n: usize, error: &StoreError)
 }
 
 /// Stores the settled answers and commits; then the items that run on the single path do.
-async fn commit_batch<J>(
+async fn commit_batch<J: BatchJob>(
     state: &AppState,
     kind: BatchKind,
     tx: Tx,
     jobs: &[J],
-    scope: fn(&J) -> &Scope,
+    settled: Vec<Settled>,
+) -> Vec<Response> {
+    let poisoned = settled.iter().any(|s| matches!(s, Settled::Poison));
+    let answers = match poisoned {
+        true => {
+            drop(tx);
+            jobs.iter().map(|_| None).collect()
+        }
+        false => match finish(state, kind, tx, jobs, settled).await {
+            Ok(answers) => answers,
+            Err(failed) => return failed,
+        },
+    };
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, answer) in jobs.iter().zip(answers) {
+        out.push(match answer {
+            Some(response) => response,
+            None => job.single(state).await,
+        });
+    }
+    out
+}
+
+/// Records the batch's stored answers and commits; the answers, `None` where the item goes to
+/// the single path.
+async fn finish<J: BatchJob>(
+    state: &AppState,
+    kind: BatchKind,
+    tx: Tx,
+    jobs: &[J],
     settled: Vec<Settled>,
 ) -> Result<Vec<Option<Response>>, Vec<Response>> {
-    if settled.iter().any(|s| matches!(s, Settled::Poison)) {
-        drop(tx);
-        return Ok(jobs.iter().map(|_| None).collect());
-    }
     let answers: Vec<Answer> = jobs
         .iter()
         .zip(&settled)
         .filter_map(|(job, s)| match s {
             Settled::Store(reply) => Some(Answer {
-                scope: scope(job),
+                scope: job.scope(),
                 status: reply.status.as_u16(),
                 body: &reply.body,
             }),
@@ -799,19 +849,7 @@ async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {
             })
         })
         .collect();
-    let answers = commit_batch(state, BatchKind::claim, tx, &jobs, |j| &j.scope, settled).await;
-    let answers = match answers {
-        Ok(answers) => answers,
-        Err(failed) => return failed,
-    };
-    let mut out = Vec::with_capacity(jobs.len());
-    for (job, answer) in jobs.iter().zip(answers) {
-        out.push(match answer {
-            Some(response) => response,
-            None => claim_single(state, job).await,
-        });
-    }
-    out
+    commit_batch(state, BatchKind::claim, tx, &jobs, settled).await
 }
 
 async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
@@ -850,19 +888,7 @@ async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
             })
         })
         .collect();
-    let answers = commit_batch(state, BatchKind::post, tx, &jobs, |j| &j.scope, settled).await;
-    let answers = match answers {
-        Ok(answers) => answers,
-        Err(failed) => return failed,
-    };
-    let mut out = Vec::with_capacity(jobs.len());
-    for (job, answer) in jobs.iter().zip(answers) {
-        out.push(match answer {
-            Some(response) => response,
-            None => post_single(state, job).await,
-        });
-    }
-    out
+    commit_batch(state, BatchKind::post, tx, &jobs, settled).await
 }
 
 /// P4 of every queued payout in one statement (one snapshot); each read gets its own payout, or
