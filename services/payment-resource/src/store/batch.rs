@@ -149,6 +149,23 @@ impl Scopes {
         }
         s
     }
+
+    /// Binds the scopes' six arrays and the in-progress wait, the first seven parameters of a
+    /// `*_many` function.
+    fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+        wait_ms: i32,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.routes)
+            .bind(&self.keys)
+            .bind(&self.tokens)
+            .bind(&self.owners)
+            .bind(&self.hashes)
+            .bind(&self.retention)
+            .bind(wait_ms)
+    }
 }
 
 /// The verdicts of `n` items from rows that name their item (1-based), in item order.
@@ -176,26 +193,19 @@ impl PayStore {
         let s = Scopes::of(items.iter().map(|i| i.scope));
         let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let expected: Vec<&str> = items.iter().map(|i| i.expected_state.as_str()).collect();
-        let rows: Vec<ClaimManyRow> = sqlx::query_as(
-            "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
-                    attempt_count, claim_token, account_id, available_minor, amount_minor, \
-                    error_state, error_message \
-             FROM pay_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(&s.routes)
-        .bind(&s.keys)
-        .bind(&s.tokens)
-        .bind(&s.owners)
-        .bind(&s.hashes)
-        .bind(&s.retention)
-        .bind(wait_ms)
-        .bind(&payouts)
-        .bind(&expected)
-        .bind(max_attempts)
-        .bind(proven)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+        let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
+            attempt_count, claim_token, account_id, available_minor, amount_minor, \
+            error_state, error_message \
+            FROM pay_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+        let rows: Vec<ClaimManyRow> = s
+            .bind(sqlx::query_as(sql), wait_ms)
+            .bind(&payouts)
+            .bind(&expected)
+            .bind(max_attempts)
+            .bind(proven)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         let rows = rows
             .into_iter()
             .map(|r| {
@@ -223,25 +233,18 @@ impl PayStore {
         let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let references: Vec<&str> = items.iter().map(|i| i.rail_reference).collect();
         let submissions: Vec<Uuid> = items.iter().map(|i| i.submission_id).collect();
-        let rows: Vec<PostManyRow> = sqlx::query_as(
-            "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
-                    account_id, balance_minor, entries, error_state, error_message \
-             FROM pay_post_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(&s.routes)
-        .bind(&s.keys)
-        .bind(&s.tokens)
-        .bind(&s.owners)
-        .bind(&s.hashes)
-        .bind(&s.retention)
-        .bind(wait_ms)
-        .bind(&payouts)
-        .bind(&references)
-        .bind(&submissions)
-        .bind(proven)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
+        let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
+            account_id, balance_minor, entries, error_state, error_message \
+            FROM pay_post_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+        let rows: Vec<PostManyRow> = s
+            .bind(sqlx::query_as(sql), wait_ms)
+            .bind(&payouts)
+            .bind(&references)
+            .bind(&submissions)
+            .bind(proven)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
         let rows = rows
             .into_iter()
             .map(|r| {
