@@ -1,16 +1,12 @@
 //! `dlock dev up`: the whole stack on one machine, for people and tests.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use dlock_contract::service_config;
-use dlock_devstack::{
-    Durability, EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged,
-    wait_until,
-};
+use dlock_devstack::stack::{LockBackend, Role, Stack};
+use dlock_devstack::{Durability, EtcdServer, wait_until};
 use serde::Serialize;
 
 mod env;
@@ -202,65 +198,6 @@ dev {secret}
             .with_context(|| format!("restricting {}", path.display()))?;
     }
     Ok(path)
-}
-
-pub(crate) struct Stack {
-    // Field order is drop order: services first, then the stores they use.
-    services: Vec<ManagedChild>,
-    etcd: Option<EtcdServer>,
-    pg: PgServer,
-    _temp: Option<tempfile::TempDir>,
-}
-
-/// Writes `<dir>/<name>.toml`: the service's configuration.
-fn write_config(path: &Path, config: &str) -> Result<()> {
-    let text = format!("# written by `dlock dev up`\n{config}");
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Writes `config` as `<dir>/<name>.toml`, starts `dlock serve <name>` on it, waits until it is
-/// ready on `listen`, and adds it to the stack; returns its pid.
-fn start_service<T: Serialize>(
-    stack: &mut Stack,
-    name: &str,
-    dir: &Path,
-    config: &T,
-    listen: SocketAddr,
-) -> Result<Option<u32>> {
-    let config = service_config::to_toml(config)
-        .with_context(|| format!("writing the {name} configuration"))?;
-    let exe = std::env::current_exe().context("locating the dlock binary")?;
-    let config_path = dir.join(format!("{name}.toml"));
-    write_config(&config_path, &config)?;
-    let log = dir.join("logs").join(format!("{name}.log"));
-    let args = vec![
-        "serve".to_owned(),
-        name.to_owned(),
-        "--config".to_owned(),
-        config_path.display().to_string(),
-    ];
-    let mut child = spawn_logged(name, &exe, &args, &[], Some(&log))?;
-    // A service that exits (a port taken, a bad configuration) ends the wait at once.
-    let ready = wait_until(name, Duration::from_secs(60), || {
-        child.exited() || http_status(listen, "/readyz") == Some(200)
-    });
-    let exited = child.exited();
-    if ready.is_err() || exited {
-        let tail = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-        bail!(
-            "{name} {} on {listen}; last log lines ({}):\n{}",
-            match exited {
-                true => "exited before it became ready",
-                false => "did not become ready",
-            },
-            log.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    let pid = child.pid();
-    stack.services.push(child);
-    Ok(pid)
 }
 
 pub async fn up(args: UpArgs) -> Result<()> {
@@ -468,126 +405,81 @@ pub fn down(args: &DownArgs) -> Result<()> {
     Ok(())
 }
 
+/// Starts the stack of `dev up` (and `dlock demo`) in its data directory: the four services
+/// with the tokens file's authentication and fencing proofs on, and the line describing it.
 pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
-    let (temp, dir) = match &args.data_dir {
-        Some(dir) => (None, dir.clone()),
+    let exe = std::env::current_exe().context("locating the dlock binary")?;
+    let (builder, dir) = match &args.data_dir {
+        Some(dir) => (Stack::builder(exe).data_dir(dir), dir.clone()),
         None => {
             let temp = tempfile::Builder::new().prefix("dlock-dev-").tempdir()?;
-            let path = temp.path().to_path_buf();
-            (Some(temp), path)
+            let dir = temp.path().to_path_buf();
+            (Stack::builder(exe).in_dir(temp), dir)
         }
     };
-    std::fs::create_dir_all(dir.join("logs"))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
     eprintln!("dlock dev up: data and logs in {}", dir.display());
-    let durability = if args.durable {
-        Durability::Durable
-    } else {
-        Durability::Fast
-    };
-    let pg = PgServer::start_in(Some(&dir.join("postgres")), durability)?;
-    pg.create_database("lockdb")?;
-    pg.create_database("paydb")?;
-    let etcd = match args.backend {
-        BackendArg::Etcd => Some(EtcdServer::start(Some(&dir.join("etcd")))?),
-        BackendArg::Pg => None,
-    };
-    let mut stack = Stack {
-        services: Vec::new(),
-        etcd,
-        pg,
-        _temp: temp,
-    };
+    // The services read both as i64.
+    i64::try_from(args.rail_latency_ms).context("--rail-latency-ms is too large")?;
+    i64::try_from(args.rail_read_timeout_ms).context("--rail-read-timeout-ms is too large")?;
     let (tokens_file, proxy_credential, credentials) = write_tokens(&dir)?;
-    let auth = service_config::Auth {
-        mode: service_config::AuthMode::Tokens,
-        tokens_file: Some(tokens_file.display().to_string()),
-        tokenreview_audiences: Vec::new(),
-        operator_identities: Vec::new(),
-        // The tokens file's `treasury` identity, the services' default treasury identity.
-        treasury_identities: Vec::new(),
-        service_accounts: Vec::new(),
-    };
     let proof_keys_file = write_proof_keys(&dir)?;
-    let fencing = service_config::Fencing {
-        proof_keys_file: Some(proof_keys_file.display().to_string()),
-    };
-    let server = |listen: SocketAddr| service_config::Server {
-        listen: listen.to_string(),
-    };
-    let lock_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let lock_config = service_config::LockServer {
-        server: server(lock_listen),
-        backend: match &stack.etcd {
-            Some(_) => service_config::LockBackend::Etcd,
-            None => service_config::LockBackend::Pg,
-        },
-        pg_url: stack.etcd.is_none().then(|| stack.pg.url("lockdb")),
-        etcd_endpoints: stack.etcd.iter().map(EtcdServer::endpoint).collect(),
-        etcd_tls: None,
-        etcd_auth: None,
-        auth: auth.clone(),
-        fencing: fencing.clone(),
-    };
-    let lock_pid = start_service(&mut stack, "lock-server", &dir, &lock_config, lock_listen)?;
-
-    let payment_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let payment_config = service_config::PaymentResource {
-        server: server(payment_listen),
-        pg_url: Some(stack.pg.url("paydb")),
-        auth: auth.clone(),
-        dual_approval_above: args.treasury_dual_approval_above,
-        fencing: fencing.clone(),
-    };
-    let payment_pid = start_service(
-        &mut stack,
-        "payment-resource",
-        &dir,
-        &payment_config,
-        payment_listen,
-    )?;
-
-    let stub_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let stub_config = service_config::RailStub {
-        server: server(stub_listen),
-        latency_ms: i64::try_from(args.rail_latency_ms)
-            .context("--rail-latency-ms is too large")?,
-        failure_rate: args.rail_failure_rate,
-        duplicate_ack_rate: args.rail_duplicate_ack_rate,
-        redirect_rate: Some(args.rail_redirect_rate),
-        statement_path: dir.join("rail-statement.jsonl").display().to_string(),
-        auth: Some(auth.clone()),
-    };
-    let stub_pid = start_service(&mut stack, "rail-stub", &dir, &stub_config, stub_listen)?;
-
-    let proxy_listen: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-    let proxy_config = service_config::RailProxy {
-        server: server(proxy_listen),
-        pg_url: Some(stack.pg.url("paydb")),
-        rail_url: format!("http://{stub_listen}"),
-        read_timeout_ms: i64::try_from(args.rail_read_timeout_ms)
-            .context("--rail-read-timeout-ms is too large")?,
-        rail_credential_file: Some(proxy_credential.display().to_string()),
-        auth,
-        fencing,
-    };
-    let proxy_pid = start_service(&mut stack, "rail-proxy", &dir, &proxy_config, proxy_listen)?;
+    let mut builder = builder
+        .lock_backend(match args.backend {
+            BackendArg::Pg => LockBackend::Pg,
+            BackendArg::Etcd => LockBackend::Etcd,
+        })
+        .durability(match args.durable {
+            true => Durability::Durable,
+            false => Durability::Fast,
+        })
+        .auth_tokens_file(&tokens_file)
+        .proof_keys_file(&proof_keys_file)
+        .rail_read_timeout_ms(args.rail_read_timeout_ms)
+        .set(
+            Role::RailProxy,
+            "rail.proxy.rail-credential-file",
+            proxy_credential.display().to_string(),
+        );
+    for (key, value) in [
+        ("rail.stub.latency-ms", args.rail_latency_ms.to_string()),
+        ("rail.stub.failure-rate", args.rail_failure_rate.to_string()),
+        (
+            "rail.stub.duplicate-ack-rate",
+            args.rail_duplicate_ack_rate.to_string(),
+        ),
+        (
+            "rail.stub.redirect-rate",
+            args.rail_redirect_rate.to_string(),
+        ),
+    ] {
+        builder = builder.set(Role::RailStub, key, value);
+    }
+    if let Some(above) = args.treasury_dual_approval_above {
+        builder = builder.set(
+            Role::PaymentResource,
+            "auth.treasury.dual-approval-above",
+            above.to_string(),
+        );
+    }
+    let stack = builder.try_start()?;
     let line = UpLine {
-        lock_server: format!("http://{lock_listen}"),
-        payment_resource: Some(format!("http://{payment_listen}")),
-        rail_proxy: Some(format!("http://{proxy_listen}")),
-        rail_stub: Some(format!("http://{stub_listen}")),
+        lock_server: stack.lock().url(),
+        payment_resource: Some(stack.payment().url()),
+        rail_proxy: Some(stack.proxy().url()),
+        rail_stub: Some(stack.stub().url()),
         backend: match args.backend {
             BackendArg::Pg => "pg",
             BackendArg::Etcd => "etcd",
         },
         pids: Pids {
-            lock_server: lock_pid,
-            payment_resource: payment_pid,
-            rail_proxy: proxy_pid,
-            rail_stub: stub_pid,
+            lock_server: stack.lock().pid(),
+            payment_resource: stack.payment().pid(),
+            rail_proxy: stack.proxy().pid(),
+            rail_stub: stack.stub().pid(),
         },
-        paydb: stack.pg.url("paydb"),
-        lockdb: stack.pg.url("lockdb"),
+        paydb: stack.pg().url("paydb"),
+        lockdb: stack.pg().url("lockdb"),
         etcd: stack.etcd.as_ref().map(EtcdServer::endpoint),
         tokens_file: tokens_file.display().to_string(),
         proof_keys_file: proof_keys_file.display().to_string(),

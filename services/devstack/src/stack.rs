@@ -13,25 +13,31 @@
 //! let url = stack.lock().url();
 //! ```
 //!
-//! Everything is started or the call panics with the log of what would not start: a stack is
-//! test equipment, and a test that cannot build its stack has failed.
+//! [`StackBuilder::start`] starts everything or panics with what would not start: a test that
+//! cannot build its stack has failed. `dlock dev up` builds its stack here too, with
+//! [`StackBuilder::try_start`], which returns that error instead.
+//!
+//! The stack's directory holds each service's `<name>.toml`, its log under `logs/<name>.log`,
+//! and PostgreSQL's and etcd's data (`postgres/`, `etcd/`), reused when the directory is.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use anyhow::{Context, Result, bail, ensure};
+
 use crate::faultproxy::FaultProxy;
 use crate::netfault::NetNs;
 use crate::{
-    EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_command, spawn_logged,
-    wait_until,
+    Durability, EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_command,
+    spawn_logged, wait_until,
 };
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// The rail stub's statement file in the stack's directory (a test may write one first).
-pub const STATEMENT_FILE: &str = "statement.jsonl";
+pub const STATEMENT_FILE: &str = "rail-statement.jsonl";
 
 /// A service of the payout path, as `dlock serve <name>` starts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,22 +98,21 @@ impl Service {
         in_ns: bool,
         dir: &Path,
         pairs: Vec<(String, String)>,
-    ) -> Self {
-        let port = free_port().unwrap_or_else(|e| panic!("{e}"));
-        let addr = SocketAddr::new(ip, port);
+    ) -> Result<Self> {
+        let addr = SocketAddr::new(ip, free_port()?);
         let mut config = vec![("server.listen".to_owned(), addr.to_string())];
         config.extend(pairs);
         let path = dir.join(format!("{}.toml", role.name()));
-        crate::write_config(&path, &config).unwrap_or_else(|e| panic!("{e:#}"));
-        Self {
+        crate::write_config(&path, &config)?;
+        Ok(Self {
             role,
             addr,
             in_ns,
             exe: exe.to_path_buf(),
             config: path,
-            log: dir.join(format!("{}.log", role.name())),
+            log: dir.join("logs").join(format!("{}.log", role.name())),
             child: None,
-        }
+        })
     }
 
     pub fn url(&self) -> String {
@@ -126,8 +131,9 @@ impl Service {
         self.child.as_ref()
     }
 
-    /// Starts the process (inside `ns` if it is placed there) and waits until it is ready.
-    pub fn start(&mut self, ns: Option<&NetNs>) {
+    /// Starts the process (inside `ns` if it is placed there) and waits until it is ready; the
+    /// error names the service, says whether it exited, and shows the last lines of its log.
+    pub fn start(&mut self, ns: Option<&NetNs>) -> Result<()> {
         let name = self.role.name();
         let args = vec![
             "serve".to_owned(),
@@ -139,24 +145,28 @@ impl Service {
             Some(ns) if self.in_ns => ns.command(&self.exe),
             _ => Command::new(&self.exe),
         };
-        let mut child = spawn_command(name, command, &args, &[], Some(&self.log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let mut child = spawn_command(name, command, &args, &[], Some(&self.log))?;
         let addr = self.addr;
         // A service that exits (a port taken, a bad configuration) ends the wait at once.
-        wait_until(name, Duration::from_secs(60), || {
+        let ready = wait_until(name, Duration::from_secs(60), || {
             child.exited() || http_status(addr, "/readyz") == Some(200)
-        })
-        .and_then(|()| match child.exited() {
-            true => Err(anyhow::anyhow!("{name} exited before it became ready")),
-            false => Ok(()),
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e:#}: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            )
         });
+        let exited = child.exited();
+        if ready.is_err() || exited {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            bail!(
+                "{name} {} on {addr}; last log lines ({}):\n{}",
+                match exited {
+                    true => "exited before it became ready",
+                    false => "did not become ready",
+                },
+                self.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         self.child = Some(child);
+        Ok(())
     }
 
     /// SIGKILL: no shutdown path runs, as in a crash.
@@ -173,13 +183,15 @@ pub struct StackBuilder {
     roles: Vec<Role>,
     backend: LockBackend,
     read_timeout_ms: Option<u64>,
-    operator_token: String,
+    operator_token: Option<String>,
     extra: Vec<(Role, String, String)>,
     in_ns: Vec<Role>,
     netns: bool,
     rail_fault_proxy: bool,
     executor_args: Vec<String>,
-    dir: Option<tempfile::TempDir>,
+    /// The directory to start in, and the guard that removes it (none for a kept one).
+    dir: Option<(PathBuf, Option<tempfile::TempDir>)>,
+    durability: Durability,
 }
 
 impl StackBuilder {
@@ -211,11 +223,40 @@ impl StackBuilder {
 
     /// The operator token of the payment resource and the rail proxy.
     pub fn operator_token(mut self, token: &str) -> Self {
-        self.operator_token = token.to_owned();
+        self.operator_token = Some(token.to_owned());
         self
     }
 
-    /// One more config key for one service (after its defaults, so it overrides them).
+    /// Every service authenticates its callers with `auth.mode = "tokens"` on this file of
+    /// `<identity> <token> [roles]` lines; the operator is one of them, so no operator token.
+    pub fn auth_tokens_file(mut self, file: &Path) -> Self {
+        self.operator_token = None;
+        for role in Role::ALL {
+            self = self.set(role, "auth.mode", "tokens").set(
+                role,
+                "auth.tokens-file",
+                file.display().to_string(),
+            );
+        }
+        self
+    }
+
+    /// The lock server, payment resource and rail proxy prove fencing tokens with this file of
+    /// `<key-id> <secret>` lines (`fencing.proof-keys-file`, docs/design.md#d-8).
+    pub fn proof_keys_file(mut self, file: &Path) -> Self {
+        for role in [Role::LockServer, Role::PaymentResource, Role::RailProxy] {
+            self = self.set(role, "fencing.proof-keys-file", file.display().to_string());
+        }
+        self
+    }
+
+    /// PostgreSQL's [`Durability`] (by default [`Durability::Fast`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// One more config key for one service (after its defaults: the same key replaces them).
     pub fn set(mut self, role: Role, key: &str, value: impl Into<String>) -> Self {
         self.extra.push((role, key.to_owned(), value.into()));
         self
@@ -242,7 +283,14 @@ impl StackBuilder {
 
     /// Starts in `dir` (which may already hold, say, a statement file) instead of a new one.
     pub fn in_dir(mut self, dir: tempfile::TempDir) -> Self {
-        self.dir = Some(dir);
+        self.dir = Some((dir.path().to_path_buf(), Some(dir)));
+        self
+    }
+
+    /// Starts in `dir`, made if missing and kept afterwards: a second stack there reuses its
+    /// databases.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some((dir.into(), None));
         self
     }
 
@@ -265,26 +313,39 @@ impl StackBuilder {
         if proves && !extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
             pairs.push(("fencing.insecure-no-proofs".to_owned(), "true".to_owned()));
         }
-        pairs.extend(extra);
+        for (key, value) in extra {
+            match pairs.iter_mut().find(|(k, _)| *k == key) {
+                Some(pair) => pair.1 = value,
+                None => pairs.push((key, value)),
+            }
+        }
         pairs
     }
 
-    /// Starts the backing servers, then the services in [`Role::ALL`] order.
+    /// Starts the backing servers, then the services in [`Role::ALL`] order; panics with what
+    /// would not start.
     pub fn start(self) -> Stack {
-        let wants = |role: Role| self.roles.contains(&role);
-        let ns = self.netns.then(|| {
-            NetNs::create().unwrap_or_else(|e| panic!("cannot build a network partition: {e:#}"))
-        });
-        let dir = match self.dir {
-            Some(_) => None,
-            None => Some(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))),
+        self.try_start().unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// Like [`StackBuilder::start`], returning what would not start instead of panicking.
+    pub fn try_start(mut self) -> Result<Stack> {
+        // Declared first, dropped last: whatever started before an error stops before its data
+        // goes.
+        let (dir, temp) = match self.dir.take() {
+            Some(dir) => dir,
+            None => {
+                let temp = tempfile::tempdir().context("making the stack's directory")?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
         };
-        let dir_path = self
-            .dir
-            .as_ref()
-            .or(dir.as_ref())
-            .map(|d| d.path().to_path_buf())
-            .unwrap_or_default();
+        std::fs::create_dir_all(dir.join("logs"))
+            .with_context(|| format!("making {}", dir.join("logs").display()))?;
+        let wants = |role: Role| self.roles.contains(&role);
+        let ns = match self.netns {
+            true => Some(NetNs::create().context("cannot build a network partition")?),
+            false => None,
+        };
         // Services on the host listen on the host end of the veth pair, so that services inside
         // the namespace reach them too; so do PostgreSQL and etcd.
         let host_ip = ns.as_ref().map_or(LOOPBACK, NetNs::host_addr);
@@ -292,14 +353,27 @@ impl StackBuilder {
         let extra: Vec<IpAddr> = ns.iter().map(NetNs::host_addr).collect();
         let pg_lock = wants(Role::LockServer) && matches!(self.backend, LockBackend::Pg);
         let pg_pay = wants(Role::PaymentResource) || wants(Role::RailProxy);
-        let pg = (pg_lock || pg_pay).then(|| {
-            let pg = PgServer::start_listening(None, &extra).unwrap_or_else(|e| panic!("{e:#}"));
-            for db in ["lockdb", "paydb"] {
-                pg.create_database(db)
-                    .unwrap_or_else(|e| panic!("create {db}: {e:#}"));
+        let pg = match pg_lock || pg_pay {
+            false => None,
+            true => {
+                let pg_dir = Some(dir.join("postgres"));
+                let pg = match extra.is_empty() {
+                    true => PgServer::start_in(pg_dir.as_deref(), self.durability)?,
+                    false => {
+                        ensure!(
+                            self.durability == Durability::Fast,
+                            "a stack with a network namespace runs a fast PostgreSQL only"
+                        );
+                        PgServer::start_listening(pg_dir.as_deref(), &extra)?
+                    }
+                };
+                for db in ["lockdb", "paydb"] {
+                    pg.create_database(db)
+                        .with_context(|| format!("create {db}"))?;
+                }
+                Some(pg)
             }
-            pg
-        });
+        };
         let pg_url = |db: &str, role: Role| {
             let ip = if self.in_ns.contains(&role) {
                 host_ip
@@ -309,8 +383,13 @@ impl StackBuilder {
             let port = pg.as_ref().map(|p| p.port).unwrap_or_default();
             format!("postgres://postgres@{}/{db}", SocketAddr::new(ip, port))
         };
-        let etcd = (wants(Role::LockServer) && matches!(self.backend, LockBackend::Etcd))
-            .then(|| EtcdServer::start_listening(None, &extra).unwrap_or_else(|e| panic!("{e:#}")));
+        let etcd = match wants(Role::LockServer) && matches!(self.backend, LockBackend::Etcd) {
+            true => Some(EtcdServer::start_listening(
+                Some(&dir.join("etcd")),
+                &extra,
+            )?),
+            false => None,
+        };
         let at = |role: Role| {
             if self.in_ns.contains(&role) {
                 ns_ip
@@ -324,10 +403,11 @@ impl StackBuilder {
                 role,
                 at(role),
                 self.in_ns.contains(&role),
-                &dir_path,
+                &dir,
                 self.pairs(role, pairs),
             )
         };
+        let operator_token = |key| self.operator_token.clone().map(|token| (key, token));
         let mut services = Vec::new();
         if wants(Role::LockServer) {
             let pairs = match (&self.backend, &etcd) {
@@ -344,19 +424,15 @@ impl StackBuilder {
                     ("lock.pg.url", pg_url("lockdb", Role::LockServer)),
                 ],
             };
-            services.push(service(Role::LockServer, pairs));
+            services.push(service(Role::LockServer, pairs)?);
         }
         if wants(Role::PaymentResource) {
-            services.push(service(
-                Role::PaymentResource,
-                vec![
-                    ("payment.pg.url", pg_url("paydb", Role::PaymentResource)),
-                    ("payment.operator.token", self.operator_token.clone()),
-                ],
-            ));
+            let mut pairs = vec![("payment.pg.url", pg_url("paydb", Role::PaymentResource))];
+            pairs.extend(operator_token("payment.operator.token"));
+            services.push(service(Role::PaymentResource, pairs)?);
         }
         if wants(Role::RailStub) {
-            let statement = dir_path.join(STATEMENT_FILE).display().to_string();
+            let statement = dir.join(STATEMENT_FILE).display().to_string();
             services.push(service(
                 Role::RailStub,
                 // Tests reach the stub directly; one that wants it closed sets auth.* itself.
@@ -364,66 +440,70 @@ impl StackBuilder {
                     ("rail.stub.statement-path", statement),
                     ("auth.mode", "none".to_owned()),
                 ],
-            ));
+            )?);
         }
         for s in &mut services {
-            s.start(ns.as_ref());
+            s.start(ns.as_ref())?;
         }
         let stub_addr = services
             .iter()
             .find(|s| s.role == Role::RailStub)
             .map(|s| s.addr);
-        let rail_fault = self.rail_fault_proxy.then(|| {
-            let upstream = stub_addr.unwrap_or_else(|| panic!("a fault proxy needs the rail"));
-            FaultProxy::start(SocketAddr::new(host_ip, 0), upstream)
-                .unwrap_or_else(|e| panic!("{e:#}"))
-        });
+        let rail_fault = match self.rail_fault_proxy {
+            true => {
+                let upstream = stub_addr.context("a fault proxy needs the rail")?;
+                Some(FaultProxy::start(SocketAddr::new(host_ip, 0), upstream)?)
+            }
+            false => None,
+        };
         if wants(Role::RailProxy) {
             let rail_url = match (&rail_fault, stub_addr) {
                 (Some(fault), _) => fault.url(),
                 (None, Some(addr)) => format!("http://{addr}"),
-                (None, None) => panic!("the rail proxy needs the rail stub"),
+                (None, None) => bail!("the rail proxy needs the rail stub"),
             };
             let mut pairs = vec![
                 ("rail.proxy.pg.url", pg_url("paydb", Role::RailProxy)),
                 ("rail.proxy.rail-url", rail_url),
-                ("rail.proxy.operator-token", self.operator_token.clone()),
             ];
+            pairs.extend(operator_token("rail.proxy.operator-token"));
             if let Some(ms) = self.read_timeout_ms {
                 pairs.push(("rail.proxy.read-timeout-ms", ms.to_string()));
             }
-            let mut proxy = service(Role::RailProxy, pairs);
-            proxy.start(ns.as_ref());
+            let mut proxy = service(Role::RailProxy, pairs)?;
+            proxy.start(ns.as_ref())?;
             services.push(proxy);
         }
-        Stack {
+        Ok(Stack {
             services,
             rail_fault,
             etcd,
             pg,
             ns,
-            dir: self.dir.or(dir).unwrap_or_else(|| panic!("no directory")),
+            dir,
+            _temp: temp,
             exe: self.exe,
             read_timeout_ms: self.read_timeout_ms,
             executor_args: self.executor_args,
             operator_token: self.operator_token,
-        }
+        })
     }
 }
 
 /// A started stack. Field order is drop order: the processes first, then the fault proxy, the
-/// stores, the namespace and the directory with the logs.
+/// stores, the namespace and the directory with the logs (unless it is kept).
 pub struct Stack {
     services: Vec<Service>,
     pub rail_fault: Option<FaultProxy>,
     pub etcd: Option<EtcdServer>,
     pub pg: Option<PgServer>,
     pub ns: Option<NetNs>,
-    pub dir: tempfile::TempDir,
+    dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
     exe: PathBuf,
     read_timeout_ms: Option<u64>,
     executor_args: Vec<String>,
-    pub operator_token: String,
+    pub operator_token: Option<String>,
 }
 
 impl Stack {
@@ -435,14 +515,20 @@ impl Stack {
             roles: Role::ALL.to_vec(),
             backend: LockBackend::Pg,
             read_timeout_ms: None,
-            operator_token: "stack-operator-token".to_owned(),
+            operator_token: Some("stack-operator-token".to_owned()),
             extra: Vec::new(),
             in_ns: Vec::new(),
             netns: false,
             rail_fault_proxy: false,
             executor_args: Vec::new(),
             dir: None,
+            durability: Durability::Fast,
         }
+    }
+
+    /// The stack's directory: configurations, `logs/`, the databases' data.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn service(&self, role: Role) -> &Service {
@@ -467,7 +553,9 @@ impl Stack {
             .find(|s| s.role == role)
             .unwrap_or_else(|| panic!("this stack runs no {}", role.name()));
         service.kill();
-        service.start(self.ns.as_ref());
+        service
+            .start(self.ns.as_ref())
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     pub fn lock(&self) -> &Service {
@@ -516,7 +604,7 @@ impl Stack {
     }
 
     pub fn statement_path(&self) -> PathBuf {
-        self.dir.path().join(STATEMENT_FILE)
+        self.dir.join(STATEMENT_FILE)
     }
 
     pub fn read_timeout_ms(&self) -> u64 {
@@ -551,14 +639,15 @@ impl Stack {
                 1_000 + i
             ));
         }
-        let path = self.dir.path().join(format!("{name}.yaml"));
+        let path = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
         path
     }
 
-    /// Starts `dlock run -f batch` against this stack (4 workers), logging to `{owner}.log`.
+    /// Starts `dlock run -f batch` against this stack (4 workers), logging to
+    /// `logs/{owner}.log`.
     pub fn executor(&self, batch: &Path, owner: &str, extra: &[&str]) -> (ManagedChild, PathBuf) {
-        let log = self.dir.path().join(format!("{owner}.log"));
+        let log = self.dir.join("logs").join(format!("{owner}.log"));
         let mut args: Vec<String> = vec![
             "run".into(),
             "-f".into(),

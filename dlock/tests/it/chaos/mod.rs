@@ -212,7 +212,7 @@ impl Chaos {
             )
             .unwrap_or_else(|e| format!("(paydb unreadable: {e:#})"));
         let mut out = format!("\npayouts by state: {states}");
-        let mut logs: Vec<_> = std::fs::read_dir(self.dir.path())
+        let mut logs: Vec<_> = std::fs::read_dir(self.dir().join("logs"))
             .into_iter()
             .flatten()
             .flatten()
