@@ -731,13 +731,6 @@ async fn profile(
     let bench = Bench { pg, etcd, stats };
     // `--workers N` and `--accounts N` choose the row (128 workers over 1 000 accounts unless
     // given).
-    let arg = |name: &str, default: usize| {
-        std::env::args()
-            .skip_while(|a| a != name)
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
     let (workers, accounts) = (arg("--workers", 128), arg("--accounts", 1_000));
     for (i, track) in ["none", "top", "all"].into_iter().enumerate() {
         statements::track(pg, track);
@@ -905,13 +898,18 @@ async fn replicas(
     );
 }
 
-fn main() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let payouts: usize = std::env::args()
-        .skip_while(|a| a != "--payouts")
+/// The number after `name` on the command line, or `default`.
+fn arg(name: &str, default: usize) -> usize {
+    std::env::args()
+        .skip_while(|a| a != name)
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(600);
+        .unwrap_or(default)
+}
+
+fn main() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let payouts = arg("--payouts", 600);
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans::Timing))
         .unwrap_or_else(|e| panic!("{e}"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
