@@ -183,20 +183,12 @@ fn write_tokens(dir: &Path) -> Result<(PathBuf, PathBuf, Credentials)> {
 fn write_proof_keys(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("fencing-proof-keys");
     let secret = format!("{}{}", random_token(), random_token());
-    std::fs::write(
+    write_private(
         &path,
-        format!(
-            "# written by `dlock dev up`: <key-id> <secret>, the first line signs
-dev {secret}
-"
+        &format!(
+            "# written by `dlock dev up`: <key-id> <secret>, the first line signs\ndev {secret}\n"
         ),
-    )
-    .with_context(|| format!("writing {}", path.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("restricting {}", path.display()))?;
-    }
+    )?;
     Ok(path)
 }
 
