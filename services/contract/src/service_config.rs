@@ -1,6 +1,6 @@
-//! The services' configuration as typed structs, for the writers of config files: the operator
-//! (a ConfigMap per workload) and `dlock dev up` (a file per service). Each key is spelled once,
-//! here; [`to_toml`] writes a struct as the flat dotted keys that `config::RawConfig` reads
+//! The services' configuration as typed structs, for the operator, which writes a ConfigMap per
+//! workload. (The local and test stacks, `dlock_devstack::stack`, write the dotted keys
+//! themselves, since a test may set or override any key a service reads.) [`to_toml`] writes a struct as the flat dotted keys that `config::RawConfig` reads
 //! (`"server.listen" = "0.0.0.0:8080"`), in field order, leaving out what is absent.
 //!
 //! Only the keys those writers set are here; a service reads many more (with defaults).
