@@ -1,9 +1,10 @@
 //! The services' configuration as typed structs, for the operator, which writes a ConfigMap per
 //! workload. (The local and test stacks, `dlock_devstack::stack`, write the dotted keys
-//! themselves, since a test may set or override any key a service reads.) [`to_toml`] writes a struct as the flat dotted keys that `config::RawConfig` reads
-//! (`"server.listen" = "0.0.0.0:8080"`), in field order, leaving out what is absent.
+//! themselves, since a test may set or override any key a service reads.) [`to_toml`] writes a
+//! struct as the flat dotted keys that `config::RawConfig` reads (`"server.listen" =
+//! "0.0.0.0:8080"`), in field order, leaving out what is absent.
 //!
-//! Only the keys those writers set are here; a service reads many more (with defaults).
+//! Only the keys the operator sets are here; a service reads many more (with defaults).
 
 use serde::Serialize;
 
