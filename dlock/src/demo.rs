@@ -173,7 +173,7 @@ async fn run_demo(
     println!("reconciler:\n{}", findings.table());
     println!(
         "the rail statement holds {} transfers for {} payouts; double payments: {}",
-        findings.transfers_on_statement, report.payouts, findings.double_payments
+        findings.transfers_on_statement, report.payouts, findings.statement.double_payments
     );
     // The stack stops with the demo: no metrics address to give, and the commands are for a
     // stack of one's own.

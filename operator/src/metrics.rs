@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use dlock_contract::reconcile::ReconcileSummary;
+use dlock_contract::reconcile::{ReconcileSummary, StatementCounts};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,7 +25,7 @@ pub struct FindingLabels {
 }
 
 /// How many findings of one class a run's summary holds.
-pub type FindingCount = fn(&ReconcileSummary) -> usize;
+pub type FindingCount = fn(&StatementCounts) -> usize;
 
 /// The reconciler's finding classes the operator counts, each with its count in a run's
 /// summary. Every class is exported from the start (at zero), so that the first finding is an
@@ -101,7 +101,7 @@ impl Metrics {
         for (class, count) in FINDING_CLASSES {
             self.findings
                 .get_or_create(&FindingLabels { class })
-                .inc_by(count(summary) as u64);
+                .inc_by(count(&summary.statement) as u64);
         }
     }
 
@@ -135,8 +135,11 @@ mod tests {
             );
         }
         let run = ReconcileSummary {
-            transfers_without_payout: 2,
-            released_paid_on_rail: 1,
+            statement: StatementCounts {
+                transfers_without_payout: 2,
+                released_paid_on_rail: 1,
+                ..StatementCounts::default()
+            },
             ..ReconcileSummary::default()
         };
         metrics.count_findings("ns/nightly", "nightly-1", &run);

@@ -1,4 +1,5 @@
 use super::*;
+use dlock_contract::reconcile::StatementCounts;
 use dlock_executor::reconcile::{Finding, Findings, Severity};
 
 fn batch(items: &[(&str, i64, &str)]) -> PayoutBatch {
@@ -125,7 +126,10 @@ fn the_termination_summary_fits_4096_bytes_most_severe_first() {
     };
     let mut findings = Findings {
         payouts_checked: 500,
-        ambiguous_not_on_rail: 100,
+        statement: StatementCounts {
+            ambiguous_not_on_rail: 100,
+            ..StatementCounts::default()
+        },
         ..Findings::default()
     };
     findings

@@ -87,7 +87,7 @@ impl Run {
                 .as_u64()
                 .unwrap_or_else(|| panic!("{k} missing: {}", self.json))
         });
-        let s = &self.summary;
+        let s = &self.summary.statement;
         let summary = [
             s.transfers_without_payout,
             s.transfers_differing_from_payout,
@@ -403,8 +403,8 @@ async fn resolutions_the_rails_statement_contradicts_are_reported() {
     assert_eq!(ambiguous.counts(), [0; 4]);
     assert_eq!(
         (
-            ambiguous.summary.ambiguous_found_on_rail,
-            ambiguous.summary.ambiguous_not_on_rail
+            ambiguous.summary.statement.ambiguous_found_on_rail,
+            ambiguous.summary.statement.ambiguous_not_on_rail
         ),
         (2, 1)
     );

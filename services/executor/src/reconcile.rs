@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dlock_contract::rail::read_statement;
+use dlock_contract::reconcile::StatementCounts;
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -35,19 +36,9 @@ pub struct Findings {
     pub accounts_checked: usize,
     pub payouts_checked: usize,
     pub transfers_on_statement: usize,
-    pub ambiguous_found_on_rail: usize,
-    pub ambiguous_not_on_rail: usize,
-    pub double_payments: usize,
-    /// Statement lines with no payout in paydb, or whose payout never went to the rail proxy:
-    /// money left with no record of why.
-    pub transfers_without_payout: usize,
-    /// Statement lines whose amount or currency is not their payout's, and POSTED payouts whose
-    /// rail reference is not among their payout's lines.
-    pub transfers_differing_from_payout: usize,
-    /// POSTED payouts, posted longer ago than the settlement window, with no line on the statement.
-    pub posted_not_on_rail: usize,
-    /// FAILED or ABANDONED payouts (their hold released) with a line on the statement.
-    pub released_paid_on_rail: usize,
+    // The statement against paydb, counted as the termination summary carries the counts.
+    #[serde(flatten)]
+    pub statement: StatementCounts,
 }
 
 /// What a run compares against.
@@ -75,17 +66,18 @@ impl Findings {
             "reconciled {} accounts, {} payouts, {} transfers on the rail statement\n",
             self.accounts_checked, self.payouts_checked, self.transfers_on_statement
         );
+        let s = &self.statement;
         out.push_str(&format!(
             "ambiguous payouts: {} found on the rail, {} not found; double payments: {}\n",
-            self.ambiguous_found_on_rail, self.ambiguous_not_on_rail, self.double_payments
+            s.ambiguous_found_on_rail, s.ambiguous_not_on_rail, s.double_payments
         ));
         out.push_str(&format!(
             "rail against ledger: {} transfers without a payout, {} differing from their payout; \
              {} posted payouts not on the rail; {} failed or abandoned payouts paid on the rail\n",
-            self.transfers_without_payout,
-            self.transfers_differing_from_payout,
-            self.posted_not_on_rail,
-            self.released_paid_on_rail
+            s.transfers_without_payout,
+            s.transfers_differing_from_payout,
+            s.posted_not_on_rail,
+            s.released_paid_on_rail
         ));
         if self.findings.is_empty() {
             out.push_str("no findings\n");
@@ -296,7 +288,7 @@ pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) ->
     }
     for (client_ref, references) in &by_ref {
         if references.len() > 1 {
-            out.double_payments += 1;
+            out.statement.double_payments += 1;
             add(
                 &mut out,
                 Severity::Critical,
@@ -326,7 +318,7 @@ pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) ->
             .with_context(|| format!("recording the finding of payout {payout} in paydb"))?;
         match found {
             Some(references) => {
-                out.ambiguous_found_on_rail += 1;
+                out.statement.ambiguous_found_on_rail += 1;
                 add(
                     &mut out,
                     Severity::Info,
@@ -340,7 +332,7 @@ pub async fn reconcile_with(pool: &PgPool, rail_url: &str, options: &Options) ->
                 );
             }
             None => {
-                out.ambiguous_not_on_rail += 1;
+                out.statement.ambiguous_not_on_rail += 1;
                 add(&mut out, Severity::Info, "ambiguous_not_on_rail", payout.to_string(), "not on the rail statement: after the rail's settlement window, resolve with dlock resolve --failed".into());
             }
         }
@@ -531,9 +523,38 @@ async fn compare_with_ledger(
             );
         }
     }
-    out.transfers_without_payout = orphans;
-    out.transfers_differing_from_payout = differing;
-    out.posted_not_on_rail = missing;
-    out.released_paid_on_rail = released;
+    out.statement.transfers_without_payout = orphans;
+    out.statement.transfers_differing_from_payout = differing;
+    out.statement.posted_not_on_rail = missing;
+    out.statement.released_paid_on_rail = released;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dlock reconcile --json` writes the statement's counts as top-level fields, after the
+    /// transfers on the statement, as it did before they were one flattened [`StatementCounts`].
+    #[test]
+    fn the_report_writes_the_statement_counts_at_the_top_level() {
+        let findings = Findings {
+            transfers_on_statement: 4,
+            statement: StatementCounts {
+                double_payments: 1,
+                posted_not_on_rail: 2,
+                ..StatementCounts::default()
+            },
+            ..Findings::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&findings).unwrap_or_default(),
+            concat!(
+                r#"{"findings":[],"accountsChecked":0,"payoutsChecked":0,"transfersOnStatement":4,"#,
+                r#""ambiguousFoundOnRail":0,"ambiguousNotOnRail":0,"doublePayments":1,"#,
+                r#""transfersWithoutPayout":0,"transfersDifferingFromPayout":0,"#,
+                r#""postedNotOnRail":2,"releasedPaidOnRail":0}"#
+            )
+        );
+    }
 }

@@ -345,7 +345,7 @@ pub(crate) async fn check_invariants(
         "{scenario}: a payout was paid twice"
     );
     assert_eq!(
-        findings.double_payments, 0,
+        findings.statement.double_payments, 0,
         "{scenario}: the rail statement holds a double payment"
     );
     assert_eq!(figures.lost, 0, "{scenario}: payouts did not settle");
@@ -360,7 +360,8 @@ pub(crate) async fn check_invariants(
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        (findings.ambiguous_found_on_rail + findings.ambiguous_not_on_rail) as i64,
+        (findings.statement.ambiguous_found_on_rail + findings.statement.ambiguous_not_on_rail)
+            as i64,
         ambiguous_total,
         "{scenario}: every RAIL_AMBIGUOUS payout is classified"
     );

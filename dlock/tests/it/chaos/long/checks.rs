@@ -190,10 +190,10 @@ impl Findings {
         if !twice.is_empty() {
             fail(format!("paid twice on the rail: {twice:?}"));
         }
-        if summary.double_payments > 0 {
+        if summary.statement.double_payments > 0 {
             fail(format!(
                 "the reconciler found {} double payments",
-                summary.double_payments
+                summary.statement.double_payments
             ));
         }
         if !lost.is_empty() {
@@ -206,7 +206,7 @@ impl Findings {
         if without_reason > 0 {
             fail("a payout FAILED or ABANDONED without a reason on record".into());
         }
-        if posted_off_rail > 0 || summary.posted_not_on_rail > 0 {
+        if posted_off_rail > 0 || summary.statement.posted_not_on_rail > 0 {
             fail(format!(
                 "{posted_off_rail} POSTED payouts are not on the rail"
             ));
@@ -217,13 +217,14 @@ impl Findings {
                 reconcile_exit, summary.findings
             ));
         }
-        if summary.ambiguous_found_on_rail + summary.ambiguous_not_on_rail != ambiguous_in_db
+        if summary.statement.ambiguous_found_on_rail + summary.statement.ambiguous_not_on_rail
+            != ambiguous_in_db
             || ambiguous_in_db != ambiguous
         {
             fail(format!(
                 "RAIL_AMBIGUOUS not all classified: {ambiguous} in the run, {ambiguous_in_db} in \
                  paydb, the reconciler classified {} + {}",
-                summary.ambiguous_found_on_rail, summary.ambiguous_not_on_rail
+                summary.statement.ambiguous_found_on_rail, summary.statement.ambiguous_not_on_rail
             ));
         }
         if !failed_runs.is_empty() {

@@ -68,10 +68,10 @@ pub(super) async fn positive_controls(
             "  positive controls: planted unsettled payout found lost ({}); planted double payment \
              after {tries} repeats: paid twice {found:?}, reconciler {} double payments, exit {planted_exit:?}",
             planted_lost.len(),
-            planted_summary.double_payments
+            planted_summary.statement.double_payments
         );
         if found != vec![victim.clone()]
-            || planted_summary.double_payments == 0
+            || planted_summary.statement.double_payments == 0
             || planted_exit == Some(0)
         {
             broken.push(format!(
