@@ -63,16 +63,8 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
         // A mirrored Lock nobody asked to revoke: Ready, once (the conditions are this
         // controller's fields, never the mirror's).
         if previous.reported.conditions.is_empty() {
-            let status = revoke_fields(
-                object.metadata.generation,
-                Conditions::ready("mirrored from its lock server; no revocation asked").render(
-                    &[],
-                    object.metadata.generation,
-                    &ctx.now(),
-                ),
-                None,
-            );
-            apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
+            let ready = Conditions::ready("mirrored from its lock server; no revocation asked");
+            apply_revoke_fields(&ctx, &object, &previous, ready, None).await?;
         }
         return Ok(Action::await_change());
     };
@@ -108,22 +100,9 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
                         // is recorded, so the retry revokes that grant only, never a newer one.
                         if let Some(token) = token {
                             let pinned = revoke::pinned(&request, token, &unanswered);
-                            let status = revoke_fields(
-                                object.metadata.generation,
-                                conditions_of(&pinned).render(
-                                    &previous.reported.conditions,
-                                    object.metadata.generation,
-                                    &ctx.now(),
-                                ),
-                                Some(pinned),
-                            );
-                            apply_status_as(
-                                &ctx.client,
-                                object.as_ref(),
-                                &status,
-                                LOCK_REVOKE_MANAGER,
-                            )
-                            .await?;
+                            let conditions = conditions_of(&pinned);
+                            apply_revoke_fields(&ctx, &object, &previous, conditions, Some(pinned))
+                                .await?;
                         }
                         return Err(unanswered.into());
                     }
@@ -131,16 +110,8 @@ pub async fn reconcile_lock(object: Arc<Lock>, ctx: Arc<Context>) -> Result<Acti
             }
         },
     };
-    let status = revoke_fields(
-        object.metadata.generation,
-        conditions_of(&result).render(
-            &previous.reported.conditions,
-            object.metadata.generation,
-            &ctx.now(),
-        ),
-        Some(result.clone()),
-    );
-    apply_status_as(&ctx.client, object.as_ref(), &status, LOCK_REVOKE_MANAGER).await?;
+    let conditions = conditions_of(&result);
+    apply_revoke_fields(&ctx, &object, &previous, conditions, Some(result.clone())).await?;
     ctx.metrics
         .revocations
         .get_or_create(&crate::metrics::ReconcileLabels {
@@ -163,6 +134,24 @@ pub fn revoke_fields(
         revocation,
         ..LockStatus::default()
     }
+}
+
+/// Applies this controller's fields of the Lock's status: `conditions`, rendered against the
+/// previous ones, and the revocation.
+async fn apply_revoke_fields(
+    ctx: &Context,
+    object: &Lock,
+    previous: &LockStatus,
+    conditions: Conditions,
+    revocation: Option<RevocationResult>,
+) -> Result<()> {
+    let generation = object.metadata.generation;
+    let status = revoke_fields(
+        generation,
+        conditions.render(&previous.reported.conditions, generation, &ctx.now()),
+        revocation,
+    );
+    apply_status_as(&ctx.client, object, &status, LOCK_REVOKE_MANAGER).await
 }
 
 /// Runs (or resumes) the revocation `ask` asks for against the namespace's services, or records
