@@ -8,13 +8,18 @@
 //! endpoints would not. `X-Owner-Id` and the credential are the batch request's own and apply to
 //! every item.
 //!
-//! On the client side, [`Batches`] lets concurrent calls of one step share a batch request: the
-//! calls of a step that are ready together (the workers one answer woke) go in one request, and
-//! a call never waits for the answer of a batch request already in flight
-//! ([`crate::group_commit::GroupCommit::pipelined`]). No timer, so a lone call is never delayed
-//! and the batch size follows the load. A batch of one item goes to the single endpoint as the
-//! single request it stands for ([`send_single`]): a batch request carrying one item costs more
-//! than the request it wraps (docs/benchmarks.md).
+//! On the client side, [`Batches`] lets concurrent calls of one step share a batch request. No
+//! timer, so a lone call is never delayed and the batch size follows the load:
+//! - an acquire (which may wait for a held lock) and a submit (which waits for the rail) never
+//!   wait for the answer of a batch request already in flight: the calls that are ready
+//!   together (the workers one answer woke) go in one request
+//!   ([`crate::group_commit::GroupCommit::pipelined`]);
+//! - a claim, a post and a release, each one bounded write, wait for the batch request of
+//!   their step in flight, and the calls that came meanwhile go together in the next one.
+//!
+//! A batch of one item goes to the single endpoint as the single request it stands for
+//! ([`send_single`]): a batch request carrying one item costs more than the request it wraps
+//! (docs/benchmarks.md).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -472,11 +477,15 @@ impl Batches {
     pub fn new(max: usize) -> Arc<Self> {
         let max = max.clamp(1, MAX_ITEMS);
         Arc::new(Self {
+            // An acquire may wait for a held lock and a submit for the rail: nothing queues
+            // behind them.
             acquire: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
-            release: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
-            claim: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
-            post: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
             submit: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)).pipelined(),
+            // A claim, a post and a release are one bounded write each: the calls that come
+            // while one is in flight go together in the next.
+            release: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
+            claim: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
+            post: GroupCommit::new(max, no_keys, run, Arc::new(Unobserved)),
         })
     }
 }
