@@ -231,9 +231,9 @@ pub fn finish(routes: Router, limits: HttpLimits) -> Router {
         .layer(middleware::from_fn(crate::trace::middleware))
 }
 
-/// The tail every service's router shares: the service's OpenAPI [`document`] at
-/// `GET /v1/openapi.json`, the state, the `batches` ([`crate::batch`]), the credential check in front of every route, then
-/// [`finish`]. `GET /healthz` ([`healthz`]) is among a service's own `routes`, with its operation.
+/// The tail every service's router shares: `GET /healthz` ([`healthz`]) with its operation, the
+/// service's OpenAPI [`document`] at `GET /v1/openapi.json`, the state, the `batches`
+/// ([`crate::batch`]), the credential check in front of every route, then [`finish`].
 pub fn service<S: Clone + Send + Sync + 'static>(
     routes: OpenApiRouter<S>,
     state: S,
