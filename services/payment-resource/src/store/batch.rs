@@ -78,7 +78,12 @@ struct ManyHead {
 }
 
 impl ManyHead {
-    fn verdict<T>(self, effect: impl FnOnce() -> StoreResult<T>) -> StoreResult<Item<T>> {
+    /// The row's item and its verdict; `effect` reads a fresh item's outcome.
+    fn verdict<T>(self, effect: impl FnOnce() -> StoreResult<T>) -> (i32, StoreResult<Item<T>>) {
+        (self.item, self.item_verdict(effect))
+    }
+
+    fn item_verdict<T>(self, effect: impl FnOnce() -> StoreResult<T>) -> StoreResult<Item<T>> {
         Ok(match self.begin_outcome.as_str() {
             "fresh" => Item::Fresh(effect()?),
             "replay" => Item::Replay {
@@ -169,7 +174,10 @@ impl Scopes {
 }
 
 /// The verdicts of `n` items from rows that name their item (1-based), in item order.
-fn in_order<T>(n: usize, rows: Vec<(i32, StoreResult<Item<T>>)>) -> StoreResult<Vec<Item<T>>> {
+fn in_order<T>(
+    n: usize,
+    rows: impl IntoIterator<Item = (i32, StoreResult<Item<T>>)>,
+) -> StoreResult<Vec<Item<T>>> {
     let slots = dlock_server::group_commit::by_item(n, rows)
         .map_err(|item| StoreError::Backend(format!("pay_*_many answered item {item}")))?;
     slots
@@ -206,18 +214,10 @@ impl PayStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let rows = rows
+        let verdicts = rows
             .into_iter()
-            .map(|r| {
-                let item = r.head.item;
-                let claim = r.claim;
-                (
-                    item,
-                    r.head.verdict(|| claim.into_outcome("pay_claim_many")),
-                )
-            })
-            .collect();
-        Ok((tx, in_order(items.len(), rows)?))
+            .map(|r| r.head.verdict(|| r.claim.into_outcome("pay_claim_many")));
+        Ok((tx, in_order(items.len(), verdicts)?))
     }
 
     /// The posts of a batch (`pay_post_many`), as [`PayStore::claim_many`]; a posted item
@@ -245,18 +245,11 @@ impl PayStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        let rows = rows
-            .into_iter()
-            .map(|r| {
-                let item = r.head.item;
-                let (post, entries) = (r.post, r.entries);
-                let verdict = r
-                    .head
-                    .verdict(|| posted(post, entries.as_deref(), "pay_post_many"));
-                (item, verdict)
-            })
-            .collect();
-        Ok((tx, in_order(items.len(), rows)?))
+        let verdicts = rows.into_iter().map(|r| {
+            r.head
+                .verdict(|| posted(r.post, r.entries.as_deref(), "pay_post_many"))
+        });
+        Ok((tx, in_order(items.len(), verdicts)?))
     }
 
     /// Stores the answers of a batch's fresh items in one statement and commits the batch.
