@@ -410,14 +410,14 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
     )])
     .await;
     stack
-        .pg
+        .pg()
         .create_database("lockdb")
         .unwrap_or_else(|e| panic!("{e:#}"));
     let (listener, addr) = loopback().await;
     let env = [
         ("server.listen", addr.to_string()),
         ("lock.backend", "pg".to_owned()),
-        ("lock.pg.url", stack.pg.url("lockdb")),
+        ("lock.pg.url", stack.pg().url("lockdb")),
         ("fencing.proof-keys-file", lock_keys.display().to_string()),
     ]
     .into_iter()

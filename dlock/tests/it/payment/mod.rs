@@ -1,7 +1,7 @@
 //! The payment resource (docs/contract.md#s3-4, docs/contract.md#extensions) through HTTP, against
-//! real PostgreSQL, with the server in this process on a real port. Tokens are plain increasing
-//! numbers, as a lock server's are; the rail is simulated by moving payouts to SUBMITTING and
-//! RAIL_ACKED in SQL.
+//! real PostgreSQL, as a real `dlock serve payment-resource` process that [`Stack`] starts. Tokens
+//! are plain increasing numbers, as a lock server's are; the rail is simulated by moving payouts
+//! to SUBMITTING and RAIL_ACKED in SQL.
 
 mod bad_input;
 mod funds;
@@ -14,14 +14,10 @@ mod schema;
 mod set_based;
 mod workload;
 
-use crate::harness::{loopback, serve_in_task};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use dlock_devstack::PgServer;
-use dlock_payment_resource::{AppState, PaymentConfig, app, open_store};
-use dlock_server::config::{RawConfig, env_name};
+use dlock_devstack::stack::{Role, Stack};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -33,22 +29,12 @@ pub const OPERATOR_TOKEN: &str = "test-operator-credential-0123456789";
 pub const JSON_TYPE: &str = "application/json; charset=utf-8";
 
 pub struct PayStack {
-    pub pg: PgServer,
     pub pool: PgPool,
     pub url: String,
     tokens: AtomicI64,
-    server: tokio::task::JoinHandle<()>,
-    sweeper: Option<tokio::task::JoinHandle<()>>,
     http: reqwest::Client,
-}
-
-impl Drop for PayStack {
-    fn drop(&mut self) {
-        self.server.abort();
-        if let Some(s) = &self.sweeper {
-            s.abort();
-        }
-    }
+    /// Last: the pool closes before the service and its PostgreSQL stop.
+    stack: Stack,
 }
 
 /// One answer, with the raw bytes kept for byte-for-byte comparisons.
@@ -104,59 +90,42 @@ impl PayStack {
         Self::start_with(&[]).await
     }
 
-    /// A fresh paydb and a payment resource on it; `extra` are configuration keys.
+    /// A payment resource, a real `dlock serve payment-resource` process on a fresh paydb, from
+    /// [`Stack::builder`]; `extra` are configuration keys.
     pub async fn start_with(extra: &[(&str, &str)]) -> Self {
-        let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-        pg.create_database("paydb")
-            .unwrap_or_else(|e| panic!("create paydb: {e:#}"));
-        let (listener, addr) = loopback().await;
-        let mut pairs: Vec<(String, String)> = vec![
-            ("server.listen".into(), addr.to_string()),
-            ("payment.pg.url".into(), pg.url("paydb")),
-            ("payment.pg.pool-max".into(), "40".into()),
-            ("payment.pg.acquire-timeout-ms".into(), "10000".into()),
-            ("payment.operator.token".into(), OPERATOR_TOKEN.into()),
-        ];
-        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
-        // name, as a service requires (docs/threat-model.md#safe-defaults).
-        if !extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
-            pairs.push(("fencing.insecure-no-proofs".into(), "true".into()));
+        let mut builder = Stack::builder(env!("CARGO_BIN_EXE_dlock"))
+            .only(&[Role::PaymentResource])
+            .operator_token(OPERATOR_TOKEN)
+            .set(Role::PaymentResource, "payment.pg.pool-max", "40")
+            .set(
+                Role::PaymentResource,
+                "payment.pg.acquire-timeout-ms",
+                "10000",
+            );
+        for (key, value) in extra {
+            builder = builder.set(Role::PaymentResource, key, *value);
         }
-        pairs.extend(
-            extra
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        );
-        let env: BTreeMap<String, String> =
-            pairs.into_iter().map(|(k, v)| (env_name(&k), v)).collect();
-        let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
-        let config = PaymentConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"));
-        let store = open_store(&config)
+        let stack = tokio::task::spawn_blocking(move || builder.start())
             .await
-            .unwrap_or_else(|e| panic!("open paydb: {e:#}"));
-        let sweep_every = std::time::Duration::from_millis(config.idempotency.sweep_interval_ms);
-        let sweeper = extra
-            .iter()
-            .any(|(k, _)| *k == "payment.idempotency.sweep-interval-ms")
-            .then(|| {
-                tokio::spawn(dlock_payment_resource::sweep_forever(
-                    store.clone(),
-                    sweep_every,
-                ))
-            });
-        let pool = store.pool().clone();
-        let state = AppState::new(store, Arc::new(config));
-        let served = state.clone();
-        let server = serve_in_task(listener, app(served));
+            .unwrap_or_else(|e| panic!("starting the stack: {e}"));
+        // The tests' own connections to paydb, which the service has migrated by now.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&stack.pg().url("paydb"))
+            .await
+            .unwrap_or_else(|e| panic!("paydb: {e}"));
         Self {
-            pg,
+            url: stack.payment().url(),
             pool,
-            url: format!("http://{addr}"),
             tokens: AtomicI64::new(100),
-            server,
-            sweeper,
             http: dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}")),
+            stack,
         }
+    }
+
+    /// The stack's PostgreSQL (paydb, and lockdb for a test that runs a lock server beside).
+    pub fn pg(&self) -> &PgServer {
+        self.stack.pg()
     }
 
     /// A token above every token handed out before, as a lock server's next grant would be.
@@ -165,7 +134,9 @@ impl PayStack {
     }
 
     pub fn psql(&self, sql: &str) -> String {
-        self.pg.psql("paydb", sql).unwrap_or_else(|e| panic!("{e}"))
+        self.pg()
+            .psql("paydb", sql)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// One request with exactly these headers and this body text.

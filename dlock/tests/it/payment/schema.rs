@@ -4,7 +4,7 @@
 use super::PayStack;
 
 fn refused(stack: &PayStack, what: &str, sql: &str) {
-    let result = stack.pg.psql("paydb", sql);
+    let result = stack.pg().psql("paydb", sql);
     assert!(result.is_err(), "{what}: paydb accepted `{sql}`");
 }
 

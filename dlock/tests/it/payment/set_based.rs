@@ -19,7 +19,7 @@ const OTHER_HASH: [u8; 32] = [2; 32];
 
 /// paydb refuses `sql` (run by psql, so a multi-statement transaction is one call).
 fn refused(stack: &PayStack, what: &str, sql: &str) {
-    let result = stack.pg.psql("paydb", sql);
+    let result = stack.pg().psql("paydb", sql);
     assert!(result.is_err(), "{what}: paydb accepted `{sql}`");
 }
 
