@@ -499,10 +499,52 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
     );
 }
 
+/// The load averages, as /proc/loadavg has them.
+fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.trim().to_owned()
+}
+
+/// The 1-minute load average.
+fn load_now() -> String {
+    let load = load_average();
+    load.split_whitespace().next().unwrap_or("?").to_owned()
+}
+
+/// The header of the `--group-commit` and `--batch-endpoints` tables, whose rows
+/// are [`batch_row`]s named in the column `first`.
+fn batch_header(first: &str) {
+    println!(
+        "{:<15} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
+        first,
+        "accounts",
+        "workers",
+        "payouts/s",
+        "p50 ms",
+        "p99 ms",
+        "xacts/p",
+        "dlock cpu",
+        "pg cpu",
+        "mean batch",
+        "raw commit/s"
+    );
+}
+
+/// `run` and the mean size of the payment resource's group-commit batches during it (claims and
+/// posts per paydb transaction).
+async fn with_mean_batch(
+    state: &dlock_payment_resource::AppState,
+    run: impl std::future::Future<Output = Run>,
+) -> (Run, f64) {
+    let before = batches(state);
+    let run = run.await;
+    let after = batches(state);
+    (run, (after.1 - before.1) / (after.0 - before.0).max(1.0))
+}
+
 /// One row of the `--group-commit` and `--batch-endpoints` tables, with the 1-minute load
 /// average after it.
 fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f64, raw: f64) {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "{:<15} {:>8} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>12.0}  {}",
         label,
@@ -516,7 +558,7 @@ fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f6
         run.cpu_ms.1,
         mean,
         raw,
-        load.split_whitespace().next().unwrap_or("?")
+        load_now()
     );
 }
 
@@ -580,37 +622,18 @@ async fn group_commit(
     let bench = Bench { pg, etcd, stats };
     println!(
         "group commit, pg backend, {payouts} payouts per row (load average at start: {})",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        load_average()
     );
-    println!(
-        "{:<15} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
-        "path",
-        "accounts",
-        "workers",
-        "payouts/s",
-        "p50 ms",
-        "p99 ms",
-        "xacts/p",
-        "dlock cpu",
-        "pg cpu",
-        "mean batch",
-        "raw commit/s"
-    );
+    batch_header("path");
     for accounts_n in [100usize, 1_000] {
         for workers in [32usize, 128] {
             for (label, endpoints, state) in &stacks {
                 let raw_now = pg
                     .raw_commits("rawdb", 32, 1, 1)
                     .unwrap_or_else(|e| panic!("{e:#}"));
-                let before = batches(state);
                 let prefix = format!("gc{}a{accounts_n}w{workers}", label.replace([' ', ','], ""));
-                let run = bench
-                    .run(endpoints, &prefix, accounts_n, payouts, workers, 1)
-                    .await;
-                let after = batches(state);
-                let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+                let run = bench.run(endpoints, &prefix, accounts_n, payouts, workers, 1);
+                let (run, mean) = with_mean_batch(state, run).await;
                 batch_row(
                     label,
                     accounts_n,
@@ -652,24 +675,9 @@ async fn batch_endpoints(
     let bench = Bench { pg, etcd, stats };
     println!(
         "batch endpoints, pg backend, {payouts} payouts per row (load average at start: {})",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        load_average()
     );
-    println!(
-        "{:<15} {:>8} {:>7} {:>10} {:>8} {:>8} {:>9} {:>10} {:>9} {:>10} {:>12}  load",
-        "client batch",
-        "accounts",
-        "workers",
-        "payouts/s",
-        "p50 ms",
-        "p99 ms",
-        "xacts/p",
-        "dlock cpu",
-        "pg cpu",
-        "mean batch",
-        "raw commit/s"
-    );
+    batch_header("client batch");
     for (accounts_n, workers) in [
         (100usize, 32usize),
         (100, 128),
@@ -681,18 +689,14 @@ async fn batch_endpoints(
             let raw_now = pg
                 .raw_commits("rawdb", 32, 1, 1)
                 .unwrap_or_else(|e| panic!("{e:#}"));
-            let before = batches(&state);
             let prefix = format!("be{client_batch}a{accounts_n}w{workers}");
             let n = if accounts_n == 1 {
                 payouts / 4
             } else {
                 payouts
             };
-            let run = bench
-                .run(&endpoints, &prefix, accounts_n, n, workers, client_batch)
-                .await;
-            let after = batches(&state);
-            let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+            let run = bench.run(&endpoints, &prefix, accounts_n, n, workers, client_batch);
+            let (run, mean) = with_mean_batch(&state, run).await;
             let label = format!("client {client_batch}");
             batch_row(
                 &label,
@@ -734,19 +738,9 @@ async fn profile(
     let (workers, accounts) = (arg("--workers", 128), arg("--accounts", 1_000));
     for (i, track) in ["none", "top", "all"].into_iter().enumerate() {
         statements::track(pg, track);
-        let before = batches(&state);
-        let run = bench
-            .run(
-                &endpoints,
-                &format!("prof{i}"),
-                accounts,
-                payouts,
-                workers,
-                32,
-            )
-            .await;
-        let after = batches(&state);
-        let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+        let prefix = format!("prof{i}");
+        let run = bench.run(&endpoints, &prefix, accounts, payouts, workers, 32);
+        let (run, mean) = with_mean_batch(&state, run).await;
         batch_row(
             &format!("track {track}"),
             accounts,
@@ -792,9 +786,7 @@ async fn replicas(
     }
     println!(
         "replicas, pg backend, {payouts} payouts per row, client batch 32 (load average at start: {})",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        load_average()
     );
     println!(
         "{:<9} {:>8} {:>7} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>12}  load",
@@ -871,7 +863,6 @@ async fn replicas(
                     (after.0 - before.0, after.1 - before.1)
                 })
                 .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
             println!(
                 "{:<9} {:>8} {:>7} {:>10.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>9} {:>12.0}  {}",
                 replicas,
@@ -884,7 +875,7 @@ async fn replicas(
                 sum / count.max(1.0),
                 paid.len() - once.len(),
                 raw_now.commits_per_second,
-                load.split_whitespace().next().unwrap_or("?")
+                load_now()
             );
         }
     }
