@@ -14,8 +14,7 @@ const INVALID: &str = "VALIDATION_FAILED";
 async fn snapshot(stack: &LockStack) -> String {
     match stack.backend {
         Backend::Pg => stack
-            .pg
-            .as_ref()
+            .pg()
             .map(|pg| {
                 pg.psql(
                     "lockdb",
@@ -29,7 +28,7 @@ async fn snapshot(stack: &LockStack) -> String {
             })
             .unwrap_or_default(),
         Backend::Etcd => {
-            let endpoint = stack.etcd.as_ref().map(|e| e.endpoint()).unwrap_or_default();
+            let endpoint = stack.etcd().map(|e| e.endpoint()).unwrap_or_default();
             let mut etcd = etcd_client::Client::connect([endpoint], None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -435,15 +435,16 @@ async fn not_leader(backend: Backend) -> Vec<(String, u16, Value)> {
     // Short backend timeouts, so that each refused request answers quickly. The schema goes in
     // first through a pool of its own: under a loaded machine, connecting and migrating may take
     // longer than the short timeout meant for the refused requests.
-    let mut stack = LockStack::backend(
-        backend,
-        &[
+    // The keys of this backend only: a service's configuration file holds no unknown key.
+    let settings: &[(&str, &str)] = match backend {
+        Backend::Pg => &[
             ("lock.pg.acquire-timeout-ms", "1000"),
             ("lock.pg.migrate", "false"),
-            ("lock.etcd.request-timeout-ms", "1500"),
         ],
-    );
-    if let Some(pg) = &stack.pg {
+        Backend::Etcd => &[("lock.etcd.request-timeout-ms", "1500")],
+    };
+    let mut stack = LockStack::backend(backend, settings);
+    if let Some(pg) = stack.pg() {
         let pool = sqlx::PgPool::connect(&pg.url("lockdb"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -463,8 +464,8 @@ async fn not_leader(backend: Backend) -> Vec<(String, u16, Value)> {
     )
     .await;
     match backend {
-        Backend::Pg => stack.pg.as_mut().map(|p| p.kill()),
-        Backend::Etcd => stack.etcd.as_mut().map(|e| e.kill()),
+        Backend::Pg => stack.pg_mut().map(|p| p.kill()),
+        Backend::Etcd => stack.etcd_mut().map(|e| e.kill()),
     };
     s.run_all(&backend_down()).await;
     let (status, _, _) = raw(Method::GET, &format!("{url}/healthz"), &[], None).await;

@@ -78,7 +78,7 @@ impl Restorable {
 
     /// Stops etcd, runs `with_stopped` on it and the test's directory, and starts it again.
     fn while_stopped(&mut self, with_stopped: impl FnOnce(&mut dlock_devstack::EtcdServer, &Path)) {
-        let Some(etcd) = self.stack.etcd.as_mut() else {
+        let Some(etcd) = self.stack.etcd_mut() else {
             panic!("an etcd backend")
         };
         etcd.stop();
@@ -89,8 +89,7 @@ impl Restorable {
 
     fn endpoint(&self) -> String {
         self.stack
-            .etcd
-            .as_ref()
+            .etcd()
             .map(dlock_devstack::EtcdServer::endpoint)
             .unwrap_or_else(|| panic!("an etcd backend"))
     }

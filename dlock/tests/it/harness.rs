@@ -1,16 +1,14 @@
-//! Starts what a test needs: a throwaway PostgreSQL or etcd, and lock servers on it, either in
-//! this process (on a real port) or as real `dlock` processes.
+//! Starts what a test needs: a throwaway PostgreSQL or etcd and lock servers on it, real `dlock`
+//! processes of a devstack [`Stack`], and the helpers the tests share.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use dlock_contract::client::LockClient;
+use dlock_devstack::stack::{LockBackend, Role, Stack};
 use dlock_devstack::{
     EtcdServer, ManagedChild, PgServer, free_port, http_status, spawn_logged, wait_until,
 };
-use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
-use dlock_server::config::RawConfig;
 use sqlx::{Connection, PgConnection};
 
 pub use crate::shared::http::{post_json, raw};
@@ -52,13 +50,108 @@ macro_rules! on_each_backend {
 }
 pub(crate) use on_each_backend;
 
+/// Lock servers on a throwaway backend: a [`Stack`] of the lock server alone, deferred, so
+/// that a test starts as many replicas as it needs ([`LockStack::serve`]), each a real
+/// `dlock serve lock-server` process on the stack's PostgreSQL or etcd.
 pub struct LockStack {
-    /// First: the servers stop before their backend does.
-    servers: Servers,
+    stack: Stack,
     pub backend: Backend,
-    pub pg: Option<PgServer>,
-    pub etcd: Option<EtcdServer>,
+    /// Keys the replicas started from now on get besides the stack's.
     pub extra: Vec<(String, String)>,
+}
+
+impl LockStack {
+    /// A backend with the given extra configuration for the lock servers on it.
+    pub fn backend(backend: Backend, extra: &[(&str, &str)]) -> Self {
+        let builder = Stack::builder(env!("CARGO_BIN_EXE_dlock"))
+            .only(&[Role::LockServer])
+            .deferred(&[Role::LockServer]);
+        let defaults = match backend {
+            Backend::Pg => vec![("lock.pg.acquire-timeout-ms", "5000")],
+            Backend::Etcd => vec![
+                ("lock.etcd.request-timeout-ms", "5000"),
+                ("lock.etcd.connect-timeout-ms", "500"),
+            ],
+        };
+        let builder = match backend {
+            Backend::Pg => builder.lock_backend(LockBackend::Pg),
+            Backend::Etcd => builder.lock_backend(LockBackend::Etcd),
+        };
+        let builder = defaults
+            .into_iter()
+            .chain(extra.iter().copied())
+            .fold(builder, |b, (key, value)| {
+                b.set(Role::LockServer, key, value)
+            });
+        Self {
+            stack: builder.start(),
+            backend,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The stack's PostgreSQL, when the backend is PostgreSQL.
+    pub fn pg(&self) -> Option<&PgServer> {
+        self.stack.pg.as_ref()
+    }
+
+    pub fn pg_mut(&mut self) -> Option<&mut PgServer> {
+        self.stack.pg.as_mut()
+    }
+
+    /// The stack's etcd, when the backend is etcd.
+    pub fn etcd(&self) -> Option<&EtcdServer> {
+        self.stack.etcd.as_ref()
+    }
+
+    pub fn etcd_mut(&mut self) -> Option<&mut EtcdServer> {
+        self.stack.etcd.as_mut()
+    }
+
+    /// The configuration of a lock server on this backend listening on `listen`, as
+    /// `(key, value)` pairs: the stack's, then [`LockStack::extra`].
+    pub fn pairs(&self, listen: SocketAddr) -> Vec<(String, String)> {
+        let mut pairs = vec![("server.listen".to_owned(), listen.to_string())];
+        for (key, value) in self
+            .stack
+            .config(Role::LockServer)
+            .into_iter()
+            .chain(self.extra.iter().cloned())
+        {
+            match pairs.iter_mut().find(|(k, _)| *k == key) {
+                Some(pair) => pair.1 = value,
+                None => pairs.push((key, value)),
+            }
+        }
+        pairs
+    }
+
+    /// A backend as [`LockStack::backend`] makes it, and one lock server on it (its URL).
+    pub async fn serving(backend: Backend, extra: &[(&str, &str)]) -> (Self, String) {
+        let mut stack = Self::backend(backend, extra);
+        let url = stack.serve().await;
+        (stack, url)
+    }
+
+    /// Starts one more lock-server replica, a process of the stack's; returns its URL.
+    pub async fn serve(&mut self) -> String {
+        let extra: Vec<(&str, &str)> = self
+            .extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let stack = &mut self.stack;
+        // It waits for the process to answer /readyz: off the runtime's worker.
+        tokio::task::block_in_place(|| stack.add(Role::LockServer, &extra).url())
+    }
+
+    /// Starts a lock server with the stack's configuration as a `dlock serve lock-server`
+    /// process of the test's own on `port`, logging to `log`: for a test that kills it and
+    /// starts it again on the same port.
+    pub fn spawn_process(&self, port: u16, log: &std::path::Path) -> ManagedChild {
+        let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+        serve_process("lock-server", listen, &self.pairs(listen), log)
+    }
 }
 
 /// Servers running in tasks of this process; aborted on drop.
@@ -76,105 +169,6 @@ impl Drop for Servers {
         for server in &self.0 {
             server.abort();
         }
-    }
-}
-
-impl LockStack {
-    /// A backend with the given extra configuration (keys without the `DLOCK_` prefix).
-    pub fn backend(backend: Backend, extra: &[(&str, &str)]) -> Self {
-        let (pg, etcd) = match backend {
-            Backend::Pg => {
-                let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-                pg.create_database("lockdb")
-                    .unwrap_or_else(|e| panic!("create lockdb: {e:#}"));
-                (Some(pg), None)
-            }
-            Backend::Etcd => (
-                None,
-                Some(EtcdServer::start(None).unwrap_or_else(|e| panic!("etcd: {e:#}"))),
-            ),
-        };
-        Self {
-            backend,
-            pg,
-            etcd,
-            extra: extra
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            servers: Servers::default(),
-        }
-    }
-
-    /// The configuration of a lock server on this backend, as `(key, value)` pairs.
-    pub fn pairs(&self, listen: SocketAddr) -> Vec<(String, String)> {
-        let mut pairs = vec![("server.listen".to_owned(), listen.to_string())];
-        match self.backend {
-            Backend::Pg => {
-                pairs.push(("lock.backend".into(), "pg".into()));
-                let url = self
-                    .pg
-                    .as_ref()
-                    .map(|p| p.url("lockdb"))
-                    .unwrap_or_default();
-                pairs.push(("lock.pg.url".into(), url));
-                pairs.push(("lock.pg.acquire-timeout-ms".into(), "5000".into()));
-            }
-            Backend::Etcd => {
-                pairs.push(("lock.backend".into(), "etcd".into()));
-                let endpoint = self
-                    .etcd
-                    .as_ref()
-                    .map(EtcdServer::endpoint)
-                    .unwrap_or_default();
-                pairs.push(("lock.etcd.endpoints".into(), endpoint));
-                pairs.push(("lock.etcd.request-timeout-ms".into(), "5000".into()));
-                pairs.push(("lock.etcd.connect-timeout-ms".into(), "500".into()));
-            }
-        }
-        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
-        // name, as a service requires (docs/threat-model.md#safe-defaults).
-        if !self.extra.iter().any(|(k, _)| k.starts_with("fencing.")) {
-            pairs.push(("fencing.insecure-no-proofs".into(), "true".into()));
-        }
-        pairs.extend(self.extra.iter().cloned());
-        pairs
-    }
-
-    pub fn config(&self, listen: SocketAddr) -> LockServerConfig {
-        let env: BTreeMap<String, String> = self
-            .pairs(listen)
-            .into_iter()
-            .map(|(k, v)| (dlock_server::config::env_name(&k), v))
-            .collect();
-        let mut raw = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
-        LockServerConfig::from_raw(&mut raw).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// A backend as [`LockStack::backend`] makes it, and one lock server on it in this process
-    /// (its URL).
-    pub async fn serving(backend: Backend, extra: &[(&str, &str)]) -> (Self, String) {
-        let mut stack = Self::backend(backend, extra);
-        let url = stack.serve().await;
-        (stack, url)
-    }
-
-    /// Starts one more lock-server replica in this process on a real port; returns its URL.
-    pub async fn serve(&mut self) -> String {
-        let (listener, addr) = loopback().await;
-        let config = self.config(addr);
-        let store = open_store(&config)
-            .await
-            .unwrap_or_else(|e| panic!("open store: {e:#}"));
-        let state = AppState::new(store, std::sync::Arc::new(config));
-        self.servers.push(serve_in_task(listener, app(state)));
-        format!("http://{addr}")
-    }
-
-    /// Starts a lock server as a real `dlock serve lock-server` process on `port`.
-    pub fn spawn_process(&self, port: u16, log: &std::path::Path) -> ManagedChild {
-        let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-        serve_process("lock-server", listen, &self.pairs(listen), log)
     }
 }
 

@@ -73,8 +73,7 @@ impl Server {
 
     fn psql(&self, sql: &str) -> String {
         self.stack
-            .pg
-            .as_ref()
+            .pg()
             .map(|pg| pg.psql("lockdb", sql).unwrap_or_else(|e| panic!("{e:#}")))
             .unwrap_or_default()
             .trim()
@@ -82,7 +81,7 @@ impl Server {
     }
 
     async fn connection(&self) -> PgConnection {
-        let url = self.stack.pg.as_ref().map(|pg| pg.url("lockdb"));
+        let url = self.stack.pg().map(|pg| pg.url("lockdb"));
         PgConnection::connect(&url.unwrap_or_default())
             .await
             .unwrap_or_else(|e| panic!("{e}"))
@@ -102,7 +101,7 @@ impl Server {
 
     /// A connection in a transaction that holds the row of `key`'s grant until [`open`].
     async fn gate_release(&self, key: &str) -> PgConnection {
-        let url = self.stack.pg.as_ref().map(|pg| pg.url("lockdb"));
+        let url = self.stack.pg().map(|pg| pg.url("lockdb"));
         hold_row(
             &url.unwrap_or_default(),
             "SELECT fencing_token FROM locks WHERE lock_key = $1 FOR UPDATE",

@@ -89,7 +89,7 @@ async fn an_acquire_racing_a_revoke_is_never_granted_a_token_below_the_floor_on_
     let (holder, h) = party(&url, "holder", 30_000).await;
     let (next, n) = party(&url, "next", 30_000).await;
     let revoked = hold(&holder, "race:r7", h, 30_000).await;
-    let pg = stack.pg.as_ref().unwrap_or_else(|| panic!("no pg"));
+    let pg = stack.pg().unwrap_or_else(|| panic!("no pg"));
     pg.psql(
         "lockdb",
         "CREATE FUNCTION test_slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$

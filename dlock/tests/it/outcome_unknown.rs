@@ -73,20 +73,8 @@ fn port_of(url: &str) -> u16 {
 pub(crate) async fn proxied(backend: Backend) -> Proxied {
     let mut stack = LockStack::backend(backend, &[]);
     let upstream_port = match backend {
-        Backend::Pg => port_of(
-            &stack
-                .pg
-                .as_ref()
-                .map(|p| p.url("lockdb"))
-                .unwrap_or_default(),
-        ),
-        Backend::Etcd => port_of(
-            &stack
-                .etcd
-                .as_ref()
-                .map(|e| e.endpoint())
-                .unwrap_or_default(),
-        ),
+        Backend::Pg => port_of(&stack.pg().map(|p| p.url("lockdb")).unwrap_or_default()),
+        Backend::Etcd => port_of(&stack.etcd().map(|e| e.endpoint()).unwrap_or_default()),
     };
     let upstream: SocketAddr = ([127, 0, 0, 1], upstream_port).into();
     let proxy = FaultProxy::start(([127, 0, 0, 1], 0).into(), upstream)
@@ -312,7 +300,7 @@ async fn end_answer_lost(backend: Backend) {
     for key in &keys {
         hold(&lock, key, sid, 30_000).await;
     }
-    let before = match &p.stack.etcd {
+    let before = match p.stack.etcd() {
         Some(etcd) => {
             let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
                 .await
@@ -364,7 +352,7 @@ async fn end_answer_lost(backend: Backend) {
         Some(taken.fencing_token),
         "{backend:?}: the retried end touched the grant that passed on"
     );
-    if let Some(etcd) = &p.stack.etcd {
+    if let Some(etcd) = p.stack.etcd() {
         let names = [
             format!("/dlock/s/{sid}"),
             format!("/dlock/l/{}", keys[0]),

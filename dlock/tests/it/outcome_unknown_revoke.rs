@@ -61,7 +61,7 @@ async fn revoke(lock: &str, fences: &Stack, key: &str, reason: &str, extra: &[&s
 
 /// How many revocations of `key` the lock server's store holds, read from the store itself.
 async fn revocations(p: &Proxied, key: &str) -> usize {
-    if let Some(pg) = &p.stack.pg {
+    if let Some(pg) = p.stack.pg() {
         let sql = format!("SELECT count(*) FROM revocations WHERE lock_key = '{key}'");
         let count = pg
             .psql("lockdb", &sql)
@@ -71,7 +71,7 @@ async fn revocations(p: &Proxied, key: &str) -> usize {
             .parse()
             .unwrap_or_else(|e| panic!("{count:?}: {e}"));
     }
-    let etcd = p.stack.etcd.as_ref().unwrap_or_else(|| panic!("no store"));
+    let etcd = p.stack.etcd().unwrap_or_else(|| panic!("no store"));
     let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
         .await
         .unwrap_or_else(|e| panic!("etcd: {e}"));

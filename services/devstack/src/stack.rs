@@ -91,26 +91,33 @@ pub struct Service {
 }
 
 impl Service {
+    /// A service of `template`'s, its files in `dir` named `file` (`<file>.toml`, its log
+    /// `logs/<file>.log`), on a free port; `extra` keys replace the template's.
     fn new(
         exe: &Path,
-        role: Role,
-        ip: IpAddr,
-        in_ns: bool,
+        template: &Template,
         dir: &Path,
-        pairs: Vec<(String, String)>,
+        file: &str,
+        extra: &[(String, String)],
     ) -> Result<Self> {
-        let addr = SocketAddr::new(ip, free_port()?);
+        let addr = SocketAddr::new(template.ip, free_port()?);
         let mut config = vec![("server.listen".to_owned(), addr.to_string())];
-        config.extend(pairs);
-        let path = dir.join(format!("{}.toml", role.name()));
+        config.extend(template.pairs.iter().cloned());
+        for (key, value) in extra {
+            match config.iter_mut().find(|(k, _)| k == key) {
+                Some(pair) => pair.1 = value.clone(),
+                None => config.push((key.clone(), value.clone())),
+            }
+        }
+        let path = dir.join(format!("{file}.toml"));
         crate::write_config(&path, &config)?;
         Ok(Self {
-            role,
+            role: template.role,
             addr,
-            in_ns,
+            in_ns: template.in_ns,
             exe: exe.to_path_buf(),
             config: path,
-            log: dir.join("logs").join(format!("{}.log", role.name())),
+            log: dir.join("logs").join(format!("{file}.log")),
             child: None,
         })
     }
@@ -177,6 +184,16 @@ impl Service {
     }
 }
 
+/// How a stack runs one role: where its services listen and their configuration (without
+/// `server.listen`); every service of the role is started from it.
+#[derive(Debug, Clone)]
+struct Template {
+    role: Role,
+    ip: IpAddr,
+    in_ns: bool,
+    pairs: Vec<(String, String)>,
+}
+
 /// What to start; [`Stack::builder`] makes one, [`StackBuilder::start`] starts it.
 pub struct StackBuilder {
     exe: PathBuf,
@@ -185,6 +202,7 @@ pub struct StackBuilder {
     read_timeout_ms: Option<u64>,
     operator_token: Option<String>,
     extra: Vec<(Role, String, String)>,
+    deferred: Vec<Role>,
     in_ns: Vec<Role>,
     netns: bool,
     rail_fault_proxy: bool,
@@ -198,6 +216,15 @@ impl StackBuilder {
     /// Only these services (by default all four).
     pub fn only(mut self, roles: &[Role]) -> Self {
         self.roles = roles.to_vec();
+        self
+    }
+
+    /// Prepares these of the stack's services (what they need started, their configuration)
+    /// without starting them: [`Stack::add`] starts each, as many of one role as a test wants
+    /// (lock-server replicas on one backend, say). A deferred rail stub gives the rail proxy no
+    /// `rail.proxy.rail-url`: each proxy added is given its own.
+    pub fn deferred(mut self, roles: &[Role]) -> Self {
+        self.deferred = roles.to_vec();
         self
     }
 
@@ -397,18 +424,24 @@ impl StackBuilder {
                 host_ip
             }
         };
-        let service = |role: Role, pairs: Vec<(&str, String)>| {
-            Service::new(
-                &self.exe,
+        let mut templates = Vec::new();
+        let mut services = Vec::new();
+        // The role's template, and its service unless it is deferred.
+        let mut prepare = |role: Role, pairs: Vec<(&str, String)>| -> Result<Option<Service>> {
+            let template = Template {
                 role,
-                at(role),
-                self.in_ns.contains(&role),
-                &dir,
-                self.pairs(role, pairs),
-            )
+                ip: at(role),
+                in_ns: self.in_ns.contains(&role),
+                pairs: self.pairs(role, pairs),
+            };
+            let service = match self.deferred.contains(&role) {
+                true => None,
+                false => Some(Service::new(&self.exe, &template, &dir, role.name(), &[])?),
+            };
+            templates.push(template);
+            Ok(service)
         };
         let operator_token = |key| self.operator_token.clone().map(|token| (key, token));
-        let mut services = Vec::new();
         if wants(Role::LockServer) {
             let pairs = match (&self.backend, &etcd) {
                 (LockBackend::Config(pairs), _) => pairs.clone(),
@@ -424,16 +457,16 @@ impl StackBuilder {
                     ("lock.pg.url", pg_url("lockdb", Role::LockServer)),
                 ],
             };
-            services.push(service(Role::LockServer, pairs)?);
+            services.extend(prepare(Role::LockServer, pairs)?);
         }
         if wants(Role::PaymentResource) {
             let mut pairs = vec![("payment.pg.url", pg_url("paydb", Role::PaymentResource))];
             pairs.extend(operator_token("payment.operator.token"));
-            services.push(service(Role::PaymentResource, pairs)?);
+            services.extend(prepare(Role::PaymentResource, pairs)?);
         }
         if wants(Role::RailStub) {
             let statement = dir.join(STATEMENT_FILE).display().to_string();
-            services.push(service(
+            services.extend(prepare(
                 Role::RailStub,
                 // Tests reach the stub directly; one that wants it closed sets auth.* itself.
                 vec![
@@ -458,24 +491,26 @@ impl StackBuilder {
         };
         if wants(Role::RailProxy) {
             let rail_url = match (&rail_fault, stub_addr) {
-                (Some(fault), _) => fault.url(),
-                (None, Some(addr)) => format!("http://{addr}"),
+                (Some(fault), _) => Some(fault.url()),
+                (None, Some(addr)) => Some(format!("http://{addr}")),
+                (None, None) if self.deferred.contains(&Role::RailStub) => None,
                 (None, None) => bail!("the rail proxy needs the rail stub"),
             };
-            let mut pairs = vec![
-                ("rail.proxy.pg.url", pg_url("paydb", Role::RailProxy)),
-                ("rail.proxy.rail-url", rail_url),
-            ];
+            let mut pairs = vec![("rail.proxy.pg.url", pg_url("paydb", Role::RailProxy))];
+            pairs.extend(rail_url.map(|url| ("rail.proxy.rail-url", url)));
             pairs.extend(operator_token("rail.proxy.operator-token"));
             if let Some(ms) = self.read_timeout_ms {
                 pairs.push(("rail.proxy.read-timeout-ms", ms.to_string()));
             }
-            let mut proxy = service(Role::RailProxy, pairs)?;
-            proxy.start(ns.as_ref())?;
-            services.push(proxy);
+            if let Some(mut proxy) = prepare(Role::RailProxy, pairs)? {
+                proxy.start(ns.as_ref())?;
+                services.push(proxy);
+            }
         }
         Ok(Stack {
             services,
+            templates,
+            added: 0,
             rail_fault,
             etcd,
             pg,
@@ -494,6 +529,9 @@ impl StackBuilder {
 /// stores, the namespace and the directory with the logs (unless it is kept).
 pub struct Stack {
     services: Vec<Service>,
+    templates: Vec<Template>,
+    /// How many services [`Stack::add`] started (their files are numbered).
+    added: usize,
     pub rail_fault: Option<FaultProxy>,
     pub etcd: Option<EtcdServer>,
     pub pg: Option<PgServer>,
@@ -517,6 +555,7 @@ impl Stack {
             read_timeout_ms: None,
             operator_token: Some("stack-operator-token".to_owned()),
             extra: Vec::new(),
+            deferred: Vec::new(),
             in_ns: Vec::new(),
             netns: false,
             rail_fault_proxy: false,
@@ -556,6 +595,39 @@ impl Stack {
         service
             .start(self.ns.as_ref())
             .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// Starts one more service of `role` (deferred or not) from the stack's configuration of it,
+    /// `extra` keys replacing its own, on a port of its own; its files are numbered
+    /// (`<role>-<n>.toml`, `logs/<role>-<n>.log`). Panics with what would not start.
+    pub fn add(&mut self, role: Role, extra: &[(&str, &str)]) -> &mut Service {
+        let template = self
+            .templates
+            .iter()
+            .find(|t| t.role == role)
+            .unwrap_or_else(|| panic!("this stack runs no {}", role.name()));
+        self.added += 1;
+        let file = format!("{}-{}", role.name(), self.added);
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let service = Service::new(&self.exe, template, &self.dir, &file, &extra)
+            .and_then(|mut service| service.start(self.ns.as_ref()).map(|()| service))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.services.push(service);
+        let last = self.services.len() - 1;
+        &mut self.services[last]
+    }
+
+    /// The configuration the stack gives services of `role` (without `server.listen`), for a
+    /// test that starts one its own way.
+    pub fn config(&self, role: Role) -> Vec<(String, String)> {
+        self.templates
+            .iter()
+            .find(|t| t.role == role)
+            .map(|t| t.pairs.clone())
+            .unwrap_or_else(|| panic!("this stack runs no {}", role.name()))
     }
 
     pub fn lock(&self) -> &Service {

@@ -26,8 +26,7 @@ fn code<T: std::fmt::Debug>(result: &Result<T, ClientError>) -> Option<ErrorCode
 
 async fn lockdb(stack: &LockStack) -> sqlx::PgPool {
     let url = stack
-        .pg
-        .as_ref()
+        .pg()
         .map(|p| p.url("lockdb"))
         .unwrap_or_else(|| panic!("no pg"));
     sqlx::PgPool::connect(&url)
@@ -37,8 +36,7 @@ async fn lockdb(stack: &LockStack) -> sqlx::PgPool {
 
 async fn etcd(stack: &LockStack) -> etcd_client::Client {
     let endpoint = stack
-        .etcd
-        .as_ref()
+        .etcd()
         .map(|e| e.endpoint())
         .unwrap_or_else(|| panic!("no etcd"));
     etcd_client::Client::connect([endpoint], None)
