@@ -2,12 +2,13 @@
 //! attempt whose outcome is unknown quarantines its payout as RAIL_AMBIGUOUS. The identical
 //! retry (docs/contract.md#submit-replay) is answered from that record, never forwarded again.
 
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use chrono::Utc;
 use dlock_contract::error::{ApiError, ErrorCode};
 use dlock_contract::http::json_response;
 use dlock_contract::rail::SubmissionResponse;
+use dlock_server::idempotency::Reply;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -137,27 +138,26 @@ pub(crate) async fn record_answer(
             ));
         }
     };
-    let (status, bytes) = answer_of(state, submission_id, caller, &recorded, reason.as_deref());
-    let bytes = bytes.map_err(ApiError::internal)?;
+    let reply = answer_of(state, submission_id, caller, &recorded, reason.as_deref())?;
     // An ACKED answer is built from the recorded row alone (the submission, the caller's token,
     // the rail reference and the two DB timestamps), so the identical retry rebuilds the same
     // bytes from the row (see `replay`): storing it would be one more commit per payout.
     if recorded.attempt == Attempt::Acked {
-        return stored_answer(status.as_u16(), bytes);
+        return Ok(reply.into_response(false));
     }
     // Kept for the identical retry. If this fails the retry is answered from the row instead.
     let stored = store::store_answer(
         &state.pool,
         submission_id,
         recorded.attempt,
-        status.as_u16(),
-        &bytes,
+        reply.status.as_u16(),
+        &reply.body,
     )
     .await;
     if let Err(error) = stored {
         tracing::warn!(event = "rail_answer_not_stored", %submission_id, %payout_id, %error, "the answer could not be kept for a replay; a retry is answered from the recorded outcome");
     }
-    stored_answer(status.as_u16(), bytes)
+    Ok(reply.into_response(false))
 }
 
 /// The attempt's outcome, the rail reference and the reason the caller is told, from what the
@@ -194,40 +194,25 @@ fn answer_of(
     caller: &Caller<'_>,
     recorded: &Recorded,
     reason: Option<&str>,
-) -> (StatusCode, serde_json::Result<Vec<u8>>) {
+) -> Result<Reply, ApiError> {
     let payout_id = recorded.payout_id;
     match recorded.attempt {
         Attempt::Acked => {
             state.metrics.submission(SubmissionOutcome::acked);
             let response = acked(submission_id, caller.token, recorded);
             tracing::info!(event = "rail_acked", %submission_id, %payout_id, rail_reference = %response.rail_reference, owner_id = %caller.owner, "the rail acknowledged the transfer");
-            (StatusCode::OK, serde_json::to_vec(&response))
+            Reply::json(StatusCode::OK, &response)
         }
         Attempt::Rejected => {
             state.metrics.submission(SubmissionOutcome::rejected);
             tracing::info!(event = "rail_rejected", %submission_id, %payout_id, owner_id = %caller.owner, "the rail declined; the payout failed and its hold is released");
-            let error = rejected(submission_id, payout_id, reason);
-            (error.status, serde_json::to_vec(&error.body()))
+            Reply::error(&rejected(submission_id, payout_id, reason))
         }
         Attempt::Timeout | Attempt::Fenced | Attempt::Unresolved => {
-            let error = ambiguous(state, submission_id, payout_id, reason.unwrap_or("unknown"));
-            (error.status, serde_json::to_vec(&error.body()))
+            let reason = reason.unwrap_or("unknown");
+            Reply::error(&ambiguous(state, submission_id, payout_id, reason))
         }
     }
-}
-
-/// A JSON answer from stored bytes, exactly as first given.
-pub(crate) fn stored_answer(status: u16, body: Vec<u8>) -> Result<Response, ApiError> {
-    let status = StatusCode::from_u16(status).map_err(ApiError::internal)?;
-    Ok((
-        status,
-        [(
-            header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static(dlock_contract::http::JSON_CONTENT_TYPE),
-        )],
-        body,
-    )
-        .into_response())
 }
 
 fn acked(submission_id: Uuid, token: i64, recorded: &Recorded) -> SubmissionResponse {
@@ -370,7 +355,7 @@ pub(crate) async fn replay(
     }
     tracing::info!(event = "rail_submission_replayed", %submission_id, %payout_id, presented_token = caller.token, idempotency_key = %caller.key, owner_id = %caller.owner, outcome = %attempt.as_str(), "the identical request was answered from its first attempt; nothing was forwarded");
     if let Some((status, body)) = answer {
-        return stored_answer(status as u16, body);
+        return Ok(Reply::stored(status as u16, body)?.into_response(false));
     }
     match attempt {
         // Not NOT_LEADER: paydb is fine, the caller's own identical request is at the rail. As

@@ -10,6 +10,7 @@ pub mod extract;
 /// (services/contract/src/group_commit.rs); re-exported for the services.
 pub use dlock_contract::group_commit;
 pub mod http;
+pub mod idempotency;
 pub mod metrics;
 pub mod openapi;
 pub mod pg;

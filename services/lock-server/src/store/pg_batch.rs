@@ -152,6 +152,31 @@ enum Failed {
     OneByOne(String),
 }
 
+impl Failed {
+    /// Every item's answer when the batch's statement failed: the statement's error for each
+    /// (`Whole`), or each item run again alone by `one` (`OneByOne`).
+    async fn answers<'a, I, T, F>(
+        self,
+        kind: BatchKind,
+        items: &'a [I],
+        one: impl Fn(&'a I) -> F,
+    ) -> Vec<StoreResult<T>>
+    where
+        F: std::future::Future<Output = StoreResult<T>>,
+    {
+        match self {
+            Failed::Whole(error) => {
+                batch_failed(kind, items.len(), &error);
+                items.iter().map(|_| Err(error.clone())).collect()
+            }
+            Failed::OneByOne(reason) => {
+                one_by_one(kind, items.len(), &reason);
+                futures::future::join_all(items.iter().map(one)).await
+            }
+        }
+    }
+}
+
 /// The rows of `n` items in item order, from rows that name their item.
 fn in_order(n: usize, rows: Vec<ItemRow>) -> StoreResult<Vec<ResultRow>> {
     let slots =
@@ -217,14 +242,11 @@ async fn acquire_batch(store: PgStore, items: Vec<AcquireItem>) -> Vec<StoreResu
             .zip(rows)
             .map(|(item, row)| row.acquired(&item.key))
             .collect(),
-        Err(Failed::Whole(error)) => {
-            batch_failed(BatchKind::acquire, items.len(), &error);
-            items.iter().map(|_| Err(error.clone())).collect()
-        }
-        Err(Failed::OneByOne(reason)) => {
-            one_by_one(BatchKind::acquire, items.len(), &reason);
+        Err(failed) => {
             let store = &store;
-            futures::future::join_all(items.iter().map(|item| store.acquire_one(item))).await
+            failed
+                .answers(BatchKind::acquire, &items, |item| store.acquire_one(item))
+                .await
         }
     }
 }
@@ -243,14 +265,11 @@ async fn release_batch(store: PgStore, items: Vec<ReleaseItem>) -> Vec<StoreResu
         .bind(&owners);
     match many(&store, items.len(), query).await {
         Ok(rows) => rows.iter().map(ResultRow::released).collect(),
-        Err(Failed::Whole(error)) => {
-            batch_failed(BatchKind::release, items.len(), &error);
-            items.iter().map(|_| Err(error.clone())).collect()
-        }
-        Err(Failed::OneByOne(reason)) => {
-            one_by_one(BatchKind::release, items.len(), &reason);
+        Err(failed) => {
             let store = &store;
-            futures::future::join_all(items.iter().map(|item| store.release_one(item))).await
+            failed
+                .answers(BatchKind::release, &items, |item| store.release_one(item))
+                .await
         }
     }
 }

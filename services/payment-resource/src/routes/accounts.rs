@@ -23,7 +23,7 @@ use super::checks::{
     Checks, WriteHeaders, check_account_id, check_currency, check_operator_reason, checked_write,
 };
 use super::errors::{account_not_found, store_error};
-use super::idempotency::{Create, Reply, create, idempotent};
+use super::idempotency::{Create, Reply, create, created, idempotent};
 use crate::openapi::WriteParams;
 use crate::store::{
     AdvanceOutcome, Audit, CreateAccountOutcome, FenceMove, LowerOutcome, PayStore,
@@ -65,7 +65,7 @@ impl Create for CreateAccountRequest {
                 .with_details(json!({ "accountId": self.account_id, "currency": currency })));
             }
         }
-        Reply::created(PayStore::account(conn, &self.account_id).await, "account")
+        created(PayStore::account(conn, &self.account_id).await, "account")
     }
 }
 

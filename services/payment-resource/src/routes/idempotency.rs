@@ -4,10 +4,9 @@
 //! reused with another body is refused.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::http::JSON_CONTENT_TYPE;
 use dlock_contract::json::Json;
 use dlock_server::auth::Caller;
 use serde::Serialize;
@@ -22,43 +21,15 @@ use super::errors::{missing, store_error};
 use crate::metrics::Lookup;
 use crate::store::{Begin, Once, Scope, StoreError, StoreResult, Tx};
 
-/// The header that marks a replayed answer. The body is the stored one, byte for byte.
-pub const REPLAY_HEADER: &str = "x-idempotent-replay";
+pub use dlock_server::idempotency::{REPLAY_HEADER, Reply};
 
-/// An answer, as it is stored and sent.
-pub struct Reply {
-    pub status: StatusCode,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Result<Self, ApiError> {
-        serde_json::to_vec(value)
-            .map(|body| Self { status, body })
-            .map_err(|e| ApiError::internal(format!("response did not serialize: {e}")))
-    }
-
-    /// The answer of a create: 201 with the `what` it read back in its transaction.
-    pub(super) fn created<T: Serialize>(
-        read: StoreResult<Option<T>>,
-        what: &str,
-    ) -> Result<Self, ApiError> {
-        let row = read.map_err(store_error)?.ok_or_else(|| missing(what))?;
-        Self::json(StatusCode::CREATED, &row)
-    }
-
-    pub(super) fn into_response(self, replayed: bool) -> Response {
-        let mut response = (self.status, self.body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(JSON_CONTENT_TYPE),
-        );
-        if replayed {
-            headers.insert(REPLAY_HEADER, HeaderValue::from_static("true"));
-        }
-        response
-    }
+/// The answer of a create: 201 with the `what` it read back in its transaction.
+pub(super) fn created<T: Serialize>(
+    read: StoreResult<Option<T>>,
+    what: &str,
+) -> Result<Reply, ApiError> {
+    let row = read.map_err(store_error)?.ok_or_else(|| missing(what))?;
+    Reply::json(StatusCode::CREATED, &row)
 }
 
 /// The canonical hash of a request: its route and its parsed body re-serialized, so the same
@@ -167,10 +138,9 @@ impl AppState {
             }
             Ok(Begin::Replay { status, body }) => {
                 self.metrics.lookup(Lookup::hit);
-                let status = StatusCode::from_u16(status)
-                    .map_err(|_| ApiError::internal(format!("stored status {status}")))?;
+                let reply = Reply::stored(status, body)?;
                 tracing::debug!(event = "idempotent_replay", route = %scope.route, idempotency_key = %scope.key, "replayed a stored answer");
-                Ok(Started::Done(Reply { status, body }.into_response(true)))
+                Ok(Started::Done(reply.into_response(true)))
             }
             Ok(Begin::Conflict) => {
                 self.metrics.conflict();
@@ -218,7 +188,7 @@ impl AppState {
                 drop(tx);
                 return error.into_response();
             }
-            Err(error) => match Reply::json(error.status, &error.body()) {
+            Err(error) => match Reply::error(&error) {
                 Ok(reply) => reply,
                 Err(error) => return error.into_response(),
             },

@@ -30,7 +30,7 @@ use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, create, idempotent};
+use super::idempotency::{Create, Reply, Started, create, created, idempotent};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::openapi::{FencedParams, WriteParams};
@@ -81,7 +81,7 @@ impl Create for CreatePayoutRequest {
                 ));
             }
         }
-        Reply::created(PayStore::payout(conn, self.payout_id).await, "payout")
+        created(PayStore::payout(conn, self.payout_id).await, "payout")
     }
 }
 
@@ -720,7 +720,7 @@ fn settle<T>(
                 {
                     Settled::Poison
                 }
-                Err(error) => match Reply::json(error.status, &error.body()) {
+                Err(error) => match Reply::error(&error) {
                     Ok(reply) => Settled::Store(reply),
                     Err(_) => Settled::Poison,
                 },
@@ -750,14 +750,25 @@ fn batch_failed(state: &AppState, kind: BatchKind, n: usize, error: &StoreError)
         .collect()
 }
 
-/// Stores the settled answers and commits; then the items that run on the single path do.
-async fn commit_batch<J: BatchJob>(
+/// Settles each item's verdict (`answer` turns a fresh item's outcome into its reply), stores
+/// the settled answers and commits; then the items that run on the single path do. A batch
+/// whose statement failed fails every item.
+async fn commit_batch<J: BatchJob, T>(
     state: &AppState,
     kind: BatchKind,
-    tx: Tx,
     jobs: &[J],
-    settled: Vec<Settled>,
+    verdicts: StoreResult<(Tx, Vec<Item<T>>)>,
+    answer: impl Fn(&J, T) -> Result<Reply, ApiError>,
 ) -> Vec<Response> {
+    let (tx, verdicts) = match verdicts {
+        Ok(v) => v,
+        Err(error) => return batch_failed(state, kind, jobs.len(), &error),
+    };
+    let settled: Vec<Settled> = jobs
+        .iter()
+        .zip(verdicts)
+        .map(|(job, verdict)| settle(state, job.scope(), verdict, |outcome| answer(job, outcome)))
+        .collect();
     let poisoned = settled.iter().any(|s| matches!(s, Settled::Poison));
     let answers = match poisoned {
         true => {
@@ -836,20 +847,10 @@ async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {
             config.proof_keys.is_some(),
         )
         .await;
-    let (tx, verdicts) = match verdicts {
-        Ok(v) => v,
-        Err(error) => return batch_failed(state, BatchKind::claim, jobs.len(), &error),
-    };
-    let settled = jobs
-        .iter()
-        .zip(verdicts)
-        .map(|(job, verdict)| {
-            settle(state, &job.scope, verdict, |outcome| {
-                claim_effect(state, outcome, &job.on, job.expected)
-            })
-        })
-        .collect();
-    commit_batch(state, BatchKind::claim, tx, &jobs, settled).await
+    commit_batch(state, BatchKind::claim, &jobs, verdicts, |job, outcome| {
+        claim_effect(state, outcome, &job.on, job.expected)
+    })
+    .await
 }
 
 async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
@@ -875,20 +876,14 @@ async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
             config.proof_keys.is_some(),
         )
         .await;
-    let (tx, verdicts) = match verdicts {
-        Ok(v) => v,
-        Err(error) => return batch_failed(state, BatchKind::post, jobs.len(), &error),
-    };
-    let settled = jobs
-        .iter()
-        .zip(verdicts)
-        .map(|(job, verdict)| {
-            settle(state, &job.scope, verdict, |(outcome, entries)| {
-                post_effect(state, outcome, entries, &job.on)
-            })
-        })
-        .collect();
-    commit_batch(state, BatchKind::post, tx, &jobs, settled).await
+    commit_batch(
+        state,
+        BatchKind::post,
+        &jobs,
+        verdicts,
+        |job, (outcome, entries)| post_effect(state, outcome, entries, &job.on),
+    )
+    .await
 }
 
 /// P4 of every queued payout in one statement (one snapshot); each read gets its own payout, or
