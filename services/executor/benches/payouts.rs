@@ -409,7 +409,20 @@ struct Run {
     times: std::collections::BTreeMap<String, Vec<Duration>>,
 }
 
-impl Bench<'_> {
+/// A pool on the database `db` of `pg`.
+async fn pool(pg: &PgServer, db: &str) -> sqlx::PgPool {
+    sqlx::PgPool::connect(&pg.url(db))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl<'a> Bench<'a> {
+    /// The bench on `pg` and `etcd`, its transactions counted on paydb.
+    async fn new(pg: &'a PgServer, etcd: &'a EtcdServer) -> Self {
+        let stats = pool(pg, "paydb").await;
+        Self { pg, etcd, stats }
+    }
+
     /// `n` payouts over `accounts_n` fresh accounts named after `prefix`, by `workers` workers.
     async fn run(
         &self,
@@ -497,6 +510,16 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
         run.cpu_ms.2,
         run.cores
     );
+}
+
+/// The run's raw commit rates, as the tables' notes give them.
+fn baseline_note(baseline: &dlock_devstack::bench::Baseline) -> String {
+    format!(
+        "the run's baseline: {:.0}/s at 1 and {:.0} updates/s at {} per commit",
+        baseline.one.commits_per_second,
+        baseline.k.updates_per_second(),
+        baseline.k.updates
+    )
 }
 
 /// The load averages, as /proc/loadavg has them.
@@ -590,9 +613,6 @@ async fn group_commit(
     payouts: usize,
     baseline: &dlock_devstack::bench::Baseline,
 ) {
-    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let paths = [
         ("batch 1, 0016", "paydb_rows", 1usize),
         ("batch 32, 0016", "paydb_rows", 32),
@@ -607,9 +627,7 @@ async fn group_commit(
         stacks.push((label, endpoints, state));
     }
     // The first stack on paydb_rows migrated it; now it goes back to the path before 0019.
-    let rows = sqlx::PgPool::connect(&pg.url("paydb_rows"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rows = pool(pg, "paydb_rows").await;
     for sql in [
         PAYDB_BEFORE_0019,
         include_str!("../../../migrations/bench/paydb_per_item_claim_post.sql"),
@@ -619,7 +637,7 @@ async fn group_commit(
             .await
             .unwrap_or_else(|e| panic!("paydb_rows back to before 0019: {e}"));
     }
-    let bench = Bench { pg, etcd, stats };
+    let bench = Bench::new(pg, etcd).await;
     println!(
         "group commit, pg backend, {payouts} payouts per row (load average at start: {})",
         load_average()
@@ -647,11 +665,8 @@ async fn group_commit(
     }
     println!(
         "(raw commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; \
-         load: the 1-minute load average after the row; the run's baseline: {:.0}/s at 1 and \
-         {:.0} updates/s at {} per commit)",
-        baseline.one.commits_per_second,
-        baseline.k.updates_per_second(),
-        baseline.k.updates
+         load: the 1-minute load average after the row; {})",
+        baseline_note(baseline)
     );
 }
 
@@ -668,11 +683,8 @@ async fn batch_endpoints(
     payouts: usize,
     baseline: &dlock_devstack::bench::Baseline,
 ) {
-    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let (endpoints, state) = stack(pg, dir, lock, 32).await;
-    let bench = Bench { pg, etcd, stats };
+    let bench = Bench::new(pg, etcd).await;
     println!(
         "batch endpoints, pg backend, {payouts} payouts per row (load average at start: {})",
         load_average()
@@ -710,11 +722,8 @@ async fn batch_endpoints(
     }
     println!(
         "(mean batch: claims and posts per paydb transaction of the payment resource; raw \
-         commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; the \
-         run's baseline: {:.0}/s at 1 and {:.0} updates/s at {} per commit)",
-        baseline.one.commits_per_second,
-        baseline.k.updates_per_second(),
-        baseline.k.updates
+         commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; {})",
+        baseline_note(baseline)
     );
 }
 
@@ -728,11 +737,8 @@ async fn profile(
     lock: String,
     payouts: usize,
 ) {
-    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let (endpoints, state) = stack(pg, dir, lock, 32).await;
-    let bench = Bench { pg, etcd, stats };
+    let bench = Bench::new(pg, etcd).await;
     // `--workers N` and `--accounts N` choose the row (128 workers over 1 000 accounts unless
     // given).
     let (workers, accounts) = (arg("--workers", 128), arg("--accounts", 1_000));
@@ -768,9 +774,7 @@ async fn replicas(
     payouts: usize,
     baseline: &dlock_devstack::bench::Baseline,
 ) {
-    let stats = sqlx::PgPool::connect(&pg.url("paydb"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let stats = pool(pg, "paydb").await;
     let stub = rail_stub(dir).await;
     let mut sets = Vec::new();
     for _ in 0..2 {
@@ -881,11 +885,8 @@ async fn replicas(
     }
     println!(
         "(paid twice: transfers on the rail's statement beyond one per payout; mean batch: claims \
-         and posts per paydb transaction over both payment resources; the run's baseline: {:.0}/s \
-         at 1 and {:.0} updates/s at {} per commit)",
-        baseline.one.commits_per_second,
-        baseline.k.updates_per_second(),
-        baseline.k.updates
+         and posts per paydb transaction over both payment resources; {})",
+        baseline_note(baseline)
     );
 }
 
@@ -921,9 +922,6 @@ fn main() {
         let raw_seq = raw_commits(&pg.url("rawdb"), 1, 100, Duration::from_secs(2)).await;
         let raw_32 = raw_commits(&pg.url("rawdb"), 32, 100, Duration::from_secs(2)).await;
         let raw_hot = raw_commits(&pg.url("rawdb"), 32, 1, Duration::from_secs(2)).await;
-        let stats = sqlx::PgPool::connect(&pg.url("paydb"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
         let pg_lock = lock_server(&pg, &etcd, "pg").await;
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
         if std::env::args().any(|a| a == "--replicas") {
@@ -943,11 +941,7 @@ fn main() {
             return;
         }
         let (mut endpoints, _) = stack(&pg, dir.path(), pg_lock.clone(), 32).await;
-        let bench = Bench {
-            pg: &pg,
-            etcd: &etcd,
-            stats,
-        };
+        let bench = Bench::new(&pg, &etcd).await;
         let cycles_pg = lock_cycles(&pg_lock, Duration::from_secs(3)).await;
         let cycles_etcd = lock_cycles(&etcd_lock, Duration::from_secs(3)).await;
         let rss_rest = rss_mib();
