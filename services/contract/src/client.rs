@@ -88,6 +88,15 @@ pub async fn send<T: DeserializeOwned>(
     url: &str,
     request: RequestBuilder,
 ) -> Result<Option<T>, ClientError> {
+    send_marked(url, request).await.map(|(body, _)| body)
+}
+
+/// [`send`], and whether the answer came from a stored idempotency record
+/// (`X-Idempotent-Replay: true`, docs/contract.md#idempotency-rules).
+pub async fn send_marked<T: DeserializeOwned>(
+    url: &str,
+    request: RequestBuilder,
+) -> Result<(Option<T>, bool), ClientError> {
     let response = request.send().await.map_err(|e| ClientError::Transport {
         url: url.to_owned(),
         message: e.to_string(),
@@ -95,6 +104,10 @@ pub async fn send<T: DeserializeOwned>(
         timeout: e.is_timeout(),
     })?;
     let status = response.status();
+    let replayed = response
+        .headers()
+        .get(crate::headers::IDEMPOTENT_REPLAY)
+        .is_some_and(|v| v.as_bytes() == b"true");
     let bytes = response.bytes().await.map_err(|e| ClientError::Transport {
         url: url.to_owned(),
         message: format!("reading the body failed: {e}"),
@@ -102,11 +115,11 @@ pub async fn send<T: DeserializeOwned>(
         timeout: e.is_timeout(),
     })?;
     if status == StatusCode::NO_CONTENT {
-        return Ok(None);
+        return Ok((None, replayed));
     }
     if status.is_success() {
         return serde_json::from_slice(&bytes)
-            .map(Some)
+            .map(|body| (Some(body), replayed))
             .map_err(|e| ClientError::Protocol {
                 url: url.to_owned(),
                 message: format!("{status} body did not decode: {e}"),

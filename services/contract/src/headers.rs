@@ -15,6 +15,10 @@ pub const FENCING_PROOF: &str = "x-fencing-proof";
 pub const OWNER_ID: &str = "x-owner-id";
 pub const IDEMPOTENCY_KEY: &str = "x-idempotency-key";
 pub const TRACEPARENT: &str = "traceparent";
+/// Marks an answer the payment resource sent from a stored idempotency record: the first
+/// answer's status and body, byte for byte (docs/contract.md#idempotency-rules). Its value is
+/// `true`.
+pub const IDEMPOTENT_REPLAY: &str = "x-idempotent-replay";
 
 /// The longest owner id the contract allows.
 pub const OWNER_ID_LEN_MAX: usize = 64;

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::batch::Item as _;
-use crate::client::{ClientError, Hop, expect_body, send};
+use crate::client::{ClientError, Hop, expect_body, send, send_marked};
 use crate::headers;
 use crate::payment::*;
 
@@ -152,6 +152,16 @@ impl PaymentClient {
         write: impl Into<WriteHeaders<'_>>,
         body: &B,
     ) -> Result<R, ClientError> {
+        self.write_marked(path, write, body).await.map(|(r, _)| r)
+    }
+
+    /// [`Self::write`], and whether the answer is a replay of a stored one.
+    async fn write_marked<B: Serialize, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        write: impl Into<WriteHeaders<'_>>,
+        body: &B,
+    ) -> Result<(R, bool), ClientError> {
         let write = write.into();
         let (url, mut builder) = self.request(Method::POST, path, WRITE_TIMEOUT);
         builder = builder.header(headers::IDEMPOTENCY_KEY, write.idempotency_key);
@@ -159,7 +169,21 @@ impl PaymentClient {
             builder = builder.header(headers::FENCING_TOKEN, token.to_string());
         }
         let builder = with_proof(Hop::json(builder, body), write.fencing_proof);
-        expect_body(&url, send(&url, builder).await?)
+        let (body, replayed) = send_marked(&url, builder).await?;
+        Ok((expect_body(&url, body)?, replayed))
+    }
+
+    /// Registers a payout (docs/contract.md#create-payout) as [`Self::create_payout`] does, and
+    /// says whether the answer is the replay of an earlier registration under the same key
+    /// (`X-Idempotent-Replay`). A fresh answer is the payout as this call created it, PENDING; a
+    /// replay is the payout as it was first registered, not as it is now.
+    pub async fn register_payout(
+        &self,
+        idempotency_key: &str,
+        body: &CreatePayoutRequest,
+    ) -> Result<(Payout, bool), ClientError> {
+        let write = WriteHeaders::unfenced(idempotency_key);
+        self.write_marked("/v1/payouts", write, body).await
     }
 
     /// GETs `path`, advisory, once.

@@ -5,13 +5,15 @@
 //! - a local deadline on the monotonic clock, TTL × (1 − safety margin) from sending the
 //!   acquire: no protected write starts after it;
 //! - the payout is re-read after every acquire, and the state decides what to do: a RAIL_ACKED
-//!   payout is posted, never submitted again;
+//!   payout is posted, never submitted again. The one exception is the first cycle of a payout
+//!   this run registered afresh: it was PENDING when it was registered, and the claim, which is
+//!   conditional on PENDING, finds out if another executor moved it since;
 //! - submit is tried exactly once, ever; FENCED_OUT aborts the whole critical section; an
 //!   ambiguous outcome is reported, the lock released and the payout left alone.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -68,6 +70,11 @@ struct Shared {
     recovery_streak: AtomicU32,
     /// The payouts whose last cycle paydb refused with RECOVERY_REQUIRED.
     recovery_refused: std::sync::Mutex<BTreeSet<Uuid>>,
+    /// The payouts this run registered afresh (not a replay) and has not run a cycle of yet:
+    /// PENDING when they were registered, so their first cycle claims without reading them.
+    fresh: std::sync::Mutex<HashSet<Uuid>>,
+    /// The run is stopping before its payouts settled (its registration failed).
+    stopping: AtomicBool,
 }
 
 impl Shared {
@@ -108,6 +115,14 @@ impl Shared {
         }
     }
 
+    /// Whether `payout` was registered afresh by this run and this is its first cycle.
+    fn first_cycle_of_fresh(&self, payout: Uuid) -> bool {
+        self.fresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&payout)
+    }
+
     fn hops(&self, payout: Uuid) -> Hops {
         // One payout is one trace, across every cycle and every process.
         let trace = payout.simple().to_string();
@@ -119,36 +134,85 @@ impl Shared {
     }
 }
 
+/// How many payouts are registered at once: the payment resource's default pool
+/// (`payment.pg.pool-max`), so that each create has a connection and its commit shares
+/// PostgreSQL's WAL flush with the others'.
+const REGISTER_IN_FLIGHT: usize = 32;
+
 /// Registers the batch's payouts (idempotently: the same file twice registers nothing new).
 pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()> {
-    let plan = batch.plan();
-    let results: Vec<Result<()>> = futures::stream::iter(plan.into_iter().map(|p| {
-        let payment = payment.clone();
-        async move {
-            let body = CreatePayoutRequest {
-                payout_id: p.payout_id,
-                account_id: p.item.account_id.clone(),
-                amount_minor: p.item.amount_minor,
-                currency: p.item.currency.clone(),
-                beneficiary_ref: p.item.beneficiary_ref.clone(),
-            };
-            let key = format!("register-{}", p.payout_id);
-            // RECOVERY_REQUIRED is retry-safe but lasts until an operator acts: not retried.
-            (|| payment.create_payout(&key, &body))
-                .retry(retry_policy(3))
-                .when(|e: &ClientError| {
-                    e.code() != Some(ErrorCode::RecoveryRequired)
-                        && (e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
-                })
-                .await
-                .map(|_| ())
-                .with_context(|| format!("registering payout {} ({})", p.payout_id, p.item.key))
-        }
-    }))
-    .buffer_unordered(16)
+    let results: Vec<Result<(Uuid, bool)>> = futures::stream::iter(
+        batch
+            .plan()
+            .into_iter()
+            .map(|p| register_one(payment.clone(), p)),
+    )
+    .buffer_unordered(REGISTER_IN_FLIGHT)
     .collect()
     .await;
-    results.into_iter().collect::<Result<Vec<()>>>()?;
+    results.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(())
+}
+
+/// Registers one payout, retried while that is safe: its id, and whether this call registered
+/// it (a fresh answer, not the replay of an earlier registration).
+async fn register_one(payment: PaymentClient, p: PlannedPayout) -> Result<(Uuid, bool)> {
+    let body = CreatePayoutRequest {
+        payout_id: p.payout_id,
+        account_id: p.item.account_id.clone(),
+        amount_minor: p.item.amount_minor,
+        currency: p.item.currency.clone(),
+        beneficiary_ref: p.item.beneficiary_ref.clone(),
+    };
+    let key = format!("register-{}", p.payout_id);
+    // RECOVERY_REQUIRED is retry-safe but lasts until an operator acts: not retried.
+    let (payout, replayed) = (|| payment.register_payout(&key, &body))
+        .retry(retry_policy(3))
+        .when(|e: &ClientError| {
+            e.code() != Some(ErrorCode::RecoveryRequired)
+                && (e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
+        })
+        .await
+        .with_context(|| format!("registering payout {} ({})", p.payout_id, p.item.key))?;
+    Ok((
+        p.payout_id,
+        !replayed && payout.state == PayoutState::Pending,
+    ))
+}
+
+/// Registers the payouts of `accounts` in their order, [`REGISTER_IN_FLIGHT`] at once, and
+/// hands each account to the workers as soon as all its payouts are registered: the first
+/// accounts are paid while the last are still being registered.
+async fn register_into_queue(
+    shared: Arc<Shared>,
+    payment: PaymentClient,
+    accounts: Vec<(String, Vec<PlannedPayout>)>,
+) -> Result<()> {
+    let mut answers = futures::stream::iter(
+        accounts
+            .iter()
+            .flat_map(|(_, payouts)| payouts.iter().cloned())
+            .map(|p| register_one(payment.clone(), p))
+            .collect::<Vec<_>>(),
+    )
+    .buffered(REGISTER_IN_FLIGHT);
+    for (account, payouts) in accounts {
+        for _ in 0..payouts.len() {
+            let Some(answer) = answers.next().await else {
+                anyhow::bail!("the registration ended before account {account}'s payouts");
+            };
+            let (payout_id, fresh) = answer?;
+            if fresh {
+                shared
+                    .fresh
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(payout_id);
+            }
+        }
+        shared.queue.lock().await.push_back((account, payouts));
+        shared.wake.notify_one();
+    }
     Ok(())
 }
 
@@ -179,9 +243,6 @@ pub async fn execute(
     )?
     .with_credential(credential)
     .with_batching(options.batch_max);
-    if options.register {
-        register(batch, &registrar).await?;
-    }
     let session = LockSession::open(lock.clone(), options.session_ttl_ms)
         .await
         .context("opening a lock-server session")?;
@@ -201,6 +262,12 @@ pub async fn execute(
     let mut queue: VecDeque<(String, Vec<PlannedPayout>)> = by_account.into_iter().collect();
     let offset = rand::random_range(0..queue.len().max(1));
     queue.rotate_left(offset);
+    // With registration, the accounts reach the queue as their payouts are registered.
+    let to_register = if options.register {
+        Some(std::mem::take(&mut queue))
+    } else {
+        None
+    };
     let shared = Arc::new(Shared {
         options: options.clone(),
         session,
@@ -217,11 +284,30 @@ pub async fn execute(
         total,
         recovery_streak: AtomicU32::new(0),
         recovery_refused: std::sync::Mutex::new(BTreeSet::new()),
+        fresh: std::sync::Mutex::new(HashSet::new()),
+        stopping: AtomicBool::new(false),
     });
     let progress = crate::progress::Progress::start(options.progress, total as u64);
     let mut workers = Vec::new();
     for _ in 0..options.workers.max(1) {
         workers.push(tokio::spawn(worker(shared.clone(), progress.clone())));
+    }
+    if let Some(accounts) = to_register {
+        let registered =
+            register_into_queue(shared.clone(), registrar, accounts.into_iter().collect()).await;
+        if let Err(e) = registered {
+            // Nothing more can be paid: stop the workers (a cycle under way finishes) and say why.
+            shared.stopping.store(true, Ordering::SeqCst);
+            shared.wake.notify_waiters();
+            for w in workers {
+                let _ = w.await;
+            }
+            // Ending the session releases whatever a cut-short cycle left held.
+            if let Some(shared) = Arc::into_inner(shared) {
+                let _ = shared.session.close().await;
+            }
+            return Err(e);
+        }
     }
     for w in workers {
         w.await.context("a worker task failed")?;
@@ -294,8 +380,8 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
     let started = Instant::now();
     let deadline = started + shared.options.settle_timeout;
     loop {
-        // Every payout is registered when the run starts, so the oldest unsettled one is as
-        // old as the run while any is left.
+        // Every payout is registered as the run starts, so the oldest unsettled one is as old
+        // as the run while any is left.
         let backlog = shared
             .total
             .saturating_sub(shared.settled.load(Ordering::SeqCst));
@@ -304,7 +390,10 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
         } else {
             Duration::ZERO
         });
-        if shared.settled.load(Ordering::SeqCst) >= shared.total || Instant::now() >= deadline {
+        if shared.settled.load(Ordering::SeqCst) >= shared.total
+            || Instant::now() >= deadline
+            || shared.stopping.load(Ordering::SeqCst)
+        {
             shared.wake.notify_waiters();
             return;
         }
@@ -536,16 +625,26 @@ async fn critical_section(
     let id = planned.payout_id;
     let key = planned.idempotency_key.as_str();
     let fence = Fence::new(key, token, proof);
-    // docs/design.md#executor: what the payout is now decides what this cycle does.
-    let payout = match (|| hops.payment.get_payout(id))
-        .retry(retry_policy(2))
-        .await
-    {
-        Ok(p) => p,
-        Err(_) => return CycleOutcome::Unavailable,
+    // docs/design.md#executor: what the payout is now decides what this cycle does. A payout
+    // this run registered afresh was PENDING then; its first cycle claims it as PENDING without
+    // reading it, and the claim is refused (PAYOUT_NOT_CLAIMABLE, a later cycle reads it) if
+    // another executor moved it since.
+    let payout = if shared.first_cycle_of_fresh(id) {
+        None
+    } else {
+        match (|| hops.payment.get_payout(id))
+            .retry(retry_policy(2))
+            .await
+        {
+            Ok(p) => {
+                shared.saw(id, p.state);
+                Some(p)
+            }
+            Err(_) => return CycleOutcome::Unavailable,
+        }
     };
-    shared.saw(id, payout.state);
-    let (rail_reference, submission_id) = match payout.state {
+    let state = payout.as_ref().map_or(PayoutState::Pending, |p| p.state);
+    let (rail_reference, submission_id) = match state {
         PayoutState::Posted
         | PayoutState::Failed
         | PayoutState::Abandoned
@@ -553,12 +652,14 @@ async fn critical_section(
             return CycleOutcome::Settled;
         }
         PayoutState::Submitting => return CycleOutcome::Pending,
-        PayoutState::RailAcked => match (payout.rail_reference.clone(), payout.submission_id) {
-            (Some(r), Some(s)) => (r, s),
-            _ => return CycleOutcome::Pending,
-        },
+        PayoutState::RailAcked => {
+            match payout.and_then(|p| p.rail_reference.zip(p.submission_id)) {
+                Some(acked) => acked,
+                None => return CycleOutcome::Pending,
+            }
+        }
         PayoutState::Pending | PayoutState::Claimed => {
-            let expected = payout.state;
+            let expected = state;
             match payment_write(held, || hops.payment.claim(id, fence, expected)).await {
                 Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
                 // Only a claim granted to this very token may lead to a submit under it.
