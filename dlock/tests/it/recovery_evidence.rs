@@ -226,7 +226,7 @@ async fn a_resolution_must_agree_with_the_rail_answer_the_proxy_recorded() {
         )
         .await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let paydb = w.pg.url("paydb");
+    let paydb = w.pg().url("paydb");
     let (_proxy, proxy) = process(
         dir.path(),
         "rail-proxy",

@@ -8,7 +8,7 @@ use super::*;
 async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_reaches_the_rail() {
     let (mut w, stub, proxy) = RailWorld::with_proxy("acct-b").await;
     let payout = w.claimed("acct-b", 500, 7).await;
-    w.pg.kill();
+    w.pg_mut().kill();
     let (status, body) = submit(&proxy, "acct-b", payout, 500, "7").await;
     assert_eq!(status, 503, "{body}");
     assert_envelope("paydb down", status, &body, "RAIL_UNAVAILABLE");
@@ -16,7 +16,7 @@ async fn paydb_down_before_the_intent_commits_is_rail_unavailable_and_nothing_re
         statement(&stub, payout).await.is_empty(),
         "nothing was presented to the rail"
     );
-    w.pg.start_again().unwrap_or_else(|e| panic!("{e:#}"));
+    w.pg_mut().start_again().unwrap_or_else(|e| panic!("{e:#}"));
     // Retry-safe: once paydb is back, the same request goes through, once.
     let (status, body) = eventually("the proxy reconnects", Duration::from_secs(20), || async {
         let (status, body) = submit(&proxy, "acct-b", payout, 500, "7").await;

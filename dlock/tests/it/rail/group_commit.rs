@@ -31,7 +31,7 @@ fn batching_proxy(w: &RailWorld, stub: &str, settings: &[(&str, &str)]) -> (Stri
 /// A connection in a transaction that holds `payout`'s row until [`open`] or until it is dropped.
 async fn hold_payout(w: &RailWorld, payout: Uuid) -> PgConnection {
     hold_row(
-        &w.pg.url("paydb"),
+        &w.pg().url("paydb"),
         "SELECT payout_id FROM payouts WHERE payout_id = $1 FOR UPDATE",
         payout,
         &format!("{payout} exists"),
@@ -43,7 +43,7 @@ async fn hold_payout(w: &RailWorld, payout: Uuid) -> PgConnection {
 /// until [`open`]: that attempt's record waits for it.
 async fn hold_attempt(w: &RailWorld, payout: Uuid) -> PgConnection {
     hold_row(
-        &w.pg.url("paydb"),
+        &w.pg().url("paydb"),
         "SELECT submission_id FROM rail_submission WHERE payout_id = $1 FOR UPDATE",
         payout,
         &format!("{payout} has its attempt"),
@@ -445,9 +445,7 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
 /// A world like [`RailWorld::new`]'s on a PostgreSQL with production's durability (each commit
 /// waits for its WAL flush), where group commit is meant to pay.
 async fn durable_world() -> RailWorld {
-    let pg = PgServer::start_durability(dlock_devstack::Durability::Durable)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    RailWorld::on(pg, 16).await
+    RailWorld::with(dlock_devstack::Durability::Durable, 16).await
 }
 
 /// `clients` clients, each submitting `cycles` payouts one after the other through `proxy`, each

@@ -1,5 +1,5 @@
-//! The rail proxy and the rail stub (docs/contract.md#s3-5 to #s3-7), against real PostgreSQL, the
-//! real stub over HTTP and, where the process boundary is the point, real `dlock` processes.
+//! The rail proxy and the rail stub (docs/contract.md#s3-5 to #s3-7): real `dlock` processes that
+//! [`Stack`] starts, on real PostgreSQL.
 //!
 //! Payouts are set up with paydb's own functions (account, funding, payout, claim), so these
 //! tests exercise the proxy alone; tokens are plain increasing numbers, as a lock server's are.
@@ -14,21 +14,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_devstack::{ManagedChild, PgServer};
-use dlock_server::config::RawConfig;
+use dlock_devstack::stack::{Role, Stack};
+use dlock_devstack::{Durability, ManagedChild, PgServer};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::conformance::assert_envelope;
-use crate::harness::{
-    Servers, eventually, loopback, port, post_json, raw, serve_in_task, serve_process,
-};
-
-fn raw_config(pairs: &[(&str, String)]) -> RawConfig {
-    RawConfig::from_pairs(pairs).unwrap_or_else(|e| panic!("{e}"))
-}
+use crate::harness::{eventually, port, post_json, raw, serve_process};
 
 /// The URLs of [`RailWorld::with_three_rails`]: the stubs and the proxies in front of them.
 pub struct Rails {
@@ -51,12 +45,13 @@ pub struct Restartable {
     settings: Vec<(&'static str, &'static str)>,
 }
 
+/// Rail stubs and rail proxies on one paydb: a [`Stack`] of the two roles, deferred, so that a
+/// test starts as many of each as it needs, each a real `dlock serve` process.
 pub struct RailWorld {
-    /// First: the servers stop before their database does.
-    servers: Servers,
-    pub pg: PgServer,
+    /// The test's own connections to paydb.
     pub pool: PgPool,
-    dir: tempfile::TempDir,
+    /// Last: the pool closes before the services and PostgreSQL stop.
+    stack: Stack,
 }
 
 impl RailWorld {
@@ -123,104 +118,94 @@ impl RailWorld {
     }
 
     pub async fn new() -> Self {
-        Self::on(PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}")), 8).await
+        Self::with(Durability::Fast, 8).await
     }
 
-    /// A world on `pg`: its paydb, migrated, and a pool of `max_connections` to it.
-    pub async fn on(pg: PgServer, max_connections: u32) -> Self {
-        pg.create_database("paydb")
-            .unwrap_or_else(|e| panic!("{e:#}"));
+    /// A world on a PostgreSQL of `durability`: its paydb, migrated, and a pool of
+    /// `max_connections` to it.
+    pub async fn with(durability: Durability, max_connections: u32) -> Self {
+        // Tests build HTTP clients of their own (a caller that hangs up, say): the process's TLS
+        // crypto provider, which nothing else here installs now that the services run apart.
+        dlock_contract::tls::install_crypto_provider();
+        let builder = Stack::builder(env!("CARGO_BIN_EXE_dlock"))
+            .only(&[Role::RailStub, Role::RailProxy])
+            .deferred(&[Role::RailStub, Role::RailProxy])
+            .durability(durability)
+            .operator_token("test-operator")
+            .set(Role::RailProxy, "rail.proxy.pg.acquire-timeout-ms", "1000");
+        let stack = tokio::task::spawn_blocking(move || builder.start())
+            .await
+            .unwrap_or_else(|e| panic!("starting the stack: {e}"));
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(max_connections)
-            .connect(&pg.url("paydb"))
+            .connect(&stack.pg().url("paydb"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        // The schema before any proxy starts: tests that call paydb's functions directly run
+        // none.
         dlock_rail_proxy::MIGRATOR
             .run(&pool)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        Self {
-            pg,
-            pool,
-            dir: tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")),
-            servers: Servers::default(),
-        }
+        Self { pool, stack }
     }
 
-    /// A rail stub in this process; returns its URL.
+    /// The stack's PostgreSQL, with paydb.
+    pub fn pg(&self) -> &PgServer {
+        self.stack.pg()
+    }
+
+    pub fn pg_mut(&mut self) -> &mut PgServer {
+        self.stack
+            .pg
+            .as_mut()
+            .unwrap_or_else(|| panic!("this stack runs no PostgreSQL"))
+    }
+
+    /// Starts one more service of `role` with `extra` keys; returns its URL.
+    fn add(&mut self, role: Role, extra: &[(&str, &str)]) -> String {
+        let stack = &mut self.stack;
+        // It waits for the process to answer /readyz: off the runtime's worker.
+        tokio::task::block_in_place(|| stack.add(role, extra).url())
+    }
+
+    /// A rail stub process, its statement in `<name>.jsonl`; returns its URL.
     pub async fn stub(&mut self, name: &str, settings: &[(&str, &str)]) -> String {
-        let (listener, addr) = loopback().await;
-        let mut pairs = vec![
-            ("server.listen", addr.to_string()),
-            ("auth.mode", "none".to_owned()),
-            (
-                "rail.stub.statement-path",
-                self.dir
-                    .path()
-                    .join(format!("{name}.jsonl"))
-                    .display()
-                    .to_string(),
-            ),
-        ];
-        pairs.extend(settings.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let config = dlock_rail_stub::RailStubConfig::from_raw(&mut raw_config(&pairs))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let state = dlock_rail_stub::StubState::open(config).unwrap_or_else(|e| panic!("{e:#}"));
-        self.servers
-            .push(serve_in_task(listener, dlock_rail_stub::app(state)));
-        format!("http://{addr}")
+        let statement = self
+            .stack
+            .dir()
+            .join(format!("{name}.jsonl"))
+            .display()
+            .to_string();
+        let mut pairs = vec![("rail.stub.statement-path", statement.as_str())];
+        pairs.extend_from_slice(settings);
+        self.add(Role::RailStub, &pairs)
     }
 
-    fn proxy_pairs(
-        &self,
-        listen: SocketAddr,
-        rail: &str,
-        settings: &[(&str, &str)],
-    ) -> Vec<(&'static str, String)> {
-        let mut pairs: Vec<(&'static str, String)> = vec![
-            ("server.listen", listen.to_string()),
-            ("rail.proxy.pg.url", self.pg.url("paydb")),
-            ("rail.proxy.rail-url", rail.to_owned()),
-            ("rail.proxy.operator-token", "test-operator".to_owned()),
-            ("rail.proxy.pg.acquire-timeout-ms", "1000".to_owned()),
-        ];
-        // Without fencing-token proofs unless the test gives its own `fencing.*` keys: said by
-        // name, as a service requires (docs/threat-model.md#safe-defaults).
-        if !settings.iter().any(|(k, _)| k.starts_with("fencing.")) {
-            pairs.push(("fencing.insecure-no-proofs", "true".to_owned()));
-        }
-        for (k, v) in settings {
-            let key: &'static str = Box::leak(k.to_string().into_boxed_str());
-            pairs.push((key, (*v).to_owned()));
-        }
-        pairs
-    }
-
-    /// A rail proxy in this process; returns its URL.
+    /// A rail proxy process in front of `rail`; returns its URL.
     pub async fn proxy(&mut self, rail: &str, settings: &[(&str, &str)]) -> String {
-        let (listener, addr) = loopback().await;
-        let pairs = self.proxy_pairs(addr, rail, settings);
-        let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw_config(&pairs))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let pool = dlock_rail_proxy::connect(&config)
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let state = dlock_rail_proxy::AppState::new(pool, Arc::new(config))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        self.servers
-            .push(serve_in_task(listener, dlock_rail_proxy::app(state)));
-        format!("http://{addr}")
+        let mut pairs = vec![("rail.proxy.rail-url", rail)];
+        pairs.extend_from_slice(settings);
+        self.add(Role::RailProxy, &pairs)
     }
 
-    /// A rail proxy as a real `dlock serve rail-proxy` process on `port`.
+    /// A rail proxy with the stack's configuration as a `dlock serve rail-proxy` process of the
+    /// test's own on `port`: for a test that kills it and starts it again on the same port.
     pub fn proxy_process(&self, port: u16, rail: &str, settings: &[(&str, &str)]) -> ManagedChild {
         let listen: SocketAddr = ([127, 0, 0, 1], port).into();
-        let pairs: Vec<(String, String)> = self
-            .proxy_pairs(listen, rail, settings)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-        let log = self.dir.path().join("rail-proxy.log");
+        let mut pairs = vec![("server.listen".to_owned(), listen.to_string())];
+        pairs.extend(self.stack.config(Role::RailProxy));
+        if settings.iter().any(|(k, _)| k.starts_with("fencing.")) {
+            pairs.retain(|(k, _)| k != "fencing.insecure-no-proofs");
+        }
+        let extra = [("rail.proxy.rail-url", rail)];
+        for (key, value) in extra.iter().chain(settings) {
+            match pairs.iter_mut().find(|(k, _)| k == key) {
+                Some(pair) => pair.1 = (*value).to_owned(),
+                None => pairs.push(((*key).to_owned(), (*value).to_owned())),
+            }
+        }
+        let log = self.stack.dir().join("logs").join("rail-proxy.log");
         serve_process("rail-proxy", listen, &pairs, &log)
     }
 

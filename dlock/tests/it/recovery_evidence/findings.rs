@@ -60,7 +60,7 @@ async fn an_unrecorded_attempt_is_resolved_on_the_reconcilers_finding() {
         }
     });
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let paydb = w.pg.url("paydb");
+    let paydb = w.pg().url("paydb");
     let short = |rail: &str| proxy_pairs(&paydb, rail, "100", "0");
     let (_short, short_proxy) = process(dir.path(), "rail-proxy", "short", &short(&stub));
     let (_silent, silent_proxy) = process(dir.path(), "rail-proxy", "silent", &short(&silent_url));
