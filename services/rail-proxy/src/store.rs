@@ -510,17 +510,7 @@ pub async fn admit_many(
         };
         (row.item, answer)
     });
-    let slots = by_item(items.len(), answers).map_err(|item| StoreError::Unknown {
-        function: "rail_admit_many",
-        outcome: format!("an answer for item {item}"),
-    })?;
-    Ok(slots
-        .into_iter()
-        .map(|answer| {
-            answer
-                .unwrap_or_else(|| unknown("rail_admit_many", "no answer for an item of the batch"))
-        })
-        .collect())
+    in_order("rail_admit_many", items.len(), answers)
 }
 
 /// One answer of a record batch: `rail_record`'s arguments.
@@ -597,16 +587,24 @@ pub async fn record_many(
     .fetch_all(pool)
     .await?;
     let answers = rows.into_iter().map(|row| (row.item, row.into_recorded()));
-    let slots = by_item(items.len(), answers).map_err(|item| StoreError::Unknown {
-        function: "rail_record_many",
+    in_order("rail_record_many", items.len(), answers)
+}
+
+/// The answers of `n` items in item order, from the rows of the batch's `function` that name
+/// their item (from 1); an item it gave no answer for gets an error of its own.
+fn in_order<T>(
+    function: &'static str,
+    n: usize,
+    answers: impl IntoIterator<Item = (i32, Result<T, StoreError>)>,
+) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+    let slots = by_item(n, answers).map_err(|item| StoreError::Unknown {
+        function,
         outcome: format!("an answer for item {item}"),
     })?;
     Ok(slots
         .into_iter()
         .map(|answer| {
-            answer.unwrap_or_else(|| {
-                unknown("rail_record_many", "no answer for an item of the batch")
-            })
+            answer.unwrap_or_else(|| unknown(function, "no answer for an item of the batch"))
         })
         .collect())
 }

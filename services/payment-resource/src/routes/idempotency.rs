@@ -166,32 +166,20 @@ impl AppState {
         }
     }
 
-    /// Stores the effect's answer with the effect and commits. A server fault (5xx) rolls the
-    /// whole transaction back, record included, so a retry runs again. So does 404: nothing
-    /// happened, and the thing may exist by the time the caller retries. And so does
-    /// LIMIT_EXCEEDED: paydb raised it, so the transaction cannot store anything, and the limit
-    /// may allow the same request later (a new day, a raised limit). And FORBIDDEN (a treasury
-    /// identity approving its own funding): a refusal of who asks keeps nothing.
+    /// Stores the effect's answer with the effect and commits; an answer that is not kept
+    /// ([`kept`]) rolls the whole transaction back, record included.
     pub(super) async fn finish(
         &self,
         tx: Tx,
         scope: &Scope,
         result: Result<Reply, ApiError>,
     ) -> Response {
-        let reply = match result {
+        let reply = match kept(result) {
             Ok(reply) => reply,
-            Err(error)
-                if error.status.is_server_error()
-                    || error.status == StatusCode::NOT_FOUND
-                    || matches!(error.code, ErrorCode::LimitExceeded | ErrorCode::Forbidden) =>
-            {
+            Err(error) => {
                 drop(tx);
                 return error.into_response();
             }
-            Err(error) => match Reply::error(&error) {
-                Ok(reply) => reply,
-                Err(error) => return error.into_response(),
-            },
         };
         match self
             .store
@@ -201,6 +189,27 @@ impl AppState {
             Ok(()) => reply.into_response(false),
             Err(error) => store_error(error).into_response(),
         }
+    }
+}
+
+/// The answer an effect's `result` keeps with its idempotency record: its reply, or its
+/// refusal's envelope; `Err` when it keeps nothing and rolls back, so a retry runs again. A server
+/// fault (5xx) keeps nothing. Nor does 404: nothing happened, and the thing may exist by the time
+/// the caller retries. Nor does LIMIT_EXCEEDED: paydb raised it, so the transaction cannot store
+/// anything, and the limit may allow the same request later (a new day, a raised limit). Nor
+/// FORBIDDEN (a treasury identity approving its own funding): a refusal of who asks keeps
+/// nothing.
+pub(super) fn kept(result: Result<Reply, ApiError>) -> Result<Reply, ApiError> {
+    match result {
+        Ok(reply) => Ok(reply),
+        Err(error)
+            if error.status.is_server_error()
+                || error.status == StatusCode::NOT_FOUND
+                || matches!(error.code, ErrorCode::LimitExceeded | ErrorCode::Forbidden) =>
+        {
+            Err(error)
+        }
+        Err(error) => Reply::error(&error),
     }
 }
 

@@ -30,7 +30,7 @@ use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, create, created, idempotent};
+use super::idempotency::{Create, Reply, Started, create, created, idempotent, kept};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::openapi::{FencedParams, WriteParams};
@@ -694,8 +694,8 @@ enum Settled {
     Done(Response),
     /// Run again on the single path after the batch commits.
     Single,
-    /// Its answer is a server fault: the single path rolls that back, so the whole batch is
-    /// rolled back and every item runs on the single path.
+    /// Its answer keeps nothing (a server fault, [`kept`]): the single path rolls that back, so
+    /// the whole batch is rolled back and every item runs on the single path.
     Poison,
 }
 
@@ -713,17 +713,9 @@ fn settle<T>(
     match verdict {
         Item::Fresh(outcome) => {
             state.metrics.lookup(Lookup::miss);
-            match answer(outcome) {
+            match kept(answer(outcome)) {
                 Ok(reply) => Settled::Store(reply),
-                Err(error)
-                    if error.status.is_server_error() || error.status == StatusCode::NOT_FOUND =>
-                {
-                    Settled::Poison
-                }
-                Err(error) => match Reply::error(&error) {
-                    Ok(reply) => Settled::Store(reply),
-                    Err(_) => Settled::Poison,
-                },
+                Err(_) => Settled::Poison,
             }
         }
         Item::Replay { status, body } => done(Begin::Replay { status, body }),
