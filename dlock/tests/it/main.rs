@@ -13,7 +13,7 @@ mod etcd_restore;
 mod etcd_tls;
 mod exclusion;
 mod executor_deadline;
-mod executor_reads;
+mod executor_registration;
 mod executor_report;
 mod expiry;
 mod failover;

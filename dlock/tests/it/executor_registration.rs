@@ -1,9 +1,15 @@
+//! What `dlock run` does with its registration.
+//!
 //! What the executor reads before it claims. A payout the run registered afresh was PENDING when
 //! the payment resource answered its registration, so its first cycle claims it without reading
 //! it first: the claim is conditional on PENDING and is refused if anyone moved it since. A
 //! payout whose registration was a replay (the same file run again) is read first, as every
 //! later cycle is. The payment resource counts its payout reads (`payment_batch_size_sum`,
 //! kind `read`), and the run goes through real services.
+//!
+//! When the payouts are paid. The run registers account by account and hands an account to the
+//! workers as soon as its payouts are registered, so the first payouts are posted while the
+//! last are still being registered; paydb's timestamps show it.
 
 use std::time::Duration;
 
@@ -91,5 +97,58 @@ async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one
         payout_reads(&stack).await - after_first,
         6.0,
         "a replayed registration is read before its cycle does anything"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_accounts_are_paid_while_the_last_are_still_being_registered() {
+    const ACCOUNTS: usize = 10;
+    const PER_ACCOUNT: usize = 60;
+    let stack = Stack::builder(EXE)
+        .operator_token("overlap-operator-token")
+        .start();
+    let client =
+        PaymentClient::new(&stack.payment().url(), "overlap").unwrap_or_else(|e| panic!("{e}"));
+    let mut yaml = String::from(
+        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: overlap\nspec:\n  payouts:\n",
+    );
+    for a in 0..ACCOUNTS {
+        open_account(&client, &format!("overlap-{a}"), Some(1_000_000)).await;
+        for n in 0..PER_ACCOUNT {
+            yaml.push_str(&format!(
+                "    - {{key: p-{a}-{n}, accountId: overlap-{a}, amountMinor: 10, currency: EUR, beneficiaryRef: ben-{a}-{n}}}\n"
+            ));
+        }
+    }
+    let batch = dlock_executor::manifest::parse(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    let options = RunOptions {
+        workers: ACCOUNTS,
+        settle_timeout: Duration::from_secs(120),
+        ..RunOptions::default()
+    };
+    let report = execute(&batch, &endpoints(&stack), options)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(report.complete, "{report:?}");
+    assert_eq!(
+        report.states.get("POSTED"),
+        Some(&(ACCOUNTS * PER_ACCOUNT)),
+        "{report:?}"
+    );
+    // A POSTED payout's updated_at is when it was posted (POSTED is terminal); created_at is
+    // when it was registered. Registered first and paid after, the first post would come after
+    // the last registration.
+    let order = stack
+        .pg()
+        .psql(
+            "paydb",
+            "SELECT (SELECT min(updated_at) FROM payouts WHERE state = 'POSTED') \
+                    < (SELECT max(created_at) FROM payouts)",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        order.trim(),
+        "t",
+        "the first payout was posted before the last one was registered"
     );
 }
