@@ -512,6 +512,14 @@ fn print_row(backend: &str, label: &str, workers: usize, n: usize, run: &Run, ra
     );
 }
 
+/// The raw commit rate of the tables' `raw commit/s` column: pgbench, 32 connections, 1 update
+/// per commit, for 1 s (just before the row).
+fn raw_now(pg: &PgServer) -> f64 {
+    pg.raw_commits("rawdb", 32, 1, 1)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .commits_per_second
+}
+
 /// The run's raw commit rates, as the tables' notes give them.
 fn baseline_note(baseline: &dlock_devstack::bench::Baseline) -> String {
     format!(
@@ -646,20 +654,11 @@ async fn group_commit(
     for accounts_n in [100usize, 1_000] {
         for workers in [32usize, 128] {
             for (label, endpoints, state) in &stacks {
-                let raw_now = pg
-                    .raw_commits("rawdb", 32, 1, 1)
-                    .unwrap_or_else(|e| panic!("{e:#}"));
+                let raw_now = raw_now(pg);
                 let prefix = format!("gc{}a{accounts_n}w{workers}", label.replace([' ', ','], ""));
                 let run = bench.run(endpoints, &prefix, accounts_n, payouts, workers, 1);
                 let (run, mean) = with_mean_batch(state, run).await;
-                batch_row(
-                    label,
-                    accounts_n,
-                    workers,
-                    &run,
-                    mean,
-                    raw_now.commits_per_second,
-                );
+                batch_row(label, accounts_n, workers, &run, mean, raw_now);
             }
         }
     }
@@ -698,9 +697,7 @@ async fn batch_endpoints(
         (1, 32),
     ] {
         for client_batch in [1usize, 32] {
-            let raw_now = pg
-                .raw_commits("rawdb", 32, 1, 1)
-                .unwrap_or_else(|e| panic!("{e:#}"));
+            let raw_now = raw_now(pg);
             let prefix = format!("be{client_batch}a{accounts_n}w{workers}");
             let n = if accounts_n == 1 {
                 payouts / 4
@@ -710,14 +707,7 @@ async fn batch_endpoints(
             let run = bench.run(&endpoints, &prefix, accounts_n, n, workers, client_batch);
             let (run, mean) = with_mean_batch(&state, run).await;
             let label = format!("client {client_batch}");
-            batch_row(
-                &label,
-                accounts_n,
-                workers,
-                &run,
-                mean,
-                raw_now.commits_per_second,
-            );
+            batch_row(&label, accounts_n, workers, &run, mean, raw_now);
         }
     }
     println!(
@@ -815,9 +805,7 @@ async fn replicas(
             dlock_executor::register(&batch, &payment)
                 .await
                 .unwrap_or_else(|e| panic!("{e:#}"));
-            let raw_now = pg
-                .raw_commits("rawdb", 32, 1, 1)
-                .unwrap_or_else(|e| panic!("{e:#}"));
+            let raw_now = raw_now(pg);
             let paid_before = dlock_contract::rail::read_statement(&stub, None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"))
@@ -878,7 +866,7 @@ async fn replicas(
                 cpu_ms.1,
                 sum / count.max(1.0),
                 paid.len() - once.len(),
-                raw_now.commits_per_second,
+                raw_now,
                 load_now()
             );
         }
