@@ -3,18 +3,15 @@
 //! with proofs on, and an account poisoned before proofs is recovered by an operator only, only
 //! while nobody else holds its lock, with an audit row.
 
-use std::sync::Arc;
-
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use dlock_server::config::{RawConfig, env_name};
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::auth::DevStack;
 use crate::conformance::assert_envelope;
-use crate::harness::{hold, loopback, raw, serve_in_task, session};
+use crate::harness::{Backend, LockStack, hold, raw, session};
 use crate::payment::PayStack;
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::register_payout;
@@ -392,9 +389,9 @@ async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_he
     pool.close().await;
 }
 
-/// In process: a lock server that signs with the new key (second in the payment resource's
-/// file) and a payment resource that still lists the old key first. A proof of key A is
-/// refused for key B and for another token; the rotated proof verifies.
+/// A lock server that signs with the new key (second in the payment resource's file) and a
+/// payment resource that still lists the old key first. A proof of key A is refused for key B
+/// and for another token; the rotated proof verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -409,30 +406,15 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
         pay_keys.display().to_string().as_str(),
     )])
     .await;
-    stack
-        .pg()
-        .create_database("lockdb")
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let (listener, addr) = loopback().await;
-    let env = [
-        ("server.listen", addr.to_string()),
-        ("lock.backend", "pg".to_owned()),
-        ("lock.pg.url", stack.pg().url("lockdb")),
-        ("fencing.proof-keys-file", lock_keys.display().to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (env_name(k), v))
-    .collect();
-    let mut raw_config = RawConfig::from_parts(None, env).unwrap_or_else(|e| panic!("{e}"));
-    let config = dlock_lock_server::LockServerConfig::from_raw(&mut raw_config)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let store = dlock_lock_server::open_store(&config)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let state = dlock_lock_server::AppState::new(store, Arc::new(config));
-    let server = serve_in_task(listener, dlock_lock_server::app(state));
-    let locks =
-        LockClient::new(&format!("http://{addr}"), "worker-1").unwrap_or_else(|e| panic!("{e}"));
+    let (lock_stack, lock_url) = LockStack::serving(
+        Backend::Pg,
+        &[(
+            "fencing.proof-keys-file",
+            lock_keys.display().to_string().as_str(),
+        )],
+    )
+    .await;
+    let locks = LockClient::new(&lock_url, "worker-1").unwrap_or_else(|e| panic!("{e}"));
     let session = session(&locks, 30_000).await;
 
     stack.account("acct-a", "EUR").await;
@@ -516,5 +498,5 @@ async fn a_proof_is_bound_to_its_key_and_token_and_a_rotated_key_still_verifies(
         (fence("acct-a").await, fence("acct-b").await),
         (a.fencing_token, b.fencing_token)
     );
-    server.abort();
+    drop(lock_stack);
 }
