@@ -19,6 +19,10 @@
 //!
 //! The stack's directory holds each service's `<name>.toml`, its log under `logs/<name>.log`,
 //! and PostgreSQL's and etcd's data (`postgres/`, `etcd/`), reused when the directory is.
+//!
+//! The integration tests' `LockStack`, `PayStack` and `RailWorld` (dlock/tests/it) are stacks of
+//! this builder too: a role can be [deferred](StackBuilder::deferred) and started as many times as
+//! a test needs ([`Stack::add`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
