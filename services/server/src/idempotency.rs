@@ -7,12 +7,9 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use dlock_contract::error::ApiError;
+use dlock_contract::headers::IDEMPOTENT_REPLAY;
 use dlock_contract::http::JSON_CONTENT_TYPE;
 use serde::Serialize;
-
-/// The header that marks a replayed answer of the payment resource. The body is the stored one,
-/// byte for byte.
-pub const REPLAY_HEADER: &str = "x-idempotent-replay";
 
 /// An answer, as it is stored and sent.
 pub struct Reply {
@@ -40,7 +37,7 @@ impl Reply {
         Ok(Self { status, body })
     }
 
-    /// The response: the bytes in the contract's content type, marked with [`REPLAY_HEADER`]
+    /// The response: the bytes in the contract's content type, marked with [`IDEMPOTENT_REPLAY`]
     /// when `replayed`.
     pub fn into_response(self, replayed: bool) -> Response {
         let mut response = (self.status, self.body).into_response();
@@ -50,7 +47,7 @@ impl Reply {
             HeaderValue::from_static(JSON_CONTENT_TYPE),
         );
         if replayed {
-            headers.insert(REPLAY_HEADER, HeaderValue::from_static("true"));
+            headers.insert(IDEMPOTENT_REPLAY, HeaderValue::from_static("true"));
         }
         response
     }

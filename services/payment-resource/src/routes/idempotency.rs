@@ -1,7 +1,8 @@
 //! The idempotency engine (docs/design.md#d-7, docs/contract.md#idempotency-rules): every write
 //! claims its record in the transaction that runs its effect, stores its answer there, and a
-//! retry of the identical request gets the stored bytes back (with [`REPLAY_HEADER`]); a key
-//! reused with another body is refused.
+//! retry of the identical request gets the stored bytes back (marked
+//! `dlock_contract::headers::IDEMPOTENT_REPLAY`, by [`Reply`]); a key reused with another body is
+//! refused.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -21,7 +22,7 @@ use super::errors::{missing, store_error};
 use crate::metrics::Lookup;
 use crate::store::{Begin, Once, Scope, StoreError, StoreResult, Tx};
 
-pub use dlock_server::idempotency::{REPLAY_HEADER, Reply};
+pub use dlock_server::idempotency::Reply;
 
 /// The answer of a create: 201 with the `what` it read back in its transaction.
 pub(super) fn created<T: Serialize>(

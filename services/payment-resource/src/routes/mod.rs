@@ -30,7 +30,7 @@ use utoipa_axum::routes;
 use crate::config::PaymentConfig;
 use crate::metrics::Metrics;
 use crate::store::PayStore;
-pub use idempotency::{REPLAY_HEADER, Reply};
+pub use idempotency::Reply;
 
 #[derive(Clone)]
 pub struct AppState {
