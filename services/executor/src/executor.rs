@@ -247,9 +247,9 @@ pub async fn execute(
         .await
         .context("opening a lock-server session")?;
 
-    // Work is queued per account: a worker takes an account and runs its payouts one lock
-    // cycle each, so workers rarely queue on the same lock. Processes start at different
-    // places, so several `dlock run` on one file share the work.
+    // Work is queued per account: a worker takes an account, runs one lock cycle of its next
+    // payout and puts it back, so no two workers of a run queue on the same lock. Processes
+    // start at different places, so several `dlock run` on one file share the work.
     let mut by_account: BTreeMap<String, Vec<PlannedPayout>> = BTreeMap::new();
     let plan = batch.plan();
     let total = plan.len();
@@ -407,68 +407,65 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
             }
             continue;
         };
-        let mut left = Vec::new();
-        let mut contended = false;
-        let mut waiting = false;
-        let mut recovery = false;
-        for payout in payouts {
-            if contended || recovery {
-                left.push(payout);
-                continue;
-            }
-            let outcome = traced_cycle(&shared, &payout).await;
-            shared.recovery(payout.payout_id, outcome);
-            shared.cycles.fetch_add(1, Ordering::SeqCst);
-            shared.options.metrics.executed(outcome.label());
-            *shared
-                .outcomes
-                .lock()
-                .await
-                .entry(format!("{outcome:?}"))
-                .or_default() += 1;
-            match outcome {
-                CycleOutcome::Settled | CycleOutcome::Ambiguous => {
-                    shared.settled.fetch_add(1, Ordering::SeqCst);
-                    progress.inc();
-                }
-                CycleOutcome::Contended => {
-                    contended = true;
-                    left.push(payout);
-                }
-                CycleOutcome::FencedOut => {
-                    shared.fenced.fetch_add(1, Ordering::SeqCst);
-                    left.push(payout);
-                }
-                CycleOutcome::Pending
-                | CycleOutcome::DeadlinePassed
-                | CycleOutcome::Unavailable => {
-                    waiting = true;
-                    left.push(payout);
-                }
-                // The account's other payouts would be refused alike: they wait too.
-                CycleOutcome::RecoveryRequired => {
-                    recovery = true;
-                    left.push(payout);
-                }
-            }
+        // One lock cycle of the account's next payout, then the account goes to the back of
+        // the queue: every account moves at the same pace, so the end of the run does not wait
+        // for a few accounts with many payouts left, each behind one worker.
+        let mut left = payouts;
+        if left.is_empty() {
+            continue;
         }
-        if !left.is_empty() {
-            if recovery {
-                // paydb waits for an operator (docs/runbook.md): back off, growing with the
-                // refusals, never past the settle timeout.
+        let payout = left.remove(0);
+        let outcome = traced_cycle(&shared, &payout).await;
+        shared.recovery(payout.payout_id, outcome);
+        shared.cycles.fetch_add(1, Ordering::SeqCst);
+        shared.options.metrics.executed(outcome.label());
+        *shared
+            .outcomes
+            .lock()
+            .await
+            .entry(format!("{outcome:?}"))
+            .or_default() += 1;
+        let mut pause = false;
+        match outcome {
+            CycleOutcome::Settled | CycleOutcome::Ambiguous => {
+                shared.settled.fetch_add(1, Ordering::SeqCst);
+                progress.inc();
+            }
+            // The lock is someone else's: the account's next cycle is this payout's again.
+            CycleOutcome::Contended => {
+                pause = true;
+                left.insert(0, payout);
+            }
+            CycleOutcome::FencedOut => {
+                shared.fenced.fetch_add(1, Ordering::SeqCst);
+                left.push(payout);
+            }
+            CycleOutcome::Pending | CycleOutcome::DeadlinePassed | CycleOutcome::Unavailable => {
+                pause = true;
+                left.push(payout);
+            }
+            // paydb waits for an operator (docs/runbook.md): the account's other payouts would
+            // be refused alike. Back off, growing with the refusals, never past the settle
+            // timeout.
+            CycleOutcome::RecoveryRequired => {
+                left.insert(0, payout);
                 let streak = shared.recovery_streak.load(Ordering::SeqCst);
                 let wait = recovery_backoff(streak)
                     .mul_f64(0.75 + rand::random_range(0.0..0.5))
                     .min(deadline.saturating_duration_since(Instant::now()));
                 tracing::debug!(event = "recovery_backoff", account = %account, wait_ms = wait.as_millis() as u64, refusals = streak, "paydb refuses writes until its recovery; waiting before the next cycle");
                 tokio::time::sleep(wait).await;
-            } else if contended || waiting {
-                // Give the other holder, or the in-flight submission, a moment.
-                tokio::time::sleep(Duration::from_millis(20 + rand::random_range(0..30))).await;
             }
-            shared.queue.lock().await.push_back((account, left));
-            shared.wake.notify_one();
         }
+        if left.is_empty() {
+            continue;
+        }
+        if pause {
+            // Give the other holder, or the in-flight submission, a moment.
+            tokio::time::sleep(Duration::from_millis(20 + rand::random_range(0..30))).await;
+        }
+        shared.queue.lock().await.push_back((account, left));
+        shared.wake.notify_one();
     }
 }
 
