@@ -553,6 +553,26 @@ pub struct Stack {
     pub operator_token: Option<String>,
 }
 
+/// A test that fails shows what its services logged last: their logs go with the stack's
+/// directory.
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for service in &self.services {
+            let log = std::fs::read_to_string(&service.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!(
+                "--- {} on {}, last lines of its log:\n{}",
+                service.role.name(),
+                service.addr,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
 impl Stack {
     /// A builder for a stack whose services are run from the `dlock` binary `exe`, each with a
     /// configuration file in the stack's directory (services take nothing from the environment).
