@@ -13,14 +13,11 @@
 
 use std::time::Duration;
 
+use crate::executor_report::stack_with_accounts;
 use crate::harness::endpoints;
 use crate::payment::metric;
-use crate::shared::accounts::open_account;
-use dlock_contract::payment_client::PaymentClient;
 use dlock_devstack::stack::Stack;
 use dlock_executor::executor::{RunOptions, execute};
-
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
 /// Six payouts over three accounts, each with the money for both of its payouts.
 const BATCH: &str = r#"
@@ -51,14 +48,8 @@ async fn payout_reads(stack: &Stack) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one_is_read() {
-    let stack = Stack::builder(EXE)
-        .operator_token("reads-operator-token")
-        .start();
-    let client =
-        PaymentClient::new(&stack.payment().url(), "reads").unwrap_or_else(|e| panic!("{e}"));
-    for account in ["reads-a", "reads-b", "reads-c"] {
-        open_account(&client, account, Some(1_000)).await;
-    }
+    let accounts = ["reads-a", "reads-b", "reads-c"].map(|a| (a.to_owned(), 1_000));
+    let stack = stack_with_accounts("reads", &accounts).await;
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = endpoints(&stack);
     let options = RunOptions {
@@ -104,16 +95,14 @@ async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one
 async fn the_first_accounts_are_paid_while_the_last_are_still_being_registered() {
     const ACCOUNTS: usize = 10;
     const PER_ACCOUNT: usize = 60;
-    let stack = Stack::builder(EXE)
-        .operator_token("overlap-operator-token")
-        .start();
-    let client =
-        PaymentClient::new(&stack.payment().url(), "overlap").unwrap_or_else(|e| panic!("{e}"));
+    let accounts: Vec<(String, i64)> = (0..ACCOUNTS)
+        .map(|a| (format!("overlap-{a}"), 1_000_000))
+        .collect();
+    let stack = stack_with_accounts("overlap", &accounts).await;
     let mut yaml = String::from(
         "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: overlap\nspec:\n  payouts:\n",
     );
     for a in 0..ACCOUNTS {
-        open_account(&client, &format!("overlap-{a}"), Some(1_000_000)).await;
         for n in 0..PER_ACCOUNT {
             yaml.push_str(&format!(
                 "    - {{key: p-{a}-{n}, accountId: overlap-{a}, amountMinor: 10, currency: EUR, beneficiaryRef: ben-{a}-{n}}}\n"

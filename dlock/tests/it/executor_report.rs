@@ -73,16 +73,22 @@ fn states_in_paydb(stack: &Stack) -> BTreeMap<String, usize> {
         .collect()
 }
 
+/// A stack whose payment resource has `accounts` open, each with its funds.
+pub async fn stack_with_accounts(name: &str, accounts: &[(String, i64)]) -> Stack {
+    let stack = Stack::builder(EXE)
+        .operator_token(&format!("{name}-operator-token"))
+        .start();
+    let client = PaymentClient::new(&stack.payment().url(), name).unwrap_or_else(|e| panic!("{e}"));
+    for (account, funds) in accounts {
+        open_account(&client, account, Some(*funds)).await;
+    }
+    stack
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_final_report_says_what_paydb_says_whether_a_state_was_answered_or_read() {
-    let stack = Stack::builder(EXE)
-        .operator_token("report-operator-token")
-        .start();
-    let client =
-        PaymentClient::new(&stack.payment().url(), "report").unwrap_or_else(|e| panic!("{e}"));
-    for (account, funds) in [("rich", 10_000), ("poor", 500)] {
-        open_account(&client, account, Some(funds)).await;
-    }
+    let stack =
+        stack_with_accounts("report", &[("rich".into(), 10_000), ("poor".into(), 500)]).await;
     let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
     let endpoints = endpoints(&stack);
     let options = RunOptions {
