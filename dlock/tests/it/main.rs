@@ -17,6 +17,7 @@ mod executor_registration;
 mod executor_report;
 mod expiry;
 mod failover;
+mod generic_plans;
 mod hardening;
 mod harness;
 mod history;

@@ -1,0 +1,61 @@
+//! paydb's and lockdb's PL/pgSQL functions plan their statements once per connection: each one
+//! that is not a trigger function carries `plan_cache_mode = force_generic_plan`
+//! (migrations/paydb/0032_generic_plans.sql, migrations/lockdb/0014_generic_plans.sql). A
+//! migration that replaces a function with `CREATE OR REPLACE` drops the setting; this test
+//! finds such a function on databases migrated by the real services.
+
+use dlock_devstack::stack::{LockBackend, Stack};
+
+const EXE: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// The PL/pgSQL functions of `public` that are not trigger functions and plan under the
+/// default plan_cache_mode.
+const WITHOUT_GENERIC_PLANS: &str = "\
+    SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
+     WHERE p.pronamespace = 'public'::regnamespace AND l.lanname = 'plpgsql' \
+       AND p.prorettype <> 'trigger'::regtype \
+       AND NOT coalesce('plan_cache_mode=force_generic_plan' = ANY (p.proconfig), false) \
+     ORDER BY 1";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_function_of_paydb_and_lockdb_plans_its_statements_once() {
+    let stack = Stack::builder(EXE).lock_backend(LockBackend::Pg).start();
+    for (database, one_of_them) in [
+        ("paydb", "pay_claim_many"),
+        ("lockdb", "dlock_acquire_many"),
+    ] {
+        let psql = |sql: &str| {
+            stack
+                .pg()
+                .psql(database, sql)
+                .unwrap_or_else(|e| panic!("{database}: {e:#}"))
+        };
+        let missing = psql(WITHOUT_GENERIC_PLANS);
+        assert_eq!(
+            missing.trim(),
+            "",
+            "{database}: functions without generic plans"
+        );
+        let configured = psql(&format!(
+            "SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE proname = '{one_of_them}'"
+        ));
+        assert_eq!(
+            configured.trim(),
+            "plan_cache_mode=force_generic_plan",
+            "{database}: {one_of_them}"
+        );
+        // Positive control: a function replaced without the setting is found.
+        let found = psql(&format!(
+            "BEGIN; \
+             CREATE FUNCTION generic_plans_probe(p integer) RETURNS integer LANGUAGE plpgsql \
+                 AS $$ BEGIN RETURN p; END $$; \
+             {WITHOUT_GENERIC_PLANS}; \
+             ROLLBACK"
+        ));
+        assert_eq!(
+            found.trim(),
+            "generic_plans_probe(integer)",
+            "{database}: the check sees a function without the setting"
+        );
+    }
+}
