@@ -186,7 +186,7 @@ async fn register_one(payment: PaymentClient, p: PlannedPayout) -> Result<(Uuid,
 async fn register_into_queue(
     shared: Arc<Shared>,
     payment: PaymentClient,
-    accounts: Vec<(String, Vec<PlannedPayout>)>,
+    accounts: VecDeque<(String, Vec<PlannedPayout>)>,
 ) -> Result<()> {
     let mut answers = futures::stream::iter(
         accounts
@@ -293,8 +293,7 @@ pub async fn execute(
         workers.push(tokio::spawn(worker(shared.clone(), progress.clone())));
     }
     if let Some(accounts) = to_register {
-        let registered =
-            register_into_queue(shared.clone(), registrar, accounts.into_iter().collect()).await;
+        let registered = register_into_queue(shared.clone(), registrar, accounts).await;
         if let Err(e) = registered {
             // Nothing more can be paid: stop the workers (a cycle under way finishes) and say why.
             shared.stopping.store(true, Ordering::SeqCst);
