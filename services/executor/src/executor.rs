@@ -5,9 +5,11 @@
 //! - a local deadline on the monotonic clock, TTL × (1 − safety margin) from sending the
 //!   acquire: no protected write starts after it;
 //! - the payout is re-read after every acquire, and the state decides what to do: a RAIL_ACKED
-//!   payout is posted, never submitted again. The one exception is the first cycle of a payout
-//!   this run registered afresh: it was PENDING when it was registered, and the claim, which is
-//!   conditional on PENDING, finds out if another executor moved it since;
+//!   payout is posted, never submitted again. The one exception is a payout's first cycle of the
+//!   run (with registration, of a payout this run registered afresh): it claims the payout as
+//!   PENDING without reading it, and when the claim, which is conditional on PENDING, is refused,
+//!   reads it then;
+//! - the release is not waited for: the account's next cycle waits for it instead;
 //! - submit is tried exactly once, ever; FENCED_OUT aborts the whole critical section; an
 //!   ambiguous outcome is reported, the lock released and the payout left alone.
 
@@ -20,12 +22,13 @@ use anyhow::{Context, Result};
 use backon::Retryable;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
-use dlock_contract::payment::{CreatePayoutRequest, PayoutState};
+use dlock_contract::payment::{CreatePayoutRequest, Payout, PayoutState};
 use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_contract::rail::{RailClient, SubmissionRequest};
 use dlock_contract::session::{HeldLock, LockSession, retry_policy};
 use futures::StreamExt;
 use tokio::sync::{Mutex, Notify};
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::manifest::{PayoutBatch, PlannedPayout};
@@ -70,9 +73,13 @@ struct Shared {
     recovery_streak: AtomicU32,
     /// The payouts whose last cycle paydb refused with RECOVERY_REQUIRED.
     recovery_refused: std::sync::Mutex<BTreeSet<Uuid>>,
-    /// The payouts this run registered afresh (not a replay) and has not run a cycle of yet:
-    /// PENDING when they were registered, so their first cycle claims without reading them.
-    fresh: std::sync::Mutex<HashSet<Uuid>>,
+    /// The payouts whose first cycle of this run is still to come, and claims them as PENDING
+    /// without reading them first: with `--no-register` every payout of the batch, else those
+    /// this run registered afresh (not a replay: PENDING when they were registered).
+    unread: std::sync::Mutex<HashSet<Uuid>>,
+    /// Each account's last release, under way: the account's next cycle waits for it, and the
+    /// run waits for all of them before it closes its session.
+    releases: std::sync::Mutex<HashMap<String, JoinHandle<()>>>,
     /// The run is stopping before its payouts settled (its registration failed).
     stopping: AtomicBool,
 }
@@ -115,12 +122,38 @@ impl Shared {
         }
     }
 
-    /// Whether `payout` was registered afresh by this run and this is its first cycle.
-    fn first_cycle_of_fresh(&self, payout: Uuid) -> bool {
-        self.fresh
+    /// Whether this is `payout`'s first cycle of the run, and it is to claim without reading.
+    fn first_cycle_unread(&self, payout: Uuid) -> bool {
+        self.unread
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&payout)
+    }
+
+    /// Waits for `account`'s last release, if one is under way.
+    async fn released(&self, account: &str) {
+        let release = self
+            .releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(account);
+        if let Some(release) = release {
+            let _ = release.await;
+        }
+    }
+
+    /// Waits for every release under way.
+    async fn all_released(&self) {
+        let releases: Vec<JoinHandle<()>> = self
+            .releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain()
+            .map(|(_, release)| release)
+            .collect();
+        for release in releases {
+            let _ = release.await;
+        }
     }
 
     fn hops(&self, payout: Uuid) -> Hops {
@@ -204,7 +237,7 @@ async fn register_into_queue(
             let (payout_id, fresh) = answer?;
             if fresh {
                 shared
-                    .fresh
+                    .unread
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(payout_id);
@@ -268,6 +301,16 @@ pub async fn execute(
     } else {
         None
     };
+    // Without registration, nothing is known of the payouts: each one's first cycle claims it as
+    // PENDING, what a batch's payouts are until it runs.
+    let unread: HashSet<Uuid> = if to_register.is_some() {
+        HashSet::new()
+    } else {
+        queue
+            .iter()
+            .flat_map(|(_, payouts)| payouts.iter().map(|p| p.payout_id))
+            .collect()
+    };
     let shared = Arc::new(Shared {
         options: options.clone(),
         session,
@@ -284,7 +327,8 @@ pub async fn execute(
         total,
         recovery_streak: AtomicU32::new(0),
         recovery_refused: std::sync::Mutex::new(BTreeSet::new()),
-        fresh: std::sync::Mutex::new(HashSet::new()),
+        unread: std::sync::Mutex::new(unread),
+        releases: std::sync::Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
     });
     let progress = crate::progress::Progress::start(options.progress, total as u64);
@@ -301,6 +345,7 @@ pub async fn execute(
             for w in workers {
                 let _ = w.await;
             }
+            shared.all_released().await;
             // Ending the session releases whatever a cut-short cycle left held.
             if let Some(shared) = Arc::into_inner(shared) {
                 let _ = shared.session.close().await;
@@ -312,6 +357,7 @@ pub async fn execute(
         w.await.context("a worker task failed")?;
     }
     progress.finish();
+    shared.all_released().await;
     let shared = Arc::into_inner(shared).context("a worker outlived the run")?;
     // Ending the session releases whatever a cut-short cycle left held.
     let _ = shared.session.close().await;
@@ -414,7 +460,16 @@ async fn worker(shared: Arc<Shared>, progress: crate::progress::Progress) {
             continue;
         }
         let payout = left.remove(0);
-        let outcome = traced_cycle(&shared, &payout).await;
+        // The account's last release first: its next acquire would find the lock held.
+        shared.released(&account).await;
+        let (outcome, release) = traced_cycle(&shared, &payout).await;
+        if let Some(release) = release {
+            shared
+                .releases
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(account.clone(), release);
+        }
         shared.recovery(payout.payout_id, outcome);
         shared.cycles.fetch_add(1, Ordering::SeqCst);
         shared.options.metrics.executed(outcome.label());
@@ -485,30 +540,53 @@ pub(crate) fn recovery_backoff(refusals: u32) -> Duration {
 /// One lock cycle inside the payout's trace: a span named for the payout (its id, account,
 /// owner, fencing token and outcome as attributes) whose trace id is the payout's own, so every
 /// cycle of one payout, in any process, lands in one trace.
-async fn traced_cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
+/// One payout's lock cycle in its trace, and its release under way. The release is not waited
+/// for: the worker goes on to its next account while it runs, and the account's next cycle waits
+/// for it first (see [`Shared::releases`]).
+async fn traced_cycle(
+    shared: &Shared,
+    planned: &PlannedPayout,
+) -> (CycleOutcome, Option<JoinHandle<()>>) {
     let trace = dlock_contract::trace::TraceContext {
         trace_id: planned.payout_id.simple().to_string(),
         parent_span_id: None,
     };
-    dlock_contract::trace::scope(trace, async {
-        let span = tracing::info_span!(
-            "payout cycle",
-            otel.kind = "internal",
-            payout.id = %planned.payout_id,
-            account.id = %planned.item.account_id,
-            owner = %shared.options.owner_id,
-            fencing.token = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
-        let outcome = tracing::Instrument::instrument(cycle(shared, planned), span.clone()).await;
-        span.record("outcome", format!("{outcome:?}"));
-        outcome
-    })
-    .await
+    let span = tracing::info_span!(
+        "payout cycle",
+        otel.kind = "internal",
+        payout.id = %planned.payout_id,
+        account.id = %planned.item.account_id,
+        owner = %shared.options.owner_id,
+        fencing.token = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let (outcome, held) = dlock_contract::trace::scope(
+        trace.clone(),
+        tracing::Instrument::instrument(cycle(shared, planned), span.clone()),
+    )
+    .await;
+    span.record("outcome", format!("{outcome:?}"));
+    let release = held.map(|(held, lock)| {
+        let release = async move {
+            // Release is tried once: if it fails, the lease lapses by itself.
+            if let Err(e) = held.release(&lock).await {
+                tracing::debug!(event = "release_failed", key = %held.grant.key, token = held.token(), error = %e, "release failed; the lease lapses by itself");
+            }
+        };
+        tokio::spawn(dlock_contract::trace::scope(
+            trace,
+            tracing::Instrument::instrument(release, span),
+        ))
+    });
+    (outcome, release)
 }
 
-/// One lock cycle for one payout.
-async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
+/// One lock cycle for one payout: its outcome, and the lock to release with its client (none
+/// when the acquire was refused).
+async fn cycle(
+    shared: &Shared,
+    planned: &PlannedPayout,
+) -> (CycleOutcome, Option<(HeldLock, LockClient)>) {
     let hops = shared.hops(planned.payout_id);
     let key = format!("payout:{}", planned.item.account_id);
     let held = match shared
@@ -523,15 +601,11 @@ async fn cycle(shared: &Shared, planned: &PlannedPayout) -> CycleOutcome {
         .await
     {
         Ok(held) => held,
-        Err(e) => return refused(shared, planned, None, Step::Acquire, &e),
+        Err(e) => return (refused(shared, planned, None, Step::Acquire, &e), None),
     };
     tracing::Span::current().record("fencing.token", held.token());
     let outcome = critical_section(shared, &hops, planned, &held).await;
-    // Release is tried once: if it fails, the lease lapses by itself.
-    if let Err(e) = held.release(&hops.lock).await {
-        tracing::debug!(event = "release_failed", key, token = held.token(), error = %e, "release failed; the lease lapses by itself");
-    }
-    outcome
+    (outcome, Some((held, hops.lock)))
 }
 
 /// The outcome of a refused step, logged as an operator needs it.
@@ -608,83 +682,145 @@ where
     }
 }
 
+/// Reads the payout (retried twice on a failure without a verdict) and notes a terminal state.
+async fn read_payout(shared: &Shared, hops: &Hops, id: Uuid) -> Result<Payout, CycleOutcome> {
+    match (|| hops.payment.get_payout(id))
+        .retry(retry_policy(2))
+        .await
+    {
+        Ok(p) => {
+            shared.saw(id, p.state);
+            Ok(p)
+        }
+        Err(_) => Err(CycleOutcome::Unavailable),
+    }
+}
+
+/// What a cycle does with a payout it read that it may not claim: a terminal or quarantined
+/// payout is settled, a RAIL_ACKED one is posted (its rail reference and attempt), and any other
+/// is left for a later cycle.
+fn to_post(payout: Payout) -> Result<(String, Uuid), CycleOutcome> {
+    match payout.state {
+        PayoutState::Posted
+        | PayoutState::Failed
+        | PayoutState::Abandoned
+        | PayoutState::RailAmbiguous => Err(CycleOutcome::Settled),
+        PayoutState::RailAcked => payout
+            .rail_reference
+            .zip(payout.submission_id)
+            .ok_or(CycleOutcome::Pending),
+        PayoutState::Pending | PayoutState::Claimed | PayoutState::Submitting => {
+            Err(CycleOutcome::Pending)
+        }
+    }
+}
+
+/// How a claim ended.
+enum Claim {
+    /// Claimed under this cycle's token.
+    Granted,
+    /// `409 PAYOUT_NOT_CLAIMABLE`: the payout is not in the state the claim expected.
+    NotClaimable(ClientError),
+    /// Any other end: the cycle's outcome.
+    Ended(CycleOutcome),
+}
+
+async fn claim(
+    shared: &Shared,
+    hops: &Hops,
+    planned: &PlannedPayout,
+    held: &HeldLock,
+    expected: PayoutState,
+) -> Claim {
+    let id = planned.payout_id;
+    let token = held.token();
+    let fence = Fence::new(planned.idempotency_key.as_str(), token, held.proof());
+    match payment_write(held, || hops.payment.claim(id, fence, expected)).await {
+        Write::DeadlinePassed => Claim::Ended(CycleOutcome::DeadlinePassed),
+        // Only a claim granted to this very token may lead to a submit under it.
+        Write::Done(Ok(claim)) if claim.claim_token == token => Claim::Granted,
+        Write::Done(Ok(claim)) => {
+            tracing::error!(event = "invariant_violated", rule = "the claim answers with the caller's token", payout_id = %id, token, claim_token = claim.claim_token, "the payment resource granted the claim to another token; not submitting");
+            Claim::Ended(CycleOutcome::Unavailable)
+        }
+        Write::Done(Err(e)) if e.code() == Some(ErrorCode::PayoutNotClaimable) => {
+            Claim::NotClaimable(e)
+        }
+        Write::Done(Err(e)) => Claim::Ended(refused(shared, planned, Some(held), Step::Claim, &e)),
+    }
+}
+
+/// The submission of a payout this cycle claimed: exactly once, whatever happens next.
+async fn submit(
+    shared: &Shared,
+    hops: &Hops,
+    planned: &PlannedPayout,
+    held: &HeldLock,
+) -> Result<(String, Uuid), CycleOutcome> {
+    if held.past_deadline() {
+        return Err(CycleOutcome::DeadlinePassed);
+    }
+    let body = SubmissionRequest {
+        payout_id: planned.payout_id,
+        account_id: planned.item.account_id.clone(),
+        amount_minor: planned.item.amount_minor,
+        currency: planned.item.currency.clone(),
+        beneficiary_ref: planned.item.beneficiary_ref.clone(),
+    };
+    let key = planned.idempotency_key.as_str();
+    match hops
+        .rail
+        .submit_proven(held.token(), held.proof(), key, &body)
+        .await
+    {
+        Ok(ack) => Ok((ack.rail_reference, ack.submission_id)),
+        Err(e) => Err(refused(shared, planned, Some(held), Step::Submit, &e)),
+    }
+}
+
 async fn critical_section(
     shared: &Shared,
     hops: &Hops,
     planned: &PlannedPayout,
     held: &HeldLock,
 ) -> CycleOutcome {
-    let token = held.token();
-    // docs/design.md#d-8: the lock server's proof of the token travels beside it on every protected
-    // write (None when the lock server has no proof keys; the services then need none).
-    let proof = held.proof();
     let id = planned.payout_id;
-    let key = planned.idempotency_key.as_str();
-    let fence = Fence::new(key, token, proof);
-    // docs/design.md#executor: what the payout is now decides what this cycle does. A payout
-    // this run registered afresh was PENDING then; its first cycle claims it as PENDING without
-    // reading it, and the claim is refused (PAYOUT_NOT_CLAIMABLE, a later cycle reads it) if
-    // another executor moved it since.
-    let payout = if shared.first_cycle_of_fresh(id) {
-        None
+    let acked = if shared.first_cycle_unread(id) {
+        // docs/design.md#executor: a payout's first cycle in a run claims it as PENDING without
+        // reading it first. The claim is conditional on PENDING: when the payout is in another
+        // state, it is refused with nothing written, and the payout is read then, under the same
+        // grant, as any later cycle reads it.
+        match claim(shared, hops, planned, held, PayoutState::Pending).await {
+            Claim::Granted => submit(shared, hops, planned, held).await,
+            Claim::Ended(outcome) => Err(outcome),
+            // A CLAIMED payout is claimed again by a later cycle, which reads it first: this
+            // token's claim under this idempotency key is answered already.
+            Claim::NotClaimable(_) => match read_payout(shared, hops, id).await {
+                Ok(payout) => to_post(payout),
+                Err(outcome) => Err(outcome),
+            },
+        }
     } else {
-        match (|| hops.payment.get_payout(id))
-            .retry(retry_policy(2))
-            .await
-        {
-            Ok(p) => {
-                shared.saw(id, p.state);
-                Some(p)
-            }
-            Err(_) => return CycleOutcome::Unavailable,
-        }
-    };
-    let state = payout.as_ref().map_or(PayoutState::Pending, |p| p.state);
-    let (rail_reference, submission_id) = match state {
-        PayoutState::Posted
-        | PayoutState::Failed
-        | PayoutState::Abandoned
-        | PayoutState::RailAmbiguous => {
-            return CycleOutcome::Settled;
-        }
-        PayoutState::Submitting => return CycleOutcome::Pending,
-        PayoutState::RailAcked => {
-            match payout.and_then(|p| p.rail_reference.zip(p.submission_id)) {
-                Some(acked) => acked,
-                None => return CycleOutcome::Pending,
-            }
-        }
-        PayoutState::Pending | PayoutState::Claimed => {
-            let expected = state;
-            match payment_write(held, || hops.payment.claim(id, fence, expected)).await {
-                Write::DeadlinePassed => return CycleOutcome::DeadlinePassed,
-                // Only a claim granted to this very token may lead to a submit under it.
-                Write::Done(Ok(claim)) if claim.claim_token == token => {}
-                Write::Done(Ok(claim)) => {
-                    tracing::error!(event = "invariant_violated", rule = "the claim answers with the caller's token", payout_id = %id, token, claim_token = claim.claim_token, "the payment resource granted the claim to another token; not submitting");
-                    return CycleOutcome::Unavailable;
-                }
-                Write::Done(Err(e)) => {
-                    return refused(shared, planned, Some(held), Step::Claim, &e);
+        // What the payout is now decides what this cycle does.
+        match read_payout(shared, hops, id).await {
+            Ok(payout) if matches!(payout.state, PayoutState::Pending | PayoutState::Claimed) => {
+                match claim(shared, hops, planned, held, payout.state).await {
+                    Claim::Granted => submit(shared, hops, planned, held).await,
+                    Claim::Ended(outcome) => Err(outcome),
+                    Claim::NotClaimable(e) => {
+                        Err(refused(shared, planned, Some(held), Step::Claim, &e))
+                    }
                 }
             }
-            if held.past_deadline() {
-                return CycleOutcome::DeadlinePassed;
-            }
-            let body = SubmissionRequest {
-                payout_id: id,
-                account_id: planned.item.account_id.clone(),
-                amount_minor: planned.item.amount_minor,
-                currency: planned.item.currency.clone(),
-                beneficiary_ref: planned.item.beneficiary_ref.clone(),
-            };
-            // Exactly once. Whatever happens next, this cycle never submits again.
-            match hops.rail.submit_proven(token, proof, key, &body).await {
-                Ok(ack) => (ack.rail_reference, ack.submission_id),
-                Err(e) => return refused(shared, planned, Some(held), Step::Submit, &e),
-            }
+            Ok(payout) => to_post(payout),
+            Err(outcome) => Err(outcome),
         }
     };
+    let (rail_reference, submission_id) = match acked {
+        Ok(acked) => acked,
+        Err(outcome) => return outcome,
+    };
+    let fence = Fence::new(planned.idempotency_key.as_str(), held.token(), held.proof());
     match payment_write(held, || {
         hops.payment.post(id, fence, &rail_reference, submission_id)
     })
