@@ -7,6 +7,11 @@
 //! later cycle is. The payment resource counts its payout reads (`payment_batch_size_sum`,
 //! kind `read`), and the run goes through real services.
 //!
+//! Without registration (`dlock run --no-register`, as the operator's Job runs), a run knows
+//! nothing of its payouts, and a batch's payouts are PENDING until it runs: each payout's first
+//! cycle claims it as PENDING without reading it, and reads it only when that claim is refused,
+//! then goes on under the same grant (a settled payout is left, a RAIL_ACKED one posted).
+//!
 //! When the payouts are paid. The run registers account by account and hands an account to the
 //! workers as soon as its payouts are registered, so the first payouts are posted while the
 //! last are still being registered; paydb's timestamps show it.
@@ -16,8 +21,14 @@ use std::time::Duration;
 use crate::executor_report::stack_with_accounts;
 use crate::harness::endpoints;
 use crate::payment::metric;
+use dlock_contract::client::LockClient;
+use dlock_contract::payment::PayoutState;
+use dlock_contract::payment_client::{Fence, PaymentClient};
+use dlock_contract::payout_batch::PlannedPayout;
+use dlock_contract::rail::{RailClient, SubmissionRequest};
+use dlock_contract::session::LockSession;
 use dlock_devstack::stack::Stack;
-use dlock_executor::executor::{RunOptions, execute};
+use dlock_executor::executor::{RunOptions, execute, register};
 
 /// Six payouts over three accounts, each with the money for both of its payouts.
 const BATCH: &str = r#"
@@ -139,5 +150,135 @@ async fn the_first_accounts_are_paid_while_the_last_are_still_being_registered()
         order.trim(),
         "t",
         "the first payout was posted before the last one was registered"
+    );
+}
+
+/// Four payouts over two accounts, for a run without registration.
+const UNREGISTERED: &str = r#"
+apiVersion: dlock.io/v1alpha1
+kind: PayoutBatch
+metadata:
+  name: claims-first
+spec:
+  payouts:
+    - {key: a-1, accountId: first-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-1}
+    - {key: a-2, accountId: first-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-2}
+    - {key: b-1, accountId: first-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-3}
+    - {key: b-2, accountId: first-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-4}
+"#;
+
+/// Takes `planned` to RAIL_ACKED by hand, as an executor that stopped after the rail's answer
+/// leaves it: a grant on its account's key, the claim, the rail submission, the release.
+async fn leave_rail_acked(stack: &Stack, planned: &PlannedPayout) {
+    let lock = LockClient::new(&stack.lock().url(), "by-hand").unwrap_or_else(|e| panic!("{e}"));
+    let payment =
+        PaymentClient::new(&stack.payment().url(), "by-hand").unwrap_or_else(|e| panic!("{e}"));
+    let rail = RailClient::new(&stack.proxy().url(), "by-hand", Duration::from_secs(8))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let session = LockSession::open(lock.clone(), 30_000)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = format!("payout:{}", planned.item.account_id);
+    let held = session
+        .acquire(&lock, &key, 10_000, None, 0.3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let fence = Fence::new(&planned.idempotency_key, held.token(), held.proof());
+    payment
+        .claim(planned.payout_id, fence, PayoutState::Pending)
+        .await
+        .unwrap_or_else(|e| panic!("claim: {e}"));
+    let body = SubmissionRequest {
+        payout_id: planned.payout_id,
+        account_id: planned.item.account_id.clone(),
+        amount_minor: planned.item.amount_minor,
+        currency: planned.item.currency.clone(),
+        beneficiary_ref: planned.item.beneficiary_ref.clone(),
+    };
+    rail.submit_proven(held.token(), held.proof(), &planned.idempotency_key, &body)
+        .await
+        .unwrap_or_else(|e| panic!("rail submission: {e}"));
+    held.release(&lock)
+        .await
+        .unwrap_or_else(|e| panic!("release: {e}"));
+    let payout = payment
+        .get_payout(planned.payout_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(payout.state, PayoutState::RailAcked, "{payout:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_registration_a_run_claims_first_and_reads_only_a_payout_the_claim_refuses() {
+    let accounts = ["first-a", "first-b"].map(|a| (a.to_owned(), 1_000));
+    let stack = stack_with_accounts("claims-first", &accounts).await;
+    let batch = dlock_executor::manifest::parse(UNREGISTERED).unwrap_or_else(|e| panic!("{e}"));
+    let plan = batch.plan();
+    let endpoints = endpoints(&stack);
+    let registrar =
+        PaymentClient::new(&stack.payment().url(), "registrar").unwrap_or_else(|e| panic!("{e}"));
+    register(&batch, &registrar)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let options = RunOptions {
+        workers: 2,
+        register: false,
+        settle_timeout: Duration::from_secs(30),
+        ..RunOptions::default()
+    };
+
+    // a-1 is paid by a run of its own (the same batch name, so the same payout), which claims
+    // it without a read: a run without registration knows nothing of its payouts, and a
+    // batch's payouts are PENDING until it runs.
+    let mut only_a1 = batch.clone();
+    only_a1.spec.payouts.retain(|p| p.key == "a-1");
+    let before = payout_reads(&stack).await;
+    let first = execute(&only_a1, &endpoints, options.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(first.states.get("POSTED"), Some(&1), "{first:?}");
+    assert_eq!(
+        payout_reads(&stack).await - before,
+        0.0,
+        "a PENDING payout is claimed without a read"
+    );
+
+    // b-1 is left RAIL_ACKED, as by an executor that stopped after the rail's answer.
+    let b1 = plan
+        .iter()
+        .find(|p| p.item.key == "b-1")
+        .unwrap_or_else(|| panic!("b-1 is in the batch"));
+    leave_rail_acked(&stack, b1).await;
+
+    // The whole batch: a-2 and b-2 are claimed without a read; a-1 (POSTED) and b-1
+    // (RAIL_ACKED) refuse the claim as PENDING and are read then (the positive control of the
+    // count above), under the same grant: a-1 is settled and b-1 posted in that one cycle,
+    // without a second rail submission.
+    let after_first = payout_reads(&stack).await;
+    let run = execute(&batch, &endpoints, options)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(run.complete, "{run:?}");
+    assert_eq!(run.states.get("POSTED"), Some(&4), "{run:?}");
+    assert_eq!(run.cycles, 4, "one cycle per payout: {run:?}");
+    assert_eq!(
+        payout_reads(&stack).await - after_first,
+        2.0,
+        "only the two payouts whose claim was refused are read"
+    );
+    let submissions = stack
+        .pg()
+        .psql(
+            "paydb",
+            &format!(
+                "SELECT count(*) FROM rail_submission WHERE payout_id = '{}'",
+                b1.payout_id
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        submissions.trim(),
+        "1",
+        "b-1 went to the rail once, before the run"
     );
 }
