@@ -934,7 +934,7 @@ fn main() {
         let cycles_etcd = lock_cycles(&etcd_lock, Duration::from_secs(3)).await;
         let rss_rest = rss_mib();
         spans::take();
-        println!("end-to-end payouts (acquire, re-read, claim, submit, post, release), rail latency 0");
+        println!("end-to-end payouts (acquire, claim, submit, post, release), rail latency 0");
         println!(
             "raw PostgreSQL (one conditional UPDATE per commit): {raw_seq:.0}/s sequential, {raw_32:.0}/s at 32 connections over 100 rows, {raw_hot:.0}/s at 32 on one row"
         );
