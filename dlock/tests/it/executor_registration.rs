@@ -25,7 +25,7 @@ use dlock_contract::client::LockClient;
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_contract::payout_batch::PlannedPayout;
-use dlock_contract::rail::{RailClient, SubmissionRequest};
+use dlock_contract::rail::RailClient;
 use dlock_contract::session::LockSession;
 use dlock_devstack::stack::Stack;
 use dlock_executor::executor::{RunOptions, execute, register};
@@ -188,13 +188,7 @@ async fn leave_rail_acked(stack: &Stack, planned: &PlannedPayout) {
         .claim(planned.payout_id, fence, PayoutState::Pending)
         .await
         .unwrap_or_else(|e| panic!("claim: {e}"));
-    let body = SubmissionRequest {
-        payout_id: planned.payout_id,
-        account_id: planned.item.account_id.clone(),
-        amount_minor: planned.item.amount_minor,
-        currency: planned.item.currency.clone(),
-        beneficiary_ref: planned.item.beneficiary_ref.clone(),
-    };
+    let body = planned.submission();
     rail.submit_proven(held.token(), held.proof(), &planned.idempotency_key, &body)
         .await
         .unwrap_or_else(|e| panic!("rail submission: {e}"));

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::payment::{
-    ACCOUNT_ID_RULE, AMOUNT_MINOR_MAX, REFERENCE_LEN_MAX, account_id_is_valid, currency_is_valid,
-    reference_is_valid,
+    ACCOUNT_ID_RULE, AMOUNT_MINOR_MAX, CreatePayoutRequest, REFERENCE_LEN_MAX, account_id_is_valid,
+    currency_is_valid, reference_is_valid,
 };
 
 pub const API_VERSION: &str = "dlock.io/v1alpha1";
@@ -138,6 +138,30 @@ pub struct PlannedPayout {
     pub payout_id: Uuid,
     pub idempotency_key: String,
     pub item: PayoutItem,
+}
+
+impl PlannedPayout {
+    /// The body that registers this payout at the payment resource.
+    pub fn registration(&self) -> CreatePayoutRequest {
+        CreatePayoutRequest {
+            payout_id: self.payout_id,
+            account_id: self.item.account_id.clone(),
+            amount_minor: self.item.amount_minor,
+            currency: self.item.currency.clone(),
+            beneficiary_ref: self.item.beneficiary_ref.clone(),
+        }
+    }
+
+    /// The body of this payout's rail submission: the payout the rail proxy checks it against.
+    pub fn submission(&self) -> crate::rail::SubmissionRequest {
+        crate::rail::SubmissionRequest {
+            payout_id: self.payout_id,
+            account_id: self.item.account_id.clone(),
+            amount_minor: self.item.amount_minor,
+            currency: self.item.currency.clone(),
+            beneficiary_ref: self.item.beneficiary_ref.clone(),
+        }
+    }
 }
 
 /// One thing wrong with a batch: where (`spec.payouts[3].amountMinor`) and what.

@@ -22,9 +22,9 @@ use anyhow::{Context, Result};
 use backon::Retryable;
 use dlock_contract::ErrorCode;
 use dlock_contract::client::{ClientError, LockClient};
-use dlock_contract::payment::{CreatePayoutRequest, Payout, PayoutState};
+use dlock_contract::payment::{Payout, PayoutState};
 use dlock_contract::payment_client::{Fence, PaymentClient};
-use dlock_contract::rail::{RailClient, SubmissionRequest};
+use dlock_contract::rail::RailClient;
 use dlock_contract::session::{HeldLock, LockSession, retry_policy};
 use futures::StreamExt;
 use tokio::sync::{Mutex, Notify};
@@ -190,13 +190,7 @@ pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()
 /// Registers one payout, retried while that is safe: its id, and whether this call registered
 /// it (a fresh answer, not the replay of an earlier registration).
 async fn register_one(payment: PaymentClient, p: PlannedPayout) -> Result<(Uuid, bool)> {
-    let body = CreatePayoutRequest {
-        payout_id: p.payout_id,
-        account_id: p.item.account_id.clone(),
-        amount_minor: p.item.amount_minor,
-        currency: p.item.currency.clone(),
-        beneficiary_ref: p.item.beneficiary_ref.clone(),
-    };
+    let body = p.registration();
     let key = format!("register-{}", p.payout_id);
     // RECOVERY_REQUIRED is retry-safe but lasts until an operator acts: not retried.
     let (payout, replayed) = (|| payment.register_payout(&key, &body))
@@ -760,13 +754,7 @@ async fn submit(
     if held.past_deadline() {
         return Err(CycleOutcome::DeadlinePassed);
     }
-    let body = SubmissionRequest {
-        payout_id: planned.payout_id,
-        account_id: planned.item.account_id.clone(),
-        amount_minor: planned.item.amount_minor,
-        currency: planned.item.currency.clone(),
-        beneficiary_ref: planned.item.beneficiary_ref.clone(),
-    };
+    let body = planned.submission();
     let key = planned.idempotency_key.as_str();
     match hops
         .rail
