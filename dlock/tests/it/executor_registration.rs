@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::executor_report::stack_with_accounts;
 use crate::harness::endpoints;
 use crate::payment::metric;
+use crate::shared::payouts::{Item, batch_manifest};
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::PayoutState;
 use dlock_contract::payment_client::{Fence, PaymentClient};
@@ -28,23 +29,18 @@ use dlock_contract::payout_batch::PlannedPayout;
 use dlock_contract::rail::RailClient;
 use dlock_contract::session::LockSession;
 use dlock_devstack::stack::Stack;
-use dlock_executor::executor::{RunOptions, execute, register};
+use dlock_executor::executor::{Report, RunOptions, execute, register};
+use dlock_executor::manifest::PayoutBatch;
 
-/// Six payouts over three accounts, each with the money for both of its payouts.
-const BATCH: &str = r#"
-apiVersion: dlock.io/v1alpha1
-kind: PayoutBatch
-metadata:
-  name: first-cycle-reads
-spec:
-  payouts:
-    - {key: a-1, accountId: reads-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-1}
-    - {key: a-2, accountId: reads-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-2}
-    - {key: b-1, accountId: reads-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-3}
-    - {key: b-2, accountId: reads-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-4}
-    - {key: c-1, accountId: reads-c, amountMinor: 100, currency: EUR, beneficiaryRef: ben-5}
-    - {key: c-2, accountId: reads-c, amountMinor: 100, currency: EUR, beneficiaryRef: ben-6}
-"#;
+/// A batch named `name` of `per_account` payouts on each of `accounts` (amounts from `base`): the
+/// payout `n` (from 1) of account `a` has the key `a-n`.
+fn batch(name: &str, accounts: &[&str], per_account: usize, base: i64) -> PayoutBatch {
+    let items = accounts.iter().flat_map(|account| {
+        (1..=per_account).map(move |n| Item::numbered(n, format!("{account}-{n}"), account, base))
+    });
+    let yaml = batch_manifest(name, 1, items);
+    dlock_executor::manifest::parse(&yaml).unwrap_or_else(|e| panic!("{e}"))
+}
 
 /// The payout reads (P4) the payment resource has served so far.
 async fn payout_reads(stack: &Stack) -> f64 {
@@ -57,12 +53,32 @@ async fn payout_reads(stack: &Stack) -> f64 {
     metric(&text, "payment_batch_size_sum{kind=\"read\"}")
 }
 
+/// Runs `batch` to the end: its report, and how many payout reads the payment resource served
+/// meanwhile.
+async fn run_counting_reads(
+    stack: &Stack,
+    batch: &PayoutBatch,
+    options: &RunOptions,
+) -> (Report, f64) {
+    let before = payout_reads(stack).await;
+    let report = execute(batch, &endpoints(stack), options.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(report.complete, "{report:?}");
+    (report, payout_reads(stack).await - before)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one_is_read() {
     let accounts = ["reads-a", "reads-b", "reads-c"].map(|a| (a.to_owned(), 1_000));
     let stack = stack_with_accounts("reads", &accounts).await;
-    let batch = dlock_executor::manifest::parse(BATCH).unwrap_or_else(|e| panic!("{e}"));
-    let endpoints = endpoints(&stack);
+    // Six payouts over three accounts, each with the money for both of its payouts.
+    let batch = batch(
+        "first-cycle-reads",
+        &["reads-a", "reads-b", "reads-c"],
+        2,
+        100,
+    );
     let options = RunOptions {
         workers: 3,
         settle_timeout: Duration::from_secs(30),
@@ -72,32 +88,22 @@ async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one
     // First run: every payout is registered afresh and settles in its first cycle (one worker
     // per account, nobody else moves them), and its post answers POSTED, which the final report
     // keeps. So the run reads none of them.
-    let before = payout_reads(&stack).await;
-    let first = execute(&batch, &endpoints, options.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(first.complete, "{first:?}");
+    let (first, reads) = run_counting_reads(&stack, &batch, &options).await;
     assert_eq!(first.states.get("POSTED"), Some(&6), "{first:?}");
     assert_eq!(first.cycles, 6, "one cycle per payout: {first:?}");
-    let after_first = payout_reads(&stack).await;
     assert_eq!(
-        after_first - before,
-        0.0,
+        reads, 0.0,
         "payouts registered afresh are claimed without a read"
     );
 
     // Second run of the same file (the positive control): every registration is a replay,
     // which says what the payout was, not what it is, so each cycle reads the payout first and
     // finds it POSTED. The count above would have seen these reads.
-    let second = execute(&batch, &endpoints, options)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(second.complete, "{second:?}");
+    let (second, reads) = run_counting_reads(&stack, &batch, &options).await;
     assert_eq!(second.states.get("POSTED"), Some(&6), "{second:?}");
     assert_eq!(second.cycles, 6, "{second:?}");
     assert_eq!(
-        payout_reads(&stack).await - after_first,
-        6.0,
+        reads, 6.0,
         "a replayed registration is read before its cycle does anything"
     );
 }
@@ -110,17 +116,8 @@ async fn the_first_accounts_are_paid_while_the_last_are_still_being_registered()
         .map(|a| (format!("overlap-{a}"), 1_000_000))
         .collect();
     let stack = stack_with_accounts("overlap", &accounts).await;
-    let mut yaml = String::from(
-        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: overlap\nspec:\n  payouts:\n",
-    );
-    for a in 0..ACCOUNTS {
-        for n in 0..PER_ACCOUNT {
-            yaml.push_str(&format!(
-                "    - {{key: p-{a}-{n}, accountId: overlap-{a}, amountMinor: 10, currency: EUR, beneficiaryRef: ben-{a}-{n}}}\n"
-            ));
-        }
-    }
-    let batch = dlock_executor::manifest::parse(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = accounts.iter().map(|(a, _)| a.as_str()).collect();
+    let batch = batch("overlap", &names, PER_ACCOUNT, 10);
     let options = RunOptions {
         workers: ACCOUNTS,
         settle_timeout: Duration::from_secs(120),
@@ -152,20 +149,6 @@ async fn the_first_accounts_are_paid_while_the_last_are_still_being_registered()
         "the first payout was posted before the last one was registered"
     );
 }
-
-/// Four payouts over two accounts, for a run without registration.
-const UNREGISTERED: &str = r#"
-apiVersion: dlock.io/v1alpha1
-kind: PayoutBatch
-metadata:
-  name: claims-first
-spec:
-  payouts:
-    - {key: a-1, accountId: first-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-1}
-    - {key: a-2, accountId: first-a, amountMinor: 100, currency: EUR, beneficiaryRef: ben-2}
-    - {key: b-1, accountId: first-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-3}
-    - {key: b-2, accountId: first-b, amountMinor: 100, currency: EUR, beneficiaryRef: ben-4}
-"#;
 
 /// Takes `planned` to RAIL_ACKED by hand, as an executor that stopped after the rail's answer
 /// leaves it: a grant on its account's key, the claim, the rail submission, the release.
@@ -206,9 +189,9 @@ async fn leave_rail_acked(stack: &Stack, planned: &PlannedPayout) {
 async fn without_registration_a_run_claims_first_and_reads_only_a_payout_the_claim_refuses() {
     let accounts = ["first-a", "first-b"].map(|a| (a.to_owned(), 1_000));
     let stack = stack_with_accounts("claims-first", &accounts).await;
-    let batch = dlock_executor::manifest::parse(UNREGISTERED).unwrap_or_else(|e| panic!("{e}"));
+    // Four payouts over two accounts.
+    let batch = batch("claims-first", &["first-a", "first-b"], 2, 100);
     let plan = batch.plan();
-    let endpoints = endpoints(&stack);
     let registrar =
         PaymentClient::new(&stack.payment().url(), "registrar").unwrap_or_else(|e| panic!("{e}"));
     register(&batch, &registrar)
@@ -221,43 +204,31 @@ async fn without_registration_a_run_claims_first_and_reads_only_a_payout_the_cla
         ..RunOptions::default()
     };
 
-    // a-1 is paid by a run of its own (the same batch name, so the same payout), which claims
-    // it without a read: a run without registration knows nothing of its payouts, and a
-    // batch's payouts are PENDING until it runs.
+    // first-a-1 is paid by a run of its own (the same batch name, so the same payout), which
+    // claims it without a read: a run without registration knows nothing of its payouts, and
+    // a batch's payouts are PENDING until it runs.
     let mut only_a1 = batch.clone();
-    only_a1.spec.payouts.retain(|p| p.key == "a-1");
-    let before = payout_reads(&stack).await;
-    let first = execute(&only_a1, &endpoints, options.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    only_a1.spec.payouts.retain(|p| p.key == "first-a-1");
+    let (first, reads) = run_counting_reads(&stack, &only_a1, &options).await;
     assert_eq!(first.states.get("POSTED"), Some(&1), "{first:?}");
-    assert_eq!(
-        payout_reads(&stack).await - before,
-        0.0,
-        "a PENDING payout is claimed without a read"
-    );
+    assert_eq!(reads, 0.0, "a PENDING payout is claimed without a read");
 
-    // b-1 is left RAIL_ACKED, as by an executor that stopped after the rail's answer.
+    // first-b-1 is left RAIL_ACKED, as by an executor that stopped after the rail's answer.
     let b1 = plan
         .iter()
-        .find(|p| p.item.key == "b-1")
-        .unwrap_or_else(|| panic!("b-1 is in the batch"));
+        .find(|p| p.item.key == "first-b-1")
+        .unwrap_or_else(|| panic!("first-b-1 is in the batch"));
     leave_rail_acked(&stack, b1).await;
 
-    // The whole batch: a-2 and b-2 are claimed without a read; a-1 (POSTED) and b-1
-    // (RAIL_ACKED) refuse the claim as PENDING and are read then (the positive control of the
-    // count above), under the same grant: a-1 is settled and b-1 posted in that one cycle,
-    // without a second rail submission.
-    let after_first = payout_reads(&stack).await;
-    let run = execute(&batch, &endpoints, options)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(run.complete, "{run:?}");
+    // The whole batch: first-a-2 and first-b-2 are claimed without a read; first-a-1 (POSTED)
+    // and first-b-1 (RAIL_ACKED) refuse the claim as PENDING and are read then (the positive
+    // control of the count above), under the same grant: first-a-1 is settled and first-b-1
+    // posted in that one cycle, without a second rail submission.
+    let (run, reads) = run_counting_reads(&stack, &batch, &options).await;
     assert_eq!(run.states.get("POSTED"), Some(&4), "{run:?}");
     assert_eq!(run.cycles, 4, "one cycle per payout: {run:?}");
     assert_eq!(
-        payout_reads(&stack).await - after_first,
-        2.0,
+        reads, 2.0,
         "only the two payouts whose claim was refused are read"
     );
     let submissions = stack
@@ -273,6 +244,6 @@ async fn without_registration_a_run_claims_first_and_reads_only_a_payout_the_cla
     assert_eq!(
         submissions.trim(),
         "1",
-        "b-1 went to the rail once, before the run"
+        "first-b-1 went to the rail once, before the run"
     );
 }
