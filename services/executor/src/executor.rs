@@ -533,10 +533,9 @@ pub(crate) fn recovery_backoff(refusals: u32) -> Duration {
 
 /// One lock cycle inside the payout's trace: a span named for the payout (its id, account,
 /// owner, fencing token and outcome as attributes) whose trace id is the payout's own, so every
-/// cycle of one payout, in any process, lands in one trace.
-/// One payout's lock cycle in its trace, and its release under way. The release is not waited
-/// for: the worker goes on to its next account while it runs, and the account's next cycle waits
-/// for it first (see [`Shared::releases`]).
+/// cycle of one payout, in any process, lands in one trace. Returns the cycle's outcome and its
+/// release under way, in the same span: the worker goes on to its next account while the release
+/// runs, and the account's next cycle waits for it first (see [`Shared::releases`]).
 async fn traced_cycle(
     shared: &Shared,
     planned: &PlannedPayout,
@@ -728,6 +727,8 @@ async fn claim(
 ) -> Claim {
     let id = planned.payout_id;
     let token = held.token();
+    // docs/design.md#d-8: the lock server's proof of the token travels beside it on every
+    // protected write (None when the lock server has no proof keys; the services need none then).
     let fence = Fence::new(planned.idempotency_key.as_str(), token, held.proof());
     match payment_write(held, || hops.payment.claim(id, fence, expected)).await {
         Write::DeadlinePassed => Claim::Ended(CycleOutcome::DeadlinePassed),
