@@ -33,6 +33,8 @@ pub struct LookupLabels {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum BatchKind {
+    /// Registrations (`POST /v1/payouts`).
+    register,
     claim,
     post,
     /// P4 reads, grouped into one statement the same way.
@@ -40,7 +42,12 @@ pub enum BatchKind {
 }
 
 impl dlock_server::metrics::BatchKind for BatchKind {
-    const ALL: &'static [Self] = &[BatchKind::claim, BatchKind::post, BatchKind::read];
+    const ALL: &'static [Self] = &[
+        BatchKind::register,
+        BatchKind::claim,
+        BatchKind::post,
+        BatchKind::read,
+    ];
 }
 
 pub struct Metrics {

@@ -17,6 +17,8 @@ use uuid::Uuid;
 use super::{Answer, PayStack, metric};
 use crate::harness::eventually;
 
+mod registrations;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 impl PayStack {

@@ -24,20 +24,21 @@ use uuid::Uuid;
 use super::AppState;
 use super::checks::{
     Checks, WriteHeaders, check_account_id, check_amount, check_currency, check_expected_state,
-    check_operator_reason, check_reference, check_text, checked_payout_write, path_payout, present,
+    check_operator_reason, check_reference, check_text, checked_payout_write, checked_write,
+    path_payout, present,
 };
 use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, create, created, idempotent, kept};
+use super::idempotency::{Create, Reply, Started, created, idempotent, kept};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::openapi::{FencedParams, WriteParams};
 use crate::store::{
     AbandonOutcome, Answer, Audit, Begin, ClaimItem, ClaimOutcome, Contradiction,
-    ContradictionKind, CreatePayoutOutcome, GroupCommit, Item, PayStore, PostItem, Refusal,
-    ResolveOutcome, Scope, StoreError, StoreResult, Tx,
+    ContradictionKind, CreateItem, CreatePayoutOutcome, GroupCommit, Item, PayStore, PostItem,
+    Refusal, ResolveOutcome, Scope, StoreError, StoreResult, Tx,
 };
 
 impl Create for CreatePayoutRequest {
@@ -61,28 +62,46 @@ impl Create for CreatePayoutRequest {
         )
         .await
         .map_err(store_error)?;
-        match outcome {
-            CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
-            CreatePayoutOutcome::Conflict => {
-                return Err(ApiError::new(
-                    ErrorCode::IdempotencyConflict,
-                    format!(
-                        "payout {} already exists with a different body",
-                        self.payout_id
-                    ),
-                )
-                .with_details(json!({ "payoutId": self.payout_id })));
+        let payout = match outcome {
+            CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {
+                PayStore::payout(conn, self.payout_id)
+                    .await
+                    .map_err(store_error)?
             }
-            CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&self.account_id)),
-            CreatePayoutOutcome::CurrencyMismatch => {
-                return Err(ApiError::field(
-                    "currency",
-                    "differs from the account's currency",
-                ));
-            }
-        }
-        created(PayStore::payout(conn, self.payout_id).await, "payout")
+            _ => None,
+        };
+        registered(self, outcome, payout)
     }
+}
+
+/// The answer to a registration, alone or in a batch: `payout` is the payout as the
+/// registration's transaction sees it.
+fn registered(
+    body: &CreatePayoutRequest,
+    outcome: CreatePayoutOutcome,
+    payout: Option<Payout>,
+) -> Result<Reply, ApiError> {
+    match outcome {
+        CreatePayoutOutcome::Created | CreatePayoutOutcome::Exists => {}
+        CreatePayoutOutcome::Conflict => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                format!(
+                    "payout {} already exists with a different body",
+                    body.payout_id
+                ),
+            )
+            .with_details(json!({ "payoutId": body.payout_id })));
+        }
+        CreatePayoutOutcome::AccountUnknown => return Err(account_not_found(&body.account_id)),
+        CreatePayoutOutcome::CurrencyMismatch => {
+            return Err(ApiError::field(
+                "currency",
+                "differs from the account's currency",
+            ));
+        }
+    }
+    created(Ok(payout), "payout")
 }
 
 /// Registers a payout.
@@ -94,12 +113,36 @@ impl Create for CreatePayoutRequest {
         (status = 422, description = "IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout (docs/contract.md#account-limits); nothing changed", body = ErrorBody),
     ))]
 pub(super) async fn create_payout(
-    state: State<AppState>,
+    State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    body: Json<CreatePayoutRequest>,
+    Json(body): Json<CreatePayoutRequest>,
 ) -> Result<Response, ApiError> {
-    create(state, caller, headers, body).await
+    CreatePayoutRequest::authorize(&caller)?;
+    let write = checked_write(&headers, |checks| body.check(checks))?;
+    let route = CreatePayoutRequest::ROUTE.to_owned();
+    let scope = state.scope(route, &write, 0, &body, false)?;
+    let job = CreateJob { scope, body };
+    if state.config.batch_max == 1 {
+        return Ok(create_single(&state, &job).await);
+    }
+    let batches = state.batches.clone();
+    Ok(batches
+        .creates
+        .submit(state, job)
+        .await
+        .unwrap_or_else(batch_lost))
+}
+
+/// A registration, checked, waiting for its transaction.
+pub(super) struct CreateJob {
+    scope: Scope,
+    body: CreatePayoutRequest,
+}
+
+/// A registration in a transaction of its own, as every [`Create`].
+async fn create_single(state: &AppState, job: &CreateJob) -> Response {
+    idempotent!(state, &job.scope, |conn| job.body.effect(conn).await)
 }
 
 /// P1: lists payouts.
@@ -285,6 +328,15 @@ pub(super) trait BatchJob: Sync {
     fn scope(&self) -> &Scope;
     /// The request in a transaction of its own.
     fn single<'a>(&'a self, state: &'a AppState) -> impl Future<Output = Response> + Send + 'a;
+}
+
+impl BatchJob for CreateJob {
+    fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    fn single<'a>(&'a self, state: &'a AppState) -> impl Future<Output = Response> + Send + 'a {
+        create_single(state, self)
+    }
 }
 
 impl BatchJob for ClaimJob {
@@ -642,6 +694,7 @@ async fn cancel_effect(
 
 /// The queues of the group-committed writes, one per kind.
 pub struct Batches {
+    creates: GroupCommit<AppState, CreateJob, Response>,
     claims: GroupCommit<AppState, ClaimJob, Response>,
     pub(super) posts: GroupCommit<AppState, PostJob, Response>,
     reads: GroupCommit<AppState, Uuid, StoreResult<Option<Payout>>>,
@@ -654,6 +707,13 @@ impl Batches {
             crate::store::queue_gauge(move |n| metrics.queued(kind, n))
         };
         Self {
+            // One registration per payout and per idempotency key in a transaction.
+            creates: GroupCommit::new(
+                max,
+                |job: &CreateJob| vec![job.body.payout_id.to_string(), job.scope.key.clone()],
+                |state, jobs| Box::pin(async move { creates_batch(&state, jobs).await }),
+                gauge(BatchKind::register),
+            ),
             claims: GroupCommit::new(
                 max,
                 |job: &ClaimJob| vec![job.on.payout_id.to_string()],
@@ -814,6 +874,34 @@ async fn finish<J: BatchJob>(
             Settled::Single | Settled::Poison => None,
         })
         .collect())
+}
+
+async fn creates_batch(state: &AppState, jobs: Vec<CreateJob>) -> Vec<Response> {
+    state.metrics.batch(BatchKind::register, jobs.len());
+    if let [job] = jobs.as_slice() {
+        return vec![create_single(state, job).await];
+    }
+    let items: Vec<CreateItem> = jobs
+        .iter()
+        .map(|job| CreateItem {
+            scope: &job.scope,
+            payout_id: job.body.payout_id,
+            account_id: &job.body.account_id,
+            amount_minor: job.body.amount_minor,
+            currency: &job.body.currency,
+            beneficiary_ref: &job.body.beneficiary_ref,
+        })
+        .collect();
+    let wait_ms = state.config.idempotency.in_progress_wait_ms;
+    let verdicts = state.store.create_many(&items, wait_ms).await;
+    commit_batch(
+        state,
+        BatchKind::register,
+        &jobs,
+        verdicts,
+        |job, (outcome, payout)| registered(&job.body, outcome, payout),
+    )
+    .await
 }
 
 async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {

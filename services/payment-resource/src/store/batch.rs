@@ -3,17 +3,18 @@
 //! functions of migrations/paydb/0028_baseline_idempotency_and_rail.sql. The queue is
 //! [`GroupCommit`] (dlock_server::group_commit, services/contract/src/group_commit.rs), keyed by
 //! payout; [`PayStore::claim_many`], [`PayStore::post_many`] and [`PayStore::finish_many`] are
-//! the batch's three statements (the calls, the answers, the commit).
+//! the batch's three statements (the calls, the answers, the commit). Registrations are grouped
+//! the same way ([`PayStore::create_many`], migrations/paydb/0033_create_many.sql).
 
 use std::sync::Arc;
 
-use dlock_contract::payment::{LedgerEntry, PayoutState};
+use dlock_contract::payment::{LedgerEntry, Payout, PayoutState};
 pub use dlock_server::group_commit::{GroupCommit, Observer, Runner};
 use sqlx::FromRow;
 use uuid::Uuid;
 
 use super::idempotency::{Scope, posted};
-use super::outcome::{ClaimOutcome, ClaimRow, PostOutcome, PostRow};
+use super::outcome::{ClaimOutcome, ClaimRow, CreatePayoutOutcome, PostOutcome, PostRow};
 use super::{PayStore, StoreError, StoreResult, Tx, map_sqlx, missing, unknown};
 
 /// A queue's observer that is told its length (`payment_batch_queued`); each batch's size is
@@ -58,6 +59,16 @@ pub struct PostItem<'a> {
     pub payout_id: Uuid,
     pub rail_reference: &'a str,
     pub submission_id: Uuid,
+}
+
+/// A registration of a batch: its scope and the payout to register.
+pub struct CreateItem<'a> {
+    pub scope: &'a Scope,
+    pub payout_id: Uuid,
+    pub account_id: &'a str,
+    pub amount_minor: i64,
+    pub currency: &'a str,
+    pub beneficiary_ref: &'a str,
 }
 
 /// An answer to store: the item's scope, status and body.
@@ -113,6 +124,13 @@ struct ClaimManyRow {
     head: ManyHead,
     #[sqlx(flatten)]
     claim: ClaimRow,
+}
+
+#[derive(Debug, FromRow)]
+struct CreateManyRow {
+    #[sqlx(flatten)]
+    head: ManyHead,
+    outcome: Option<String>,
 }
 
 #[derive(Debug, FromRow)]
@@ -248,6 +266,52 @@ impl PayStore {
         let verdicts = rows.into_iter().map(|r| {
             r.head
                 .verdict(|| posted(r.post, r.entries.as_deref(), "pay_post_many"))
+        });
+        Ok((tx, in_order(items.len(), verdicts)?))
+    }
+
+    /// The registrations of a batch (`pay_create_many`), as [`PayStore::claim_many`]: a fresh
+    /// item carries what `pay_create_payout` did and, when the payout exists, the payout as the
+    /// transaction sees it (read for all items in one statement).
+    pub async fn create_many(
+        &self,
+        items: &[CreateItem<'_>],
+        wait_ms: i32,
+    ) -> StoreResult<(Tx, Vec<Item<(CreatePayoutOutcome, Option<Payout>)>>)> {
+        let mut tx = self.begin_tx().await?;
+        let s = Scopes::of(items.iter().map(|i| i.scope));
+        let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
+        let accounts: Vec<&str> = items.iter().map(|i| i.account_id).collect();
+        let amounts: Vec<i64> = items.iter().map(|i| i.amount_minor).collect();
+        let currencies: Vec<&str> = items.iter().map(|i| i.currency).collect();
+        let beneficiaries: Vec<&str> = items.iter().map(|i| i.beneficiary_ref).collect();
+        let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, \
+            error_state, error_message \
+            FROM pay_create_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+        let rows: Vec<CreateManyRow> = s
+            .bind(sqlx::query_as(sql), wait_ms)
+            .bind(&payouts)
+            .bind(&accounts)
+            .bind(&amounts)
+            .bind(&currencies)
+            .bind(&beneficiaries)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let read = Self::payouts(&mut tx, &payouts).await?;
+        let verdicts = rows.into_iter().map(|r| {
+            let payout_id = usize::try_from(r.head.item - 1)
+                .ok()
+                .and_then(|i| payouts.get(i));
+            let payout = read
+                .iter()
+                .find(|p| Some(&p.payout_id) == payout_id)
+                .cloned();
+            let outcome = r.outcome;
+            r.head.verdict(|| {
+                let outcome = outcome.ok_or_else(|| missing("pay_create_many outcome"))?;
+                Ok((CreatePayoutOutcome::parse(&outcome)?, payout))
+            })
         });
         Ok((tx, in_order(items.len(), verdicts)?))
     }

@@ -17,7 +17,7 @@ use dlock_server::pg::PgSettings;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-pub use batch::{Answer, ClaimItem, GroupCommit, Item, PostItem, Runner, queue_gauge};
+pub use batch::{Answer, ClaimItem, CreateItem, GroupCommit, Item, PostItem, Runner, queue_gauge};
 pub use idempotency::{Begin, Once, Scope};
 pub use outcome::{
     AbandonOutcome, AdvanceOutcome, ClaimOutcome, Contradiction, ContradictionKind,
