@@ -126,17 +126,9 @@ pub(super) async fn post_payout(
         rail_reference: body.rail_reference,
         submission_id: body.submission_id,
     };
-    if state.config.batch_max == 1 {
-        return Ok(post_single(&state, &job).await);
-    }
     // Group commit (docs/design.md#group-commit): posts that queue behind a running one go
     // into the next transaction together.
-    let batches = state.batches.clone();
-    Ok(batches
-        .posts
-        .submit(state, job)
-        .await
-        .unwrap_or_else(super::payouts::batch_lost))
+    Ok(super::payouts::grouped(state, |b| &b.posts, job).await)
 }
 
 /// A post, checked and proven, waiting for its transaction.

@@ -123,15 +123,7 @@ pub(super) async fn create_payout(
     let route = CreatePayoutRequest::ROUTE.to_owned();
     let scope = state.scope(route, &write, 0, &body, false)?;
     let job = CreateJob { scope, body };
-    if state.config.batch_max == 1 {
-        return Ok(create_single(&state, &job).await);
-    }
-    let batches = state.batches.clone();
-    Ok(batches
-        .creates
-        .submit(state, job)
-        .await
-        .unwrap_or_else(batch_lost))
+    Ok(grouped(state, |b| &b.creates, job).await)
 }
 
 /// A registration, checked, waiting for its transaction.
@@ -305,15 +297,7 @@ pub(super) async fn claim(
         scope,
         expected: body.expected_state,
     };
-    if state.config.batch_max == 1 {
-        return Ok(claim_single(&state, &job).await);
-    }
-    let batches = state.batches.clone();
-    Ok(batches
-        .claims
-        .submit(state, job)
-        .await
-        .unwrap_or_else(batch_lost))
+    Ok(grouped(state, |b| &b.claims, job).await)
 }
 
 /// A claim, checked and proven, waiting for its transaction.
@@ -734,6 +718,23 @@ impl Batches {
             ),
         }
     }
+}
+
+/// Runs `job` through its group-commit queue (`queue` picks it), or alone when group commit is
+/// off (`payment.batch.max = 1`, one transaction per request).
+pub(super) async fn grouped<J: BatchJob + Send + 'static>(
+    state: AppState,
+    queue: fn(&Batches) -> &GroupCommit<AppState, J, Response>,
+    job: J,
+) -> Response {
+    if state.config.batch_max == 1 {
+        return job.single(&state).await;
+    }
+    let batches = state.batches.clone();
+    queue(&batches)
+        .submit(state, job)
+        .await
+        .unwrap_or_else(batch_lost)
 }
 
 /// The answer when a batch's task died without answering (a bug): retry-safe, as nothing of
