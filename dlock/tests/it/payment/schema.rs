@@ -133,3 +133,28 @@ async fn paydb_guards_transitions_fences_holds_and_the_ledger() {
         "100|60"
     );
 }
+
+/// A payout's id names its account for good: the payment resource keeps the account it proves a
+/// payout's writes against (migrations/paydb/0034_payouts_kept.sql), so paydb never lets a
+/// payout go, even one nothing else refers to yet.
+#[tokio::test]
+async fn a_payout_is_never_deleted() {
+    let stack = PayStack::funded("acct-k", 100).await;
+    let payout = stack.payout("acct-k", 60, "EUR").await;
+    let count = format!("SELECT count(*) FROM payouts WHERE payout_id = '{payout}'");
+    // The statement would match the payout: it is there, PENDING, with nothing pointing at it.
+    assert_eq!(stack.psql(&count), "1");
+    assert_eq!(
+        stack.psql(&format!(
+            "SELECT count(*) FROM rail_submission WHERE payout_id = '{payout}'"
+        )),
+        "0"
+    );
+    refused(
+        &stack,
+        "delete a payout",
+        &format!("DELETE FROM payouts WHERE payout_id = '{payout}'"),
+    );
+    refused(&stack, "delete every payout", "DELETE FROM payouts");
+    assert_eq!(stack.psql(&count), "1", "the payout is still there");
+}

@@ -122,8 +122,15 @@ pub(super) async fn create_payout(
     let write = checked_write(&headers, |checks| body.check(checks))?;
     let route = CreatePayoutRequest::ROUTE.to_owned();
     let scope = state.scope(route, &write, 0, &body, false)?;
+    let (payout_id, account_id) = (body.payout_id, body.account_id.clone());
     let job = CreateJob { scope, body };
-    Ok(grouped(state, |b| &b.creates, job).await)
+    let response = grouped(state.clone(), |b| &b.creates, job).await;
+    // 201, fresh or replayed, is this very body's payout: its account is the one to prove
+    // the payout's writes against.
+    if response.status() == StatusCode::CREATED {
+        state.store.remember_account(payout_id, account_id);
+    }
+    Ok(response)
 }
 
 /// A registration, checked, waiting for its transaction.

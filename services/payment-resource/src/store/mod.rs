@@ -9,11 +9,15 @@ mod outcome;
 mod treasury;
 mod writes;
 
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
 use chrono::{DateTime, Utc};
 use dlock_contract::payment::{
     Account, AccountKind, LedgerEntry, Payout, PayoutState, PayoutSummary, SubmissionSummary,
 };
 use dlock_server::pg::PgSettings;
+use lru::LruCache;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -224,7 +228,14 @@ const PAYOUT_SELECT: &str = "SELECT p.payout_id, p.account_id, p.amount_minor, \
 #[derive(Clone)]
 pub struct PayStore {
     pool: PgPool,
+    /// The account of each payout seen here (registered, or looked up for a proof): a payout's
+    /// account never changes and a payout is never deleted (migrations/paydb/0034_payouts_kept.sql),
+    /// so an entry never goes stale. At most [`ACCOUNTS_OF_MAX`], least recently used out first.
+    accounts_of: Arc<Mutex<LruCache<Uuid, String>>>,
 }
+
+/// How many payouts' accounts [`PayStore`] keeps: about 100 bytes each, so a few megabytes.
+const ACCOUNTS_OF_MAX: NonZeroUsize = NonZeroUsize::new(65_536).expect("not zero");
 
 impl PayStore {
     /// Opens the pool; applies the paydb migrations first when asked, so a new replica never
@@ -237,7 +248,10 @@ impl PayStore {
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            accounts_of: Arc::new(Mutex::new(LruCache::new(ACCOUNTS_OF_MAX))),
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -389,13 +403,34 @@ impl PayStore {
     }
 
     /// The account of a payout (immutable once registered): the lock key its writes are
-    /// proven against is `payout:{accountId}`.
+    /// proven against is `payout:{accountId}`. Read from paydb once per payout, then kept; a
+    /// payout that does not exist (yet) is not kept.
     pub async fn payout_account(&self, payout_id: Uuid) -> StoreResult<Option<String>> {
-        sqlx::query_scalar("SELECT account_id FROM payouts WHERE payout_id = $1")
-            .bind(payout_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_sqlx)
+        if let Some(account_id) = self.accounts().get(&payout_id) {
+            return Ok(Some(account_id.clone()));
+        }
+        let account_id: Option<String> =
+            sqlx::query_scalar("SELECT account_id FROM payouts WHERE payout_id = $1")
+                .bind(payout_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_sqlx)?;
+        if let Some(account_id) = &account_id {
+            self.remember_account(payout_id, account_id.clone());
+        }
+        Ok(account_id)
+    }
+
+    /// Keeps `account_id` as the account of `payout_id`, which paydb holds (a registration
+    /// of it was answered 201).
+    pub fn remember_account(&self, payout_id: Uuid, account_id: String) {
+        self.accounts().put(payout_id, account_id);
+    }
+
+    fn accounts(&self) -> std::sync::MutexGuard<'_, LruCache<Uuid, String>> {
+        self.accounts_of
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub async fn read_payout(&self, payout_id: Uuid) -> StoreResult<Option<Payout>> {
