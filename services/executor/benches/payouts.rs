@@ -30,12 +30,30 @@ fn pool_max() -> String {
     std::env::var("DLOCK_BENCH_POOL").unwrap_or_else(|_| "32".into())
 }
 
-/// A service's configuration, without fencing-token proofs, said by name
-/// (docs/threat-model.md#safe-defaults); the rail stub ignores the key.
+/// A service's configuration with fencing-token proofs on, as production runs
+/// (docs/design.md#d-8): the lock server signs each grant's token, and the payment resource and
+/// the rail proxy check the proof of every fenced write. The rail stub ignores the key.
 fn raw(pairs: &[(&str, String)]) -> RawConfig {
     let mut pairs = pairs.to_vec();
-    pairs.push(("fencing.insecure-no-proofs", "true".to_owned()));
+    pairs.push(("fencing.proof-keys-file", proof_keys_file()));
     RawConfig::from_pairs(&pairs).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The run's proof keys file (`<key-id> <secret>`, a fresh secret), shared by every service
+/// of the run.
+fn proof_keys_file() -> String {
+    static FILE: std::sync::OnceLock<(tempfile::TempDir, String)> = std::sync::OnceLock::new();
+    let (_, path) = FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("fencing-proof-keys");
+        let secret: String = (0..48)
+            .map(|_| char::from_digit(rand::random_range(0..16u32), 16).unwrap_or('0'))
+            .collect();
+        std::fs::write(&path, format!("bench {secret}\n")).unwrap_or_else(|e| panic!("{e}"));
+        let path = path.display().to_string();
+        (dir, path)
+    });
+    path.clone()
 }
 
 async fn bind() -> (tokio::net::TcpListener, String) {
