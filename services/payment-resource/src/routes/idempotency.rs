@@ -265,10 +265,21 @@ pub(super) async fn create<B: Create>(
     headers: HeaderMap,
     Json(body): Json<B>,
 ) -> Result<Response, ApiError> {
-    B::authorize(&caller)?;
-    let write = checked_write(&headers, |checks| body.check(checks))?;
-    let scope = state.scope(B::ROUTE.to_owned(), &write, 0, &body, false)?;
+    let scope = checked_create(&state, &caller, &headers, &body)?;
     Ok(idempotent!(&state, scope, |conn| body.effect(conn).await))
+}
+
+/// A create's checks, in order (who may make one, then its write headers and its fields), and
+/// its idempotency scope.
+pub(super) fn checked_create<B: Create>(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: &B,
+) -> Result<Scope, ApiError> {
+    B::authorize(caller)?;
+    let write = checked_write(headers, |checks| body.check(checks))?;
+    state.scope(B::ROUTE.to_owned(), &write, 0, body, false)
 }
 
 #[cfg(test)]

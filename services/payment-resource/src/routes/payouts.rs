@@ -24,14 +24,13 @@ use uuid::Uuid;
 use super::AppState;
 use super::checks::{
     Checks, WriteHeaders, check_account_id, check_amount, check_currency, check_expected_state,
-    check_operator_reason, check_reference, check_text, checked_payout_write, checked_write,
-    path_payout, present,
+    check_operator_reason, check_reference, check_text, checked_payout_write, path_payout, present,
 };
 use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, created, idempotent, kept};
+use super::idempotency::{Create, Reply, Started, checked_create, created, idempotent, kept};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::openapi::{FencedParams, WriteParams};
@@ -118,10 +117,7 @@ pub(super) async fn create_payout(
     headers: HeaderMap,
     Json(body): Json<CreatePayoutRequest>,
 ) -> Result<Response, ApiError> {
-    CreatePayoutRequest::authorize(&caller)?;
-    let write = checked_write(&headers, |checks| body.check(checks))?;
-    let route = CreatePayoutRequest::ROUTE.to_owned();
-    let scope = state.scope(route, &write, 0, &body, false)?;
+    let scope = checked_create(&state, &caller, &headers, &body)?;
     let (payout_id, account_id) = (body.payout_id, body.account_id.clone());
     let job = CreateJob { scope, body };
     let response = grouped(state.clone(), |b| &b.creates, job).await;
