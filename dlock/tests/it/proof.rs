@@ -16,6 +16,8 @@ use crate::payment::PayStack;
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::register_payout;
 
+mod stale_account;
+
 const FORGED: i64 = i64::MAX;
 const SECRET_A: &str = "0123456789abcdef0123456789abcdef-old";
 const SECRET_B: &str = "fedcba9876543210fedcba9876543210-new";

@@ -6,7 +6,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorBody, FieldError};
 use dlock_contract::payment::{
-    FundRequest, FundResponse, LedgerEntry, PayoutState, PendingFunding, PostRequest, PostResponse,
+    Direction, FundRequest, FundResponse, LedgerEntry, PayoutState, PendingFunding, PostRequest,
+    PostResponse,
 };
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
@@ -168,6 +169,10 @@ pub(super) fn post_effect(
                 entries_are_one_balanced_pair(&entries, token),
                 "a post writes one debit and one credit of the same amount under the caller's token",
             )?;
+            // The debit is the payout's account's.
+            if let Some(debit) = entries.iter().find(|e| e.direction == Direction::Debit) {
+                on.written_on(state, &debit.account_id)?;
+            }
             tracing::info!(event = "payout_posted", %payout_id, token, owner = %write.owner_id, "payout posted to the ledger");
             Reply::json(
                 StatusCode::OK,

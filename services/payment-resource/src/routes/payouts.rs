@@ -200,14 +200,15 @@ pub(super) async fn get_payout(
 /// proof of its token on `payout:{accountId}` of the payout's account. Checked before the
 /// idempotency record and before any fence, so a refused write leaves nothing behind. A payout
 /// that does not exist is 404, as the write itself would answer.
+/// The account the proof was checked against (`None` without proof keys).
 async fn prove(
     state: &AppState,
     headers: &HeaderMap,
     payout_id: Uuid,
     token: i64,
-) -> Result<(), ApiError> {
+) -> Result<Option<String>, ApiError> {
     let Some(keys) = &state.config.proof_keys else {
-        return Ok(());
+        return Ok(None);
     };
     let account_id = state
         .store
@@ -219,7 +220,8 @@ async fn prove(
         headers,
         &dlock_contract::proof::payout_lock_key(&account_id),
         token,
-    )
+    )?;
+    Ok(Some(account_id))
 }
 
 /// A fenced write on the payout of the path (a claim, a post, a cancel): its checked headers,
@@ -232,6 +234,10 @@ pub(super) struct Fenced {
     /// the token as one the account admitted (`accounts.max_seen_token`), below which no
     /// recovery may lower the fence.
     pub(super) proven: bool,
+    /// The account the proof was checked against, when it was: the payment resource keeps a
+    /// payout's account ([`PayStore::payout_account`]), and [`Fenced::written_on`] holds paydb's
+    /// write to it.
+    proven_on: Option<String>,
 }
 
 impl Fenced {
@@ -244,13 +250,38 @@ impl Fenced {
     ) -> Result<Self, ApiError> {
         let token = headers::fencing_token(headers)?;
         let (write, payout_id) = checked_payout_write(headers, path, body)?;
-        prove(state, headers, payout_id, token).await?;
+        let proven_on = prove(state, headers, payout_id, token).await?;
         Ok(Self {
             write,
             payout_id,
             token,
-            proven: state.config.proof_keys.is_some(),
+            proven: proven_on.is_some(),
+            proven_on,
         })
+    }
+
+    /// A write paydb admitted on `account_id` (from the write's own answer) stands only if that
+    /// is the account the proof was checked against. They differ only when the kept account was
+    /// stale: a payout lost with a failover's last commits and registered again on another
+    /// account. Then the write is answered 503, so it is rolled back, record included; the kept
+    /// account is forgotten, and the caller's retry is checked against the payout's account as
+    /// paydb has it now.
+    pub(super) fn written_on(&self, state: &AppState, account_id: &str) -> Result<(), ApiError> {
+        match &self.proven_on {
+            Some(proven) if proven != account_id => {
+                state.store.forget_account(self.payout_id);
+                tracing::warn!(event = "proof_account_stale", payout_id = %self.payout_id, proven_on = %proven, account_id = %account_id, token = self.token, "the account a proof was checked against is not the payout's in paydb; the write is rolled back and the account read again");
+                Err(ApiError::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "payout {} belongs to another account than the one its proof was checked \
+                         against; nothing was written, retry",
+                        self.payout_id
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The answer when paydb refused the write: the payout was not `wanted`, or `resource`'s
@@ -362,6 +393,12 @@ fn claim_effect(
     expected_state: PayoutState,
 ) -> Result<Reply, ApiError> {
     let (payout_id, token, write) = (on.payout_id, on.token, &on.write);
+    if let ClaimOutcome::Claimed { account_id, .. }
+    | ClaimOutcome::Abandoned { account_id, .. }
+    | ClaimOutcome::InsufficientFunds { account_id, .. } = &outcome
+    {
+        on.written_on(state, account_id)?;
+    }
     match outcome {
         ClaimOutcome::Claimed {
             account_id,
@@ -649,6 +686,9 @@ async fn cancel_effect(
     )
     .await
     .map_err(store_error)?;
+    if let AbandonOutcome::Abandoned { account_id, .. } = &outcome {
+        on.written_on(state, account_id)?;
+    }
     match outcome {
         AbandonOutcome::Abandoned {
             account_id,

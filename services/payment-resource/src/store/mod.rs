@@ -427,6 +427,11 @@ impl PayStore {
         self.accounts().put(payout_id, account_id);
     }
 
+    /// Forgets what is kept of `payout_id`'s account: it is read again from paydb next time.
+    pub fn forget_account(&self, payout_id: Uuid) {
+        self.accounts().pop(&payout_id);
+    }
+
     fn accounts(&self) -> std::sync::MutexGuard<'_, LruCache<Uuid, String>> {
         self.accounts_of
             .lock()
