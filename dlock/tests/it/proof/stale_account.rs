@@ -5,6 +5,7 @@
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
+use dlock_contract::lock::LockGrant;
 use serde_json::json;
 
 use super::{marks, refused, scalar, write};
@@ -52,23 +53,27 @@ async fn a_proof_checked_against_a_stale_account_writes_nothing_and_the_retry_is
         .unwrap_or_else(|e| panic!("{e}"))
         .with_credential(Some(Credential::fixed(&executor)));
     let session = session(&locks, 30_000).await;
-    let on_a = hold(&locks, "payout:acct-sa", session, 30_000).await;
-    let proof_a = on_a.fencing_proof.clone().unwrap_or_default();
     let claim_url = format!("{payment}/v1/payouts/{payout}/claim");
-    let claim = json!({ "expectedState": "PENDING" });
+    // A claim of the payout under `grant`'s token and proof.
+    let claim_under = async |grant: &LockGrant| {
+        let proof = grant.fencing_proof.as_deref();
+        let body = json!({ "expectedState": "PENDING" });
+        write(
+            &claim_url,
+            &executor,
+            "executor/test",
+            grant.fencing_token,
+            proof,
+            &body,
+        )
+        .await
+    };
+    let on_a = hold(&locks, "payout:acct-sa", session, 30_000).await;
     let before = marks(&pool, "acct-sb").await;
 
     // The proof is checked against the kept acct-sa and passes; paydb's claim is on acct-sb:
     // rolled back, retry-safe.
-    let answer = write(
-        &claim_url,
-        &executor,
-        "executor/test",
-        on_a.fencing_token,
-        Some(&proof_a),
-        &claim,
-    )
-    .await;
+    let answer = claim_under(&on_a).await;
     refused(
         "a claim proven on the stale account",
         &answer,
@@ -81,30 +86,13 @@ async fn a_proof_checked_against_a_stale_account_writes_nothing_and_the_retry_is
         "nothing was written: no fence, no record, no claim"
     );
     // The retry is checked against the account paydb has: acct-sa's proof proves nothing there.
-    let answer = write(
-        &claim_url,
-        &executor,
-        "executor/test",
-        on_a.fencing_token,
-        Some(&proof_a),
-        &claim,
-    )
-    .await;
+    let answer = claim_under(&on_a).await;
     refused("the same claim, retried", &answer, 400, "INVALID_TOKEN");
     assert_eq!(marks(&pool, "acct-sb").await, before);
 
     // Positive control: acct-sb's own grant claims it, and the marks read above move.
     let on_b = hold(&locks, "payout:acct-sb", session, 30_000).await;
-    let proof_b = on_b.fencing_proof.clone().unwrap_or_default();
-    let answer = write(
-        &claim_url,
-        &executor,
-        "executor/test",
-        on_b.fencing_token,
-        Some(&proof_b),
-        &claim,
-    )
-    .await;
+    let answer = claim_under(&on_b).await;
     assert_eq!(
         answer.0, 200,
         "acct-sb's grant claims the payout: {}",
