@@ -35,9 +35,9 @@ pub struct PaymentConfig {
     /// `payment.payout.max-attempts`: how many claims a payout gets. A claim that finds it
     /// claimed this many times abandons it instead (ABANDONED, docs/design.md#payouts).
     pub max_attempts: i32,
-    /// `payment.batch.max`: the most claims (or posts) one transaction takes when requests of
-    /// that kind queue behind a running one (docs/design.md#group-commit). 1 runs every request
-    /// in its own transaction.
+    /// `payment.batch.max`: the most registrations, claims, posts or reads one transaction takes
+    /// when requests of that kind queue behind a running one (docs/design.md#group-commit). 1
+    /// runs every request in its own transaction.
     pub batch_max: usize,
     /// `fencing.proof-keys-file` (docs/design.md#d-8): when set, claim and post need the lock
     /// server's `X-Fencing-Proof` of the token on `payout:{accountId}`, and fence recovery is
