@@ -28,6 +28,7 @@ use dlock_contract::payment_client::{Fence, PaymentClient};
 use dlock_contract::payout_batch::PlannedPayout;
 use dlock_contract::rail::RailClient;
 use dlock_contract::session::LockSession;
+use dlock_devstack::faultproxy::{AfterMatch, FaultProxy};
 use dlock_devstack::stack::Stack;
 use dlock_executor::executor::{Report, RunOptions, execute, register};
 use dlock_executor::manifest::PayoutBatch;
@@ -246,4 +247,51 @@ async fn without_registration_a_run_claims_first_and_reads_only_a_payout_the_cla
         "1",
         "first-b-1 went to the rail once, before the run"
     );
+}
+
+/// A registration whose answer was lost on its way back is sent again under its key, and the run
+/// goes on: the payment resource had registered the payout, and the identical request replays
+/// that answer. A fault proxy between the run and the payment resource lets the first
+/// registration through and cuts its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_answer_was_lost_is_sent_again_and_the_run_pays() {
+    let accounts = ["lost-a", "lost-b"].map(|a| (a.to_owned(), 1_000));
+    let stack = stack_with_accounts("lost", &accounts).await;
+    let payment = stack.payment().url();
+    let port: u16 = payment
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {payment}"));
+    let proxy = FaultProxy::start(([127, 0, 0, 1], 0).into(), ([127, 0, 0, 1], port).into())
+        .unwrap_or_else(|e| panic!("fault proxy: {e:#}"));
+    // Registrations are `POST /v1/payouts`; claims and posts go to longer paths.
+    proxy.after_request(b"POST /v1/payouts HTTP", 0, AfterMatch::CutAnswer);
+    let mut through = endpoints(&stack);
+    through.payment_resource = proxy.url();
+    let batch = batch("lost-answer", &["lost-a", "lost-b"], 2, 100);
+    let options = RunOptions {
+        workers: 2,
+        settle_timeout: Duration::from_secs(30),
+        ..RunOptions::default()
+    };
+
+    let report = execute(&batch, &through, options)
+        .await
+        .unwrap_or_else(|e| panic!("the run stopped: {e:#}"));
+    // The cut happened (so the run did meet a lost answer) ...
+    assert_eq!(proxy.fired(), 1, "the first registration's answer was cut");
+    // ... and every payout was registered once and paid once.
+    assert!(report.complete, "{report:?}");
+    assert_eq!(report.states.get("POSTED"), Some(&4), "{report:?}");
+    let payouts: Vec<_> = batch.plan().iter().map(|p| p.payout_id).collect();
+    let client =
+        PaymentClient::new(&stack.payment().url(), "lost").unwrap_or_else(|e| panic!("{e}"));
+    for payout in payouts {
+        let read = client
+            .get_payout(payout)
+            .await
+            .unwrap_or_else(|e| panic!("{payout}: {e}"));
+        assert_eq!(read.state, PayoutState::Posted, "{payout}");
+    }
 }

@@ -187,17 +187,24 @@ pub async fn register(batch: &PayoutBatch, payment: &PaymentClient) -> Result<()
     Ok(())
 }
 
+/// How many times a registration is sent again: with the policy's backoff (50 ms doubling to
+/// 1 s), about 5 s, long enough for a payment resource to restart.
+const REGISTER_RETRIES: usize = 8;
+
 /// Registers one payout, retried while that is safe: its id, and whether this call registered
 /// it (a fresh answer, not the replay of an earlier registration).
 async fn register_one(payment: PaymentClient, p: PlannedPayout) -> Result<(Uuid, bool)> {
     let body = p.registration();
     let key = format!("register-{}", p.payout_id);
+    // A registration is idempotent by its key: sent again after its answer was lost, it replays
+    // that answer, or registers the payout once if the first never arrived
+    // (docs/contract.md#idempotency-rules). So an unknown outcome is retried too.
     // RECOVERY_REQUIRED is retry-safe but lasts until an operator acts: not retried.
     let (payout, replayed) = (|| payment.register_payout(&key, &body))
-        .retry(retry_policy(3))
+        .retry(retry_policy(REGISTER_RETRIES))
         .when(|e: &ClientError| {
             e.code() != Some(ErrorCode::RecoveryRequired)
-                && (e.retry_safe() || e.code() == Some(ErrorCode::NotLeader))
+                && (e.retry_safe() || e.outcome_unknown() || e.code() == Some(ErrorCode::NotLeader))
         })
         .await
         .with_context(|| format!("registering payout {} ({})", p.payout_id, p.item.key))?;
