@@ -147,7 +147,15 @@ pub(super) async fn post_single(state: &AppState, job: &PostJob) -> Response {
     let payout_id = on.payout_id;
     let post = |tx, wait| {
         let (reference, submission) = (&job.rail_reference, job.submission_id);
-        PayStore::post_once(tx, scope, wait, payout_id, reference, submission, on.proven)
+        PayStore::post_once(
+            tx,
+            scope,
+            wait,
+            payout_id,
+            reference,
+            submission,
+            on.proven(),
+        )
     };
     let answer = |(outcome, entries): (PostOutcome, Vec<LedgerEntry>)| {
         post_effect(state, outcome, entries, on)

@@ -199,8 +199,8 @@ pub(super) async fn get_payout(
 /// docs/design.md#d-8: with proof keys configured, a claim or post must carry the lock server's
 /// proof of its token on `payout:{accountId}` of the payout's account. Checked before the
 /// idempotency record and before any fence, so a refused write leaves nothing behind. A payout
-/// that does not exist is 404, as the write itself would answer.
-/// The account the proof was checked against (`None` without proof keys).
+/// that does not exist is 404, as the write itself would answer. Returns the account the proof
+/// was checked against (`None` without proof keys).
 async fn prove(
     state: &AppState,
     headers: &HeaderMap,
@@ -230,13 +230,9 @@ pub(super) struct Fenced {
     pub(super) write: WriteHeaders,
     pub(super) payout_id: Uuid,
     pub(super) token: i64,
-    /// Whether the token's proof was verified (proof keys are configured): paydb then records
-    /// the token as one the account admitted (`accounts.max_seen_token`), below which no
-    /// recovery may lower the fence.
-    pub(super) proven: bool,
-    /// The account the proof was checked against, when it was: the payment resource keeps a
-    /// payout's account ([`PayStore::payout_account`]), and [`Fenced::written_on`] holds paydb's
-    /// write to it.
+    /// The account the proof was checked against, when it was (proof keys are configured): the
+    /// payment resource keeps a payout's account ([`PayStore::payout_account`]), and
+    /// [`Fenced::written_on`] holds paydb's write to it.
     proven_on: Option<String>,
 }
 
@@ -255,9 +251,14 @@ impl Fenced {
             write,
             payout_id,
             token,
-            proven: proven_on.is_some(),
             proven_on,
         })
+    }
+
+    /// Whether the token's proof was verified: paydb then records the token as one the account
+    /// admitted (`accounts.max_seen_token`), below which no recovery may lower the fence.
+    pub(super) fn proven(&self) -> bool {
+        self.proven_on.is_some()
     }
 
     /// A write paydb admitted on `account_id` (from the write's own answer) stands only if that
@@ -379,7 +380,7 @@ impl BatchJob for super::ledger::PostJob {
 /// (`pay_claim_once`).
 async fn claim_single(state: &AppState, job: &ClaimJob) -> Response {
     let (on, scope, expected) = (&job.on, &job.scope, job.expected);
-    let (payout_id, proven, max_attempts) = (on.payout_id, on.proven, state.config.max_attempts);
+    let (payout_id, proven, max_attempts) = (on.payout_id, on.proven(), state.config.max_attempts);
     let claim =
         |tx, wait| PayStore::claim_once(tx, scope, wait, payout_id, expected, max_attempts, proven);
     let answer = |outcome| claim_effect(state, outcome, on, expected);
@@ -681,7 +682,7 @@ async fn cancel_effect(
         payout_id,
         token,
         body.expected_state,
-        on.proven,
+        on.proven(),
         &audit,
     )
     .await
