@@ -1,20 +1,26 @@
-//! paydb's and lockdb's PL/pgSQL functions plan their statements once per connection: each one
-//! that is not a trigger function carries `plan_cache_mode = force_generic_plan`
-//! (migrations/paydb/0032_generic_plans.sql, migrations/lockdb/0014_generic_plans.sql). A
-//! migration that replaces a function with `CREATE OR REPLACE` drops the setting; this test
-//! finds such a function on databases migrated by the real services.
+//! paydb's and lockdb's PL/pgSQL functions plan their statements once per connection, through
+//! their indexes, without JIT: each one that is not a trigger function carries
+//! `plan_cache_mode = force_generic_plan` (migrations/paydb/0032_generic_plans.sql,
+//! migrations/lockdb/0014_generic_plans.sql), `enable_seqscan = off` and `jit = off`
+//! (migrations/paydb/0035_index_plans.sql, migrations/lockdb/0015_index_plans.sql). A migration
+//! that replaces a function with `CREATE OR REPLACE` drops the settings; this test finds such a
+//! function on databases migrated by the real services.
 
 use dlock_devstack::stack::{LockBackend, Stack};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
-/// The PL/pgSQL functions of `public` that are not trigger functions and plan under the
-/// default plan_cache_mode.
+/// The settings every such function carries, as `pg_proc.proconfig` lists them.
+const SETTINGS: &str = "plan_cache_mode=force_generic_plan,enable_seqscan=off,jit=off";
+
+/// The PL/pgSQL functions of `public` that are not trigger functions and lack one of
+/// [`SETTINGS`].
 const WITHOUT_GENERIC_PLANS: &str = "\
     SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
      WHERE p.pronamespace = 'public'::regnamespace AND l.lanname = 'plpgsql' \
        AND p.prorettype <> 'trigger'::regtype \
-       AND NOT coalesce('plan_cache_mode=force_generic_plan' = ANY (p.proconfig), false) \
+       AND NOT coalesce(p.proconfig @> ARRAY['plan_cache_mode=force_generic_plan', \
+                                              'enable_seqscan=off', 'jit=off'], false) \
      ORDER BY 1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,11 +45,7 @@ async fn every_function_of_paydb_and_lockdb_plans_its_statements_once() {
         let configured = psql(&format!(
             "SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE proname = '{one_of_them}'"
         ));
-        assert_eq!(
-            configured.trim(),
-            "plan_cache_mode=force_generic_plan",
-            "{database}: {one_of_them}"
-        );
+        assert_eq!(configured.trim(), SETTINGS, "{database}: {one_of_them}");
         // Positive control: a function replaced without the setting is found.
         let found = psql(&format!(
             "BEGIN; \

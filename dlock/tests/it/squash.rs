@@ -48,8 +48,14 @@ async fn database_recording(
         .run(&pool)
         .await
         .unwrap_or_else(|e| panic!("{database}: {e}"));
+    record_history(&pool, history).await;
+    pool
+}
+
+/// Replaces the database's migration rows with `history`'s.
+async fn record_history(pool: &PgPool, history: &[squash::Retired]) {
     sqlx::query("DELETE FROM _sqlx_migrations")
-        .execute(&pool)
+        .execute(pool)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     for r in history {
@@ -60,11 +66,10 @@ async fn database_recording(
         .bind(r.version)
         .bind(&r.description)
         .bind(&r.checksum)
-        .execute(&pool)
+        .execute(pool)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     }
-    pool
 }
 
 async fn rows(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
@@ -198,22 +203,7 @@ async fn a_database_at_the_first_retired_history_is_refused_until_a_release_carr
         // Positive control: the same database, the same schema, with the rows a release that
         // still carries the first baseline leaves (it adopts the first history and applies the
         // migrations after that baseline, which is the second history): this one starts on it.
-        sqlx::query("DELETE FROM _sqlx_migrations")
-            .execute(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        for r in second {
-            sqlx::query(
-                "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
-                 execution_time) VALUES ($1, $2, TRUE, $3, 1)",
-            )
-            .bind(r.version)
-            .bind(&r.description)
-            .bind(&r.checksum)
-            .execute(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        }
+        record_history(&pool, second).await;
         serves_with_the_baseline_alone(&pg, database, migrator).await;
     }
 }
