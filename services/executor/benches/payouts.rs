@@ -735,6 +735,68 @@ async fn batch_endpoints(
     );
 }
 
+/// `--plans`: paydb's and lockdb's functions planning through their indexes without JIT
+/// (migrations/paydb/0035_index_plans.sql) against the same functions with sequential scans and
+/// JIT allowed again (the settings reset on every function, as before that migration),
+/// alternating on one stack, client batch 32, each row twice.
+async fn plans(
+    pg: &PgServer,
+    etcd: &EtcdServer,
+    dir: &std::path::Path,
+    lock: String,
+    payouts: usize,
+    baseline: &dlock_devstack::bench::Baseline,
+) {
+    let (endpoints, state) = stack(pg, dir, lock, 32).await;
+    let bench = Bench::new(pg, etcd).await;
+    println!(
+        "index plans, pg backend, {payouts} payouts per row, client batch 32 (load average at \
+         start: {})",
+        load_average()
+    );
+    batch_header("plans");
+    for round in 0..2 {
+        for (accounts_n, workers) in [(100usize, 32usize), (100, 128), (1_000, 128)] {
+            for index_plans in [true, false] {
+                index_plans_on(pg, index_plans);
+                let raw_now = raw_now(pg);
+                let label = if index_plans { "index" } else { "scans" };
+                let prefix = format!("pl{round}{label}a{accounts_n}w{workers}");
+                let run = bench.run(&endpoints, &prefix, accounts_n, payouts, workers, 32);
+                let (run, mean) = with_mean_batch(&state, run).await;
+                batch_row(label, accounts_n, workers, &run, mean, raw_now);
+            }
+        }
+    }
+    index_plans_on(pg, true);
+    println!(
+        "(index: the functions as migrated; scans: enable_seqscan and jit reset on every \
+         function; {})",
+        baseline_note(baseline)
+    );
+}
+
+/// Sets (or resets) `enable_seqscan = off` and `jit = off` on every PL/pgSQL function of paydb
+/// and lockdb that is not a trigger function, as their migrations do.
+fn index_plans_on(pg: &PgServer, on: bool) {
+    let alter = if on {
+        "SET enable_seqscan = off', f); EXECUTE format('ALTER FUNCTION %s SET jit = off"
+    } else {
+        "RESET enable_seqscan', f); EXECUTE format('ALTER FUNCTION %s RESET jit"
+    };
+    let sql = format!(
+        "DO $$ DECLARE f regprocedure; BEGIN \
+         FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
+          WHERE p.pronamespace = 'public'::regnamespace AND l.lanname = 'plpgsql' \
+            AND p.prorettype <> 'trigger'::regtype LOOP \
+         EXECUTE format('ALTER FUNCTION %s {alter}', f); END LOOP; END $$"
+    );
+    for database in ["paydb", "lockdb"] {
+        pg.psql(database, &sql)
+            .unwrap_or_else(|e| panic!("{database}: index plans {on}: {e:#}"));
+    }
+}
+
 /// `--profile`: where PostgreSQL's time goes at 128 workers over 1 000 accounts with batch
 /// requests of up to 32 items: the row once untracked, then again with every statement tracked
 /// (pg_stat_statements), and the statements that took the most time per payout.
@@ -932,6 +994,10 @@ fn main() {
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
         if std::env::args().any(|a| a == "--replicas") {
             replicas(&pg, &etcd, dir.path(), payouts, &baseline).await;
+            return;
+        }
+        if std::env::args().any(|a| a == "--plans") {
+            plans(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
             return;
         }
         if std::env::args().any(|a| a == "--profile") {
