@@ -738,7 +738,7 @@ async fn batch_endpoints(
 /// `--plans`: paydb's and lockdb's functions planning through their indexes without JIT
 /// (migrations/paydb/0035_index_plans.sql) against the same functions with sequential scans and
 /// JIT allowed again (the settings reset on every function, as before that migration),
-/// alternating on one stack, client batch 32, each row twice.
+/// alternating on one stack, client batch 32, each row twice (or `--rounds N` times).
 async fn plans(
     pg: &PgServer,
     etcd: &EtcdServer,
@@ -754,9 +754,20 @@ async fn plans(
          start: {})",
         load_average()
     );
+    // `--top`: every statement tracked, and the ones that took the most time after each row.
+    let top = std::env::args().any(|a| a == "--top");
+    if top {
+        statements::track(pg, "all");
+    }
     batch_header("plans");
-    for round in 0..2 {
-        for (accounts_n, workers) in [(100usize, 32usize), (100, 128), (1_000, 128)] {
+    // `--workers N --accounts N` runs that row alone, `--rounds N` times (2 unless given).
+    let rows = if std::env::args().any(|a| a == "--workers") {
+        vec![(arg("--accounts", 1_000), arg("--workers", 128))]
+    } else {
+        vec![(100usize, 32usize), (100, 128), (1_000, 128)]
+    };
+    for round in 0..arg("--rounds", 2) {
+        for &(accounts_n, workers) in &rows {
             for index_plans in [true, false] {
                 index_plans_on(pg, index_plans);
                 let raw_now = raw_now(pg);
@@ -765,6 +776,9 @@ async fn plans(
                 let run = bench.run(&endpoints, &prefix, accounts_n, payouts, workers, 32);
                 let (run, mean) = with_mean_batch(&state, run).await;
                 batch_row(label, accounts_n, workers, &run, mean, raw_now);
+                if top {
+                    println!("{}", statements::top(&bench.stats, payouts).await);
+                }
             }
         }
     }
