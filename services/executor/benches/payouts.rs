@@ -791,20 +791,17 @@ async fn plans(
 }
 
 /// Sets (or resets) `enable_seqscan = off` and `jit = off` on every PL/pgSQL function of paydb
-/// and lockdb that is not a trigger function, as their migrations do.
+/// and lockdb that is not a trigger function: migrations/paydb/0035_index_plans.sql itself (it can
+/// run again), or the same with each `SET` turned into a `RESET`.
 fn index_plans_on(pg: &PgServer, on: bool) {
-    let alter = if on {
-        "SET enable_seqscan = off', f); EXECUTE format('ALTER FUNCTION %s SET jit = off"
+    let migration = include_str!("../../../migrations/paydb/0035_index_plans.sql");
+    let sql = if on {
+        migration.to_owned()
     } else {
-        "RESET enable_seqscan', f); EXECUTE format('ALTER FUNCTION %s RESET jit"
+        migration
+            .replace("SET enable_seqscan = off", "RESET enable_seqscan")
+            .replace("SET jit = off", "RESET jit")
     };
-    let sql = format!(
-        "DO $$ DECLARE f regprocedure; BEGIN \
-         FOR f IN SELECT p.oid::regprocedure FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
-          WHERE p.pronamespace = 'public'::regnamespace AND l.lanname = 'plpgsql' \
-            AND p.prorettype <> 'trigger'::regtype LOOP \
-         EXECUTE format('ALTER FUNCTION %s {alter}', f); END LOOP; END $$"
-    );
     for database in ["paydb", "lockdb"] {
         pg.psql(database, &sql)
             .unwrap_or_else(|e| panic!("{database}: index plans {on}: {e:#}"));
