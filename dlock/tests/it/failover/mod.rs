@@ -4,7 +4,6 @@
 //! promotion on their own. docs/faults.md#postgresql-failover has the figures.
 
 mod both_back;
-mod epoch_mark;
 mod pair;
 mod scenario_a;
 mod scenario_b;
