@@ -92,6 +92,21 @@ fn bounds_line(b: &Bounds) -> String {
     )
 }
 
+/// The whole state space of dlock as designed within `bounds`, explored breadth-first to the end,
+/// with a line saying what was explored under `label`.
+fn explore(label: &str, bounds: Bounds) -> Run {
+    let run = run(Fencing::new(bounds, Variant::DLOCK), None);
+    println!(
+        "{label}, BFS: {}\n  {} unique states, depth {}, {:.1} s ({:.1} s CPU)",
+        bounds_line(&bounds),
+        run.unique,
+        run.depth,
+        run.elapsed.as_secs_f64(),
+        run.cpu
+    );
+    run
+}
+
 /// The bounds of the exhaustive check: [`Bounds::CHECKED`], or deeper ones from the environment
 /// (`DLOCK_MODEL_WORKERS`, `DLOCK_MODEL_PAYOUTS`, `DLOCK_MODEL_GRANTS`, `DLOCK_MODEL_REVOCATIONS`;
 /// the safety gap follows the grants and revocations).
@@ -119,16 +134,7 @@ fn checked_bounds() -> Bounds {
 /// in which nothing can happen.
 #[test]
 fn the_protocol_holds_in_every_interleaving() {
-    let bounds = checked_bounds();
-    let run = run(Fencing::new(bounds, Variant::DLOCK), None);
-    println!(
-        "dlock fencing model, BFS: {}\n  {} unique states, depth {}, {:.1} s ({:.1} s CPU)",
-        bounds_line(&bounds),
-        run.unique,
-        run.depth,
-        run.elapsed.as_secs_f64(),
-        run.cpu
-    );
+    let run = explore("dlock fencing model", checked_bounds());
     for reachable in [SOME_POSTED, ALL_POSTED, POSTED_AFTER_FAILOVERS] {
         println!(
             "  '{reachable}': {}",
@@ -175,16 +181,7 @@ const REVOCATION_BOUNDS: Bounds = Bounds {
 /// at or below the floor) writes nothing, and payouts are still paid after it.
 #[test]
 fn a_completed_revocation_keeps_the_revoked_grant_out() {
-    let bounds = REVOCATION_BOUNDS;
-    let run = run(Fencing::new(bounds, Variant::DLOCK), None);
-    println!(
-        "revocation check, BFS: {}\n  {} unique states, depth {}, {:.1} s ({:.1} s CPU)",
-        bounds_line(&bounds),
-        run.unique,
-        run.depth,
-        run.elapsed.as_secs_f64(),
-        run.cpu
-    );
+    let run = explore("revocation check", REVOCATION_BOUNDS);
     for property in [REVOKED_STAYS_OUT, PAID_ONCE, GRANT_ORDER] {
         assert!(
             !run.found.contains(property),

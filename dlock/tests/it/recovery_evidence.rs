@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use dlock_contract::ErrorCode;
+use dlock_contract::client::LockClient;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -85,14 +86,13 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(info.session_id, Some(s1), "L7 shows the holder's session");
     let ops_as_worker = client_as(&lock, "executor/w1", &operator);
-    let renewed = ops_as_worker
-        .renew("payout:acct-e", s1, b.fencing_token, Some(60_000))
-        .await;
-    assert_eq!(
-        renewed.as_ref().err().and_then(|e| e.code()),
-        Some(ErrorCode::Forbidden),
-        "the operator renewed the worker's grant through its session: {renewed:?}"
-    );
+    assert_renew_refused(
+        &ops_as_worker,
+        ("payout:acct-e", s1, b.fencing_token),
+        ErrorCode::Forbidden,
+        "the operator renewed the worker's grant through its session",
+    )
+    .await;
     let after = worker
         .get("payout:acct-e")
         .await
@@ -167,6 +167,22 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
     pool.close().await;
 }
 
+/// A one-minute renew through `lock` of the grant `(key, session, token)` is refused with `code`
+/// (`failure` says what happened if it is not).
+async fn assert_renew_refused(
+    lock: &LockClient,
+    (key, session, token): (&str, Uuid, i64),
+    code: ErrorCode,
+    failure: &str,
+) {
+    let renewed = lock.renew(key, session, token, Some(60_000)).await;
+    assert_eq!(
+        renewed.as_ref().err().and_then(|e| e.code()),
+        Some(code),
+        "{failure}: {renewed:?}"
+    );
+}
+
 /// On both backends, without authentication: a renew through another live session of the same
 /// owner (the holder's session id is public through L7) is LOCK_LOST and changes nothing; the
 /// holding session renews.
@@ -175,14 +191,13 @@ async fn renew_is_the_holding_sessions(backend: Backend) {
     let (alice, a1) = party(&url, "alice", 30_000).await;
     let a2 = session(&alice, 30_000).await;
     let grant = hold(&alice, "evidence:k", a1, 5_000).await;
-    let renewed = alice
-        .renew("evidence:k", a2, grant.fencing_token, Some(60_000))
-        .await;
-    assert_eq!(
-        renewed.as_ref().err().and_then(|e| e.code()),
-        Some(ErrorCode::LockLost),
-        "{backend:?}: another session of the owner renewed the grant: {renewed:?}"
-    );
+    assert_renew_refused(
+        &alice,
+        ("evidence:k", a2, grant.fencing_token),
+        ErrorCode::LockLost,
+        &format!("{backend:?}: another session of the owner renewed the grant"),
+    )
+    .await;
     let info = alice
         .get("evidence:k")
         .await

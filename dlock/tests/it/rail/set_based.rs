@@ -139,32 +139,18 @@ async fn admitted_one_by_one(
     let mut tx = begin(w).await;
     let mut answers = Vec::new();
     for i in items {
-        let (json,): (String,) = sqlx::query_as(
-            "SELECT row_to_json(a)::text \
-             FROM rail_admit($1, $2, $3, 'EUR', 'ben', $4, $5, $6, $7, $8) a",
-        )
-        .bind(i.payout)
-        .bind(&i.account)
-        .bind(i.amount)
-        .bind(i.token)
-        .bind(&i.key)
-        .bind(i.submission)
-        .bind(&i.request)
-        .bind(proven)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap_or_else(|e| panic!("rail_admit: {e}"));
-        answers.push(comparable(&json));
+        answers.push(admit_one(&mut tx, i, proven).await);
     }
     let tables = snapshot(&mut tx).await;
     tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     (answers, tables)
 }
 
-/// Admits `item` for good (committed), as an earlier submission would have.
-async fn admit_now(w: &RailWorld, item: &Admission) -> String {
-    let (outcome,): (String,) = sqlx::query_as(
-        "SELECT outcome FROM rail_admit($1, $2, $3, 'EUR', 'ben', $4, $5, $6, $7, true)",
+/// `rail_admit` of one item on `conn`: its answer, [`comparable`].
+async fn admit_one(conn: &mut PgConnection, item: &Admission, proven: bool) -> Value {
+    let (json,): (String,) = sqlx::query_as(
+        "SELECT row_to_json(a)::text \
+         FROM rail_admit($1, $2, $3, 'EUR', 'ben', $4, $5, $6, $7, $8) a",
     )
     .bind(item.payout)
     .bind(&item.account)
@@ -173,20 +159,46 @@ async fn admit_now(w: &RailWorld, item: &Admission) -> String {
     .bind(&item.key)
     .bind(item.submission)
     .bind(&item.request)
-    .fetch_one(&w.pool)
+    .bind(proven)
+    .fetch_one(conn)
     .await
     .unwrap_or_else(|e| panic!("rail_admit: {e}"));
-    outcome
+    comparable(&json)
 }
 
+/// `rail_record` of one attempt on `conn`: its answer, [`comparable`].
+async fn record_one(
+    conn: &mut PgConnection,
+    submission: Uuid,
+    outcome: &str,
+    reference: Option<&str>,
+) -> Value {
+    let (json,): (String,) =
+        sqlx::query_as("SELECT row_to_json(a)::text FROM rail_record($1, $2, $3) a")
+            .bind(submission)
+            .bind(outcome)
+            .bind(reference)
+            .fetch_one(conn)
+            .await
+            .unwrap_or_else(|e| panic!("rail_record: {e}"));
+    comparable(&json)
+}
+
+/// A connection of its own from the pool: what runs on it is committed at once.
+async fn connection(w: &RailWorld) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+    w.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Admits `item` for good (committed), as an earlier submission would have; `rail_admit` must
+/// answer `admitted`.
+async fn admit_now(w: &RailWorld, item: &Admission) {
+    let answer = admit_one(&mut *connection(w).await, item, true).await;
+    assert_eq!(answer["outcome"], "admitted", "{answer}");
+}
+
+/// Records an attempt's rail answer for good (committed).
 async fn record_now(w: &RailWorld, submission: Uuid, outcome: &str, reference: Option<&str>) {
-    sqlx::query("SELECT * FROM rail_record($1, $2, $3)")
-        .bind(submission)
-        .bind(outcome)
-        .bind(reference)
-        .execute(&w.pool)
-        .await
-        .unwrap_or_else(|e| panic!("rail_record: {e}"));
+    record_one(&mut *connection(w).await, submission, outcome, reference).await;
 }
 
 async fn pending(w: &RailWorld, account: &str, amount: i64) -> Uuid {
@@ -246,14 +258,11 @@ async fn every_admission(w: &RailWorld) -> (Vec<&'static str>, Vec<Admission>) {
     // At or below the account's mark: another payout was admitted under a newer token.
     let stale = w.claimed("sb-rail", 100, 7).await;
     let newer = w.claimed("sb-rail", 100, 10).await;
-    assert_eq!(
-        admit_now(
-            w,
-            &Admission::new(newer, "sb-rail", 100, 10, "k-rail-newer")
-        )
-        .await,
-        "admitted"
-    );
+    admit_now(
+        w,
+        &Admission::new(newer, "sb-rail", 100, 10, "k-rail-newer"),
+    )
+    .await;
     items.push(Admission::new(stale, "sb-rail", 100, 7, "k-rail"));
     expected.push("fenced");
     // Below the account's fence: a newer holder claimed another payout, nothing submitted yet.
@@ -263,18 +272,12 @@ async fn every_admission(w: &RailWorld) -> (Vec<&'static str>, Vec<Admission>) {
     expected.push("fenced");
     // The same payout and token under another key.
     let p = w.claimed("sb-dup", 100, 4).await;
-    assert_eq!(
-        admit_now(w, &Admission::new(p, "sb-dup", 100, 4, "k-dup-first")).await,
-        "admitted"
-    );
+    admit_now(w, &Admission::new(p, "sb-dup", 100, 4, "k-dup-first")).await;
     items.push(Admission::new(p, "sb-dup", 100, 4, "k-dup"));
     expected.push("duplicate");
     // A payout already presented, again under a newer token: one attempt per payout.
     let p = w.claimed("sb-again", 100, 4).await;
-    assert_eq!(
-        admit_now(w, &Admission::new(p, "sb-again", 100, 4, "k-again-first")).await,
-        "admitted"
-    );
+    admit_now(w, &Admission::new(p, "sb-again", 100, 4, "k-again-first")).await;
     items.push(Admission::new(p, "sb-again", 100, 6, "k-again"));
     expected.push("duplicate");
     // Never claimed.
@@ -284,7 +287,7 @@ async fn every_admission(w: &RailWorld) -> (Vec<&'static str>, Vec<Admission>) {
     // The same key, token and request again; and the same key and token with another request.
     let p = w.claimed("sb-replay", 100, 5).await;
     let first = Admission::new(p, "sb-replay", 100, 5, "k-replay");
-    assert_eq!(admit_now(w, &first).await, "admitted");
+    admit_now(w, &first).await;
     record_now(w, first.submission, "ACKED", Some("ref-replay")).await;
     items.push(Admission {
         submission: Uuid::new_v4(),
@@ -293,7 +296,7 @@ async fn every_admission(w: &RailWorld) -> (Vec<&'static str>, Vec<Admission>) {
     expected.push("replay");
     let p = w.claimed("sb-conflict", 100, 5).await;
     let first = Admission::new(p, "sb-conflict", 100, 5, "k-conflict");
-    assert_eq!(admit_now(w, &first).await, "admitted");
+    admit_now(w, &first).await;
     items.push(Admission {
         submission: Uuid::new_v4(),
         request: "{\"another\":\"request\"}".to_owned(),
@@ -388,16 +391,8 @@ async fn recorded(
             .unwrap_or_else(|e| panic!("{function}: {e}"));
         answers.extend(rows.iter().map(|r| comparable(&r.0)));
     } else {
-        for (submission, outcome, reference) in items {
-            let (json,): (String,) =
-                sqlx::query_as("SELECT row_to_json(a)::text FROM rail_record($1, $2, $3) a")
-                    .bind(submission)
-                    .bind(outcome)
-                    .bind(reference)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .unwrap_or_else(|e| panic!("rail_record: {e}"));
-            answers.push(comparable(&json));
+        for &(submission, outcome, reference) in items {
+            answers.push(record_one(&mut tx, submission, outcome, reference).await);
         }
     }
     let tables = snapshot(&mut tx).await;
@@ -416,7 +411,7 @@ async fn a_batch_of_records_decides_as_rail_record_does_one_by_one() {
         w.account(account, 10_000).await;
         let p = w.claimed(account, 100, 5).await;
         let item = Admission::new(p, account, 100, 5, &format!("k-record-{n}"));
-        assert_eq!(admit_now(&w, &item).await, "admitted");
+        admit_now(&w, &item).await;
         attempts.push(item.submission);
     }
     // Resolved before the batch: one timed out (its rail answer comes late), one acknowledged.

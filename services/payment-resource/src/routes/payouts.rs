@@ -739,19 +739,19 @@ impl Batches {
             creates: GroupCommit::new(
                 max,
                 |job: &CreateJob| vec![job.body.payout_id.to_string(), job.scope.key.clone()],
-                |state, jobs| Box::pin(async move { creates_batch(&state, jobs).await }),
+                |state, jobs| Box::pin(batched(state, BatchKind::register, jobs, creates_batch)),
                 gauge(BatchKind::register),
             ),
             claims: GroupCommit::new(
                 max,
                 |job: &ClaimJob| vec![job.on.payout_id.to_string()],
-                |state, jobs| Box::pin(async move { claims_batch(&state, jobs).await }),
+                |state, jobs| Box::pin(batched(state, BatchKind::claim, jobs, claims_batch)),
                 gauge(BatchKind::claim),
             ),
             posts: GroupCommit::new(
                 max,
                 |job: &PostJob| vec![job.on.payout_id.to_string()],
-                |state, jobs| Box::pin(async move { posts_batch(&state, jobs).await }),
+                |state, jobs| Box::pin(batched(state, BatchKind::post, jobs, posts_batch)),
                 gauge(BatchKind::post),
             ),
             reads: GroupCommit::new(
@@ -921,11 +921,22 @@ async fn finish<J: BatchJob>(
         .collect())
 }
 
-async fn creates_batch(state: &AppState, jobs: Vec<CreateJob>) -> Vec<Response> {
-    state.metrics.batch(BatchKind::register, jobs.len());
+/// Runs a group-committed batch of `kind`, counted in the metrics: a job alone runs as its single
+/// request, several run through `many` (the batch statement).
+async fn batched<J: BatchJob>(
+    state: AppState,
+    kind: BatchKind,
+    jobs: Vec<J>,
+    many: impl AsyncFnOnce(&AppState, Vec<J>) -> Vec<Response>,
+) -> Vec<Response> {
+    state.metrics.batch(kind, jobs.len());
     if let [job] = jobs.as_slice() {
-        return vec![create_single(state, job).await];
+        return vec![job.single(&state).await];
     }
+    many(&state, jobs).await
+}
+
+async fn creates_batch(state: &AppState, jobs: Vec<CreateJob>) -> Vec<Response> {
     let items: Vec<CreateItem> = jobs
         .iter()
         .map(|job| CreateItem {
@@ -950,10 +961,6 @@ async fn creates_batch(state: &AppState, jobs: Vec<CreateJob>) -> Vec<Response> 
 }
 
 async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {
-    state.metrics.batch(BatchKind::claim, jobs.len());
-    if let [job] = jobs.as_slice() {
-        return vec![claim_single(state, job).await];
-    }
     let items: Vec<ClaimItem> = jobs
         .iter()
         .map(|job| ClaimItem {
@@ -979,10 +986,6 @@ async fn claims_batch(state: &AppState, jobs: Vec<ClaimJob>) -> Vec<Response> {
 }
 
 async fn posts_batch(state: &AppState, jobs: Vec<PostJob>) -> Vec<Response> {
-    state.metrics.batch(BatchKind::post, jobs.len());
-    if let [job] = jobs.as_slice() {
-        return vec![post_single(state, job).await];
-    }
     let items: Vec<PostItem> = jobs
         .iter()
         .map(|job| PostItem {
