@@ -27,8 +27,8 @@ BEGIN
         COMMIT;
         -- The rail proxy: admission, then the rail's acknowledgement.
         submission := gen_random_uuid();
-        SELECT * INTO r FROM rail_admit(payout, account, 100, 'EUR', token, k, submission,
-                                        '{"payoutId":"' || payout || '"}');
+        SELECT * INTO r FROM rail_admit(payout, account, 100, 'EUR', 'ben-' || i, token, k,
+                                        submission, '{"payoutId":"' || payout || '"}', true);
         COMMIT;
         SELECT * INTO r FROM rail_record(submission, 'ACKED', 'ref-' || i);
         COMMIT;
