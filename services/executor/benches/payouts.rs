@@ -25,6 +25,11 @@ use dlock_executor::manifest::{BatchItem, BatchSpec, Metadata, PayoutBatch};
 use dlock_executor::{Endpoints, RunOptions};
 use dlock_server::config::RawConfig;
 
+/// The allocator of the `dlock` binary (dlock/src/main.rs), so that the services in this process
+/// allocate as they do in production.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Each service's PostgreSQL pool size (`DLOCK_BENCH_POOL`, 32 by default).
 fn pool_max() -> String {
     std::env::var("DLOCK_BENCH_POOL").unwrap_or_else(|_| "32".into())
@@ -343,6 +348,69 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
 /// executor run in it) and a server with all its children (PostgreSQL's backends; etcd). Unlike
 /// wall time it does not depend on what else the two cores were doing, so it shows which part
 /// a payout's work is in.
+/// `DLOCK_BENCH_PERF=<dir>`: each timed run is sampled by `perf record -a -g` (call graphs of
+/// every process, PostgreSQL's backends included) into `<dir>/<run prefix>.data`, from the
+/// executor's first request to its last answer; registration and setup are left out. Read it
+/// with `perf report -i <file> --comm postgres --no-children`.
+mod perf {
+    use std::io::{BufRead, Write};
+
+    pub struct Recording {
+        child: std::process::Child,
+    }
+
+    pub fn start(prefix: &str) -> Option<Recording> {
+        let dir = std::path::PathBuf::from(std::env::var("DLOCK_BENCH_PERF").ok()?);
+        let fail = |e: &dyn std::fmt::Display| -> ! {
+            panic!("DLOCK_BENCH_PERF is set but perf could not start recording: {e}")
+        };
+        let (ctl, ack) = (
+            dir.join(format!("{prefix}.ctl")),
+            dir.join(format!("{prefix}.ack")),
+        );
+        for fifo in [&ctl, &ack] {
+            let _ = std::fs::remove_file(fifo);
+            let made = std::process::Command::new("mkfifo").arg(fifo).status();
+            if !made.is_ok_and(|s| s.success()) {
+                fail(&format!("mkfifo {} failed", fifo.display()));
+            }
+        }
+        // Started with its events off (-D -1); they go on when perf acknowledges `enable` on
+        // its control pipe, so the recording covers the run from its first request.
+        let child = std::process::Command::new("perf")
+            .args(["record", "-a", "-g", "-F", "199", "-D", "-1", "--control"])
+            .arg(format!("fifo:{},{}", ctl.display(), ack.display()))
+            .arg("-o")
+            .arg(dir.join(format!("{prefix}.data")))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| fail(&e));
+        let mut ctl = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&ctl)
+            .unwrap_or_else(|e| fail(&e));
+        let ack = std::fs::File::open(&ack).unwrap_or_else(|e| fail(&e));
+        ctl.write_all(b"enable\n").unwrap_or_else(|e| fail(&e));
+        let mut line = String::new();
+        std::io::BufReader::new(ack)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| fail(&e));
+        Some(Recording { child })
+    }
+
+    /// Stops the recording as Ctrl-C would, so that perf writes its file out whole.
+    pub fn stop(recording: Option<Recording>) {
+        let Some(mut recording) = recording else {
+            return;
+        };
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &recording.child.id().to_string()])
+            .status();
+        let _ = recording.child.wait();
+    }
+}
+
 mod cpu {
     /// `getconf CLK_TCK`, asked once.
     fn ticks_per_second() -> f64 {
@@ -474,11 +542,13 @@ impl<'a> Bench<'a> {
         statements::reset(&self.stats).await;
         let (pg, etcd) = (self.pg.pid(), self.etcd.pid());
         let cpu_before = (cpu::own(), cpu::tree(pg), cpu::tree(etcd));
+        let perf = perf::start(prefix);
         let started = Instant::now();
         let report = dlock_executor::execute(&batch, endpoints, options)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         let seconds = started.elapsed().as_secs_f64();
+        perf::stop(perf);
         let cpu_ms = (
             (cpu::own() - cpu_before.0) / n as f64,
             (cpu::tree(pg) - cpu_before.1) / n as f64,
