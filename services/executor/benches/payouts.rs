@@ -344,10 +344,6 @@ async fn commits(pool: &sqlx::PgPool) -> i64 {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// CPU time (user + system) from /proc, in milliseconds: this process (every service and the
-/// executor run in it) and a server with all its children (PostgreSQL's backends; etcd). Unlike
-/// wall time it does not depend on what else the two cores were doing, so it shows which part
-/// a payout's work is in.
 /// `DLOCK_BENCH_PERF=<dir>`: each timed run is sampled by `perf record -a -g` (call graphs of
 /// every process, PostgreSQL's backends included) into `<dir>/<run prefix>.data`, from the
 /// executor's first request to its last answer; registration and setup are left out. Read it
@@ -411,6 +407,10 @@ mod perf {
     }
 }
 
+/// CPU time (user + system) from /proc, in milliseconds: this process (every service and the
+/// executor run in it) and a server with all its children (PostgreSQL's backends; etcd). Unlike
+/// wall time it does not depend on what else the two cores were doing, so it shows which part
+/// a payout's work is in.
 mod cpu {
     /// `getconf CLK_TCK`, asked once.
     fn ticks_per_second() -> f64 {
