@@ -14,6 +14,8 @@ use uuid::Uuid;
 
 use super::PayStack;
 
+mod registrations;
+
 const HASH: [u8; 32] = [1; 32];
 const OTHER_HASH: [u8; 32] = [2; 32];
 
