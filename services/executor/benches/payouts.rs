@@ -695,20 +695,35 @@ const PAYDB_BEFORE_0019: &str = "
         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pay_posting_balanced();
 ";
 
+/// What every mode but the default table runs with: the servers, a scratch directory, the URL of
+/// the lock server on the pg backend, the payouts per row and the raw commit rate measured first.
+#[derive(Clone, Copy)]
+struct Setup<'a> {
+    pg: &'a PgServer,
+    etcd: &'a EtcdServer,
+    dir: &'a std::path::Path,
+    lock: &'a str,
+    payouts: usize,
+    baseline: &'a dlock_devstack::bench::Baseline,
+}
+
+impl<'a> Setup<'a> {
+    /// [`stack`] on paydb with `payment.batch.max = 32` behind the pg lock server, and a
+    /// [`Bench`] on it.
+    async fn pg_stack(self) -> (Endpoints, dlock_payment_resource::AppState, Bench<'a>) {
+        let (endpoints, state) = stack(self.pg, self.dir, self.lock.to_owned(), 32).await;
+        (endpoints, state, Bench::new(self.pg, self.etcd).await)
+    }
+}
+
 /// `--group-commit`: the pg backend at 32 and 128 workers over 100 and 1 000 accounts, four
 /// paths of the payment resource in one run: one transaction per request (`payment.batch.max =
 /// 1`) and group commit (32), each on paydb as before 0019 (`paydb_rows`: per-item functions,
 /// the ledger's row triggers) and as now (`paydb`: set-based, the ledger's triggers
 /// statement-level); with the commits,
 /// CPU and mean batch size per payout beside the raw commit rate of the same server.
-async fn group_commit(
-    pg: &PgServer,
-    etcd: &EtcdServer,
-    dir: &std::path::Path,
-    lock: String,
-    payouts: usize,
-    baseline: &dlock_devstack::bench::Baseline,
-) {
+async fn group_commit(setup: Setup<'_>) {
+    let Setup { pg, payouts, .. } = setup;
     let paths = [
         ("batch 1, 0016", "paydb_rows", 1usize),
         ("batch 32, 0016", "paydb_rows", 32),
@@ -717,9 +732,9 @@ async fn group_commit(
     ];
     let mut stacks = Vec::new();
     for (n, (label, db, batch_max)) in paths.into_iter().enumerate() {
-        let sub = dir.join(format!("path{n}"));
+        let sub = setup.dir.join(format!("path{n}"));
         std::fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
-        let (endpoints, state) = stack_on(pg, db, &sub, lock.clone(), batch_max).await;
+        let (endpoints, state) = stack_on(pg, db, &sub, setup.lock.to_owned(), batch_max).await;
         stacks.push((label, endpoints, state));
     }
     // The first stack on paydb_rows migrated it; now it goes back to the path before 0019.
@@ -733,7 +748,7 @@ async fn group_commit(
             .await
             .unwrap_or_else(|e| panic!("paydb_rows back to before 0019: {e}"));
     }
-    let bench = Bench::new(pg, etcd).await;
+    let bench = Bench::new(pg, setup.etcd).await;
     println!(
         "group commit, pg backend, {payouts} payouts per row (load average at start: {})",
         load_average()
@@ -753,7 +768,7 @@ async fn group_commit(
     println!(
         "(raw commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; \
          load: the 1-minute load average after the row; {})",
-        baseline_note(baseline)
+        baseline_note(setup.baseline)
     );
 }
 
@@ -762,16 +777,9 @@ async fn group_commit(
 /// concurrent calls as batch requests of up to 32 items (docs/contract.md#batches), alternating
 /// in one run on one stack, at 32 and 128 workers over 100 and 1 000 accounts and on one hot
 /// account.
-async fn batch_endpoints(
-    pg: &PgServer,
-    etcd: &EtcdServer,
-    dir: &std::path::Path,
-    lock: String,
-    payouts: usize,
-    baseline: &dlock_devstack::bench::Baseline,
-) {
-    let (endpoints, state) = stack(pg, dir, lock, 32).await;
-    let bench = Bench::new(pg, etcd).await;
+async fn batch_endpoints(setup: Setup<'_>) {
+    let payouts = setup.payouts;
+    let (endpoints, state, bench) = setup.pg_stack().await;
     println!(
         "batch endpoints, pg backend, {payouts} payouts per row (load average at start: {})",
         load_average()
@@ -785,7 +793,7 @@ async fn batch_endpoints(
         (1, 32),
     ] {
         for client_batch in [1usize, 32] {
-            let raw_now = raw_now(pg);
+            let raw_now = raw_now(setup.pg);
             let prefix = format!("be{client_batch}a{accounts_n}w{workers}");
             let n = if accounts_n == 1 {
                 payouts / 4
@@ -801,7 +809,7 @@ async fn batch_endpoints(
     println!(
         "(mean batch: claims and posts per paydb transaction of the payment resource; raw \
          commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; {})",
-        baseline_note(baseline)
+        baseline_note(setup.baseline)
     );
 }
 
@@ -809,16 +817,9 @@ async fn batch_endpoints(
 /// (migrations/paydb/0035_index_plans.sql) against the same functions with sequential scans and
 /// JIT allowed again (the settings reset on every function, as before that migration),
 /// alternating on one stack, client batch 32, each row twice (or `--rounds N` times).
-async fn plans(
-    pg: &PgServer,
-    etcd: &EtcdServer,
-    dir: &std::path::Path,
-    lock: String,
-    payouts: usize,
-    baseline: &dlock_devstack::bench::Baseline,
-) {
-    let (endpoints, state) = stack(pg, dir, lock, 32).await;
-    let bench = Bench::new(pg, etcd).await;
+async fn plans(setup: Setup<'_>) {
+    let Setup { pg, payouts, .. } = setup;
+    let (endpoints, state, bench) = setup.pg_stack().await;
     println!(
         "index plans, pg backend, {payouts} payouts per row, client batch 32 (load average at \
          start: {})",
@@ -856,7 +857,7 @@ async fn plans(
     println!(
         "(index: the functions as migrated; scans: enable_seqscan and jit reset on every \
          function; {})",
-        baseline_note(baseline)
+        baseline_note(setup.baseline)
     );
 }
 
@@ -881,15 +882,9 @@ fn index_plans_on(pg: &PgServer, on: bool) {
 /// `--profile`: where PostgreSQL's time goes at 128 workers over 1 000 accounts with batch
 /// requests of up to 32 items: the row once untracked, then again with every statement tracked
 /// (pg_stat_statements), and the statements that took the most time per payout.
-async fn profile(
-    pg: &PgServer,
-    etcd: &EtcdServer,
-    dir: &std::path::Path,
-    lock: String,
-    payouts: usize,
-) {
-    let (endpoints, state) = stack(pg, dir, lock, 32).await;
-    let bench = Bench::new(pg, etcd).await;
+async fn profile(setup: Setup<'_>) {
+    let Setup { pg, payouts, .. } = setup;
+    let (endpoints, state, bench) = setup.pg_stack().await;
     // `--workers N` and `--accounts N` choose the row (128 workers over 1 000 accounts unless
     // given).
     let (workers, accounts) = (arg("--workers", 128), arg("--accounts", 1_000));
@@ -918,18 +913,13 @@ async fn profile(
 /// own replicas with half the workers (as two `dlock run` on one file would); every executor
 /// sends batch requests of up to 32 items. Each row checks the rail's statement: every payout
 /// paid, none twice.
-async fn replicas(
-    pg: &PgServer,
-    etcd: &EtcdServer,
-    dir: &std::path::Path,
-    payouts: usize,
-    baseline: &dlock_devstack::bench::Baseline,
-) {
+async fn replicas(setup: Setup<'_>) {
+    let Setup { pg, payouts, .. } = setup;
     let stats = pool(pg, "paydb").await;
-    let stub = rail_stub(dir).await;
+    let stub = rail_stub(setup.dir).await;
     let mut sets = Vec::new();
     for _ in 0..2 {
-        let lock_server = lock_server(pg, etcd, "pg").await;
+        let lock_server = lock_server(pg, setup.etcd, "pg").await;
         let (payment_resource, state) = payment_resource(pg, "paydb", 32).await;
         let rail_proxy = rail_proxy(pg, "paydb", &stub).await;
         let endpoints = Endpoints {
@@ -1035,7 +1025,7 @@ async fn replicas(
     println!(
         "(paid twice: transfers on the rail's statement beyond one per payout; mean batch: claims \
          and posts per paydb transaction over both payment resources; {})",
-        baseline_note(baseline)
+        baseline_note(setup.baseline)
     );
 }
 
@@ -1073,25 +1063,29 @@ fn main() {
         let raw_hot = raw_commits(&pg.url("rawdb"), 32, 1, Duration::from_secs(2)).await;
         let pg_lock = lock_server(&pg, &etcd, "pg").await;
         let etcd_lock = lock_server(&pg, &etcd, "etcd").await;
-        if std::env::args().any(|a| a == "--replicas") {
-            replicas(&pg, &etcd, dir.path(), payouts, &baseline).await;
-            return;
-        }
-        if std::env::args().any(|a| a == "--plans") {
-            plans(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
-            return;
-        }
-        if std::env::args().any(|a| a == "--profile") {
-            profile(&pg, &etcd, dir.path(), pg_lock.clone(), payouts).await;
-            return;
-        }
-        if std::env::args().any(|a| a == "--batch-endpoints") {
-            batch_endpoints(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
-            return;
-        }
-        if std::env::args().any(|a| a == "--group-commit") {
-            group_commit(&pg, &etcd, dir.path(), pg_lock.clone(), payouts, &baseline).await;
-            return;
+        let setup = Setup {
+            pg: &pg,
+            etcd: &etcd,
+            dir: dir.path(),
+            lock: &pg_lock,
+            payouts,
+            baseline: &baseline,
+        };
+        // The first of these flags given chooses the mode; without any, the table below.
+        let modes = [
+            "--replicas",
+            "--plans",
+            "--profile",
+            "--batch-endpoints",
+            "--group-commit",
+        ];
+        match modes.into_iter().find(|mode| std::env::args().any(|a| a == *mode)) {
+            Some("--replicas") => return replicas(setup).await,
+            Some("--plans") => return plans(setup).await,
+            Some("--profile") => return profile(setup).await,
+            Some("--batch-endpoints") => return batch_endpoints(setup).await,
+            Some("--group-commit") => return group_commit(setup).await,
+            _ => {}
         }
         let (mut endpoints, _) = stack(&pg, dir.path(), pg_lock.clone(), 32).await;
         let bench = Bench::new(&pg, &etcd).await;

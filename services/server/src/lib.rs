@@ -28,3 +28,29 @@ pub fn announce(service: &str, auth: &auth::Authenticator, proof_keys: Option<&p
     auth.announce(service);
     proof::announce(proof_keys, service);
 }
+
+/// A service's state as [`service_app`] needs it: how the service is served and its metrics.
+pub trait ServiceState: Clone + Send + Sync + 'static {
+    /// The service's `server.*` and `auth.*`.
+    fn served(&self) -> &http::Served;
+    /// The service's metrics in the OpenMetrics text format, what `GET /metrics` answers.
+    fn metrics_text(&self) -> String;
+}
+
+/// A service's router: its `routes` through [`http::Served::app`] with the state's own
+/// [`http::Served`], `GET /metrics` answering [`ServiceState::metrics_text`].
+pub fn service_app<S: ServiceState>(
+    routes: utoipa_axum::router::OpenApiRouter<S>,
+    state: S,
+    batches: &openapi::BatchEndpoints,
+) -> axum::Router {
+    state
+        .served()
+        .app(routes, state.clone(), batches, metrics::<S>)
+}
+
+async fn metrics<S: ServiceState>(
+    axum::extract::State(state): axum::extract::State<S>,
+) -> axum::response::Response {
+    http::metrics_response(state.metrics_text())
+}

@@ -95,10 +95,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 }
 
 pub fn app(state: AppState) -> Router {
-    let config = state.config.clone();
-    config
-        .served
-        .app(routes(), state, &crate::openapi::BATCHES, metrics)
+    dlock_server::service_app(routes(), state, &crate::openapi::BATCHES)
 }
 
 /// The backend takes writes.
@@ -109,6 +106,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
     dlock_server::http::readiness(check, ready, ErrorCode::NotLeader, "the backend")
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
-    dlock_server::http::metrics_response(state.metrics.encode())
+impl dlock_server::ServiceState for AppState {
+    fn served(&self) -> &dlock_server::http::Served {
+        &self.config.served
+    }
+
+    fn metrics_text(&self) -> String {
+        self.metrics.encode()
+    }
 }
