@@ -180,6 +180,20 @@ async fn one_by_one(pool: &PgPool, post: bool, items: &[Item]) -> (Vec<Value>, V
     (answers.into_iter().flatten().collect(), tables)
 }
 
+/// Each answer's `begin_outcome/outcome`, `-` for what it lacks.
+fn outcomes(answers: &[Value]) -> Vec<String> {
+    answers
+        .iter()
+        .map(|a| {
+            format!(
+                "{}/{}",
+                a["begin_outcome"].as_str().unwrap_or("-"),
+                a["outcome"].as_str().unwrap_or("-")
+            )
+        })
+        .collect()
+}
+
 /// An `error` item of a batch keeps only its begin_outcome for the comparison (the per-row
 /// reference does not read the error's text).
 fn compare(batch: Vec<Value>, single: Vec<Value>) {
@@ -266,18 +280,8 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
     ];
     let (batch, batch_tables) = by_batch(&stack.pool, false, &items).await;
     let (single, single_tables) = one_by_one(&stack.pool, false, &items).await;
-    let outcomes: Vec<String> = batch
-        .iter()
-        .map(|a| {
-            format!(
-                "{}/{}",
-                a["begin_outcome"].as_str().unwrap_or("-"),
-                a["outcome"].as_str().unwrap_or("-")
-            )
-        })
-        .collect();
     assert_eq!(
-        outcomes,
+        outcomes(&batch),
         [
             "fresh/claimed",
             "fresh/insufficient_funds",
@@ -301,14 +305,24 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
         "INSERT INTO account_limits (account_id, daily_outflow_minor, set_by) VALUES ('sb-ok', 50, 'treasury')",
     );
     let (batch, batch_tables) = by_batch(&stack.pool, false, &items).await;
-    let (single, single_tables) = one_by_one(&stack.pool, false, &items).await;
+    let single = one_by_one(&stack.pool, false, &items).await;
+    first_over_its_limit_alone((batch, batch_tables), single, (4, "claimed"));
+}
+
+/// The first item of a batch went over its account's limit: it failed alone (23514, a CHECK's
+/// refusal), its `neighbour` got `outcome`, and answers and tables are the single path's.
+fn first_over_its_limit_alone(
+    (batch, batch_tables): (Vec<Value>, Vec<String>),
+    (single, single_tables): (Vec<Value>, Vec<String>),
+    (neighbour, outcome): (usize, &str),
+) {
     assert_eq!(
         batch[0]["begin_outcome"], "error",
         "over the limit: {}",
         batch[0]
     );
     assert_eq!(batch[0]["error_state"], "23514");
-    assert_eq!(batch[4]["outcome"], "claimed", "its neighbour");
+    assert_eq!(batch[neighbour]["outcome"], outcome, "its neighbour");
     compare(batch, single);
     assert_eq!(batch_tables, single_tables, "the tables after the batch");
 }
