@@ -95,6 +95,7 @@ pub async fn demo(args: DemoArgs) -> Result<std::process::ExitCode> {
         rail_read_timeout_ms: args.rail_read_timeout_ms,
         treasury_dual_approval_above: None,
         durable: false,
+        pg_settings: Vec::new(),
         data_dir: None,
         detach: false,
         remove_data_dir: false,

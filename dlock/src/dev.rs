@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use dlock_devstack::stack::{LockBackend, Role, Stack};
-use dlock_devstack::{Durability, EtcdServer, wait_until};
+use dlock_devstack::{Durability, EtcdServer, pg_setting, wait_until};
 use serde::Serialize;
 
 mod env;
@@ -103,6 +103,12 @@ pub struct UpArgs {
     /// commits, the figures a production database would show.
     #[arg(long)]
     pub durable: bool,
+    /// One more PostgreSQL server setting, `NAME=VALUE` as for `postgres -c` (repeat for more):
+    /// for instance `shared_preload_libraries=pg_stat_statements` and
+    /// `pg_stat_statements.track=all` to see which statements a run spends its time in
+    /// (scripts/paydb-statements).
+    #[arg(long = "pg-setting", value_name = "NAME=VALUE", value_parser = pg_setting)]
+    pub pg_settings: Vec<String>,
     /// Keep the databases and logs here (and reuse them next time) instead of a temp dir.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -446,6 +452,9 @@ pub(crate) fn start_stack(args: &UpArgs) -> Result<(Stack, UpLine)> {
         ),
     ] {
         builder = builder.set(Role::RailStub, key, value);
+    }
+    for setting in &args.pg_settings {
+        builder = builder.pg_setting(setting);
     }
     if let Some(above) = args.treasury_dual_approval_above {
         builder = builder.set(

@@ -201,3 +201,57 @@ fn dev_up_durable_runs_postgresql_with_productions_durability() {
         drop(stop);
     }
 }
+
+#[test]
+fn dev_up_passes_pg_settings_to_postgresql_and_refuses_a_malformed_one() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // What scripts/paydb-statements asks for, and one setting whose default (4MB) differs.
+    let (dir, stop, _, _) = up_detached(
+        tmp.path(),
+        &[
+            "--durable",
+            "--pg-setting",
+            "shared_preload_libraries=pg_stat_statements",
+            "--pg-setting",
+            "work_mem=7MB",
+        ],
+    );
+    let out = in_shell(
+        &dir.join("env"),
+        "psql \"$DLOCK_PAYDB\" -Atc 'SELECT current_setting($$shared_preload_libraries$$) || \
+         $$ $$ || current_setting($$work_mem$$) || $$ $$ || current_setting($$fsync$$)'",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "pg_stat_statements 7MB on",
+        "the settings of dev up --pg-setting, beside --durable's"
+    );
+    drop(stop);
+
+    let up = Command::new(EXE)
+        .args(["dev", "up", "--detach", "--pg-setting", "work_mem 7MB"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap_or_else(|e| panic!("dlock dev up: {e}"));
+    let said = String::from_utf8_lossy(&up.stderr);
+    assert!(
+        !up.status.success(),
+        "a malformed setting was taken: {said}"
+    );
+    assert!(
+        said.contains("`work_mem 7MB` is not NAME=VALUE"),
+        "the refusal names the setting and the form: {said}"
+    );
+    assert!(
+        up.stdout.is_empty(),
+        "nothing started, so nothing to export: {}",
+        String::from_utf8_lossy(&up.stdout)
+    );
+}

@@ -179,6 +179,26 @@ pub struct PgServer {
     _temp: Option<tempfile::TempDir>,
 }
 
+/// A PostgreSQL server setting as `postgres -c` takes it: `name=value`, with a name of letters,
+/// digits, `_` and `.` (`shared_preload_libraries`, `pg_stat_statements.track`). The setting
+/// itself, or what is wrong with it.
+pub fn pg_setting(setting: &str) -> Result<String> {
+    match setting.split_once('=') {
+        Some((name, _))
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') =>
+        {
+            Ok(setting.to_owned())
+        }
+        _ => bail!(
+            "PostgreSQL setting `{setting}` is not NAME=VALUE (a name of letters, digits, `_` \
+             and `.`): write it as for `postgres -c`"
+        ),
+    }
+}
+
 impl PgServer {
     /// Starts a server in `dir` (initialized from the template if empty) or in a temp dir.
     pub fn start(dir: Option<&Path>) -> Result<Self> {
@@ -192,7 +212,22 @@ impl PgServer {
 
     /// Like [`PgServer::start`] in `dir` (a temp dir when None), with the given [`Durability`].
     pub fn start_in(dir: Option<&Path>, durability: Durability) -> Result<Self> {
-        Self::start_inner(dir, &[], durability, |_| Ok(Vec::new()))
+        Self::start_configured(dir, durability, &[])
+    }
+
+    /// Like [`PgServer::start_in`], with more server settings (`name=value`, each passed as
+    /// `-c name=value` after the durability's, so one of these replaces a default): for
+    /// instance `shared_preload_libraries=pg_stat_statements` to see where a run's time goes.
+    pub fn start_configured(
+        dir: Option<&Path>,
+        durability: Durability,
+        settings: &[String],
+    ) -> Result<Self> {
+        let settings = settings
+            .iter()
+            .map(|s| pg_setting(s))
+            .collect::<Result<Vec<_>>>()?;
+        Self::start_inner(dir, &[], durability, move |_| Ok(settings))
     }
 
     /// Like [`PgServer::start`], also listening on `extra` addresses (which must exist), with

@@ -219,6 +219,7 @@ pub struct StackBuilder {
     /// The directory to start in, and the guard that removes it (none for a kept one).
     dir: Option<(PathBuf, Option<tempfile::TempDir>)>,
     durability: Durability,
+    pg_settings: Vec<String>,
 }
 
 impl StackBuilder {
@@ -289,6 +290,13 @@ impl StackBuilder {
     /// PostgreSQL's [`Durability`] (by default [`Durability::Fast`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// One more PostgreSQL server setting, `name=value` as for `postgres -c` (after the
+    /// durability's: the same name replaces it).
+    pub fn pg_setting(mut self, setting: impl Into<String>) -> Self {
+        self.pg_settings.push(setting.into());
         self
     }
 
@@ -394,11 +402,16 @@ impl StackBuilder {
             true => {
                 let pg_dir = Some(dir.join("postgres"));
                 let pg = match extra.is_empty() {
-                    true => PgServer::start_in(pg_dir.as_deref(), self.durability)?,
+                    true => PgServer::start_configured(
+                        pg_dir.as_deref(),
+                        self.durability,
+                        &self.pg_settings,
+                    )?,
                     false => {
                         ensure!(
-                            self.durability == Durability::Fast,
-                            "a stack with a network namespace runs a fast PostgreSQL only"
+                            self.durability == Durability::Fast && self.pg_settings.is_empty(),
+                            "a stack with a network namespace runs a fast PostgreSQL with the \
+                             default settings only"
                         );
                         PgServer::start_listening(pg_dir.as_deref(), &extra)?
                     }
@@ -591,6 +604,7 @@ impl Stack {
             executor_args: Vec::new(),
             dir: None,
             durability: Durability::Fast,
+            pg_settings: Vec::new(),
         }
     }
 
