@@ -178,23 +178,35 @@ fn up_detached(
     (dir, stop, printed, said)
 }
 
+/// The values of the server settings `names` of the stack in `dir`, as psql in its shell reads
+/// them from paydb, space-separated.
+fn server_settings(dir: &Path, names: &[&str]) -> String {
+    let select = names
+        .iter()
+        .map(|name| format!("current_setting($${name}$$)"))
+        .collect::<Vec<_>>()
+        .join(" || $$ $$ || ");
+    let out = in_shell(
+        &dir.join("env"),
+        &format!("psql \"$DLOCK_PAYDB\" -Atc 'SELECT {select}'"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 #[test]
 fn dev_up_durable_runs_postgresql_with_productions_durability() {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("{e}"));
-    let settings = "psql \"$DLOCK_PAYDB\" -Atc 'SELECT current_setting($$fsync$$) || \
-                    $$ $$ || current_setting($$full_page_writes$$)'";
     for (extra, want) in [(&["--durable"][..], "on on"), (&[][..], "off off")] {
         let (dir, stop, _, _) = up_detached(tmp.path(), extra);
-        let out = in_shell(&dir.join("env"), settings);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
+            server_settings(&dir, &["fsync", "full_page_writes"]),
             want,
             "fsync and full_page_writes of dev up {extra:?}"
         );
@@ -218,18 +230,8 @@ fn dev_up_passes_pg_settings_to_postgresql_and_refuses_a_malformed_one() {
             "work_mem=7MB",
         ],
     );
-    let out = in_shell(
-        &dir.join("env"),
-        "psql \"$DLOCK_PAYDB\" -Atc 'SELECT current_setting($$shared_preload_libraries$$) || \
-         $$ $$ || current_setting($$work_mem$$) || $$ $$ || current_setting($$fsync$$)'",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        server_settings(&dir, &["shared_preload_libraries", "work_mem", "fsync"]),
         "pg_stat_statements 7MB on",
         "the settings of dev up --pg-setting, beside --durable's"
     );
