@@ -23,7 +23,7 @@ fuzzed service's durable state:
 What the hooks do to each case before it is sent (before_call):
 
   credential   the Authorization header of a role the operation allows (the table is
-               services/server/src/auth/roles.rs, WRITES, mirrored in ROLE_TABLE below), and
+               services/server/src/auth/roles.rs, WRITES, which ROLE_TABLE below reads), and
                X-Owner-Id the identity of that credential. WRONG_ROLE of the writes instead get a
                role the operation does not allow and NO_CREDENTIAL none at all, to fuzz the refusal.
   real state   FILL of the cases get path parameters, fencing headers and body fields taken
@@ -81,31 +81,31 @@ CREDENTIALS = {
 IDENTITY = {"executor": "executor", "operator": "operator", "treasury": "treasury", "registrar": "registrar"}
 HELD_BY = {"executor": {"executor"}, "operator": {"operator", "registrar"}, "treasury": {"treasury"}, "registrar": {"registrar"}}
 
-# services/server/src/auth/roles.rs, WRITES: method, path pattern ('*' one segment), roles.
-HOLDER = {"executor", "operator"}
-ROLE_TABLE = [
-    ("POST", "/v1/sessions", HOLDER),
-    ("POST", "/v1/sessions/*/heartbeat", HOLDER),
-    ("DELETE", "/v1/sessions/*", HOLDER),
-    ("POST", "/v1/locks/*/acquire", HOLDER),
-    ("POST", "/v1/locks/*/renew", HOLDER),
-    ("DELETE", "/v1/locks/*", HOLDER),
-    ("POST", "/v1/locks/*/revoke", {"operator"}),
-    ("POST", "/v1/accounts", {"treasury"}),
-    ("POST", "/v1/accounts/*/fund", {"treasury"}),
-    ("POST", "/v1/accounts/*/limits", {"treasury"}),
-    ("POST", "/v1/fundings/*/approve", {"treasury"}),
-    ("POST", "/v1/accounts/*/fence", {"operator"}),
-    ("POST", "/v1/accounts/*/fence/lower", {"operator"}),
-    ("POST", "/v1/payouts", {"registrar"}),
-    ("POST", "/v1/payouts/*/claim", {"executor"}),
-    ("POST", "/v1/payouts/*/post", {"executor"}),
-    ("POST", "/v1/payouts/*/resolve", {"operator"}),
-    ("POST", "/v1/payouts/*/cancel", {"operator"}),
-    ("POST", "/v1/rail/submissions", {"executor"}),
-    ("POST", "/v1/rail/high-water/*", {"operator"}),
-    ("POST", "/v1/rail/high-water/*/lower", {"operator"}),
-]
+
+def _role_table():
+    """services/server/src/auth/roles.rs's WRITES, the services' one table of who may write
+    what, read from the source rather than copied here: its lists of roles by name, and its rows
+    (method, path pattern ('*' one segment), the roles' names). A table this cannot read stops
+    the run."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "services", "server",
+                        "src", "auth", "roles.rs")
+    with open(path) as f:
+        source = f.read()
+    lists = {name: {role.lower() for role in re.findall(r"Role::(\w+)", roles)}
+             for name, roles in re.findall(r"const (\w+): &\[Role\] = &\[([^\]]*)\];", source)}
+    start = source.find("pub const WRITES")
+    body = source[start:source.find("];", start)] if start >= 0 else ""
+    rows = re.findall(r'\("([A-Z]+)", "([^"]+)", (\w+)\)', body)
+    unknown = sorted({name for _, _, name in rows if not lists.get(name)})
+    if not rows or unknown:
+        raise SystemExit(f"fuzz hooks: cannot read the role table WRITES in {path} "
+                         f"({len(rows)} rows; lists of roles not found: {unknown})")
+    return lists, [(method, pattern, lists[name]) for method, pattern, name in rows]
+
+
+ROLE_LISTS, ROLE_TABLE = _role_table()
+# Who may hold sessions and locks (the executor, and the operator for its own grants).
+HOLDER = ROLE_LISTS["HOLDER"]
 
 # The operations that move money or the fences guarding it: the run fails when one of them
 # never reached its handler (scripts/fuzz, docs/testing.md#fuzzing).
