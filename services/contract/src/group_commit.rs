@@ -339,65 +339,18 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_pipelined_queue_batches_the_requests_that_are_ready_together() {
-        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet)).pipelined();
-        let calls: Vec<_> = ["p0", "p1", "p2", "p3", "p4"]
-            .into_iter()
-            .zip(0u32..)
-            .map(|(payout, n)| {
-                let q = q.clone();
-                tokio::spawn(async move { q.submit((), (payout, payout, n)).await })
-            })
-            .collect();
-        let mut sizes = Vec::new();
-        for call in calls {
-            sizes.push(call.await.ok().flatten());
-        }
-        assert_eq!(sizes, vec![Some(5); 5], "one batch of five");
-    }
-
-    /// The runtime's scheduler runs a task a worker has just spawned before the tasks already
-    /// queued (its LIFO slot), so without the yield the first request's batch would leave with
-    /// that request alone. The requests are spawned by a task on the runtime's one worker, so all
-    /// five are queued before any of them runs, whatever else the machine is doing.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_serial_queue_batches_the_requests_that_are_ready_together() {
-        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet));
-        let sizes = tokio::spawn(async move {
-            let calls: Vec<_> = ["p0", "p1", "p2", "p3", "p4"]
-                .into_iter()
-                .zip(0u32..)
-                .map(|(payout, n)| {
-                    let q = q.clone();
-                    tokio::spawn(async move { q.submit((), (payout, payout, n)).await })
-                })
-                .collect();
-            let mut sizes = Vec::new();
-            for call in calls {
-                sizes.push(call.await.ok().flatten());
-            }
-            sizes
-        })
-        .await
-        .ok();
-        assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
-    }
-
-    /// Requests that reach the queue a turn later (their task had a step of its own first) join
-    /// the batch too, as long as each turn adds some.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_batch_waits_while_each_turn_adds_requests() {
-        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet));
-        let sizes = tokio::spawn(async move {
+    /// Five requests p0..p4 of distinct keys, spawned by one task on the runtime, so all five
+    /// are queued before any of them runs, whatever else the machine is doing; request n first
+    /// takes `own_turns(n)` turns of its own. Each answer is the size of its batch.
+    async fn five_requests(q: Test, own_turns: fn(u32) -> u32) -> Option<Vec<Option<u32>>> {
+        tokio::spawn(async move {
             let calls: Vec<_> = ["p0", "p1", "p2", "p3", "p4"]
                 .into_iter()
                 .zip(0u32..)
                 .map(|(payout, n)| {
                     let q = q.clone();
                     tokio::spawn(async move {
-                        // p3 and p4 take one and two turns of their own first.
-                        for _ in 2..n {
+                        for _ in 0..own_turns(n) {
                             tokio::task::yield_now().await;
                         }
                         q.submit((), (payout, payout, n)).await
@@ -411,7 +364,32 @@ mod tests {
             sizes
         })
         .await
-        .ok();
+        .ok()
+    }
+
+    #[tokio::test]
+    async fn a_pipelined_queue_batches_the_requests_that_are_ready_together() {
+        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet)).pipelined();
+        let sizes = five_requests(q, |_| 0).await;
+        assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
+    }
+
+    /// The runtime's scheduler runs a task a worker has just spawned before the tasks already
+    /// queued (its LIFO slot), so without the yield the first request's batch would leave with
+    /// that request alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_serial_queue_batches_the_requests_that_are_ready_together() {
+        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet));
+        let sizes = five_requests(q, |_| 0).await;
+        assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
+    }
+
+    /// Requests that reach the queue a turn later (their task had a step of its own first) join
+    /// the batch too, as long as each turn adds some: p3 and p4 take one and two turns first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_batch_waits_while_each_turn_adds_requests() {
+        let q: Test = GroupCommit::new(8, keys, echo_sizes, Arc::new(Quiet));
+        let sizes = five_requests(q, |n| n.saturating_sub(2)).await;
         assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
     }
 
