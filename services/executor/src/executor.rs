@@ -252,11 +252,56 @@ async fn register_into_queue(
 
 /// Registers the batch (see [`register`], unless `options.register` is off) and runs it until
 /// every payout is terminal or RAIL_AMBIGUOUS, or the settle timeout.
+///
+/// The run has a thread and a single-threaded runtime of its own, whatever runtime calls it. The
+/// clients batch a step's requests while the tasks that are ready have their turn
+/// (docs/design.md#group-commit): on one thread, the workers that one answer wakes all take
+/// their turn before their next step's batch leaves, so they reach it together. On a runtime of
+/// several threads the woken workers are spread over the threads, and each thread's share left
+/// in a batch of its own: in a new user's run (scripts/run-processes, docs/benchmarks.md) the
+/// payment resource's claims and posts came in batches half as large, and every part of the
+/// stack spent more CPU per payout. Dropping the returned future stops the run, as it would
+/// on the caller's runtime.
 pub async fn execute(
     batch: &PayoutBatch,
     endpoints: &Endpoints,
     options: RunOptions,
 ) -> Result<Report> {
+    let (batch, endpoints) = (batch.clone(), endpoints.clone());
+    let (report_tx, report_rx) = tokio::sync::oneshot::channel();
+    // Dropped with this future: the run stops at its next await.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name("dlock-executor".to_owned())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the executor's runtime");
+            let report = runtime.and_then(|runtime| {
+                runtime.block_on(tracing::Instrument::instrument(
+                    async move {
+                        tokio::select! {
+                            report = run(&batch, &endpoints, options) => report,
+                            _ = stop_rx => Err(anyhow::anyhow!("the run was stopped")),
+                        }
+                    },
+                    span,
+                ))
+            });
+            let _ = report_tx.send(report);
+        })
+        .context("starting the executor's thread")?;
+    let report = report_rx
+        .await
+        .context("the executor's thread ended without a report (it panicked; see the log)")?;
+    drop(stop_tx);
+    report
+}
+
+/// [`execute`]'s run, on the executor's own runtime.
+async fn run(batch: &PayoutBatch, endpoints: &Endpoints, options: RunOptions) -> Result<Report> {
     let started = Instant::now();
     let credential = options.credential.clone();
     let lock = LockClient::new(&endpoints.lock_server, &options.owner_id)?
