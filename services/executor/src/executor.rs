@@ -257,7 +257,7 @@ async fn register_into_queue(
 /// clients batch a step's requests while the tasks that are ready have their turn
 /// (docs/design.md#group-commit): on one thread, the workers that one answer wakes all take
 /// their turn before their next step's batch leaves, so they reach it together. On a runtime of
-/// several threads the woken workers are spread over the threads, and each thread's share left
+/// several threads the woken workers are spread over the threads, and each thread's share went
 /// in a batch of its own: in a new user's run (scripts/run-processes, docs/benchmarks.md) the
 /// payment resource's claims and posts came in batches half as large, and every part of the
 /// stack spent more CPU per payout. Dropping the returned future stops the run, as it would
