@@ -111,3 +111,43 @@ fn the_report_names_the_payouts_paydb_refused_and_the_command_that_ends_it() {
     );
     assert!(!Report::default().table().contains("RECOVERY_REQUIRED"));
 }
+
+/// `execute` runs on a thread of its own, yet dropping its future stops the run there: the lock
+/// server here takes the run's first request (the session's) and never answers it, and the
+/// connection must close when the caller drops the future, well before the client's own read
+/// timeout ([`dlock_contract::client::WRITE_TIMEOUT`]) would close it.
+#[tokio::test]
+async fn dropping_execute_stops_the_run_on_its_own_thread() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "http://{}",
+        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    );
+    let batch = crate::manifest::parse(
+        "apiVersion: dlock.io/v1alpha1\nkind: PayoutBatch\nmetadata:\n  name: b\nspec:\n  \
+         payouts:\n    - key: p-1\n      accountId: acct-1\n      amountMinor: 100\n      \
+         currency: EUR\n      beneficiaryRef: ben-1\n",
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let endpoints = Endpoints {
+        lock_server: url.clone(),
+        payment_resource: url.clone(),
+        rail_proxy: url,
+    };
+    let run = tokio::spawn(async move { execute(&batch, &endpoints, RunOptions::default()).await });
+    // The run is under way: its session's request reached the lock server.
+    let (mut socket, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+    run.abort();
+    let closed = tokio::time::timeout(dlock_contract::client::WRITE_TIMEOUT / 2, async {
+        let mut buf = [0u8; 4096];
+        while socket.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection stayed open after the caller dropped execute's future"
+    );
+}
