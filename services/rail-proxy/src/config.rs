@@ -41,8 +41,9 @@ pub struct RailProxyConfig {
     /// possible.
     pub proof_keys: Option<ProofKeys>,
     /// `rail.batch.max` (docs/design.md#group-commit): the most admissions one paydb transaction
-    /// takes when they queue behind a running one, at most one per payout and per account. 16 by
-    /// default; 1 admits every submission in its own transaction.
+    /// takes when they queue behind a running one, at most one per payout and per account. 32 by
+    /// default, as the payment resource's `payment.batch.max` (a batch's commit costs nearly as much
+    /// as its items, docs/benchmarks.md); 1 admits every submission in its own transaction.
     pub batch_max: usize,
 }
 
@@ -89,7 +90,7 @@ impl RailProxyConfig {
             served,
             operator_token,
             proof_keys: ProofKeys::from_raw(raw)?,
-            batch_max: raw.integer("rail.batch.max", 16, 1..=256)? as usize,
+            batch_max: raw.integer("rail.batch.max", 32, 1..=256)? as usize,
         };
         Ok(config)
     }
