@@ -187,8 +187,12 @@ async fn the_rail_stub_memory_stays_flat_over_thousands_of_transfers_and_dedup_s
         file_1 - file_0
     );
     // Bound: with the statement in memory this was about 430 KiB per 1 000 transfers (5 MiB
-    // here); on disk it stays within the index cache's cap and allocator noise.
-    let cap_kib = (dlock_rail_stub::INDEX_CACHE_BYTES / 1024) as u64;
+    // here); on disk it stays within the index cache's cap and allocator noise. The noise comes
+    // in steps of 2 MiB where the kernel backs the allocator's memory with transparent huge
+    // pages (a run grew by exactly 2 048 KiB with nothing kept), so one such step is allowed:
+    // 3 MiB in all, still below what keeping the statement in memory would add.
+    const HUGE_PAGE_KIB: u64 = 2048;
+    let cap_kib = (dlock_rail_stub::INDEX_CACHE_BYTES / 1024) as u64 + HUGE_PAGE_KIB;
     assert!(
         growth_kib <= cap_kib,
         "the stub's memory grew by {growth_kib} KiB over {MORE} transfers (cap {cap_kib} KiB)"
