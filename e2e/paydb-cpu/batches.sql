@@ -14,13 +14,7 @@ SELECT pay_create_payout(md5('p' || i)::uuid, 'acct-' || ((i - 1) % 1000 + 1), 1
 CREATE TABLE raw_rows (id integer PRIMARY KEY, v bigint NOT NULL);
 INSERT INTO raw_rows SELECT i, 0 FROM generate_series(1, 1000) i;
 
--- This backend's user + system time in ms (utime and stime of /proc/<pid>/stat, in clock ticks).
-CREATE FUNCTION probe_cpu_ms() RETURNS numeric LANGUAGE sql AS $$
-    SELECT (split_part(s, ' ', 12)::bigint + split_part(s, ' ', 13)::bigint)
-           * 1000.0 / current_setting('probe.ticks')::numeric
-      FROM (SELECT split_part(pg_read_file('/proc/' || pg_backend_pid() || '/stat'), ') ', 2)) x(s)
-$$;
-SET probe.ticks = :ticks;
+\ir probe.sql
 
 CREATE TABLE probe_steps (pos integer PRIMARY KEY, step text NOT NULL, ms numeric NOT NULL DEFAULT 0);
 INSERT INTO probe_steps (pos, step) VALUES
@@ -118,13 +112,7 @@ CALL probe_raw(:N, 1);
 SELECT probe_cpu_ms() AS c2 \gset
 CALL probe_raw(:N / :K, :K);
 SELECT probe_cpu_ms() AS c3 \gset
-SELECT count(*) AS posted FROM payouts WHERE state = 'POSTED' \gset
-SELECT :posted = :N AS all_posted \gset
-\if :all_posted
-\else
-\echo 'not every payout was posted: the probe no longer matches the functions'
-SELECT 1/0;
-\endif
+\ir all_posted.sql
 \echo :N 'payouts; claims and posts in batches of' :K 'and admissions and records of' :R
 SELECT step, round(ms / :N, 3) AS "paydb CPU ms per payout" FROM probe_steps ORDER BY pos;
 SELECT round(sum(ms) / :N, 3) AS "paydb CPU ms per payout, in all",

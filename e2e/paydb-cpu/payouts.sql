@@ -51,26 +51,14 @@ BEGIN
     END LOOP;
 END $$;
 
--- This backend's user + system time in ms (utime and stime of /proc/<pid>/stat, in clock ticks).
-CREATE FUNCTION probe_cpu_ms() RETURNS numeric LANGUAGE sql AS $$
-    SELECT (split_part(s, ' ', 12)::bigint + split_part(s, ' ', 13)::bigint)
-           * 1000.0 / current_setting('probe.ticks')::numeric
-      FROM (SELECT split_part(pg_read_file('/proc/' || pg_backend_pid() || '/stat'), ') ', 2)) x(s)
-$$;
-SET probe.ticks = :ticks;
+\ir probe.sql
 
 SELECT probe_cpu_ms() AS c0 \gset
 CALL probe_payouts(:N);
 SELECT probe_cpu_ms() AS c1 \gset
 CALL probe_raw(:N * 4);
 SELECT probe_cpu_ms() AS c2 \gset
-SELECT count(*) AS posted FROM payouts WHERE state = 'POSTED' \gset
-SELECT :posted = :N AS all_posted \gset
-\if :all_posted
-\else
-\echo 'not every payout was posted: the probe no longer matches the functions'
-SELECT 1/0;
-\endif
+\ir all_posted.sql
 SELECT :N AS payouts,
        round((:c1 - :c0) / :N, 3) AS "paydb CPU ms per payout",
        round((:c2 - :c1) / (:N * 4), 3) AS "raw commit CPU ms",
