@@ -92,7 +92,6 @@ BEGIN
             RAISE EXCEPTION '% items of batch % were not claimed, admitted or posted: the probe '
                             'no longer matches the functions', refused, b;
         END IF;
-        COMMIT;
     END LOOP;
 END $$;
 
