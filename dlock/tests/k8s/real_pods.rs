@@ -376,7 +376,27 @@ fn first_pod(cluster: &RealCluster, instance: &str) -> String {
 /// transfers, which is RAIL_AMBIGUOUS by design), so that every ambiguous payout is the
 /// scenario's doing. Its duplicate-ack trap stays: a clientRef presented twice is paid twice.
 pub fn quiet_stub(cluster: &RealCluster) {
-    cluster.kubectl(&[
+    let stub_pods = [
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=rail-stub",
+        "-o",
+        "name",
+    ];
+    let before = cluster.kubectl(&stub_pods);
+    let generation = |patched: &str| patched.trim().parse::<i64>().unwrap_or(0);
+    let was = generation(&cluster.kubectl(&[
+        "get",
+        "-n",
+        NS,
+        "railproxy/rail-proxy",
+        "-o",
+        "jsonpath={.metadata.generation}",
+    ]));
+    let now = generation(&cluster.kubectl(&[
         "patch",
         "-n",
         NS,
@@ -385,7 +405,26 @@ pub fn quiet_stub(cluster: &RealCluster) {
         "merge",
         "-p",
         r#"{"spec":{"stub":{"failureRate":0}}}"#,
+        "-o",
+        "jsonpath={.metadata.generation}",
+    ]));
+    if now == was {
+        // Already quiet: nothing rolls.
+        crate::tls_pods::wait_https_ready(cluster, NS, "rail-proxy-stub");
+        return;
+    }
+    // The operator has read the patched spec (so applied the stub's new Deployment) and its roll
+    // is done: `rollout status` alone may still see the old Deployment, complete, and return
+    // before the operator edits it.
+    cluster.kubectl(&[
+        "wait",
+        "-n",
+        NS,
+        "railproxy/rail-proxy",
+        &format!("--for=jsonpath={{.status.observedGeneration}}={now}"),
+        "--timeout=120s",
     ]);
+    wait_ready(cluster, "railproxy/rail-proxy", 180);
     cluster.kubectl(&[
         "rollout",
         "status",
@@ -394,6 +433,24 @@ pub fn quiet_stub(cluster: &RealCluster) {
         "deployment/rail-proxy-stub",
         "--timeout=120s",
     ]);
+    // The old stub's pod is gone, not only replaced: callers list every pod as running.
+    for pod in before.lines().filter(|l| !l.trim().is_empty()) {
+        if let Err(e) =
+            cluster.try_kubectl(&["wait", "-n", NS, "--for=delete", pod, "--timeout=120s"])
+        {
+            assert!(
+                e.contains("NotFound") || e.contains("not found"),
+                "{pod} stayed: {e}{}",
+                cluster.diagnostics()
+            );
+        }
+    }
+    assert_ne!(
+        cluster.kubectl(&stub_pods).trim(),
+        "",
+        "the stub has no pod after its roll{}",
+        cluster.diagnostics()
+    );
     crate::tls_pods::wait_https_ready(cluster, NS, "rail-proxy-stub");
 }
 

@@ -14,6 +14,7 @@ use dlock_server::auth::{AuthMode, Caller};
 use rand::Rng;
 use serde_json::json;
 
+use crate::ledger::Ledger;
 use crate::{RailStubConfig, SUBMITTERS_KEY, Statement, StubState, SubmitRequest, Transfer};
 
 fn new_reference() -> String {
@@ -168,10 +169,43 @@ async fn answer(
 
 /// Takes the transfer onto the ledger under a new reference, whatever the caller hears.
 async fn record(state: &StubState, body: &SubmitRequest) -> Result<Transfer, ApiError> {
-    let mut ledger = state.ledger.lock().await;
-    ledger
-        .accept(transfer(body, new_reference()))
-        .map_err(ApiError::internal)
+    let mut transfer = transfer(body, new_reference());
+    with_ledger(state, "accept", move |ledger| {
+        // Accepted when it reaches the statement, not when it started to wait for it.
+        transfer.accepted_at = Utc::now();
+        ledger.accept(transfer)
+    })
+    .await
+}
+
+/// A statement operation slower than this is logged: the transfers behind it waited as long.
+const SLOW_LEDGER: Duration = Duration::from_millis(500);
+
+/// Runs `op` on the ledger on a blocking thread, once the ledger is free. The statement's write
+/// and, every so many accepts, the index's durable commit (an fsync) wait on the disk; on the
+/// runtime's own threads that wait would stall every other request, readiness included.
+async fn with_ledger<T: Send + 'static>(
+    state: &StubState,
+    what: &'static str,
+    op: impl FnOnce(&mut Ledger) -> anyhow::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let mut ledger = state.ledger.clone().lock_owned().await;
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || op(&mut ledger))
+        .await
+        .map_err(|e| ApiError::internal(format!("the statement task failed: {e}")))?;
+    let took = started.elapsed();
+    if took > SLOW_LEDGER {
+        tracing::warn!(
+            event = "statement_slow",
+            op = what,
+            ms = took.as_millis() as u64,
+            "a statement operation waited on the disk; every transfer behind it waited as long \
+             (a rail proxy whose read timeout is shorter marks them RAIL_AMBIGUOUS): check the \
+             disk under the statement's volume"
+        );
+    }
+    out.map_err(ApiError::internal)
 }
 
 /// A transfer of the body's amount under a new reference, accepted now.
@@ -191,15 +225,17 @@ async fn accept(
     config: &RailStubConfig,
     body: &SubmitRequest,
 ) -> Result<Response, ApiError> {
-    let mut ledger = state.ledger.lock().await;
-    let repeat = ledger.first(&body.client_ref).map_err(ApiError::internal)?;
-    let accepted = match repeat {
-        // A repeat that the rail does not take again answers with the first reference.
-        Some(first) if !rand::rng().random_bool(config.duplicate_ack_rate) => first,
-        _ => ledger
-            .accept(transfer(body, new_reference()))
-            .map_err(ApiError::internal)?,
-    };
+    let mut fresh = transfer(body, new_reference());
+    let duplicate_ack_rate = config.duplicate_ack_rate;
+    let accepted = with_ledger(&state, "accept", move |ledger| {
+        fresh.accepted_at = Utc::now();
+        match ledger.first(&fresh.client_ref)? {
+            // A repeat that the rail does not take again answers with the first reference.
+            Some(first) if !rand::rng().random_bool(duplicate_ack_rate) => Ok(first),
+            _ => ledger.accept(fresh),
+        }
+    })
+    .await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -244,12 +280,8 @@ pub(crate) async fn statement(
     }
     match client_ref {
         Some(r) => {
-            let transfers = state
-                .ledger
-                .lock()
-                .await
-                .all_for(&r)
-                .map_err(ApiError::internal)?;
+            let transfers =
+                with_ledger(&state, "statement", move |ledger| ledger.all_for(&r)).await?;
             Ok(Json(Statement { transfers }).into_response())
         }
         None => {
