@@ -25,6 +25,11 @@ use dlock_lock_server::{AppState, LockServerConfig, app, open_store};
 use dlock_server::config::RawConfig;
 use uuid::Uuid;
 
+/// The allocator `dlock` runs the services with (dlock/src/main.rs): the server measured here is
+/// the one production runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn config(env: &[(&str, String)]) -> LockServerConfig {
     // Measured without fencing-token proofs, said by name (docs/threat-model.md#safe-defaults).
     let mut env = env.to_vec();
