@@ -91,6 +91,67 @@ fn wait_ready(cluster: &RealCluster, object: &str, timeout_s: u32) {
     ]);
 }
 
+/// Waits up to `timeout_s` for batch `name` to be Ready: every payout POSTED here, where the stub
+/// fails nothing. A payout RAIL_AMBIGUOUS never gets there (it waits for a reconciliation), so
+/// the wait stops at once with what the rail proxy and the stub logged about it, rather than
+/// at the timeout with nothing said.
+fn wait_paid(cluster: &RealCluster, name: &str, timeout_s: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(timeout_s);
+    loop {
+        let batch = cluster.get_json(&["payoutbatch", name, "-n", NS]);
+        let status = &batch["status"];
+        let ready = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        if ready {
+            return;
+        }
+        let ambiguous: Vec<&str> = status["ambiguous"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            ambiguous.is_empty(),
+            "batch {name}: payouts went RAIL_AMBIGUOUS: {ambiguous:?}; status {status}{}{}",
+            rail_logs(cluster, &ambiguous),
+            cluster.diagnostics()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "batch {name} was not Ready within {timeout_s} s: {status}{}",
+            cluster.diagnostics()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The rail proxy's and the stub's log lines that name one of `payouts` or are warnings or
+/// errors, with their pod: what a forward left unanswered left behind.
+fn rail_logs(cluster: &RealCluster, payouts: &[&str]) -> String {
+    let mut text = String::new();
+    for component in ["rail-proxy", "rail-stub"] {
+        let selector = format!("app.kubernetes.io/component={component}");
+        let logs = cluster
+            .try_kubectl(&["logs", "-n", NS, "-l", &selector, "--prefix", "--tail=5000"])
+            .unwrap_or_else(|e| e);
+        text += &format!("\n--- {component}: warnings, errors and the payouts' lines ---\n");
+        let relevant = logs.lines().filter(|l| {
+            l.contains("\"level\":\"WARN\"")
+                || l.contains("\"level\":\"ERROR\"")
+                || payouts.iter().any(|p| l.contains(p))
+        });
+        for line in relevant.take(60) {
+            text += line;
+            text += "\n";
+        }
+    }
+    text
+}
+
 pub fn fund(cluster: &RealCluster, file: &str) {
     let token = cluster.kubectl(&[
         "create",
@@ -219,7 +280,7 @@ fn the_chart_installs_as_the_readme_says_and_the_example_batch_is_paid_once_by_r
         "the rail took transfers already: {before:?}"
     );
     cluster.kubectl(&["apply", "-n", NS, "-f", &example("payoutbatch.yaml")]);
-    wait_ready(&cluster, &format!("payoutbatch/{BATCH}"), 300);
+    wait_paid(&cluster, BATCH, 300);
     let batch = cluster.get_json(&["payoutbatch", BATCH, "-n", NS]);
     assert_eq!(
         batch["status"]["counts"],
@@ -325,7 +386,7 @@ fn run_batch(cluster: &RealCluster, name: &str) -> Duration {
     fund(cluster, &file);
     let applied = std::time::Instant::now();
     cluster.kubectl(&["apply", "--server-side", "-n", NS, "-f", &file]);
-    wait_ready(cluster, &format!("payoutbatch/{name}"), 600);
+    wait_paid(cluster, name, 600);
     applied.elapsed()
 }
 
@@ -505,7 +566,7 @@ fn a_service_container_killed_mid_batch_is_restarted_by_the_kubelet_and_nothing_
             "{instance}: pod {pod} killed, restarted and Ready again in {:.1} s",
             killed.elapsed().as_secs_f64()
         ));
-        wait_ready(&cluster, &format!("payoutbatch/{name}"), 600);
+        wait_paid(&cluster, &name, 600);
     }
     let states = payout_states(&cluster);
     let paid = statement(&cluster);
@@ -641,7 +702,7 @@ fn every_service_rolls_under_running_batches_without_a_payout_stranded_or_paid_t
         ));
     }
     for i in 0..steps.len() {
-        wait_ready(&cluster, &format!("payoutbatch/rolling-{i}"), 600);
+        wait_paid(&cluster, &format!("rolling-{i}"), 600);
     }
     let wall = started.elapsed();
     watching.store(false, std::sync::atomic::Ordering::SeqCst);
