@@ -43,8 +43,8 @@ pub struct RailProxyConfig {
     /// `rail.batch.max` (docs/design.md#group-commit): the most admissions one paydb transaction
     /// takes when they queue behind a running one, at most one per payout and per account. 32 by
     /// default, as the payment resource's `payment.batch.max`: paydb spends 11 % less CPU per
-    /// payout than with 16 (docs/benchmarks.md#latest-run); 1 admits every submission in its own
-    /// transaction.
+    /// payout than with 16 (docs/benchmarks.md#the-run-before-the-rail-proxys-batches-of-32); 1
+    /// admits every submission in its own transaction.
     pub batch_max: usize,
 }
 
