@@ -47,3 +47,4 @@ mod squash;
 mod steps;
 mod traces;
 mod waiters;
+mod warm;

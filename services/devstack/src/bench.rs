@@ -58,6 +58,13 @@ pub struct Run {
 }
 
 impl Run {
+    /// Adds `other`'s operations, time and latencies: one run of several spells.
+    pub fn add(&mut self, other: Run) {
+        self.count += other.count;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+    }
+
     pub fn per_second(&self) -> f64 {
         self.count as f64 / self.elapsed.as_secs_f64()
     }

@@ -2,13 +2,16 @@
 //! for the same guarantee (the same lockdb functions through sqlx, one request per transaction;
 //! the same etcd transactions through etcd-client), on pg at 1, 16 and 64 concurrent clients
 //! with `lock.pg.batch.max` 1 (one transaction per request) and 32 (group commit,
-//! docs/design.md#group-commit), each beside the raw figure of the same run, and on etcd at 1 and
-//! 16. PostgreSQL runs durable (`fsync=on`) unless `DLOCK_BENCH_PG=fast`.
+//! docs/design.md#group-commit), each beside the raw figure of the same run (the three paths in
+//! two spells each, in the order raw, 1, 32, 32, 1, raw), and on etcd at 1 and 16. PostgreSQL
+//! runs durable (`fsync=on`) unless `DLOCK_BENCH_PG=fast`.
 //!
 //! Then what one hop is made of, one client, p50 of many: an HTTP round trip to the server that
 //! touches no backend, one pooled `SELECT 1`, the same on a connection of its own (no pool: the
-//! difference is the pool's checkout), and the lockdb acquire and release functions both ways,
-//! beside the server's acquire and release; and what lockdb's store-epoch check (the timeline
+//! difference is the pool's checkout), and the lockdb acquire and release functions three ways
+//! (a ping and the call on the pool's next connection, the same through the store's warm
+//! connections of services/server/src/warm.rs, the call alone on one connection), beside the
+//! server's acquire and release; and what lockdb's store-epoch check (the timeline
 //! check of migrations/lockdb/0013_baseline.sql, a trigger on every grant) costs per acquire:
 //! `dlock_acquire` + `dlock_release` in a server-side loop with the trigger and without it.
 //!
@@ -207,12 +210,43 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
     let mut acquire_conn = Vec::new();
     let mut release_conn = Vec::new();
     let mut acquire_http = Vec::new();
+    let mut acquire_pool = Vec::new();
+    let mut release_pool = Vec::new();
     let mut release_http = Vec::new();
     let sql_acquire = "SELECT outcome, fencing_token FROM dlock_acquire($1, $2, $3, $4, NULL)";
     let sql_release = "SELECT outcome FROM dlock_release($1, $2, $3)";
     for _ in 0..n / 2 {
         let token = timed(&mut acquire, raw_acquire(store, key, sid, owner)).await;
         timed(&mut release, raw_release(store, key, owner, token)).await;
+
+        // The same calls as the store makes, on a connection straight from the pool each time.
+        let (outcome, token): (String, i64) = timed(&mut acquire_pool, async {
+            let mut pooled = pool.acquire().await?;
+            pooled.ping().await?;
+            sqlx::query_as(sql_acquire)
+                .bind(key)
+                .bind(sid)
+                .bind(owner)
+                .bind(10_000i32)
+                .fetch_one(&mut *pooled)
+                .await
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "granted");
+        let (outcome,): (String,) = timed(&mut release_pool, async {
+            let mut pooled = pool.acquire().await?;
+            pooled.ping().await?;
+            sqlx::query_as(sql_release)
+                .bind(key)
+                .bind(token)
+                .bind(owner)
+                .fetch_one(&mut *pooled)
+                .await
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome, "released");
 
         let (outcome, token): (String, i64) = timed(
             &mut acquire_conn,
@@ -242,10 +276,18 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
         timed(&mut release_http, http_release(&client, key, sid, token)).await;
     }
     for (what, v) in [
-        ("dlock_acquire through the pool", acquire),
+        (
+            "dlock_acquire, pool's next connection, ping first",
+            acquire_pool,
+        ),
+        ("dlock_acquire, the store's (warm, ping first)", acquire),
         ("dlock_acquire on one connection", acquire_conn),
         ("acquire through the lock server (HTTP)", acquire_http),
-        ("dlock_release through the pool", release),
+        (
+            "dlock_release, pool's next connection, ping first",
+            release_pool,
+        ),
+        ("dlock_release, the store's (warm, ping first)", release),
         ("dlock_release on one connection", release_conn),
         ("release through the lock server (HTTP)", release_http),
     ] {
@@ -459,12 +501,18 @@ fn main() {
             .await;
         }
         for clients in [1usize, 16, 64] {
-            let raw = cycles(raw_store.clone(), None, clients, run_for).await;
-            let one = cycles(raw_store.clone(), Some(url_1.clone()), clients, run_for).await;
+            // Raw, batch 1, batch 32, then the same backwards: a drift of the machine (or of
+            // lockdb's tables as they fill with dead rows) weighs on every path alike.
+            let paths = [None, Some(url_1.clone()), Some(url_32.clone())];
+            let mut runs: [Run; 3] = Default::default();
             let before = acquire_batches(&state_32);
-            let grouped = cycles(raw_store.clone(), Some(url_32.clone()), clients, run_for).await;
+            for i in [0usize, 1, 2, 2, 1, 0] {
+                let run = cycles(raw_store.clone(), paths[i].clone(), clients, run_for / 2).await;
+                runs[i].add(run);
+            }
             let after = acquire_batches(&state_32);
             let mean = (after.1 - before.1) / (after.0 - before.0).max(1.0);
+            let [raw, one, grouped] = runs;
             let raw_rate = raw.per_second();
             row("pg", clients, "raw", &raw, raw_rate, None);
             row("pg", clients, "batch 1", &one, raw_rate, Some(1.0));

@@ -20,6 +20,7 @@ pub mod squash;
 pub mod sweep;
 pub mod tls;
 pub mod trace;
+pub mod warm;
 pub mod watch;
 
 /// Logs, once at start, what a service checks: its callers' credentials and, where it has them,

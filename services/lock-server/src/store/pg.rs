@@ -8,8 +8,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
 use dlock_server::pg::PgSettings;
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, FromRow, PgPool, Postgres};
+use dlock_server::warm::{Warm, WarmConnection};
+use sqlx::{Connection, FromRow, PgPool};
 use uuid::Uuid;
 
 use crate::metrics::BatchMetrics;
@@ -25,6 +25,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The writes' connections, the last used first (services/server/src/warm.rs).
+    warm: Warm,
     /// The group commit of acquires and releases; none with `lock.pg.batch.max = 1` (and in the
     /// copy the batches themselves run on, which calls the per-row functions).
     batches: Option<Arc<Batches>>,
@@ -176,6 +178,7 @@ impl PgStore {
             .connect("dlock-lock-server", &MIGRATOR, "lockdb")
             .await?;
         let unbatched = Self {
+            warm: Warm::new(pool.clone()),
             pool,
             batches: None,
         };
@@ -183,6 +186,7 @@ impl PgStore {
             0 | 1 => unbatched,
             max => Self {
                 pool: unbatched.pool.clone(),
+                warm: unbatched.warm.clone(),
                 batches: Some(Arc::new(Batches::new(max, unbatched))),
             },
         })
@@ -201,12 +205,13 @@ impl PgStore {
     /// timeout). Until the write is sent, nothing can have changed: a pool that gives no
     /// connection or a connection that does not answer the ping is NOT_LEADER. A pooled
     /// connection cut while idle fails its ping and is replaced once, so a restarted primary
-    /// costs no caller an OUTCOME_UNKNOWN. After the send, see [`map_sent`].
-    pub(super) async fn connection(&self) -> StoreResult<PoolConnection<Postgres>> {
+    /// costs no caller an OUTCOME_UNKNOWN: a failed ping also sends the other warm connections
+    /// back to the pool, so the second try is the pool's. After the send, see [`map_sent`].
+    pub(super) async fn connection(&self) -> StoreResult<WarmConnection> {
         let wait = self.pool.options().get_acquire_timeout();
         let mut failure = String::new();
         for _ in 0..2 {
-            let mut connection = self.pool.acquire().await.map_err(map_sqlx)?;
+            let mut connection = self.warm.acquire().await.map_err(map_sqlx)?;
             match tokio::time::timeout(wait, connection.ping()).await {
                 Ok(Ok(())) => return Ok(connection),
                 Ok(Err(e)) => failure = format!("lockdb is unreachable: {e}"),
@@ -217,7 +222,7 @@ impl PgStore {
                     )
                 }
             }
-            connection.close_on_drop();
+            connection.discard();
         }
         Err(StoreError::NotLeader(failure))
     }
