@@ -1,7 +1,7 @@
 //! The writes' warm connections (services/server/src/warm.rs) on a real PostgreSQL: the one that
 //! came back last is handed out again, where the pool alone goes round its idle connections; one
-//! out of the pool or unused for the warm time goes back to it; a discarded one is closed and the
-//! others go back to the pool.
+//! out of the pool or unused for the warm time goes back to it, and so does one the pool has no
+//! other to spare for its callers; a discarded one is closed and the others go back to the pool.
 
 use std::time::Duration;
 
@@ -120,4 +120,26 @@ async fn a_discarded_connection_is_closed_and_the_others_go_back_to_the_pool() {
         .psql("postgres", &alive)
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(count.trim(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_goes_back_to_a_pool_with_none_to_spare() {
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    let pool = dlock_server::pg::pool_options(2, Duration::from_secs(30))
+        .connect(&pg.url("postgres"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let warm = Warm::with(pool.clone(), 1, Duration::from_secs(60));
+    let (mut a, _b) = (
+        warm.acquire().await.unwrap_or_else(|e| panic!("{e}")),
+        warm.acquire().await.unwrap_or_else(|e| panic!("{e}")),
+    );
+    let pid_a = backend(&mut a).await;
+    // Both of the pool's connections are out: a caller of the pool waits for one.
+    drop(a);
+    let waited = tokio::time::timeout(Duration::from_secs(10), pool.acquire()).await;
+    let mut from_pool = waited
+        .unwrap_or_else(|_| panic!("the pool's caller waited 10 s while a connection sat warm"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(backend(&mut from_pool).await, pid_a);
 }

@@ -4,11 +4,13 @@
 //! sqlx's pool hands its idle connections out first in, first out, and pings each one as it comes
 //! back. At light load that spreads consecutive calls over every connection the pool ever opened,
 //! each a PostgreSQL backend whose caches have gone cold, with one more round trip per call on
-//! the side. In the lock bench (services/lock-server/benches/lock.rs, "one hop"), `dlock_acquire`
-//! with a ping before it took 0.89 ms from a pool of 32 and 0.57 ms on one reused connection.
+//! the side. In the lock bench (services/lock-server/benches/lock.rs, "one hop";
+//! docs/benchmarks.md#latest-run), a ping and `dlock_acquire` took 0.82-0.90 ms on the next
+//! connection of a pool of 32 and 0.63-0.66 ms through [`Warm`].
 //!
 //! [`Warm::acquire`] takes the connection that came back last; [`WarmConnection`] goes back here
-//! on drop, with no ping, unless it was discarded. Nothing stays out of the pool long: a
+//! on drop, with no ping, unless it was discarded or the pool has none to spare (callers may
+//! be waiting on it). Nothing stays out of the pool long: a
 //! connection goes back to the pool once it has been out of it for [`WARM_FOR`] or has sat
 //! here unused that long, and at most `keep` wait here. So every connection still passes the
 //! pool's own checks (its lifetime, the idle ping, a failover's switch of host:
@@ -95,7 +97,7 @@ impl Warm {
 
     fn put_back(&self, connection: PoolConnection<Postgres>, out_since: Instant) {
         let now = Instant::now();
-        if now.duration_since(out_since) >= self.warm_for {
+        if now.duration_since(out_since) >= self.warm_for || !self.pool_has_spare() {
             return;
         }
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -106,6 +108,17 @@ impl Warm {
                 idle_since: now,
             });
         }
+    }
+}
+
+impl Warm {
+    /// Whether the pool can hand out a connection without waiting: one idle, or room to open
+    /// one. When it cannot, callers may be queued on it, and a connection kept here would make
+    /// them wait while the warm ones go round (up to `warm_for`, measured as a 115 ms p99 at 64
+    /// clients on a pool of 32): it goes back to the pool instead. Under such load every
+    /// connection is busy, so none goes cold anyway.
+    fn pool_has_spare(&self) -> bool {
+        self.pool.num_idle() > 0 || self.pool.size() < self.pool.options().get_max_connections()
     }
 }
 
