@@ -7,7 +7,8 @@
 //! runs durable (`fsync=on`) unless `DLOCK_BENCH_PG=fast`.
 //!
 //! Then what one hop is made of, one client, p50 of many: an HTTP round trip to the server that
-//! touches no backend, one pooled `SELECT 1`, the same on a connection of its own (no pool: the
+//! touches no backend, an acquire the server refuses before the backend (a POST with its JSON
+//! both ways), a read of a lock's state through the server, one pooled `SELECT 1`, the same on a connection of its own (no pool: the
 //! difference is the pool's checkout), and the lockdb acquire and release functions three ways
 //! (a ping and the call on the pool's next connection, the same through the store's warm
 //! connections of services/server/src/warm.rs, the call alone on one connection), beside the
@@ -175,6 +176,30 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
                 async move {
                     let response = request.send().await.unwrap_or_else(|e| panic!("{e}"));
                     let _ = response.bytes().await;
+                }
+            })
+            .await,
+        ),
+        (
+            "an acquire refused by validation (HTTP, no backend)",
+            p50(n, || {
+                let client = &client;
+                async move {
+                    let refused = client.acquire("bench:hop", sid, Some(-5), None).await;
+                    assert!(refused.is_err(), "a ttlMillis of -5 was accepted");
+                }
+            })
+            .await,
+        ),
+        (
+            "a lock's state through the server (one pooled read)",
+            p50(n, || {
+                let client = &client;
+                async move {
+                    client
+                        .get("bench:0")
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
                 }
             })
             .await,

@@ -5,8 +5,8 @@
 //! back. At light load that spreads consecutive calls over every connection the pool ever opened,
 //! each a PostgreSQL backend whose caches have gone cold, with one more round trip per call on
 //! the side. In the lock bench (services/lock-server/benches/lock.rs, "one hop";
-//! docs/benchmarks.md#latest-run), a ping and `dlock_acquire` took 0.82-0.90 ms on the next
-//! connection of a pool of 32 and 0.63-0.66 ms through [`Warm`].
+//! docs/benchmarks.md#warm-connections), a ping and `dlock_acquire` took 0.69-0.90 ms on the next
+//! connection of a pool of 32 and 0.56-0.66 ms through [`Warm`].
 //!
 //! [`Warm::acquire`] takes the connection that came back last; [`WarmConnection`] goes back here
 //! on drop, with no ping, unless it was discarded or the pool has none to spare (callers may
