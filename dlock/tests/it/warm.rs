@@ -1,7 +1,8 @@
 //! The writes' warm connections (services/server/src/warm.rs) on a real PostgreSQL: the one that
 //! came back last is handed out again, where the pool alone goes round its idle connections; one
 //! out of the pool or unused for the warm time goes back to it, and so does one the pool has no
-//! other to spare for its callers; a discarded one is closed and the others go back to the pool.
+//! other to spare for its callers; a discarded one is closed and the others go back to the pool;
+//! a statement dropped before its answer leaves the next user of its connection its own answer.
 
 use std::time::Duration;
 
@@ -142,4 +143,29 @@ async fn a_connection_goes_back_to_a_pool_with_none_to_spare() {
         .unwrap_or_else(|_| panic!("the pool's caller waited 10 s while a connection sat warm"))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(backend(&mut from_pool).await, pid_a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_dropped_before_its_answer_does_not_confuse_the_next_user() {
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    let warm = Warm::with(pool_of_three(&pg).await, 1, Duration::from_secs(60));
+    let mut connection = warm.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    let pid = backend(&mut connection).await;
+    // The caller gives up while the statement runs (a client that went away, a timeout).
+    let slow =
+        sqlx::query_scalar::<_, i32>("SELECT 7 FROM pg_sleep(0.5)").fetch_one(&mut *connection);
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), slow).await;
+    assert!(
+        gave_up.is_err(),
+        "the statement answered within 50 ms: {gave_up:?}"
+    );
+    drop(connection);
+    // The next user gets that connection, its answer still unread, and its own answer.
+    let mut next = warm.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(backend(&mut next).await, pid, "not the same connection");
+    let answer: i32 = sqlx::query_scalar("SELECT 42")
+        .fetch_one(&mut *next)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer, 42);
 }
