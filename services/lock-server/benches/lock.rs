@@ -151,6 +151,24 @@ where
     median_ms(&times)
 }
 
+/// `query`'s row on the pool's next connection, pinged first, as the store's writes ran before
+/// services/server/src/warm.rs.
+async fn on_pool_next<'q, O>(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+) -> O
+where
+    O: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    use sqlx::Connection;
+    let mut pooled = pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    pooled.ping().await.unwrap_or_else(|e| panic!("{e}"));
+    query
+        .fetch_one(&mut *pooled)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// What one hop on `pg` is made of, one client at a time.
 async fn breakdown(store: &Store, pg_url: &str, url: &str) {
     use sqlx::Connection;
@@ -245,32 +263,20 @@ async fn breakdown(store: &Store, pg_url: &str, url: &str) {
         timed(&mut release, raw_release(store, key, owner, token)).await;
 
         // The same calls as the store makes, on a connection straight from the pool each time.
-        let (outcome, token): (String, i64) = timed(&mut acquire_pool, async {
-            let mut pooled = pool.acquire().await?;
-            pooled.ping().await?;
-            sqlx::query_as(sql_acquire)
-                .bind(key)
-                .bind(sid)
-                .bind(owner)
-                .bind(10_000i32)
-                .fetch_one(&mut *pooled)
-                .await
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        let acquire_sql = sqlx::query_as(sql_acquire)
+            .bind(key)
+            .bind(sid)
+            .bind(owner)
+            .bind(10_000i32);
+        let (outcome, token): (String, i64) =
+            timed(&mut acquire_pool, on_pool_next(&pool, acquire_sql)).await;
         assert_eq!(outcome, "granted");
-        let (outcome,): (String,) = timed(&mut release_pool, async {
-            let mut pooled = pool.acquire().await?;
-            pooled.ping().await?;
-            sqlx::query_as(sql_release)
-                .bind(key)
-                .bind(token)
-                .bind(owner)
-                .fetch_one(&mut *pooled)
-                .await
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        let release_sql = sqlx::query_as(sql_release)
+            .bind(key)
+            .bind(token)
+            .bind(owner);
+        let (outcome,): (String,) =
+            timed(&mut release_pool, on_pool_next(&pool, release_sql)).await;
         assert_eq!(outcome, "released");
 
         let (outcome, token): (String, i64) = timed(
