@@ -76,6 +76,20 @@ async fn a_connection_out_of_the_pool_or_unused_for_the_warm_time_goes_back_to_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_used_now_and_then_goes_back_once_out_for_the_warm_time() {
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    let warm_for = Duration::from_millis(500);
+    let warm = Warm::with(pool_of_three(&pg).await, 2, warm_for);
+    let first = warm_backend(&warm).await;
+    // Never unused for the warm time, but out of the pool for longer than it.
+    tokio::time::sleep(warm_for * 3 / 5).await;
+    // Positive control: out for less than the warm time, it is handed out again.
+    assert_eq!(warm_backend(&warm).await, first);
+    tokio::time::sleep(warm_for * 3 / 5).await;
+    assert_ne!(warm_backend(&warm).await, first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discarded_connection_is_closed_and_the_others_go_back_to_the_pool() {
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
     let warm = Warm::with(pool_of_three(&pg).await, 2, Duration::from_secs(60));

@@ -10,11 +10,11 @@
 //!
 //! [`Warm::acquire`] takes the connection that came back last; [`WarmConnection`] goes back here
 //! on drop, with no ping, unless it was discarded or the pool has none to spare (callers may
-//! be waiting on it). Nothing stays out of the pool long: a
-//! connection goes back to the pool once it has been out of it for [`WARM_FOR`] or has sat
-//! here unused that long, and at most `keep` wait here. So every connection still passes the
+//! be waiting on it). Nothing stays out of the pool long: a connection that has been out of it
+//! for [`WARM_FOR`], or has sat here unused that long, goes back to the pool instead of being
+//! handed out or kept, and at most `keep` wait here. So every connection still passes the
 //! pool's own checks (its lifetime, the idle ping, a failover's switch of host:
-//! services/server/src/pg.rs) at least every [`WARM_FOR`].
+//! services/server/src/pg.rs) at least once every [`WARM_FOR`] and one call.
 //!
 //! For single statements outside a transaction. A statement whose future is dropped before its
 //! answer leaves the answer unread; sqlx reads it before the connection's next command, so the
@@ -79,8 +79,13 @@ impl Warm {
                 .iter()
                 .rposition(|h| now.duration_since(h.idle_since) >= self.warm_for)
                 .map_or(0, |i| i + 1);
-            let stale: Vec<Held> = held.drain(..stale_below).collect();
-            (held.pop(), stale)
+            let mut stale: Vec<Held> = held.drain(..stale_below).collect();
+            let mut fresh = held.pop();
+            // Out of the pool for the warm time already: back to it as well.
+            if let Some(out) = fresh.take_if(|h| now.duration_since(h.out_since) >= self.warm_for) {
+                stale.push(out);
+            }
+            (fresh, stale)
         };
         // Dropped outside the lock: each goes back to the pool (its ping runs on a task of its own).
         drop(stale);
