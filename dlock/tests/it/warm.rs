@@ -31,6 +31,13 @@ async fn pool_of_three(pg: &PgServer) -> PgPool {
     pool
 }
 
+/// A PostgreSQL and warm connections of `keep` over [`pool_of_three`] on it.
+async fn warm_of_three(keep: usize, warm_for: Duration) -> (PgServer, Warm) {
+    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
+    let warm = Warm::with(pool_of_three(&pg).await, keep, warm_for);
+    (pg, warm)
+}
+
 async fn warm_backend(warm: &Warm) -> i32 {
     let mut connection = warm.acquire().await.unwrap_or_else(|e| panic!("{e}"));
     backend(&mut connection).await
@@ -57,9 +64,8 @@ async fn the_connection_that_came_back_last_is_handed_out_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_out_of_the_pool_or_unused_for_the_warm_time_goes_back_to_it() {
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
     let warm_for = Duration::from_millis(500);
-    let warm = Warm::with(pool_of_three(&pg).await, 2, warm_for);
+    let (_pg, warm) = warm_of_three(2, warm_for).await;
     let mut held = warm.acquire().await.unwrap_or_else(|e| panic!("{e}"));
     let first = backend(&mut held).await;
     // Out of the pool longer than the warm time: it goes back to the pool, not to the stack.
@@ -77,9 +83,8 @@ async fn a_connection_out_of_the_pool_or_unused_for_the_warm_time_goes_back_to_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_used_now_and_then_goes_back_once_out_for_the_warm_time() {
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
     let warm_for = Duration::from_millis(500);
-    let warm = Warm::with(pool_of_three(&pg).await, 2, warm_for);
+    let (_pg, warm) = warm_of_three(2, warm_for).await;
     let first = warm_backend(&warm).await;
     // Never unused for the warm time, but out of the pool for longer than it.
     tokio::time::sleep(warm_for * 3 / 5).await;
@@ -91,8 +96,7 @@ async fn a_connection_used_now_and_then_goes_back_once_out_for_the_warm_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discarded_connection_is_closed_and_the_others_go_back_to_the_pool() {
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-    let warm = Warm::with(pool_of_three(&pg).await, 2, Duration::from_secs(60));
+    let (pg, warm) = warm_of_three(2, Duration::from_secs(60)).await;
     let (mut a, mut b) = (
         warm.acquire().await.unwrap_or_else(|e| panic!("{e}")),
         warm.acquire().await.unwrap_or_else(|e| panic!("{e}")),
@@ -161,8 +165,7 @@ async fn a_connection_goes_back_to_a_pool_with_none_to_spare() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_dropped_before_its_answer_does_not_confuse_the_next_user() {
-    let pg = PgServer::start(None).unwrap_or_else(|e| panic!("PostgreSQL: {e:#}"));
-    let warm = Warm::with(pool_of_three(&pg).await, 1, Duration::from_secs(60));
+    let (_pg, warm) = warm_of_three(1, Duration::from_secs(60)).await;
     let mut connection = warm.acquire().await.unwrap_or_else(|e| panic!("{e}"));
     let pid = backend(&mut connection).await;
     // The caller gives up while the statement runs (a client that went away, a timeout).
