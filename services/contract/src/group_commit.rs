@@ -393,6 +393,94 @@ mod tests {
         assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
     }
 
+    /// Answers each item with its `n` once the gate gives a permit, one a batch; counts the
+    /// batches that finished.
+    #[derive(Clone)]
+    struct Gate {
+        permits: Arc<tokio::sync::Semaphore>,
+        finished: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Default for Gate {
+        fn default() -> Self {
+            Self {
+                permits: Arc::new(tokio::sync::Semaphore::new(0)),
+                finished: Arc::default(),
+            }
+        }
+    }
+
+    type Gated = GroupCommit<Gate, Item, u32>;
+
+    fn gated(gate: Gate, items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        Box::pin(async move {
+            if let Ok(permit) = gate.permits.acquire().await {
+                permit.forget();
+            }
+            gate.finished
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            items.into_iter().map(|(_, _, n)| n).collect()
+        })
+    }
+
+    /// A request dropped while its batch runs (its client went away, its deadline passed) stops
+    /// neither that batch nor the queue: the batch finishes and the request queued behind it is
+    /// answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_request_stops_neither_its_batch_nor_the_queue() {
+        let started = Arc::new(Started::default());
+        let observer: Arc<dyn Observer> = started.clone();
+        let gate = Gate::default();
+        let q: Gated = GroupCommit::new(8, keys, gated, observer);
+        let leader = tokio::spawn({
+            let (q, gate) = (q.clone(), gate.clone());
+            async move { q.submit(gate, ("p1", "a", 1)).await }
+        });
+        while started.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Queued behind the batch in flight: a follower, not a leader.
+        let follower = tokio::spawn({
+            let (q, gate) = (q.clone(), gate.clone());
+            async move { q.submit(gate, ("p2", "b", 2)).await }
+        });
+        while q.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        leader.abort();
+        assert!(leader.await.is_err_and(|e| e.is_cancelled()));
+        assert_eq!(gate.finished.load(std::sync::atomic::Ordering::SeqCst), 0);
+        gate.permits.add_permits(2);
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), follower).await;
+        assert!(
+            matches!(answer, Ok(Ok(Some(2)))),
+            "the follower's answer: {answer:?}"
+        );
+        assert_eq!(
+            gate.finished.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "the dropped request's batch finished too"
+        );
+    }
+
+    /// Panics on an item whose `n` is 0.
+    fn panics_on_zero(_: (), items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
+        Box::pin(async move {
+            assert!(items.iter().all(|(_, _, n)| *n != 0), "a bug in a batch");
+            items.into_iter().map(|(_, _, n)| n).collect()
+        })
+    }
+
+    /// Without its task of its own, the panic would end the queue's task with the queue marked
+    /// running, and the next request would wait for ever (here: 10 s, then fail).
+    #[tokio::test]
+    async fn a_batch_that_panics_answers_none_and_the_queue_goes_on() {
+        let q = GroupCommit::new(8, keys, panics_on_zero, Arc::new(Quiet));
+        let within = |request| tokio::time::timeout(std::time::Duration::from_secs(10), request);
+        assert_eq!(within(q.submit((), ("p", "a", 0))).await, Ok(None));
+        assert_eq!(within(q.submit((), ("p", "a", 4))).await, Ok(Some(4)));
+    }
+
     #[tokio::test]
     async fn a_lone_request_is_answered_without_waiting_for_more() {
         let q = queue(32);
