@@ -393,8 +393,8 @@ mod tests {
         assert_eq!(sizes, Some(vec![Some(5); 5]), "one batch of five");
     }
 
-    /// Answers each item with its `n` once the gate gives a permit, one a batch; counts the
-    /// batches that finished.
+    /// Holds each batch of [`gated`] until it gives a permit, and counts the batches that
+    /// finished.
     #[derive(Clone)]
     struct Gate {
         permits: Arc<tokio::sync::Semaphore>,
@@ -412,6 +412,7 @@ mod tests {
 
     type Gated = GroupCommit<Gate, Item, u32>;
 
+    /// Answers each item with its `n` once the gate gives the batch a permit.
     fn gated(gate: Gate, items: Vec<Item>) -> Pin<Box<dyn Future<Output = Vec<u32>> + Send>> {
         Box::pin(async move {
             if let Ok(permit) = gate.permits.acquire().await {
@@ -432,29 +433,29 @@ mod tests {
         let observer: Arc<dyn Observer> = started.clone();
         let gate = Gate::default();
         let q: Gated = GroupCommit::new(8, keys, gated, observer);
-        let leader = tokio::spawn({
+        let dropped = tokio::spawn({
             let (q, gate) = (q.clone(), gate.clone());
             async move { q.submit(gate, ("p1", "a", 1)).await }
         });
         while started.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
-        // Queued behind the batch in flight: a follower, not a leader.
-        let follower = tokio::spawn({
+        // Queued behind the batch in flight.
+        let behind = tokio::spawn({
             let (q, gate) = (q.clone(), gate.clone());
             async move { q.submit(gate, ("p2", "b", 2)).await }
         });
         while q.waiting() == 0 {
             tokio::task::yield_now().await;
         }
-        leader.abort();
-        assert!(leader.await.is_err_and(|e| e.is_cancelled()));
+        dropped.abort();
+        assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
         assert_eq!(gate.finished.load(std::sync::atomic::Ordering::SeqCst), 0);
         gate.permits.add_permits(2);
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), follower).await;
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), behind).await;
         assert!(
             matches!(answer, Ok(Ok(Some(2)))),
-            "the follower's answer: {answer:?}"
+            "the answer of the request behind: {answer:?}"
         );
         assert_eq!(
             gate.finished.load(std::sync::atomic::Ordering::SeqCst),

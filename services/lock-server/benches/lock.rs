@@ -17,6 +17,12 @@
 //! `dlock_acquire` + `dlock_release` in a server-side loop with the trigger and without it.
 //!
 //! `cargo bench -p dlock-lock-server --bench lock` (optionally `-- --seconds 5`).
+//!
+//! `-- --trace CALL [--batch N] [--seconds N]` runs instead one client's calls through the
+//! server for a profiler to watch (docs/benchmarks.md#tracing-one-client): `cycle` (an acquire
+//! and its release), `refused` (an acquire refused on validation), `read` (a held lock's state)
+//! or `healthz`, with `lock.pg.batch.max` N (32 by default), for 10 s unless told. It prints
+//! `pid N ready` once the server is up and its rate at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -484,12 +490,71 @@ fn row(backend: &str, clients: usize, path: &str, run: &Run, raw: f64, batch: Op
     );
 }
 
+/// The value after `flag` on the command line.
+fn arg(flag: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != flag).nth(1)
+}
+
+/// `--trace CALL`: one client's calls through a server on `pg_env`, looped for `run_for`.
+async fn trace(call: &str, pg_env: Vec<(&str, String)>, run_for: Duration) {
+    let (_, url, _, server) = serve(&pg_env).await;
+    let client = LockClient::new(&url, "bench-trace").unwrap_or_else(|e| panic!("{e}"));
+    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
+    let healthz = format!("{url}/healthz");
+    let sid = client
+        .create_session(Some(60_000))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .session_id;
+    let key = "bench:trace";
+    if call == "read" {
+        // Held for the run: the read is of a lock that exists.
+        http_acquire(&client, key, sid).await;
+    }
+    eprintln!("pid {} ready", std::process::id());
+    let call = call.to_owned();
+    // On a worker of the runtime, as the bench's clients are (not on block_on's thread).
+    let looped = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut calls = 0u64;
+        while started.elapsed() < run_for {
+            match call.as_str() {
+                "refused" => {
+                    let refused = client.acquire(key, sid, Some(-5), None).await;
+                    assert!(refused.is_err(), "a ttlMillis of -5 was accepted");
+                }
+                "read" => {
+                    client.get(key).await.unwrap_or_else(|e| panic!("{e}"));
+                }
+                "healthz" => {
+                    let response = http.get(&healthz).send().await;
+                    let _ = response.unwrap_or_else(|e| panic!("{e}")).bytes().await;
+                }
+                _ => {
+                    let token = http_acquire(&client, key, sid).await;
+                    http_release(&client, key, sid, token).await;
+                }
+            }
+            calls += 1;
+        }
+        let rate = calls as f64 / started.elapsed().as_secs_f64();
+        eprintln!("{call}: {rate:.0} a second");
+    });
+    looped.await.unwrap_or_else(|e| panic!("{e}"));
+    server.abort();
+}
+
 fn main() {
-    let seconds = seconds_arg(4);
+    let traced = arg("--trace");
+    if let Some(call) = &traced
+        && !["cycle", "refused", "read", "healthz"].contains(&call.as_str())
+    {
+        panic!("--trace: cycle, refused, read or healthz, got {call:?}");
+    }
+    let seconds = seconds_arg(if traced.is_some() { 10 } else { 4 });
     let run_for = Duration::from_secs(seconds);
     let runtime = runtime();
     let pg = postgres_bench("lockdb");
-    let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     let pg_env = |batch: &str| {
         vec![
             ("lock.backend", "pg".to_owned()),
@@ -498,6 +563,12 @@ fn main() {
             ("lock.pg.batch.max", batch.to_owned()),
         ]
     };
+    if let Some(call) = traced {
+        let batch = arg("--batch").unwrap_or_else(|| "32".to_owned());
+        runtime.block_on(trace(&call, pg_env(&batch), run_for));
+        return;
+    }
+    let etcd = EtcdServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     let etcd_env = vec![
         ("lock.backend", "etcd".to_owned()),
         ("lock.etcd.endpoints", etcd.endpoint()),
