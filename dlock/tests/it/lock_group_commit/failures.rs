@@ -1,7 +1,8 @@
 //! Group commit of the lock server's acquires when lockdb fails a batch or moves to a new
 //! timeline (docs/design.md#group-commit): an aborted batch answers each of its items 503
-//! NOT_LEADER, retry-safe, and writes nothing; a batch on a new timeline takes every token above
-//! the gap (docs/design.md#d-12).
+//! NOT_LEADER, retry-safe, and writes nothing; an item lockdb refuses fails the batch's statement,
+//! and every item runs again alone, so it is answered as it would be alone and its neighbours are
+//! granted; a batch on a new timeline takes every token above the gap (docs/design.md#d-12).
 
 use super::*;
 
@@ -49,6 +50,82 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
         held_by(p, key, grant.fencing_token).await;
         assert_eq!(server.rows_of(key), ("1".into(), "1".into()), "{key}");
     }
+}
+
+/// A trigger on lockdb's grants that raises for one key: lockdb refuses any statement that
+/// grants it, as it would an item a future constraint or a bug makes it refuse.
+const POISON: &str = "
+    CREATE FUNCTION test_poisoned_key() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.lock_key = 'gp:poisoned' THEN
+            RAISE EXCEPTION 'gp:poisoned is refused by the test';
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER test_poisoned_key BEFORE INSERT OR UPDATE ON locks
+        FOR EACH ROW EXECUTE FUNCTION test_poisoned_key();
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_item_lockdb_refuses_fails_no_neighbour_and_is_answered_as_alone() {
+    let server = Server::start().await;
+    server.psql(POISON);
+    let parties = server.parties("gp", 3).await;
+    let gate_party = server.party("gp-gate").await;
+    let keys = ["gp:first", "gp:poisoned", "gp:last"];
+    let (gate, answers, batches) = server
+        .acquires_gated(
+            &gate_party,
+            "gp:gate",
+            parties
+                .iter()
+                .zip(keys)
+                .map(|(p, key)| acquire(p, key, Some(PATIENT_MS)))
+                .collect(),
+        )
+        .await;
+    gate.unwrap_or_else(|e| panic!("the gate's acquire: {e}"));
+    // The three went to lockdb in one statement, which lockdb refused whole.
+    assert_eq!(batches, (2.0, 4.0), "the gate, then one batch of three");
+    let refused = answers[1]
+        .as_ref()
+        .err()
+        .unwrap_or_else(|| panic!("gp:poisoned was granted: {:?}", answers[1]));
+    for i in [0, 2] {
+        let grant = answers[i]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{}, beside the refused item: {e}", keys[i]));
+        held_by(&parties[i], keys[i], grant.fencing_token).await;
+        assert_eq!(
+            server.rows_of(keys[i]),
+            ("1".into(), "1".into()),
+            "{}",
+            keys[i]
+        );
+    }
+    assert_eq!(
+        server.rows_of("gp:poisoned"),
+        ("0".into(), "0".into()),
+        "the refused item wrote nothing"
+    );
+    // Positive controls: alone, the same acquire gets the same answer; without the trigger it is
+    // granted, so nothing but the trigger refused it.
+    let alone = acquire(&parties[1], "gp:poisoned", None).await;
+    assert_eq!(
+        code(&alone),
+        refused.code(),
+        "as alone: {alone:?}, in the batch: {refused}"
+    );
+    assert_eq!(
+        alone.as_ref().err().map(ClientError::retry_safe),
+        Some(refused.retry_safe()),
+        "as alone: {alone:?}"
+    );
+    server.psql("DROP TRIGGER test_poisoned_key ON locks");
+    let grant = acquire(&parties[1], "gp:poisoned", None)
+        .await
+        .unwrap_or_else(|e| panic!("gp:poisoned without the trigger: {e}"));
+    held_by(&parties[1], "gp:poisoned", grant.fencing_token).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
