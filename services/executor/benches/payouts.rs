@@ -12,8 +12,12 @@
 //! rate of the same server at 1 and 32 updates per commit (pgbench) is printed first.
 //! `-- --group-commit` compares the payment resource's commit paths; `-- --batch-endpoints` the
 //! executor sending one request per payout per step against batch requests
-//! (docs/contract.md#batches), alternating in one run; `-- --replicas` one replica of each
-//! service against two (0 paid twice checked on the rail's statement).
+//! (docs/contract.md#batches), alternating in one run, at 1, 8, 32 and 128 workers over 100 and
+//! 1 000 accounts and at 32 on one hot account, then for the batch requests the mean items per
+//! backend transaction and per request on the wire of each step (acquire, release, claim, post,
+//! submit), and the server time per route (p50, p99) of the headline row (128 workers, 1 000
+//! accounts); `-- --replicas` one replica of each service against two (asserting on the rail's
+//! statement that no payout was paid twice).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -772,45 +776,261 @@ async fn group_commit(setup: Setup<'_>) {
     );
 }
 
+/// The payouts of a `--batch-endpoints` row of `workers` over `accounts_n` accounts, out of
+/// `payouts`: a quarter at 1 worker and on one hot account, half at 8 workers, all of them
+/// otherwise, so that the slow rows stay short.
+fn row_payouts(payouts: usize, accounts_n: usize, workers: usize) -> usize {
+    if accounts_n == 1 || workers == 1 {
+        payouts / 4
+    } else if workers <= 8 {
+        payouts / 2
+    } else {
+        payouts
+    }
+}
+
+/// The steps of the `--batch-endpoints` step table: (column, the service's batch-size histogram,
+/// its `kind`, the single route an item stands for, the step's batch route). The rail proxy's
+/// submit runs two transactions, `admit` and `record`, on one request.
+const STEPS: [(&str, &str, &str, &str, &str); 6] = [
+    (
+        "acquire",
+        "lock_batch_size",
+        "acquire",
+        "POST /v1/locks/{key}/acquire",
+        "POST /v1/batches/acquire",
+    ),
+    (
+        "release",
+        "lock_batch_size",
+        "release",
+        "DELETE /v1/locks/{key}",
+        "POST /v1/batches/release",
+    ),
+    (
+        "claim",
+        "payment_batch_size",
+        "claim",
+        "POST /v1/payouts/{payout_id}/claim",
+        "POST /v1/batches/claim",
+    ),
+    (
+        "post",
+        "payment_batch_size",
+        "post",
+        "POST /v1/payouts/{payout_id}/post",
+        "POST /v1/batches/post",
+    ),
+    (
+        "admit",
+        "rail_batch_size",
+        "admit",
+        "POST /v1/rail/submissions",
+        "POST /v1/batches/submit",
+    ),
+    (
+        "record",
+        "rail_batch_size",
+        "record",
+        "POST /v1/rail/submissions",
+        "POST /v1/batches/submit",
+    ),
+];
+
+/// The `/metrics` text (as `GET /metrics` answers it) of the lock server, the payment resource
+/// and the rail proxy of `endpoints`, one after the other: their series' names do not overlap.
+async fn scrape(endpoints: &Endpoints) -> String {
+    let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
+    let mut text = String::new();
+    for base in [
+        &endpoints.lock_server,
+        &endpoints.payment_resource,
+        &endpoints.rail_proxy,
+    ] {
+        let url = format!("{base}/metrics");
+        let answer = http
+            .get(&url)
+            .send()
+            .await
+            .and_then(|answer| answer.error_for_status())
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        text += &answer
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    }
+    text
+}
+
+/// The sum of the samples of the series `name` (`lock_batch_size_sum`, …) labelled
+/// `kind="<kind>"` in the Prometheus text `text`.
+fn sample(text: &str, name: &str, kind: &str) -> f64 {
+    let label = format!("kind=\"{kind}\"");
+    text.lines()
+        .filter(|l| {
+            l.split_once('{')
+                .is_some_and(|(series, labels)| series == name && labels.contains(&label))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The mean requests per backend transaction of the batch-size histogram `histogram{kind}`
+/// between the scrapes `before` and `after` (the `_sum` and `_count` deltas; 0 for none).
+fn mean_between(before: &str, after: &str, histogram: &str, kind: &str) -> f64 {
+    let delta = |suffix: &str| {
+        let name = format!("{histogram}_{suffix}");
+        sample(after, &name, kind) - sample(before, &name, kind)
+    };
+    delta("sum") / delta("count").max(1.0)
+}
+
+/// The mean items per request the executor sent for a step, from the servers' spans in `times`:
+/// the items of its batch requests (`batch`) and its lone requests to `single` (a batch of one
+/// goes to the single endpoint), over those requests.
+fn wire_items(
+    times: &std::collections::BTreeMap<String, Vec<Duration>>,
+    single: &str,
+    batch: &str,
+) -> f64 {
+    let count = |name: &str| times.get(name).map_or(0, Vec::len) as f64;
+    let singles = count(single);
+    (count(&spans::in_batch(single)) + singles) / (count(batch) + singles).max(1.0)
+}
+
+/// The header of the `--batch-endpoints` step table, whose lines are [`step_line`]s.
+fn step_header() {
+    let (backend, wire) = (&STEPS, &STEPS[..5]);
+    println!(
+        "{:>17} {:<48} {:<29}",
+        "", "items per backend transaction", "items per request on the wire"
+    );
+    print!("{:>8} {:>7} ", "accounts", "workers");
+    for (step, ..) in backend {
+        print!(" {step:>7}");
+    }
+    print!(" ");
+    for (step, ..) in wire {
+        let step = if *step == "admit" { "submit" } else { step };
+        print!(" {step:>7}");
+    }
+    println!();
+}
+
+/// One line of the step table: per step, the mean items per backend transaction between the
+/// scrapes `before` and `after`, then the mean items per request the executor sent in `run`.
+fn step_line(accounts_n: usize, workers: usize, before: &str, after: &str, run: &Run) -> String {
+    let mut line = format!("{accounts_n:>8} {workers:>7} ");
+    for (_, histogram, kind, ..) in &STEPS {
+        line += &format!(" {:>7.2}", mean_between(before, after, histogram, kind));
+    }
+    line += " ";
+    for (_, _, _, single, batch) in &STEPS[..5] {
+        line += &format!(" {:>7.2}", wire_items(&run.times, single, batch));
+    }
+    line
+}
+
+/// The server time per route of `run` (`n` payouts), one line per span name: count, per payout,
+/// p50 and p99.
+fn hop_table(run: &Run, n: usize) {
+    println!(
+        "{:<52} {:>7} {:>10} {:>8} {:>8}",
+        "span", "count", "per payout", "p50 ms", "p99 ms"
+    );
+    for (name, d) in &run.times {
+        let mut d = d.clone();
+        d.sort();
+        println!(
+            "{:<52} {:>7} {:>10.2} {:>8.2} {:>8.2}",
+            name,
+            d.len(),
+            d.len() as f64 / n.max(1) as f64,
+            ms(spans::quantile(&d, 0.5)),
+            ms(spans::quantile(&d, 0.99))
+        );
+    }
+}
+
 /// `--batch-endpoints`: the pg backend, every service batching its commits at its default, and
 /// the executor sending one request per payout per step (client batch 1) or each step's
 /// concurrent calls as batch requests of up to 32 items (docs/contract.md#batches), alternating
-/// in one run on one stack, at 32 and 128 workers over 100 and 1 000 accounts and on one hot
-/// account.
+/// in one run on one stack, at 1, 8, 32 and 128 workers over 100 and 1 000 accounts and at 32 on
+/// one hot account ([`row_payouts`] each). Prints the table ([`batch_row`]s); then, for the
+/// client batch 32 rows, the step table: per step the mean items per backend transaction (each
+/// service's `<prefix>_batch_size{kind}` over the row, from its `/metrics`) and the mean items
+/// per request the executor sent (from the servers' spans); then the server time per route
+/// (count, per payout, p50, p99) of the headline row, 128 workers over 1 000 accounts at client
+/// batch 32.
 async fn batch_endpoints(setup: Setup<'_>) {
     let payouts = setup.payouts;
     let (endpoints, state, bench) = setup.pg_stack().await;
     println!(
-        "batch endpoints, pg backend, {payouts} payouts per row (load average at start: {})",
+        "batch endpoints, pg backend, {payouts} payouts per row, {} at 8 workers, {} at 1 worker \
+         and on 1 account (load average at start: {})",
+        payouts / 2,
+        payouts / 4,
         load_average()
     );
     batch_header("client batch");
-    for (accounts_n, workers) in [
-        (100usize, 32usize),
-        (100, 128),
-        (1_000, 32),
-        (1_000, 128),
-        (1, 32),
-    ] {
+    let mut rows = Vec::new();
+    for accounts_n in [100usize, 1_000] {
+        for workers in [1usize, 8, 32, 128] {
+            rows.push((accounts_n, workers));
+        }
+    }
+    rows.push((1, 32));
+    let mut steps = Vec::new();
+    let mut headline = None;
+    for (accounts_n, workers) in rows {
         for client_batch in [1usize, 32] {
             let raw_now = raw_now(setup.pg);
             let prefix = format!("be{client_batch}a{accounts_n}w{workers}");
-            let n = if accounts_n == 1 {
-                payouts / 4
-            } else {
-                payouts
-            };
+            let n = row_payouts(payouts, accounts_n, workers);
+            let before = scrape(&endpoints).await;
             let run = bench.run(&endpoints, &prefix, accounts_n, n, workers, client_batch);
             let (run, mean) = with_mean_batch(&state, run).await;
+            let after = scrape(&endpoints).await;
             let label = format!("client {client_batch}");
             batch_row(&label, accounts_n, workers, &run, mean, raw_now);
+            if client_batch == 32 {
+                steps.push(step_line(accounts_n, workers, &before, &after, &run));
+                if (accounts_n, workers) == (1_000, 128) {
+                    headline = Some((n, run));
+                }
+            }
         }
     }
     println!(
-        "(mean batch: claims and posts per paydb transaction of the payment resource; raw \
-         commit/s: pgbench, 32 connections, 1 update per commit, 1 s just before the row; {})",
+        "(payouts per row: {payouts}, {} at 8 workers, {} at 1 worker and on 1 account; mean \
+         batch: claims and posts per paydb transaction of the payment resource; raw commit/s: \
+         pgbench, 32 connections, 1 update per commit, 1 s just before the row; {})",
+        payouts / 2,
+        payouts / 4,
         baseline_note(setup.baseline)
     );
+    println!("\nbatch sizes per step, client batch 32:");
+    step_header();
+    for line in steps {
+        println!("{line}");
+    }
+    println!(
+        "(backend: each service's <prefix>_batch_size{{kind}}, _sum over _count across the row, \
+         from its /metrics: lock acquire and release per lockdb transaction, claim and post per \
+         paydb transaction of the payment resource, the rail proxy's admit and record per paydb \
+         transaction (one submit runs both); wire: items the executor sent per request of the \
+         step, a lone item going to the single endpoint as a request of one, from the servers' \
+         request spans)"
+    );
+    if let Some((n, run)) = headline {
+        println!(
+            "\nserver time per route, 1 000 accounts, 128 workers, client batch 32 ({n} payouts, \
+             {} cycles; \"in a batch\": the items of batch requests, each run through its single \
+             route):",
+            run.cycles
+        );
+        hop_table(&run, n);
+    }
 }
 
 /// `--plans`: paydb's and lockdb's functions planning through their indexes without JIT
@@ -1019,6 +1239,15 @@ async fn replicas(setup: Setup<'_>) {
                 paid.len() - once.len(),
                 raw_now,
                 load_now()
+            );
+            assert_eq!(
+                paid.len(),
+                once.len(),
+                "{} transfers on the rail's statement for {} payouts: {} paid twice with {replicas} \
+                 replicas over {accounts_n} accounts at {workers} workers",
+                paid.len(),
+                once.len(),
+                paid.len() - once.len()
             );
         }
     }

@@ -1,5 +1,7 @@
 //! Span timings: every `payout cycle` span (one per payout cycle) and every server `request`
-//! span (by route), recorded from creation to close, for p50/p99 and the per-hop breakdown.
+//! span (by route; an item of a batch request under [`in_batch`] of its route, apart from the
+//! route's own requests), recorded from creation to close, for p50/p99 and the per-hop
+//! breakdown.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -16,6 +18,16 @@ pub static TIMES: Mutex<BTreeMap<String, Vec<Duration>>> = Mutex::new(BTreeMap::
 struct Started(Instant, String);
 
 pub struct Timing;
+
+/// What the route of every batch request's span starts with (docs/contract.md#batches).
+const BATCH_ROUTES: &str = "POST /v1/batches/";
+
+/// The name under which the items of batch requests that stand for requests of `route` are
+/// recorded: each item runs through the service's own routes in a `request` span of its own,
+/// inside the batch request's span.
+pub fn in_batch(route: &str) -> String {
+    format!("{route} in a batch")
+}
 
 #[derive(Default)]
 struct Name(Option<String>);
@@ -48,6 +60,13 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ti
             .collect::<Vec<_>>()
             .join("/");
         if let Some(span) = ctx.span(id) {
+            let batched = span.parent().is_some_and(|parent| {
+                parent
+                    .extensions()
+                    .get::<Started>()
+                    .is_some_and(|Started(_, parent)| parent.starts_with(BATCH_ROUTES))
+            });
+            let name = if batched { in_batch(&name) } else { name };
             span.extensions_mut().insert(Started(Instant::now(), name));
         }
     }
