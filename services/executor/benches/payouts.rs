@@ -16,7 +16,8 @@
 //! 1 000 accounts and at 32 on one hot account, then for the batch requests the mean items per
 //! backend transaction and per request on the wire of each step (acquire, release, claim, post,
 //! submit), and the server time per route (p50, p99) of the headline row (128 workers, 1 000
-//! accounts); `-- --replicas` one replica of each service against two (asserting on the rail's
+//! accounts); `-- --replicas` one replica of each service against two, with two runners racing
+//! over one batch and with the batch split between them by account (asserting on the rail's
 //! statement that no payout was paid twice).
 
 use std::sync::Arc;
@@ -1129,10 +1130,11 @@ async fn profile(setup: Setup<'_>) {
 
 /// `--replicas`: one replica of each service (the lock server, the payment resource, the rail
 /// proxy) against two, all on one lockdb and one paydb and paying through one rail stub, each
-/// replica batching on its own. With two, two executors run the same batch, each through its
-/// own replicas with half the workers (as two `dlock run` on one file would); every executor
-/// sends batch requests of up to 32 items. Each row checks the rail's statement: every payout
-/// paid, none twice.
+/// replica batching on its own. With two, two executors each go through their own replicas
+/// with half the workers, either racing over the whole batch (`race`, as two `dlock run` on one
+/// file would) or each running its half of it, the payouts of every other account (`split`, as
+/// a batch divided by account between two runners); every executor sends batch requests of up
+/// to 32 items. Each row checks the rail's statement: every payout paid, none twice.
 async fn replicas(setup: Setup<'_>) {
     let Setup { pg, payouts, .. } = setup;
     let stats = pool(pg, "paydb").await;
@@ -1167,8 +1169,13 @@ async fn replicas(setup: Setup<'_>) {
         "raw commit/s"
     );
     for (accounts_n, workers) in [(1_000usize, 128usize), (100, 32)] {
-        for replicas in [1usize, 2] {
-            let prefix = format!("rep{replicas}a{accounts_n}w{workers}");
+        for (replicas, split) in [(1usize, false), (2, false), (2, true)] {
+            let shape = match (replicas, split) {
+                (1, _) => "1".to_owned(),
+                (_, false) => format!("{replicas} race"),
+                (_, true) => format!("{replicas} split"),
+            };
+            let prefix = format!("rep{}a{accounts_n}w{workers}", shape.replace(' ', ""));
             let payment = PaymentClient::new(&sets[0].0.payment_resource, "bench")
                 .unwrap_or_else(|e| panic!("{e}"));
             accounts(&payment, &prefix, accounts_n).await;
@@ -1187,8 +1194,21 @@ async fn replicas(setup: Setup<'_>) {
             let commits_before = commits(&stats).await;
             let cpu_before = (cpu::own(), cpu::tree(pg.pid()));
             let started = Instant::now();
-            let reports = futures::future::join_all(sets.iter().take(replicas).enumerate().map(
-                |(i, (endpoints, _))| {
+            // Split: runner i takes the payouts of the accounts whose number is i modulo the
+            // replicas (`batch` gives payout j to account j modulo the accounts, an even number).
+            let part = |i: usize| -> PayoutBatch {
+                let mut part = batch.clone();
+                if split {
+                    part.spec.payouts = (batch.spec.payouts.iter().enumerate())
+                        .filter(|(j, _)| j % replicas == i)
+                        .map(|(_, item)| item.clone())
+                        .collect();
+                }
+                part
+            };
+            let parts: Vec<PayoutBatch> = (0..replicas).map(part).collect();
+            let reports = futures::future::join_all(sets.iter().zip(&parts).enumerate().map(
+                |(i, ((endpoints, _), batch))| {
                     let options = RunOptions {
                         workers: workers / replicas,
                         owner_id: format!("bench-{prefix}-{i}"),
@@ -1196,7 +1216,7 @@ async fn replicas(setup: Setup<'_>) {
                         batch_max: 32,
                         ..RunOptions::default()
                     };
-                    dlock_executor::execute(&batch, endpoints, options)
+                    dlock_executor::execute(batch, endpoints, options)
                 },
             ))
             .await;
@@ -1228,7 +1248,7 @@ async fn replicas(setup: Setup<'_>) {
                 .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
             println!(
                 "{:<9} {:>8} {:>7} {:>10.0} {:>9.2} {:>10.2} {:>9.2} {:>10.2} {:>9} {:>12.0}  {}",
-                replicas,
+                shape,
                 accounts_n,
                 workers,
                 payouts as f64 / seconds,
@@ -1243,7 +1263,7 @@ async fn replicas(setup: Setup<'_>) {
             assert_eq!(
                 paid.len(),
                 once.len(),
-                "{} transfers on the rail's statement for {} payouts: {} paid twice with {replicas} \
+                "{} transfers on the rail's statement for {} payouts: {} paid twice with {shape} \
                  replicas over {accounts_n} accounts at {workers} workers",
                 paid.len(),
                 once.len(),
@@ -1252,8 +1272,9 @@ async fn replicas(setup: Setup<'_>) {
         }
     }
     println!(
-        "(paid twice: transfers on the rail's statement beyond one per payout; mean batch: claims \
-         and posts per paydb transaction over both payment resources; {})",
+        "(race: two runners over the whole batch; split: each its half, by account; paid twice: \
+         transfers on the rail's statement beyond one per payout; mean batch: claims and posts \
+         per paydb transaction over both payment resources; {})",
         baseline_note(setup.baseline)
     );
 }
