@@ -90,6 +90,8 @@ pub struct Service {
     exe: PathBuf,
     /// The `--config` file this service is started with.
     config: PathBuf,
+    /// Environment variables its process gets beside the test's own.
+    env: Vec<(String, String)>,
     pub log: PathBuf,
     child: Option<ManagedChild>,
 }
@@ -126,6 +128,7 @@ impl Service {
             in_ns: template.in_ns,
             exe: exe.to_path_buf(),
             config: path,
+            env: template.env.clone(),
             log: dir.join("logs").join(format!("{file}.log")),
             child: None,
         })
@@ -161,7 +164,7 @@ impl Service {
             Some(ns) if self.in_ns => ns.command(&self.exe),
             _ => Command::new(&self.exe),
         };
-        let mut child = spawn_command(name, command, &args, &[], Some(&self.log))?;
+        let mut child = spawn_command(name, command, &args, &self.env, Some(&self.log))?;
         let addr = self.addr;
         // A service that exits (a port taken, a bad configuration) ends the wait at once.
         let ready = wait_until(name, Duration::from_secs(60), || {
@@ -201,6 +204,7 @@ struct Template {
     ip: IpAddr,
     in_ns: bool,
     pairs: Vec<(String, String)>,
+    env: Vec<(String, String)>,
 }
 
 /// What to start; [`Stack::builder`] makes one, [`StackBuilder::start`] starts it.
@@ -211,6 +215,7 @@ pub struct StackBuilder {
     read_timeout_ms: Option<u64>,
     operator_token: Option<String>,
     extra: Vec<(Role, String, String)>,
+    env: Vec<(Role, String, String)>,
     deferred: Vec<Role>,
     in_ns: Vec<Role>,
     netns: bool,
@@ -303,6 +308,12 @@ impl StackBuilder {
     /// One more config key for one service (after its defaults: the same key replaces them).
     pub fn set(mut self, role: Role, key: &str, value: impl Into<String>) -> Self {
         self.extra.push((role, key.to_owned(), value.into()));
+        self
+    }
+
+    /// An environment variable for the processes of `role` (the allocator's options, say).
+    pub fn env(mut self, role: Role, key: &str, value: impl Into<String>) -> Self {
+        self.env.push((role, key.to_owned(), value.into()));
         self
     }
 
@@ -455,6 +466,10 @@ impl StackBuilder {
                 ip: at(role),
                 in_ns: self.in_ns.contains(&role),
                 pairs: self.pairs(role, pairs),
+                env: (self.env.iter())
+                    .filter(|(r, ..)| *r == role)
+                    .map(|(_, key, value)| (key.clone(), value.clone()))
+                    .collect(),
             };
             let service = match self.deferred.contains(&role) {
                 true => None,
@@ -597,6 +612,7 @@ impl Stack {
             read_timeout_ms: None,
             operator_token: Some("stack-operator-token".to_owned()),
             extra: Vec::new(),
+            env: Vec::new(),
             deferred: Vec::new(),
             in_ns: Vec::new(),
             netns: false,
