@@ -50,34 +50,27 @@ impl Stub {
 
     /// The process's anonymous resident memory (heap and stacks; not the mapped binary), KiB.
     fn rss_anon_kib(&self) -> u64 {
-        let pid = self
-            .0
-            .stub()
-            .pid()
-            .unwrap_or_else(|| panic!("the stub is not running"));
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("RssAnon:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no RssAnon in /proc/{pid}/status"))
+        self.proc_kib("status", "RssAnon")
     }
 
     /// The stub's anonymous memory in transparent huge pages (AnonHugePages, KiB).
     fn anon_huge_kib(&self) -> u64 {
+        self.proc_kib("smaps_rollup", "AnonHugePages")
+    }
+
+    /// The `<field>:   N kB` line of the stub's `/proc/<pid>/<file>`, in KiB.
+    fn proc_kib(&self, file: &str, field: &str) -> u64 {
         let pid = self
             .0
             .stub()
             .pid()
             .unwrap_or_else(|| panic!("the stub is not running"));
-        let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        rollup
-            .lines()
-            .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        let path = format!("/proc/{pid}/{file}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        text.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("no {field} in {path}"))
     }
 
     fn file_bytes(&self) -> u64 {

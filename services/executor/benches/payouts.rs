@@ -199,15 +199,9 @@ async fn rail_proxy(pg: &PgServer, db: &str, rail: &str) -> String {
 /// together (`payment_batch_size`'s count and sum).
 fn batches(state: &dlock_payment_resource::AppState) -> (f64, f64) {
     let text = state.metrics.encode();
-    let sum = |name: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
     (
-        sum("payment_batch_size_count"),
-        sum("payment_batch_size_sum"),
+        sample(&text, "payment_batch_size_count", None),
+        sample(&text, "payment_batch_size_sum", None),
     )
 }
 
@@ -863,14 +857,15 @@ async fn scrape(endpoints: &Endpoints) -> String {
     text
 }
 
-/// The sum of the samples of the series `name` (`lock_batch_size_sum`, …) labelled
-/// `kind="<kind>"` in the Prometheus text `text`.
-fn sample(text: &str, name: &str, kind: &str) -> f64 {
-    let label = format!("kind=\"{kind}\"");
+/// The sum of the samples of the series `name` (`lock_batch_size_sum`, …) in the Prometheus
+/// text `text`: those labelled `kind="<kind>"`, or all of them for `None`.
+fn sample(text: &str, name: &str, kind: Option<&str>) -> f64 {
+    let label = kind.map(|kind| format!("kind=\"{kind}\""));
     text.lines()
         .filter(|l| {
-            l.split_once('{')
-                .is_some_and(|(series, labels)| series == name && labels.contains(&label))
+            l.split_once('{').is_some_and(|(series, labels)| {
+                series == name && label.as_ref().is_none_or(|label| labels.contains(label))
+            })
         })
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
@@ -881,7 +876,7 @@ fn sample(text: &str, name: &str, kind: &str) -> f64 {
 fn mean_between(before: &str, after: &str, histogram: &str, kind: &str) -> f64 {
     let delta = |suffix: &str| {
         let name = format!("{histogram}_{suffix}");
-        sample(after, &name, kind) - sample(before, &name, kind)
+        sample(after, &name, Some(kind)) - sample(before, &name, Some(kind))
     };
     delta("sum") / delta("count").max(1.0)
 }
