@@ -155,15 +155,18 @@ fn hint(error: &ClientError, url: &str) -> String {
     }
 }
 
-/// `error` as the command's failure: what the service said, then the hint.
-fn refused(what: &str, error: ClientError, url: &str) -> anyhow::Error {
-    let trace = match &error {
-        ClientError::Api { body, .. } if !body.trace_id.is_empty() => {
-            format!(" (trace {})", body.trace_id)
-        }
-        _ => String::new(),
-    };
-    anyhow::anyhow!("{what}: {error}{trace}\nhint: {}", hint(&error, url))
+/// For `map_err`: a refusal of `what` by the payment resource at `url` as the command's failure,
+/// what the service said, then the hint.
+fn refused(what: String, url: &str) -> impl FnOnce(ClientError) -> anyhow::Error + '_ {
+    move |error| {
+        let trace = match &error {
+            ClientError::Api { body, .. } if !body.trace_id.is_empty() => {
+                format!(" (trace {})", body.trace_id)
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!("{what}: {error}{trace}\nhint: {}", hint(&error, url))
+    }
 }
 
 /// `dlock accounts limits`: the account's limits as a whole (an option left out is no limit of
@@ -191,13 +194,10 @@ pub async fn set_limits(args: LimitsArgs) -> Result<()> {
             },
         )
         .await
-        .map_err(|e| {
-            refused(
-                &format!("setting the limits of account {}", args.account_id),
-                e,
-                &args.payment_resource,
-            )
-        })?;
+        .map_err(refused(
+            format!("setting the limits of account {}", args.account_id),
+            &args.payment_resource,
+        ))?;
     let shown = |v: Option<i64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
     println!(
         "account {}: max payout {}, daily outflow {} (set by {})",
@@ -224,13 +224,10 @@ pub async fn fundings_command(command: FundingsCommand) -> Result<()> {
             &ApproveFundingRequest {},
         )
         .await
-        .map_err(|e| {
-            refused(
-                &format!("approving funding {}", args.funding_id),
-                e,
-                &args.payment_resource,
-            )
-        })?;
+        .map_err(refused(
+            format!("approving funding {}", args.funding_id),
+            &args.payment_resource,
+        ))?;
     println!(
         "funding {} applied: {} to account {} (reference {}), requested by {}, approved by {}; \
          balance {}",
@@ -256,13 +253,10 @@ async fn list_fundings(args: ListFundingsArgs) -> Result<()> {
     let list = payment
         .list_fundings(Some(filter), args.limit)
         .await
-        .map_err(|e| {
-            refused(
-                &format!("listing the {} fundings", filter.as_str()),
-                e,
-                &args.payment_resource,
-            )
-        })?;
+        .map_err(refused(
+            format!("listing the {} fundings", filter.as_str()),
+            &args.payment_resource,
+        ))?;
     match args.output {
         ListOutput::Json => println!("{}", serde_json::to_string_pretty(&list)?),
         ListOutput::Table => print!("{}", fundings_table(&list, filter)),

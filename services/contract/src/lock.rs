@@ -105,8 +105,9 @@ pub struct LockGrant {
     pub fencing_proof: Option<String>,
 }
 
-/// The advisory view of one key (L7). Never a basis for a correctness decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+/// The advisory view of one key (L7). Never a basis for a correctness decision. The default is
+/// a key nobody holds or waits for, under the empty name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockInfo {
     pub key: String,

@@ -119,11 +119,8 @@ impl RevokeSteps for Fake {
             key: key.to_owned(),
             held: token.is_some(),
             owner_id: token.map(|_| "executor-7".to_owned()),
-            session_id: None,
             fencing_token: token,
-            acquired_at: None,
-            expires_at: None,
-            waiter_count: 0,
+            ..LockInfo::default()
         };
         self.answer(format!("L7 {key}"), &failure, info)
     }
