@@ -157,16 +157,17 @@ impl RevokeSteps for Fake {
             idempotency_key,
             request,
         } = call;
-        let (fence, revocation_id) = (request.floor, request.revocation_id);
-        let call =
-            format!("fence {account_id} key={idempotency_key} floor={fence} id={revocation_id}");
+        let call = format!(
+            "fence {account_id} key={idempotency_key} floor={} id={}",
+            request.floor, request.revocation_id
+        );
         // The answer as the payment resource sends it (who made it included), read as the
         // client reads it.
         let fenced: FenceResponse = serde_json::from_value(serde_json::json!({
             "accountId": account_id,
             "previousFence": 3,
-            "fence": fence,
-            "revocationId": revocation_id,
+            "fence": request.floor,
+            "revocationId": request.revocation_id,
             "operator": request.operator,
             "identity": "oncall",
         }))
