@@ -706,14 +706,25 @@ mod tests {
         ))
     }
 
+    /// The status of a new batch whose Job is in `phase` and whose payouts paydb counts per state
+    /// (`states`, every payout of the batch), naming the ambiguous ones.
+    fn counted_status(
+        phase: JobPhase,
+        states: &[(&str, i64)],
+        ambiguous: &[&str],
+    ) -> PayoutBatchStatus {
+        let items = states.iter().map(|(_, n)| *n).sum::<i64>();
+        let object = batch(usize::try_from(items).unwrap(), None);
+        batch_status(&observe(&object, phase, counted(states, ambiguous)))
+    }
+
     #[test]
     fn a_running_job_is_progressing_and_counts_what_paydb_says() {
-        let object = batch(3, None);
-        let status = batch_status(&observe(
-            &object,
+        let status = counted_status(
             JobPhase::Running { active: 2 },
-            counted(&[("POSTED", 1), ("CLAIMED", 2)], &[]),
-        ));
+            &[("POSTED", 1), ("CLAIMED", 2)],
+            &[],
+        );
         assert_eq!(of(&status, "Ready").status, "False");
         assert_eq!(of(&status, "Progressing").status, "True");
         assert_eq!(of(&status, "Progressing").reason, "Executing");
@@ -727,12 +738,7 @@ mod tests {
 
     #[test]
     fn a_finished_job_is_ready() {
-        let object = batch(2, None);
-        let status = batch_status(&observe(
-            &object,
-            JobPhase::Succeeded,
-            counted(&[("POSTED", 2)], &[]),
-        ));
+        let status = counted_status(JobPhase::Succeeded, &[("POSTED", 2)], &[]);
         assert_eq!(of(&status, "Ready").status, "True");
         assert_eq!(of(&status, "Degraded").status, "False");
         assert_eq!(status.summary.as_deref(), Some("2/2 POSTED"));
@@ -740,12 +746,11 @@ mod tests {
 
     #[test]
     fn ambiguous_payouts_degrade_the_batch_and_are_named_while_the_executor_runs_on() {
-        let object = batch(3, None);
-        let status = batch_status(&observe(
-            &object,
+        let status = counted_status(
             JobPhase::Running { active: 1 },
-            counted(&[("POSTED", 2), (AMBIGUOUS, 1)], &["p-3"]),
-        ));
+            &[("POSTED", 2), (AMBIGUOUS, 1)],
+            &["p-3"],
+        );
         assert_eq!(of(&status, "Degraded").status, "True");
         assert_eq!(of(&status, "Degraded").reason, RAIL_AMBIGUOUS);
         assert!(of(&status, "Ready").message.contains("p-3"));
@@ -758,14 +763,13 @@ mod tests {
 
     #[test]
     fn a_failed_executor_says_so_even_with_ambiguous_payouts() {
-        let object = batch(2, None);
-        let status = batch_status(&observe(
-            &object,
+        let status = counted_status(
             JobPhase::Failed {
                 message: "BackoffLimitExceeded".to_owned(),
             },
-            counted(&[(AMBIGUOUS, 1), ("PENDING", 1)], &["p-1"]),
-        ));
+            &[(AMBIGUOUS, 1), ("PENDING", 1)],
+            &["p-1"],
+        );
         assert_eq!(of(&status, "Degraded").reason, "ExecutorFailed");
         assert_eq!(of(&status, "Ready").message, "BackoffLimitExceeded");
         assert_eq!(status.ambiguous_count, Some(1));

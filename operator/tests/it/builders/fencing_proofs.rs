@@ -76,10 +76,10 @@ fn the_fencing_proof_keys_secret_is_mounted_as_a_directory_and_named_in_the_conf
 /// names its key; the stub checks no proof and mounts nothing.
 #[test]
 fn without_a_named_secret_all_three_mount_the_namespaces_generated_proof_keys() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let rail = validated_rail_proxy();
     for workload in [
-        validate::lock_server(&fixtures::lock_server(), &settings()).unwrap(),
-        validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap(),
+        validated_lock_server(),
+        validated_payment_resource(),
         rail.proxy,
     ] {
         assert_eq!(

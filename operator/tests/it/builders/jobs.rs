@@ -8,8 +8,7 @@ use super::*;
 /// cluster.
 #[test]
 fn the_payout_batch_manifest_is_the_dlock_run_format() {
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap();
+    let batch = validate_batch(&fixtures::payout_batch()).unwrap();
     let manifest = job::manifest_config_map(&batch);
     assert_snapshot("payout-batch-manifest", &manifest);
     let text = &manifest.data.as_ref().unwrap()["payoutbatch.yaml"];
@@ -35,7 +34,7 @@ fn the_payout_batch_manifest_is_the_dlock_run_format() {
 fn the_batch_size_travels_in_the_manifest() {
     let mut object = fixtures::payout_batch();
     object.spec.batch_max = Some(16);
-    let batch = validate::payout_batch(&object, &settings(), &Default::default()).unwrap();
+    let batch = validate_batch(&object).unwrap();
     let manifest = job::manifest_config_map(&batch);
     let run = dlock_executor::manifest::parse(&manifest.data.as_ref().unwrap()["payoutbatch.yaml"])
         .unwrap();
@@ -56,8 +55,7 @@ fn the_batch_size_travels_in_the_manifest() {
     assert!(!env.contains(&&json!("DLOCK_BATCH_MAX")), "{env:?}");
     for outside in [0, -1, 65] {
         object.spec.batch_max = Some(outside);
-        let error = validate::payout_batch(&object, &settings(), &Default::default()).unwrap_err();
-        assert_eq!(error.field, "spec.batchMax", "{outside}");
+        assert_eq!(refused_field(&object), "spec.batchMax", "{outside}");
     }
 }
 
@@ -65,12 +63,11 @@ fn the_batch_size_travels_in_the_manifest() {
 /// so a re-synced or re-created batch names the same Job and the same payouts.
 #[test]
 fn the_executor_job_runs_dlock_run_on_the_manifest() {
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap();
+    let batch = validate_batch(&fixtures::payout_batch()).unwrap();
     assert_snapshot("payout-batch-job", &job::executor_job(&batch));
     let mut recreated = fixtures::payout_batch();
     recreated.metadata.uid = Some("another-uid".to_owned());
-    let again = validate::payout_batch(&recreated, &settings(), &Default::default()).unwrap();
+    let again = validate_batch(&recreated).unwrap();
     assert_eq!(
         serde_json::to_value(job::executor_job(&again).spec).unwrap(),
         serde_json::to_value(job::executor_job(&batch).spec).unwrap()
@@ -165,16 +162,14 @@ fn the_executor_job_carries_its_credential_and_identity() {
         identity: Some("executor".to_owned()),
         ..Default::default()
     });
-    let error = validate::payout_batch(&object, &settings(), &Default::default()).unwrap_err();
-    assert_eq!(error.field, "spec.executor.identity");
+    assert_eq!(refused_field(&object), "spec.executor.identity");
 }
 
 #[test]
 fn a_batch_with_a_repeated_key_is_refused_before_anything_is_built() {
     let mut object = fixtures::payout_batch();
     object.spec.payouts[1].key = "emp-0001".to_owned();
-    let error = validate::payout_batch(&object, &settings(), &Default::default()).unwrap_err();
-    assert_eq!(error.field, "spec.payouts[1].key");
+    assert_eq!(refused_field(&object), "spec.payouts[1].key");
 }
 
 /// The operator checks a batch with the contract's validator, the one `dlock run -f` applies:
@@ -184,7 +179,7 @@ fn a_batch_the_executor_would_refuse_is_refused_with_every_problem_named() {
     let mut object = fixtures::payout_batch();
     object.spec.payouts[0].account_id = "acct/17".to_owned();
     object.spec.payouts[1].currency = "XXX".to_owned();
-    let error = validate::payout_batch(&object, &settings(), &Default::default()).unwrap_err();
+    let error = validate_batch(&object).unwrap_err();
     assert_eq!(error.field, "spec.payouts[0].accountId");
     assert!(
         error
@@ -198,8 +193,7 @@ fn a_batch_the_executor_would_refuse_is_refused_with_every_problem_named() {
             .contains("and 1 more: spec.payouts[1].currency: \"XXX\" is not"),
         "{error}"
     );
-    let valid = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let valid = validate_batch(&fixtures::payout_batch()).unwrap_or_else(|e| panic!("{e}"));
     let mut manifest =
         dlock_executor::manifest::parse(&valid.manifest_yaml).unwrap_or_else(|e| panic!("{e:#}"));
     manifest.spec.payouts = object.spec.payouts.clone();
@@ -281,12 +275,7 @@ fn no_job_or_cron_job_carries_a_secret_in_its_environment() {
         (
             "executor with a projected token",
             serde_json::to_value(job::executor_job(
-                &validate::payout_batch(
-                    &fixtures::payout_batch(),
-                    &settings(),
-                    &Default::default(),
-                )
-                .unwrap(),
+                &validate_batch(&fixtures::payout_batch()).unwrap(),
             ))
             .unwrap(),
         ),
@@ -344,8 +333,7 @@ fn no_job_or_cron_job_carries_a_secret_in_its_environment() {
 #[test]
 fn the_executor_runs_as_dlock_executor_and_another_service_account_only_when_the_platform_lists_it()
 {
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap();
+    let batch = validate_batch(&fixtures::payout_batch()).unwrap();
     assert_eq!(batch.credential.service_account_name, "dlock-executor");
     assert_eq!(
         batch.credential.identity,
@@ -388,7 +376,7 @@ fn the_executor_runs_as_dlock_executor_and_another_service_account_only_when_the
         service_account_name: Some("dlock-executor".to_owned()),
         ..Default::default()
     });
-    validate::payout_batch(&object, &settings(), &Default::default()).unwrap();
+    validate_batch(&object).unwrap();
 }
 
 /// A PayoutBatch mounts as its executor's credential only a Secret its PaymentResource lists in

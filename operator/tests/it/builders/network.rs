@@ -6,7 +6,7 @@ use super::*;
 /// durable high-water mark. The reconciler's pods may too, to read the statement.
 #[test]
 fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let rail = validated_rail_proxy();
     let stub = rail.stub.expect("the stub is asked for");
     assert_json(
         &network_policy::rail_network_policy(&stub, &rail.proxy.instance),
@@ -37,7 +37,6 @@ fn only_the_rail_proxy_and_the_reconciler_reach_the_rail_stub() {
 /// operator's namespace, by `kubernetes.io/metadata.name`) reach a service's port.
 #[test]
 fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
-    let workload = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
     let pods = |component: &str| {
         json!({"matchLabels": {
             "app.kubernetes.io/component": component,
@@ -45,12 +44,11 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
         }})
     };
     assert_json(
-        &network_policy::service_network_policy(&workload, "dlock-system"),
-        json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": workload_meta("PaymentResource", "payment-resource"),
-            "spec": {
+        &network_policy::service_network_policy(&validated_payment_resource(), "dlock-system"),
+        workload_object(
+            ("networking.k8s.io/v1", "NetworkPolicy"),
+            ("PaymentResource", "payment-resource"),
+            json!({"spec": {
                 "podSelector": {"matchLabels": selector("payment-resource", "payment-resource")},
                 "policyTypes": ["Ingress"],
                 "ingress": [{
@@ -66,7 +64,7 @@ fn only_executors_reconcilers_and_the_operator_reach_a_services_port() {
                     ],
                     "ports": [{"port": "http", "protocol": "TCP"}],
                 }],
-            },
-        }),
+            }}),
+        ),
     );
 }

@@ -9,11 +9,10 @@ use super::*;
 /// the spec's `imagePullSecrets`.
 #[test]
 fn every_pod_has_seccomp_resources_and_the_specs_pull_secrets() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
-    let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
-    let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap();
+    let rail = validated_rail_proxy();
+    let payment = validated_payment_resource();
+    let lock_server = validated_lock_server();
+    let batch = validate_batch(&fixtures::payout_batch()).unwrap();
     let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
     let mut pods: Vec<(String, serde_json::Value)> = Vec::new();
     for workload in [
@@ -67,10 +66,9 @@ fn every_pod_has_seccomp_resources_and_the_specs_pull_secrets() {
 /// Deployment's pods do, because its immutable selector was made with it.
 #[test]
 fn no_object_the_operator_makes_carries_argo_cds_tracking_label() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let rail = validated_rail_proxy();
     let stub = rail.stub.clone().unwrap();
-    let batch = validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-        .unwrap();
+    let batch = validate_batch(&fixtures::payout_batch()).unwrap();
     let once = validate::reconciliation(&fixtures::reconciliation(None), &settings()).unwrap();
     let objects = [
         serde_json::to_value(deployment::deployment(&rail.proxy)).unwrap(),
@@ -104,9 +102,9 @@ fn no_object_the_operator_makes_carries_argo_cds_tracking_label() {
 /// rail stub runs as it too: it checks every caller with TokenReview.
 #[test]
 fn the_services_run_as_the_namespaces_service_account_with_a_token_for_token_review() {
-    let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    let payment = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let lock_server = validated_lock_server();
+    let payment = validated_payment_resource();
+    let rail = validated_rail_proxy();
     let stub = rail.stub.as_ref().unwrap();
     for workload in [&lock_server, &payment, &rail.proxy, stub] {
         let pod = deployment::deployment(workload)

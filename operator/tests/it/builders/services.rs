@@ -7,36 +7,32 @@ use super::*;
 /// would reach another instance's pods.
 #[test]
 fn the_lock_server_service_selects_its_own_pods_on_the_http_port() {
-    let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
     assert_json(
-        &service::service(&workload),
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": workload_meta("LockServer", "lock-server"),
-            "spec": {
+        &service::service(&validated_lock_server()),
+        workload_object(
+            ("v1", "Service"),
+            ("LockServer", "lock-server"),
+            json!({"spec": {
                 "selector": selector("lock-server", "lock-server"),
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"}],
-            },
-        }),
+            }}),
+        ),
     );
 }
 
 /// At most one pod is evicted at a time, or a node drain could take every replica at once.
 #[test]
 fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
-    let workload = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
     assert_json(
-        &pdb::pdb(&workload),
-        json!({
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": workload_meta("PaymentResource", "payment-resource"),
-            "spec": {
+        &pdb::pdb(&validated_payment_resource()),
+        workload_object(
+            ("policy/v1", "PodDisruptionBudget"),
+            ("PaymentResource", "payment-resource"),
+            json!({"spec": {
                 "maxUnavailable": 1,
                 "selector": {"matchLabels": selector("payment-resource", "payment-resource")},
-            },
-        }),
+            }}),
+        ),
     );
 }
 
@@ -46,17 +42,15 @@ fn the_pod_disruption_budget_allows_one_eviction_at_a_time() {
 /// identity.
 #[test]
 fn the_lock_server_config_map_holds_the_toml_without_secrets() {
-    let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
     assert_json(
-        &config_map::config_map(&workload),
-        json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": workload_meta("LockServer", "lock-server"),
-            "data": {
+        &config_map::config_map(&validated_lock_server()),
+        workload_object(
+            ("v1", "ConfigMap"),
+            ("LockServer", "lock-server"),
+            json!({"data": {
                 "config.toml": "\"server.listen\" = \"0.0.0.0:8080\"\n\"lock.backend\" = \"pg\"\n\"auth.mode\" = \"tokenreview\"\n\"auth.tokenreview.audiences\" = [\"dlock\"]\n\"auth.operator-identities\" = [\"system:serviceaccount:dlock-system:dlock-operator\"]\n\"auth.tokenreview.service-accounts\" = [\"default/dlock-executor=executor\"]\n\"fencing.proof-keys-file\" = \"/etc/dlock/fencing-proof-keys/keys\"\n\"lock.pg.url-file\" = \"/etc/dlock/secrets/database-url/url\"\n",
-            },
-        }),
+            }}),
+        ),
     );
 }
 
@@ -160,14 +154,14 @@ fn the_etcd_tls_secret_and_password_are_mounted_and_named_by_the_lock_etcd_keys(
 /// migrates before it listens, on the migrations), the lockdb URL from its Secret.
 #[test]
 fn the_lock_server_deployment_rolls_without_losing_capacity() {
-    let workload = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
+    let workload = validated_lock_server();
     assert_snapshot("lock-server-deployment", &deployment::deployment(&workload));
 }
 
 /// The Cloud SQL Auth Proxy runs as a native sidecar, started before the service.
 #[test]
 fn the_payment_resource_deployment_has_the_cloud_sql_sidecar_and_its_secrets() {
-    let workload = validate::payment_resource(&fixtures::payment_resource(), &settings()).unwrap();
+    let workload = validated_payment_resource();
     assert_snapshot(
         "payment-resource-deployment",
         &deployment::deployment(&workload),
@@ -182,7 +176,7 @@ fn the_payment_resource_deployment_has_the_cloud_sql_sidecar_and_its_secrets() {
 /// rollout could cut a forward in flight and leave its outcome unknown.
 #[test]
 fn the_rail_proxy_deployment_outlasts_the_rail_read_timeout() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let rail = validated_rail_proxy();
     assert_eq!(rail.proxy.termination_grace_period_seconds, 5 + 8 + 10);
     assert_snapshot(
         "rail-proxy-deployment",

@@ -100,8 +100,8 @@ fn each_service_with_spec_tls_mounts_its_secret_serves_https_and_is_called_at_ht
 /// positive control of the test above).
 #[test]
 fn a_service_without_spec_tls_stays_plain_http() {
-    let lock_server = validate::lock_server(&fixtures::lock_server(), &settings()).unwrap();
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let lock_server = validated_lock_server();
+    let rail = validated_rail_proxy();
     for workload in [&lock_server, &rail.proxy, rail.stub.as_ref().unwrap()] {
         assert!(workload.url().starts_with("http://"), "{}", workload.url());
         assert!(!workload.config_toml.contains("server.tls"));
@@ -160,7 +160,7 @@ fn a_tls_secret_name_that_is_not_a_dns_label_is_refused_naming_the_field() {
 /// token for the TokenReview calls.
 #[test]
 fn the_operators_stub_takes_transfers_only_from_the_rail_proxys_projected_token() {
-    let rail = validate::rail_proxy(&fixtures::rail_proxy(), &settings()).unwrap();
+    let rail = validated_rail_proxy();
     let stub = rail.stub.clone().unwrap();
     assert_eq!(
         stub.config_toml,
@@ -281,9 +281,7 @@ fn the_jobs_trust_only_the_ca_of_the_namespaces_tls_secret() {
             ("rail-proxy".to_owned(), Some(TLS_SECRET), true),
         ],
     );
-    let mut batch =
-        validate::payout_batch(&fixtures::payout_batch(), &settings(), &Default::default())
-            .unwrap();
+    let mut batch = validate_batch(&fixtures::payout_batch()).unwrap();
     let plain = job::executor_job(&batch);
     tls.secure_batch(&mut batch);
     assert_eq!(
