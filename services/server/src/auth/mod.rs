@@ -596,19 +596,9 @@ impl Authenticator {
         }
     }
 
-    /// The verdict for one request, from its method, path and headers, as from one unknown
-    /// source address.
-    pub async fn check(
-        &self,
-        method: &Method,
-        path: &str,
-        headers: &HeaderMap,
-    ) -> Result<Caller, ApiError> {
-        self.check_from(method, path, headers, None).await
-    }
-
-    /// [`Self::check`] for a request from `peer` (the TCP peer's address), whose TokenReviews
-    /// are budgeted per source address.
+    /// The verdict for one request, from its method, path and headers, for a request from `peer`
+    /// (the TCP peer's address; `None`: one unknown source address), whose TokenReviews are
+    /// budgeted per source address.
     pub async fn check_from(
         &self,
         method: &Method,

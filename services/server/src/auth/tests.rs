@@ -26,7 +26,7 @@ fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
 
 /// A write by a caller presenting `h`.
 async fn post(auth: &Authenticator, h: &HeaderMap) -> Result<Caller, ApiError> {
-    auth.check(&Method::POST, "/v1/x", h).await
+    auth.check_from(&Method::POST, "/v1/x", h, None).await
 }
 
 /// A write that must be let in.
@@ -68,7 +68,7 @@ async fn tokens_mode_names_the_caller_and_binds_the_owner() {
             headers(&[("authorization", "Basic aaaaaaaaaaaaaaaaaaaa")]),
         ),
     ] {
-        let answer = auth.check(&Method::POST, path, &refused).await;
+        let answer = auth.check_from(&Method::POST, path, &refused, None).await;
         assert_eq!(
             answer.err().map(|e| e.code),
             Some(ErrorCode::Unauthenticated),
@@ -111,7 +111,9 @@ async fn tokens_mode_names_the_caller_and_binds_the_owner() {
         (Method::POST, "/submit", false),
     ] {
         assert_eq!(
-            auth.check(&method, path, &headers(&[])).await.is_ok(),
+            auth.check_from(&method, path, &headers(&[]), None)
+                .await
+                .is_ok(),
             open,
             "{method} {path}"
         );
@@ -165,7 +167,7 @@ async fn verdict(
     path: &str,
     token: &str,
 ) -> Option<ErrorCode> {
-    auth.check(&method, path, &bearer(token))
+    auth.check_from(&method, path, &bearer(token), None)
         .await
         .err()
         .map(|e| e.code)
@@ -293,10 +295,11 @@ async fn an_identity_needs_a_role_the_request_allows_and_one_with_none_may_only_
         );
     }
     let refusal = auth
-        .check(
+        .check_from(
             &Method::POST,
             "/v1/payouts",
             &bearer("eeeeeeeeeeeeeeeeeeee"),
+            None,
         )
         .await
         .err()
