@@ -16,14 +16,12 @@ use uuid::Uuid;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
-use dlock_server::group_commit::{GroupCommit, Observer};
+use dlock_server::group_commit::GroupCommit;
 use sqlx::PgPool;
 
 use crate::AppState;
-use crate::config::RailProxyConfig;
-use crate::metrics::{BatchKind, Metrics, SubmissionOutcome};
+use crate::metrics::SubmissionOutcome;
 use crate::record::{Caller, record_answer, recovery_required, replay, unavailable};
 use crate::store::{self, Admission, AdmitItem, StoreError};
 
@@ -34,35 +32,10 @@ pub(crate) type Admissions = GroupCommit<(PgPool, bool), AdmitItem, Admitted>;
 /// What `rail_admit` decided for one submission, or why it could not.
 type Admitted = Result<Admission, StoreError>;
 
-/// The admissions' queue, or `None` when `rail.batch.max` is 1.
-pub(crate) fn admissions(config: &RailProxyConfig, metrics: &Arc<Metrics>) -> Option<Admissions> {
-    (config.batch_max > 1).then(|| {
-        GroupCommit::new(
-            config.batch_max,
-            AdmitItem::keys,
-            admit_batch,
-            Arc::new(Observed(metrics.clone(), BatchKind::admit)),
-        )
-    })
-}
-
-/// The batches' sizes and the queue's length, as `rail_batch_size` and `rail_batch_queued`.
-pub(crate) struct Observed(pub(crate) Arc<Metrics>, pub(crate) BatchKind);
-
-impl Observer for Observed {
-    fn queued(&self, waiting: usize) {
-        self.0.queued(self.1, waiting);
-    }
-
-    fn batch(&self, size: usize) {
-        self.0.batch(self.1, size);
-    }
-}
-
 /// One admission transaction: a lone submission through `rail_admit`, as without batching; more
 /// through `rail_admit_many`, one statement and one commit. A failed statement is every item's
 /// failure: nothing of the batch was written, so nothing of it is forwarded.
-fn admit_batch(
+pub(crate) fn admit_batch(
     (pool, proven): (PgPool, bool),
     items: Vec<AdmitItem>,
 ) -> Pin<Box<dyn Future<Output = Vec<Admitted>> + Send + 'static>> {

@@ -36,7 +36,9 @@ use uuid::Uuid;
 
 pub use config::RailProxyConfig;
 pub use dlock_contract::rail::{SubmissionRequest, SubmissionResponse};
-use metrics::{Metrics, SubmissionOutcome};
+use dlock_server::group_commit::{GroupCommit, Observer, Runner};
+use metrics::{BatchKind, Metrics, SubmissionOutcome};
+use store::{AdmitItem, RecordItem};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb");
 
@@ -72,8 +74,20 @@ impl AppState {
             .build()
             .context("building the rail HTTP client")?;
         let metrics = Metrics::new();
-        let admissions = admission::admissions(&config, &metrics);
-        let records = record::records(&config, &metrics);
+        let admissions = queue(
+            &config,
+            &metrics,
+            BatchKind::admit,
+            AdmitItem::keys,
+            admission::admit_batch,
+        );
+        let records = queue(
+            &config,
+            &metrics,
+            BatchKind::record,
+            RecordItem::keys,
+            record::record_batch,
+        );
         Ok(Self {
             pool,
             config,
@@ -83,6 +97,39 @@ impl AppState {
             admissions,
             records,
         })
+    }
+}
+
+/// A group-commit queue of `kind` (docs/design.md#group-commit), `rail.batch.max` items a batch
+/// at most, or `None` when that is 1 (every request in its own transaction).
+fn queue<C, I, O>(
+    config: &RailProxyConfig,
+    metrics: &Arc<Metrics>,
+    kind: BatchKind,
+    keys: fn(&I) -> Vec<String>,
+    run: Runner<C, I, O>,
+) -> Option<GroupCommit<C, I, O>>
+where
+    C: Clone + Send + 'static,
+    I: Send + 'static,
+    O: Send + 'static,
+{
+    (config.batch_max > 1).then(|| {
+        let observed = Observed(metrics.clone(), kind);
+        GroupCommit::new(config.batch_max, keys, run, Arc::new(observed))
+    })
+}
+
+/// A queue's batch sizes and length, as `rail_batch_size` and `rail_batch_queued`.
+struct Observed(Arc<Metrics>, BatchKind);
+
+impl Observer for Observed {
+    fn queued(&self, waiting: usize) {
+        self.0.queued(self.1, waiting);
+    }
+
+    fn batch(&self, size: usize) {
+        self.0.batch(self.1, size);
     }
 }
 

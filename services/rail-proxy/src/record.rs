@@ -14,16 +14,13 @@ use uuid::Uuid;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use dlock_server::group_commit::GroupCommit;
 use sqlx::PgPool;
 
 use crate::AppState;
-use crate::admission::Observed;
-use crate::config::RailProxyConfig;
 use crate::forward::RailAnswer;
-use crate::metrics::{BatchKind, Metrics, SubmissionOutcome};
+use crate::metrics::SubmissionOutcome;
 use crate::store::{self, Attempt, RecordItem, Recorded, StoreError, StoredAnswer};
 
 /// The answer records' group commit (docs/design.md#group-commit): the answers of forwards that
@@ -33,24 +30,12 @@ pub(crate) type Records = GroupCommit<PgPool, RecordItem, RecordOutcome>;
 /// The attempt as recorded, or why it could not be.
 type RecordOutcome = Result<Recorded, StoreError>;
 
-/// The records' queue, or `None` when `rail.batch.max` is 1.
-pub(crate) fn records(config: &RailProxyConfig, metrics: &Arc<Metrics>) -> Option<Records> {
-    (config.batch_max > 1).then(|| {
-        GroupCommit::new(
-            config.batch_max,
-            RecordItem::keys,
-            record_batch,
-            Arc::new(Observed(metrics.clone(), BatchKind::record)),
-        )
-    })
-}
-
 /// One record transaction: a lone answer through `rail_record`, as without batching; more
 /// through `rail_record_many`, one statement and one commit. If that statement fails, each
 /// answer is recorded again alone: `rail_record` resolves only an unresolved attempt, so an
 /// answer that did commit is read back as it is, and a known answer is not left to be timed out
 /// as ambiguous for its neighbours' sake.
-fn record_batch(
+pub(crate) fn record_batch(
     pool: PgPool,
     items: Vec<RecordItem>,
 ) -> Pin<Box<dyn Future<Output = Vec<RecordOutcome>> + Send + 'static>> {

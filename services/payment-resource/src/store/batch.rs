@@ -142,6 +142,9 @@ struct PostManyRow {
     entries: Option<String>,
 }
 
+/// A `*_many` statement being bound, its rows read as `R`.
+type ManyQuery<'q, R> = sqlx::query::QueryAs<'q, sqlx::Postgres, R, sqlx::postgres::PgArguments>;
+
 /// The scopes' columns as arrays, in item order.
 struct Scopes {
     routes: Vec<String>,
@@ -175,18 +178,14 @@ impl Scopes {
 
     /// Binds the scopes' six arrays and the in-progress wait, the first seven parameters of a
     /// `*_many` function.
-    fn bind<'q, O>(
-        &'q self,
-        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-        wait_ms: i32,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    fn bind<'q, O>(self, query: ManyQuery<'q, O>, wait_ms: i32) -> ManyQuery<'q, O> {
         query
-            .bind(&self.routes)
-            .bind(&self.keys)
-            .bind(&self.tokens)
-            .bind(&self.owners)
-            .bind(&self.hashes)
-            .bind(&self.retention)
+            .bind(self.routes)
+            .bind(self.keys)
+            .bind(self.tokens)
+            .bind(self.owners)
+            .bind(self.hashes)
+            .bind(self.retention)
             .bind(wait_ms)
     }
 }
@@ -205,6 +204,26 @@ fn in_order<T>(
 }
 
 impl PayStore {
+    /// Runs a batch's `*_many` statement `sql` in a transaction of its own, left open for
+    /// [`PayStore::finish_many`]: its first seven parameters are the items' `scopes` and the
+    /// in-progress wait ([`Scopes::bind`]), `columns` binds the items' own after them. The
+    /// statement's rows; an error here is the whole batch's: nothing was written.
+    async fn fetch_many<'q, R>(
+        &self,
+        sql: &'static str,
+        scopes: impl Iterator<Item = &'q Scope>,
+        wait_ms: i32,
+        columns: impl FnOnce(ManyQuery<'q, R>) -> ManyQuery<'q, R>,
+    ) -> StoreResult<(Tx, Vec<R>)>
+    where
+        R: Send + Unpin + for<'r> FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        let query = columns(Scopes::of(scopes).bind(sqlx::query_as(sql), wait_ms));
+        let mut tx = self.begin_tx().await?;
+        let rows = query.fetch_all(&mut *tx).await.map_err(map_sqlx)?;
+        Ok((tx, rows))
+    }
+
     /// The claims of a batch in one transaction and one call (`pay_claim_many`): each item's
     /// verdict, in item order, with the transaction still open for [`PayStore::finish_many`].
     /// An error here is the whole batch's: nothing was written.
@@ -215,23 +234,21 @@ impl PayStore {
         max_attempts: i32,
         proven: bool,
     ) -> StoreResult<(Tx, Vec<Item<ClaimOutcome>>)> {
-        let mut tx = self.begin_tx().await?;
-        let s = Scopes::of(items.iter().map(|i| i.scope));
         let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let expected: Vec<&str> = items.iter().map(|i| i.expected_state.as_str()).collect();
         let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
             attempt_count, claim_token, account_id, available_minor, amount_minor, \
             error_state, error_message \
             FROM pay_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-        let rows: Vec<ClaimManyRow> = s
-            .bind(sqlx::query_as(sql), wait_ms)
-            .bind(&payouts)
-            .bind(&expected)
-            .bind(max_attempts)
-            .bind(proven)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+        let (tx, rows) = self
+            .fetch_many::<ClaimManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
+                query
+                    .bind(&payouts)
+                    .bind(&expected)
+                    .bind(max_attempts)
+                    .bind(proven)
+            })
+            .await?;
         let verdicts = rows
             .into_iter()
             .map(|r| r.head.verdict(|| r.claim.into_outcome("pay_claim_many")));
@@ -246,23 +263,21 @@ impl PayStore {
         wait_ms: i32,
         proven: bool,
     ) -> StoreResult<(Tx, Vec<Item<(PostOutcome, Vec<LedgerEntry>)>>)> {
-        let mut tx = self.begin_tx().await?;
-        let s = Scopes::of(items.iter().map(|i| i.scope));
         let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let references: Vec<&str> = items.iter().map(|i| i.rail_reference).collect();
         let submissions: Vec<Uuid> = items.iter().map(|i| i.submission_id).collect();
         let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
             account_id, balance_minor, entries, error_state, error_message \
             FROM pay_post_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-        let rows: Vec<PostManyRow> = s
-            .bind(sqlx::query_as(sql), wait_ms)
-            .bind(&payouts)
-            .bind(&references)
-            .bind(&submissions)
-            .bind(proven)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+        let (tx, rows) = self
+            .fetch_many::<PostManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
+                query
+                    .bind(&payouts)
+                    .bind(&references)
+                    .bind(&submissions)
+                    .bind(proven)
+            })
+            .await?;
         let verdicts = rows.into_iter().map(|r| {
             r.head
                 .verdict(|| posted(r.post, r.entries.as_deref(), "pay_post_many"))
@@ -278,8 +293,6 @@ impl PayStore {
         items: &[CreateItem<'_>],
         wait_ms: i32,
     ) -> StoreResult<(Tx, Vec<Item<(CreatePayoutOutcome, Option<Payout>)>>)> {
-        let mut tx = self.begin_tx().await?;
-        let s = Scopes::of(items.iter().map(|i| i.scope));
         let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let accounts: Vec<&str> = items.iter().map(|i| i.account_id).collect();
         let amounts: Vec<i64> = items.iter().map(|i| i.amount_minor).collect();
@@ -288,16 +301,16 @@ impl PayStore {
         let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, \
             error_state, error_message \
             FROM pay_create_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
-        let rows: Vec<CreateManyRow> = s
-            .bind(sqlx::query_as(sql), wait_ms)
-            .bind(&payouts)
-            .bind(&accounts)
-            .bind(&amounts)
-            .bind(&currencies)
-            .bind(&beneficiaries)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
+        let (mut tx, rows) = self
+            .fetch_many::<CreateManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
+                query
+                    .bind(&payouts)
+                    .bind(&accounts)
+                    .bind(&amounts)
+                    .bind(&currencies)
+                    .bind(&beneficiaries)
+            })
+            .await?;
         let read = Self::payouts(&mut tx, &payouts).await?;
         let verdicts = rows.into_iter().map(|r| {
             let payout_id = usize::try_from(r.head.item - 1)

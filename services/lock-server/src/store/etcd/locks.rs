@@ -121,11 +121,7 @@ impl EtcdStore {
                     then.push(TxnOp::delete(mine.as_str(), None));
                 }
             }
-            let response = self
-                .client()
-                .txn(Txn::new().when(when).and_then(then))
-                .await
-                .map_err(map_etcd_sent)?;
+            let response = self.write(Txn::new().when(when).and_then(then)).await?;
             if response.succeeded() {
                 let token = response.header().map(|h| h.revision()).unwrap_or_default();
                 if token <= 0 {
@@ -232,7 +228,7 @@ impl EtcdStore {
                     Some(PutOptions::new().with_lease(lease)),
                 ),
             ]);
-        let response = self.client().txn(txn).await.map_err(map_etcd_sent)?;
+        let response = self.write(txn).await?;
         if !response.succeeded() {
             self.drop_lease(lease);
             return Err(StoreError::LockLost {
@@ -256,7 +252,7 @@ impl EtcdStore {
         };
         let same_grant = Compare::create_revision(self.k_lock(key), CompareOp::Equal, token);
         let txn = self.end_grant(key, holder.value.session_id, same_grant, None);
-        let response = self.client().txn(txn).await.map_err(map_etcd_sent)?;
+        let response = self.write(txn).await?;
         if response.succeeded() {
             self.drop_lease(holder.value.lease);
         }

@@ -35,7 +35,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use dlock_contract::lock::{Heartbeat, HeldLocks, LockGrant, LockInfo, Revocation, Session};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
+    TxnOp, TxnOpResponse, TxnResponse,
 };
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -196,7 +196,7 @@ fn lease_seconds(ttl_ms: i64) -> i64 {
     (ttl_ms + 999) / 1000
 }
 
-fn gets(response: etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
+fn gets(response: TxnResponse) -> Vec<Vec<KeyValue>> {
     response
         .op_responses()
         .into_iter()
@@ -274,6 +274,12 @@ impl EtcdStore {
 
     fn client(&self) -> Client {
         self.client.client()
+    }
+
+    /// A transaction that writes: a failure after it may have reached etcd is OUTCOME_UNKNOWN
+    /// ([`map_etcd_sent`]).
+    async fn write(&self, txn: Txn) -> StoreResult<TxnResponse> {
+        self.client().txn(txn).await.map_err(map_etcd_sent)
     }
 
     /// Several reads in one round trip, at one revision.

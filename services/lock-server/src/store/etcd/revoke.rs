@@ -32,7 +32,7 @@ impl EtcdStore {
                     None,
                 )),
             );
-            let response = self.client().txn(txn).await.map_err(map_etcd_sent)?;
+            let response = self.write(txn).await?;
             if !response.succeeded() {
                 continue;
             }

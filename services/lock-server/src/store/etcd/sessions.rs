@@ -43,7 +43,7 @@ impl EtcdStore {
                 Some(PutOptions::new().with_lease(tombstone_lease)),
             ),
         ]);
-        self.client().txn(txn).await.map_err(map_etcd_sent)?;
+        self.write(txn).await?;
         Ok(Session {
             session_id,
             owner_id: owner_id.to_owned(),
@@ -171,11 +171,7 @@ impl EtcdStore {
                 ));
                 then.push(TxnOp::delete(lock.as_str(), None));
             }
-            let response = self
-                .client()
-                .txn(Txn::new().when(when).and_then(then))
-                .await
-                .map_err(map_etcd_sent)?;
+            let response = self.write(Txn::new().when(when).and_then(then)).await?;
             if !response.succeeded() {
                 // The session or one of its grants changed since it was read: read again.
                 continue;
