@@ -105,8 +105,7 @@ pub struct LockGrant {
     pub fencing_proof: Option<String>,
 }
 
-/// The advisory view of one key (L7). Never a basis for a correctness decision. The default is
-/// a key nobody holds or waits for, under the empty name.
+/// The advisory view of one key (L7). Never a basis for a correctness decision.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockInfo {
