@@ -12,7 +12,7 @@ use std::time::Duration;
 use dlock_devstack::{free_port, http_status, spawn_logged, wait_until};
 use reqwest::Method;
 
-use crate::harness::{ServiceDbs, raw, serve_args};
+use crate::harness::{ServiceDbs, raw, serve_args, stopped_at_start};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 
@@ -52,12 +52,7 @@ fn assert_refused(
     words: &[&str],
 ) {
     let (mut child, listen) = start(name, pairs, env, log);
-    let status = child.wait_exit(Duration::from_secs(20));
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "{name} with {env:?} must stop at start, got {status:?}:\n{text}"
-    );
+    let text = stopped_at_start(&mut child, &format!("{name} with {env:?}"), log);
     assert_eq!(
         http_status(listen, "/healthz"),
         None,

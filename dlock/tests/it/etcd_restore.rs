@@ -17,7 +17,8 @@ use dlock_devstack::{ManagedChild, PgServer};
 use uuid::Uuid;
 
 use crate::harness::{
-    Backend, LockStack, client, eventually, port, serve_args, serve_process, session,
+    Backend, LockStack, client, eventually, hold_and_release, port, serve_args, serve_process,
+    session,
 };
 
 /// What `guarded` answers when etcd's revision is below the tokens it already answered.
@@ -438,27 +439,13 @@ async fn replicas_sharing_the_high_water_grant_concurrently_without_refusals() {
             let mut tokens = Vec::new();
             for i in 0..40 {
                 let key = format!("concurrent:{c}-{}", i % 4);
-                let grant = who
-                    .acquire(&key, session, Some(30_000), None)
-                    .await
-                    .unwrap_or_else(|e| panic!("{} acquires {key}: {e}", who.owner_id()));
-                tokens.push(grant.fencing_token);
-                who.release(&key, session, grant.fencing_token)
-                    .await
-                    .unwrap_or_else(|e| panic!("{} releases {key}: {e}", who.owner_id()));
+                tokens.push(hold_and_release(&who, &key, session, 30_000, None).await);
             }
             // Then two keys all eight share, through the waiter queue: a waiter's place goes
             // only once its token passed the high-water.
             for _ in 0..10 {
                 let key = format!("concurrent:shared-{}", c % 2);
-                let grant = who
-                    .acquire(&key, session, Some(30_000), Some(20_000))
-                    .await
-                    .unwrap_or_else(|e| panic!("{} waits for {key}: {e}", who.owner_id()));
-                tokens.push(grant.fencing_token);
-                who.release(&key, session, grant.fencing_token)
-                    .await
-                    .unwrap_or_else(|e| panic!("{} releases {key}: {e}", who.owner_id()));
+                tokens.push(hold_and_release(&who, &key, session, 30_000, Some(20_000)).await);
             }
             tokens
         }));

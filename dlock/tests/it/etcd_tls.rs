@@ -13,7 +13,7 @@ use dlock_devstack::etcd_cluster::{EtcdCluster, EtcdTls};
 use dlock_devstack::{ManagedChild, free_port, http_status, spawn_logged, wait_until};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, Permission, TlsOptions};
 
-use crate::harness::{hold, party, release};
+use crate::harness::{hold, party, release, stopped_at_start};
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const PREFIX: &str = "/dlock-prod";
@@ -203,12 +203,7 @@ pub(crate) fn refused_process(
     let args = args(name, port, pairs, log);
     let mut child = spawn_logged(name, Path::new(EXE), &args, &[], Some(log))
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let status = child.wait_exit(Duration::from_secs(20));
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "{name} must stop at start, got {status:?}:\n{text}"
-    );
+    let text = stopped_at_start(&mut child, name, log);
     assert!(
         !text.contains("etcd_unreachable"),
         "a refusal is not retried as if etcd were unreachable:\n{text}"

@@ -86,27 +86,24 @@ async fn a_payout_registered_afresh_is_claimed_without_a_read_and_a_replayed_one
         ..RunOptions::default()
     };
 
-    // First run: every payout is registered afresh and settles in its first cycle (one worker
-    // per account, nobody else moves them), and its post answers POSTED, which the final report
-    // keeps. So the run reads none of them.
-    let (first, reads) = run_counting_reads(&stack, &batch, &options).await;
-    assert_eq!(first.states.get("POSTED"), Some(&6), "{first:?}");
-    assert_eq!(first.cycles, 6, "one cycle per payout: {first:?}");
-    assert_eq!(
-        reads, 0.0,
-        "payouts registered afresh are claimed without a read"
-    );
-
-    // Second run of the same file (the positive control): every registration is a replay,
-    // which says what the payout was, not what it is, so each cycle reads the payout first and
-    // finds it POSTED. The count above would have seen these reads.
-    let (second, reads) = run_counting_reads(&stack, &batch, &options).await;
-    assert_eq!(second.states.get("POSTED"), Some(&6), "{second:?}");
-    assert_eq!(second.cycles, 6, "{second:?}");
-    assert_eq!(
-        reads, 6.0,
-        "a replayed registration is read before its cycle does anything"
-    );
+    for (reads_expected, why) in [
+        // First run: every payout is registered afresh and settles in its first cycle (one
+        // worker per account, nobody else moves them), and its post answers POSTED, which the
+        // final report keeps. So the run reads none of them.
+        (0.0, "payouts registered afresh are claimed without a read"),
+        // Second run of the same file (the positive control): every registration is a replay,
+        // which says what the payout was, not what it is, so each cycle reads the payout first
+        // and finds it POSTED. The count of the first run would have seen these reads.
+        (
+            6.0,
+            "a replayed registration is read before its cycle does anything",
+        ),
+    ] {
+        let (report, reads) = run_counting_reads(&stack, &batch, &options).await;
+        assert_eq!(report.states.get("POSTED"), Some(&6), "{report:?}");
+        assert_eq!(report.cycles, 6, "one cycle per payout: {report:?}");
+        assert_eq!(reads, reads_expected, "{why}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

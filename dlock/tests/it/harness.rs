@@ -219,6 +219,18 @@ pub fn serve_process_of(
     child
 }
 
+/// Waits up to 20 s for `child`, a service that must refuse its configuration (`what`), to stop
+/// at start with a failure; its log (`log`).
+pub fn stopped_at_start(child: &mut ManagedChild, what: &str, log: &std::path::Path) -> String {
+    let status = child.wait_exit(Duration::from_secs(20));
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "{what} must stop at start, got {status:?}:\n{text}"
+    );
+    text
+}
+
 pub fn client(url: &str, owner: &str) -> LockClient {
     LockClient::new(url, owner).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -230,6 +242,21 @@ pub async fn session(client: &LockClient, ttl_ms: i64) -> uuid::Uuid {
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", client.owner_id()))
         .session_id
+}
+
+/// `session`, or else a new session of `client`'s of `ttl_ms`, kept in `session`: its id, or why
+/// the new one was not created.
+pub async fn session_kept(
+    client: &LockClient,
+    session: &mut Option<uuid::Uuid>,
+    ttl_ms: i64,
+) -> Result<uuid::Uuid, dlock_contract::client::ClientError> {
+    if let Some(id) = *session {
+        return Ok(id);
+    }
+    let id = client.create_session(Some(ttl_ms)).await?.session_id;
+    *session = Some(id);
+    Ok(id)
 }
 
 /// A client named `owner` on `url`, with a session of `ttl_ms`.
@@ -258,6 +285,35 @@ pub async fn release(client: &LockClient, key: &str, session: uuid::Uuid, token:
         .release(key, session, token)
         .await
         .unwrap_or_else(|e| panic!("{} releases {key}: {e}", client.owner_id()));
+}
+
+/// `key` granted to `client` on `session` for `ttl_ms` (waiting up to `wait_ms` for it, when
+/// given) and released at once: the grant's token.
+pub async fn hold_and_release(
+    client: &LockClient,
+    key: &str,
+    session: uuid::Uuid,
+    ttl_ms: i64,
+    wait_ms: Option<i64>,
+) -> i64 {
+    let token = client
+        .acquire(key, session, Some(ttl_ms), wait_ms)
+        .await
+        .unwrap_or_else(|e| panic!("{} holds {key}: {e}", client.owner_id()))
+        .fencing_token;
+    release(client, key, session, token).await;
+    token
+}
+
+/// Everything the etcd at `endpoint` holds under `prefix`.
+pub async fn etcd_under(endpoint: &str, prefix: &str) -> etcd_client::GetResponse {
+    let mut etcd = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap_or_else(|e| panic!("etcd: {e}"));
+    let options = etcd_client::GetOptions::new().with_prefix();
+    etcd.get(prefix, Some(options))
+        .await
+        .unwrap_or_else(|e| panic!("etcd {prefix}: {e}"))
 }
 
 /// Waits until the service on loopback `port` answers `/readyz` with 200; `what` names it.

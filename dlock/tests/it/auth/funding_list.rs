@@ -109,12 +109,14 @@ async fn dlock_fundings_list_shows_a_waiting_funding_to_the_second_treasury_iden
             );
         }
     }
-    forbidden_with_hint(
-        &["fundings", "list"],
-        (&payment, "executor", &executor),
-        "this credential's identity has no treasury role",
-        "the executor may not list fundings",
-    );
+    stack
+        .forbidden_with_hint(
+            &["fundings", "list"],
+            ("executor", &executor),
+            "this credential's identity has no treasury role",
+            "the executor may not list fundings",
+        )
+        .await;
     assert_eq!(
         before,
         stack.snapshot().await,

@@ -225,15 +225,38 @@ impl DevStack {
             }
             pool.close().await;
         }
-        let (_, _, statement) = raw(
-            Method::GET,
-            &format!("{}/statement", self.url("railStub")),
-            &[],
-            None,
-        )
-        .await;
-        out.push(("rail statement".into(), statement.to_string()));
+        out.push((
+            "rail statement".into(),
+            self.rail_statement().await.to_string(),
+        ));
         out
+    }
+
+    /// The rail stub's statement.
+    pub(crate) async fn rail_statement(&self) -> Value {
+        let url = format!("{}/statement", self.url("railStub"));
+        raw(Method::GET, &url, &[], None).await.2
+    }
+
+    /// `dlock ARGS` against the payment resource as `identity` (its token in `file`) fails
+    /// (`what`): 403 FORBIDDEN, with `hint`, and changes nothing.
+    async fn forbidden_with_hint(
+        &self,
+        args: &[&str],
+        (identity, file): (&str, &str),
+        hint: &str,
+        what: &str,
+    ) {
+        let before = self.snapshot().await;
+        let (ok, _, said) = dlock_as(args, &self.url("paymentResource"), identity, file);
+        assert!(!ok, "{what}: {said}");
+        assert!(said.contains("403 FORBIDDEN"), "{said}");
+        assert!(said.contains(&format!("hint: {hint}")), "{said}");
+        assert_eq!(
+            before,
+            self.snapshot().await,
+            "{what}: the refusal changed nothing"
+        );
     }
 }
 
@@ -285,18 +308,13 @@ fn approved_by_second(id: &str, payment: &str, file: &str, what: &str) -> String
     out
 }
 
-/// `dlock ARGS` against `payment` as `identity` (its token in `file`) fails (`what`): 403
-/// FORBIDDEN, with `hint`.
-fn forbidden_with_hint(
-    args: &[&str],
-    (payment, identity, file): (&str, &str, &str),
-    hint: &str,
-    what: &str,
-) {
-    let (ok, _, said) = dlock_as(args, payment, identity, file);
-    assert!(!ok, "{what}: {said}");
-    assert!(said.contains("403 FORBIDDEN"), "{said}");
-    assert!(said.contains(&format!("hint: {hint}")), "{said}");
+/// The large funding `reference` (5 000 000 on an account of 100 000) applied once: the balance
+/// `balance` reads, and one balanced pair in the ledger.
+async fn assert_applied_once(pool: &sqlx::PgPool, balance: &str, reference: &str) {
+    assert_eq!(scalar(pool, balance).await, 5_100_000, "applied once");
+    let entries =
+        format!("SELECT count(*) FROM ledger_entries WHERE reference = 'fund:{reference}'");
+    assert_eq!(scalar(pool, &entries).await, 2, "one balanced pair");
 }
 
 /// `dlock ARGS` against `payment` as `identity`, its token read from `file`.

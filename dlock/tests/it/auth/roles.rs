@@ -462,16 +462,7 @@ async fn a_large_funding_waits_for_a_second_treasury_identity_and_self_approval_
     )
     .await;
     assert_refused("a second approval", &answer, 422, "IDEMPOTENCY_CONFLICT");
-    assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied once");
-    assert_eq!(
-        scalar(
-            &pool,
-            "SELECT count(*) FROM ledger_entries WHERE reference = 'fund:large-1'"
-        )
-        .await,
-        2,
-        "one balanced pair"
-    );
+    assert_applied_once(&pool, balance, "large-1").await;
     // paydb itself keeps the approver apart from the requester, whatever writes the row.
     let direct = sqlx::query(
         "INSERT INTO pending_fundings (funding_id, account_id, amount_minor, reference, \

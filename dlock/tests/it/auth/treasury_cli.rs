@@ -31,18 +31,14 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
     let id = pending.funding_id.to_string();
 
     // The identity that asked: refused with the service's envelope message and a hint.
-    let before = stack.snapshot().await;
-    forbidden_with_hint(
-        &["fundings", "approve", &id],
-        (&payment, "treasury", &first),
-        "treasury asked for this funding and may not approve it too",
-        "self-approval must fail",
-    );
-    assert_eq!(
-        before,
-        stack.snapshot().await,
-        "the refusal changed nothing"
-    );
+    stack
+        .forbidden_with_hint(
+            &["fundings", "approve", &id],
+            ("treasury", &first),
+            "treasury asked for this funding and may not approve it too",
+            "self-approval must fail",
+        )
+        .await;
     assert_eq!(scalar(&pool, balance).await, 100_000);
 
     // A second treasury identity applies it.
@@ -55,16 +51,7 @@ async fn dlock_fundings_approve_applies_a_waiting_funding_only_as_a_second_treas
     // The same command again answers the same approval and applies nothing more.
     let out = approved_by_second(&id, &payment, &second, "the same approval again");
     assert!(out.contains("balance 5100000"), "{out}");
-    assert_eq!(scalar(&pool, balance).await, 5_100_000, "applied once");
-    assert_eq!(
-        scalar(
-            &pool,
-            "SELECT count(*) FROM ledger_entries WHERE reference = 'fund:large-cli'"
-        )
-        .await,
-        2,
-        "one balanced pair"
-    );
+    assert_applied_once(&pool, balance, "large-cli").await;
 }
 
 /// `dlock accounts limits` as the treasury sets the limits paydb enforces: a payout above the
@@ -140,18 +127,14 @@ async fn limits_set_by_dlock_accounts_limits_refuse_a_payout_over_them() {
         .unwrap_or_else(|e| panic!("at the limit: {e}"));
 
     // The executor's credential is no treasury's: refused, with a hint, and the limits stay.
-    let before = stack.snapshot().await;
-    forbidden_with_hint(
-        &["accounts", "limits", "acct-lim"],
-        (&payment, "executor", &executor),
-        "this credential's identity has no treasury role",
-        "the executor may not set limits",
-    );
-    assert_eq!(
-        before,
-        stack.snapshot().await,
-        "the refusal changed nothing"
-    );
+    stack
+        .forbidden_with_hint(
+            &["accounts", "limits", "acct-lim"],
+            ("executor", &executor),
+            "this credential's identity has no treasury role",
+            "the executor may not set limits",
+        )
+        .await;
     let still = payout(600);
     let refused = PaymentClient::new(&payment, "registrar/again")
         .unwrap_or_else(|e| panic!("{e}"))

@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use dlock_contract::auth::Credential;
 use dlock_contract::client::LockClient;
-use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::claim_item;
 use crate::auth::{DevStack, run_logged};
-use crate::harness::{hold, loopback, post_json, raw, serve_in_task, session};
+use crate::harness::{hold, loopback, post_json, serve_in_task, session};
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest, register_payout};
 
@@ -266,13 +265,7 @@ async fn dlock_run_pays_a_batch_through_the_batch_endpoints() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(payouts.len(), 40, "{output}");
-    let (_, _, statement) = raw(
-        Method::GET,
-        &format!("{}/statement", stack.url("railStub")),
-        &[],
-        None,
-    )
-    .await;
+    let statement = stack.rail_statement().await;
     let transfers = statement["transfers"]
         .as_array()
         .unwrap_or_else(|| panic!("no transfers: {statement}"));

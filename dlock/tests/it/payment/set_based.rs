@@ -19,10 +19,13 @@ mod registrations;
 const HASH: [u8; 32] = [1; 32];
 const OTHER_HASH: [u8; 32] = [2; 32];
 
-/// paydb refuses `sql` (run by psql, so a multi-statement transaction is one call).
-fn refused(stack: &PayStack, what: &str, sql: &str) {
-    let result = stack.pg().psql("paydb", sql);
-    assert!(result.is_err(), "{what}: paydb accepted `{sql}`");
+/// paydb refuses each `(what, sql)` of `cases` (run by psql, so a multi-statement transaction is
+/// one call).
+fn refused(stack: &PayStack, cases: &[(&str, &str)]) {
+    for (what, sql) in cases {
+        let result = stack.pg().psql("paydb", sql);
+        assert!(result.is_err(), "{what}: paydb accepted `{sql}`");
+    }
 }
 
 /// What the tables hold, without ids and times that differ from run to run: the accounts, the
@@ -433,13 +436,16 @@ async fn a_lowered_fence_is_refused_in_a_statement_of_many_rows_and_of_one() {
     stack.psql("UPDATE accounts SET fence = 10 WHERE account_id LIKE 'lf-%'");
     refused(
         &stack,
-        "a batch-shaped statement lowering one fence of three",
-        "UPDATE accounts a SET fence = u.fence FROM unnest(ARRAY['lf-a', 'lf-b', 'lf-c'], ARRAY[11, 9, 12]) AS u(account_id, fence) WHERE a.account_id = u.account_id",
-    );
-    refused(
-        &stack,
-        "a single lowering",
-        "UPDATE accounts SET fence = 9 WHERE account_id = 'lf-b'",
+        &[
+            (
+                "a batch-shaped statement lowering one fence of three",
+                "UPDATE accounts a SET fence = u.fence FROM unnest(ARRAY['lf-a', 'lf-b', 'lf-c'], ARRAY[11, 9, 12]) AS u(account_id, fence) WHERE a.account_id = u.account_id",
+            ),
+            (
+                "a single lowering",
+                "UPDATE accounts SET fence = 9 WHERE account_id = 'lf-b'",
+            ),
+        ],
     );
     assert_eq!(fences(), "10,10,10", "nothing changed");
     // Positive controls: the same statement raising all three, and a lowering recorded as a
@@ -483,37 +489,38 @@ async fn an_illegal_transition_is_refused_in_a_statement_of_many_rows_and_of_one
     };
     refused(
         &stack,
-        "a batch-shaped claim with one payout skipping to SUBMITTING",
-        &batch(
-            ["CLAIMED", "SUBMITTING", "CLAIMED"],
-            [1, 0, 1],
-            ["5", "8", "6"],
-        ),
-    );
-    refused(
-        &stack,
-        "a batch-shaped claim with one claim not counting its attempt",
-        &batch(
-            ["CLAIMED", "CLAIMED", "CLAIMED"],
-            [1, 0, 1],
-            ["5", "7", "6"],
-        ),
-    );
-    refused(
-        &stack,
-        "a single payout skipping to POSTED",
-        &format!(
-            "UPDATE payouts SET state = 'POSTED', rail_reference = 'x' WHERE payout_id = '{}'",
-            p[1]
-        ),
-    );
-    refused(
-        &stack,
-        "a batch-shaped statement changing one amount",
-        &format!(
-            "UPDATE payouts SET amount_minor = CASE WHEN payout_id = '{}' THEN 1 ELSE amount_minor END WHERE account_id LIKE 'it-%'",
-            p[2]
-        ),
+        &[
+            (
+                "a batch-shaped claim with one payout skipping to SUBMITTING",
+                &batch(
+                    ["CLAIMED", "SUBMITTING", "CLAIMED"],
+                    [1, 0, 1],
+                    ["5", "8", "6"],
+                ),
+            ),
+            (
+                "a batch-shaped claim with one claim not counting its attempt",
+                &batch(
+                    ["CLAIMED", "CLAIMED", "CLAIMED"],
+                    [1, 0, 1],
+                    ["5", "7", "6"],
+                ),
+            ),
+            (
+                "a single payout skipping to POSTED",
+                &format!(
+                    "UPDATE payouts SET state = 'POSTED', rail_reference = 'x' WHERE payout_id = '{}'",
+                    p[1]
+                ),
+            ),
+            (
+                "a batch-shaped statement changing one amount",
+                &format!(
+                    "UPDATE payouts SET amount_minor = CASE WHEN payout_id = '{}' THEN 1 ELSE amount_minor END WHERE account_id LIKE 'it-%'",
+                    p[2]
+                ),
+            ),
+        ],
     );
     assert_eq!(
         states(),
@@ -529,12 +536,14 @@ async fn an_illegal_transition_is_refused_in_a_statement_of_many_rows_and_of_one
     assert_eq!(states(), "CLAIMED:1:5,CLAIMED:1:7,CLAIMED:1:6");
     refused(
         &stack,
-        "a batch-shaped re-claim with one token older than its payout's claim",
-        &batch(
-            ["CLAIMED", "CLAIMED", "CLAIMED"],
-            [2, 2, 2],
-            ["8", "6", "9"],
-        ),
+        &[(
+            "a batch-shaped re-claim with one token older than its payout's claim",
+            &batch(
+                ["CLAIMED", "CLAIMED", "CLAIMED"],
+                [2, 2, 2],
+                ["8", "6", "9"],
+            ),
+        )],
     );
     assert_eq!(
         states(),
@@ -564,28 +573,30 @@ async fn an_unbalanced_posting_is_refused_in_a_statement_of_many_rows_and_of_one
     let insert = "INSERT INTO ledger_entries (entry_id, account_id, currency, direction, amount_minor, fence, kind, reference) VALUES ";
     refused(
         &stack,
-        "two postings in one statement, the second unbalanced",
-        &format!(
-            "{insert}{}, {}, {}, {}",
-            entry("ub-a", "CREDIT", 5, "fund:ub-1"),
-            entry("funding-EUR", "DEBIT", 5, "fund:ub-1"),
-            entry("ub-b", "CREDIT", 5, "fund:ub-2"),
-            entry("funding-EUR", "DEBIT", 4, "fund:ub-2"),
-        ),
-    );
-    refused(
-        &stack,
-        "a lone entry",
-        &format!("{insert}{}", entry("ub-c", "CREDIT", 5, "fund:ub-3")),
-    );
-    refused(
-        &stack,
-        "a posting split over two statements that does not balance at commit",
-        &format!(
-            "BEGIN; {insert}{}; {insert}{}; COMMIT;",
-            entry("ub-c", "CREDIT", 5, "fund:ub-4"),
-            entry("funding-EUR", "DEBIT", 6, "fund:ub-4"),
-        ),
+        &[
+            (
+                "two postings in one statement, the second unbalanced",
+                &format!(
+                    "{insert}{}, {}, {}, {}",
+                    entry("ub-a", "CREDIT", 5, "fund:ub-1"),
+                    entry("funding-EUR", "DEBIT", 5, "fund:ub-1"),
+                    entry("ub-b", "CREDIT", 5, "fund:ub-2"),
+                    entry("funding-EUR", "DEBIT", 4, "fund:ub-2"),
+                ),
+            ),
+            (
+                "a lone entry",
+                &format!("{insert}{}", entry("ub-c", "CREDIT", 5, "fund:ub-3")),
+            ),
+            (
+                "a posting split over two statements that does not balance at commit",
+                &format!(
+                    "BEGIN; {insert}{}; {insert}{}; COMMIT;",
+                    entry("ub-c", "CREDIT", 5, "fund:ub-4"),
+                    entry("funding-EUR", "DEBIT", 6, "fund:ub-4"),
+                ),
+            ),
+        ],
     );
     assert_eq!(ledger(), before, "nothing written, no balance moved");
     // Positive controls: two balanced postings in one statement, and one split over two
@@ -619,33 +630,35 @@ async fn an_overdraw_is_refused_in_a_statement_of_many_rows_and_of_one() {
     let insert = "INSERT INTO ledger_entries (entry_id, account_id, currency, direction, amount_minor, fence, kind, reference) VALUES ";
     refused(
         &stack,
-        "a batch-shaped debit of three accounts, one below zero",
-        &format!(
-            "{insert}(gen_random_uuid(), 'od-a', 'EUR', 'DEBIT', 10, 0, 'funding', 'fund:od-1'), \
-             (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 10, 0, 'funding', 'fund:od-1'), \
-             (gen_random_uuid(), 'od-b', 'EUR', 'DEBIT', 101, 0, 'funding', 'fund:od-2'), \
-             (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 101, 0, 'funding', 'fund:od-2')"
-        ),
-    );
-    // Two claims of 60 on one account of 100 in one statement: the holds of the statement
-    // together leave available below zero.
-    refused(
-        &stack,
-        "a batch-shaped claim holding more than the balance",
-        &format!(
-            "UPDATE payouts x SET state = 'CLAIMED', attempt_count = 1, claim_token = u.token \
-             FROM unnest(ARRAY['{}', '{}', '{}']::uuid[], ARRAY[5, 6, 7]::bigint[]) AS u(payout_id, token) \
-             WHERE x.payout_id = u.payout_id",
-            p[0], p[1], second
-        ),
-    );
-    refused(
-        &stack,
-        "a single debit below zero",
-        &format!(
-            "{insert}(gen_random_uuid(), 'od-c', 'EUR', 'DEBIT', 101, 0, 'funding', 'fund:od-3'), \
-             (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 101, 0, 'funding', 'fund:od-3')"
-        ),
+        &[
+            (
+                "a batch-shaped debit of three accounts, one below zero",
+                &format!(
+                    "{insert}(gen_random_uuid(), 'od-a', 'EUR', 'DEBIT', 10, 0, 'funding', 'fund:od-1'), \
+                     (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 10, 0, 'funding', 'fund:od-1'), \
+                     (gen_random_uuid(), 'od-b', 'EUR', 'DEBIT', 101, 0, 'funding', 'fund:od-2'), \
+                     (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 101, 0, 'funding', 'fund:od-2')"
+                ),
+            ),
+            // Two claims of 60 on one account of 100 in one statement: the holds of the
+            // statement together leave available below zero.
+            (
+                "a batch-shaped claim holding more than the balance",
+                &format!(
+                    "UPDATE payouts x SET state = 'CLAIMED', attempt_count = 1, claim_token = u.token \
+                     FROM unnest(ARRAY['{}', '{}', '{}']::uuid[], ARRAY[5, 6, 7]::bigint[]) AS u(payout_id, token) \
+                     WHERE x.payout_id = u.payout_id",
+                    p[0], p[1], second
+                ),
+            ),
+            (
+                "a single debit below zero",
+                &format!(
+                    "{insert}(gen_random_uuid(), 'od-c', 'EUR', 'DEBIT', 101, 0, 'funding', 'fund:od-3'), \
+                     (gen_random_uuid(), 'funding-EUR', 'EUR', 'CREDIT', 101, 0, 'funding', 'fund:od-3')"
+                ),
+            ),
+        ],
     );
     assert_eq!(money(), "100/0,100/0,100/0", "nothing changed");
     // Positive control: the claims that fit, in one statement.
