@@ -274,7 +274,7 @@ def _counter_digest() -> str:
                        "WHEN (OLD.* IS DISTINCT FROM NEW.*) EXECUTE FUNCTION fuzz_count_presented()")
         else:
             # The lock server removes what has lapsed (dlock_sweep on a timer, an acquire clearing
-            # the key's lapsed grant, migrations/lockdb/0013_baseline.sql): a grant or session
+            # the key's lapsed grant, migrations/lockdb/0016_baseline.sql): a grant or session
             # that had already ended, and a key past its retention, were free before the delete
             # and are after it, so deleting them is not a change of state.
             _psql(url, "CREATE OR REPLACE FUNCTION fuzz_count_lock_change() RETURNS trigger LANGUAGE plpgsql AS $$ "

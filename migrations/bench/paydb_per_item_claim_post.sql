@@ -1,5 +1,5 @@
 -- Not a migration: pay_claim_many and pay_post_many as they were before the set path
--- (pay_claim_set, pay_post_set in migrations/paydb/0028_baseline_idempotency_and_rail.sql), each
+-- (pay_claim_set, pay_post_set in migrations/paydb/0040_baseline_idempotency_and_rail.sql), each
 -- item through pay_claim_once (pay_post_once) in a subtransaction of its own. The payouts bench
 -- (services/executor/benches/payouts.rs, --group-commit) puts them back on a second database,
 -- with the ledger's row triggers, so that one run compares both SQL paths on the same server.

@@ -63,10 +63,10 @@ pub struct Variant {
 
 impl Variant {
     /// The code as it stands: lockdb's epoch check runs before a grant, a revocation's floor and
-    /// the recovery's token floor (migrations/lockdb/0013_baseline.sql), and the recovery
+    /// the recovery's token floor (migrations/lockdb/0016_baseline.sql), and the recovery
     /// quarantines every payout the rail's statement holds that paydb no longer shows as
     /// presented, in the confirmation's transaction
-    /// (migrations/paydb/0027_baseline_payment_writes.sql, `dlock recover paydb-epoch --lockdb
+    /// (migrations/paydb/0039_baseline_payment_writes.sql, `dlock recover paydb-epoch --lockdb
     /// --rail`): every defence of [`Variant::DLOCK`].
     pub const CODE: Variant = Variant {
         recovery_floor_checks_epoch: true,
@@ -174,7 +174,7 @@ pub struct LockDb {
     /// The live grant on the key: (worker, token). Expiry removes it.
     pub holder: Option<(u8, Token)>,
     /// lockdb is on a new epoch (timeline) that no grant has seen yet: the next grant moves the
-    /// sequence past the gap first (migrations/lockdb/0013_baseline.sql).
+    /// sequence past the gap first (migrations/lockdb/0016_baseline.sql).
     pub epoch_pending: bool,
 }
 

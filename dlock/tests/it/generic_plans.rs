@@ -1,10 +1,9 @@
 //! paydb's and lockdb's PL/pgSQL functions plan their statements once per connection, through
 //! their indexes, without JIT: each one that is not a trigger function carries
-//! `plan_cache_mode = force_generic_plan` (migrations/paydb/0032_generic_plans.sql,
-//! migrations/lockdb/0014_generic_plans.sql), `enable_seqscan = off` and `jit = off`
-//! (migrations/paydb/0035_index_plans.sql, migrations/lockdb/0015_index_plans.sql). A migration
-//! that replaces a function with `CREATE OR REPLACE` drops the settings; this test finds such a
-//! function on databases migrated by the real services.
+//! `plan_cache_mode = force_generic_plan`, `enable_seqscan = off` and `jit = off` (why: the
+//! headers of migrations/paydb/0037_baseline_tables.sql and migrations/lockdb/0016_baseline.sql).
+//! A migration that replaces a function with `CREATE OR REPLACE` drops the settings; this test
+//! finds such a function on databases migrated by the real services.
 
 use dlock_devstack::stack::{LockBackend, Stack};
 

@@ -177,33 +177,55 @@ async fn a_database_with_part_of_a_retired_history_is_refused_and_left_alone() {
 }
 
 #[tokio::test]
-async fn a_database_at_the_first_retired_history_is_refused_until_a_release_carries_it_on() {
+async fn a_database_at_an_older_retired_history_is_refused_until_the_releases_carry_it_on() {
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     for (database, migrator) in databases() {
         let generations = generations(database);
-        let (first, second) = (&generations[0], &generations[1]);
-        let first_baseline: Vec<i64> = second
+        let pool = database_recording(&pg, database, migrator, &generations[0]).await;
+        // Each older history in turn, as the releases in between leave the database: the release
+        // that still carries the baseline a history was squashed into adopts it and applies the
+        // migrations after that baseline, which are the next history.
+        let baseline_of = |history: &[squash::Retired]| -> Vec<i64> {
+            history
+                .iter()
+                .take_while(|m| m.description.starts_with("baseline"))
+                .map(|m| m.version)
+                .collect()
+        };
+        let this_baseline: Vec<i64> = migrator
             .iter()
-            .take_while(|m| m.description.starts_with("baseline"))
+            .filter(|m| m.description.starts_with("baseline"))
             .map(|m| m.version)
             .collect();
-        assert!(!first_baseline.is_empty(), "{database}");
-        let pool = database_recording(&pg, database, migrator, first).await;
-        let before = rows(&pool).await;
-        let message = refusal(&pg, database, database, migrator).await;
-        assert!(
-            message.contains(database)
-                && message.contains(&format!("still carries versions {first_baseline:?}"))
-                && message.contains("last release before the squash")
-                && message.contains("Then start this one"),
-            "{database}: the refusal says what to do: {message}"
-        );
-        assert_eq!(rows(&pool).await, before, "{database}: nothing changed");
-
-        // Positive control: the same database, the same schema, with the rows a release that
-        // still carries the first baseline leaves (it adopts the first history and applies the
-        // migrations after that baseline, which is the second history): this one starts on it.
-        record_history(&pool, second).await;
+        for (g, (older, next)) in generations.iter().zip(&generations[1..]).enumerate() {
+            record_history(&pool, older).await;
+            let carried = baseline_of(next);
+            assert!(!carried.is_empty(), "{database}");
+            // The release before each later squash, oldest first, this build's last.
+            let releases: Vec<String> = generations[g + 2..]
+                .iter()
+                .map(|later| baseline_of(later))
+                .chain([this_baseline.clone()])
+                .map(|into| format!("the last release before the squash into versions {into:?}"))
+                .collect();
+            let before = rows(&pool).await;
+            let message = refusal(&pg, database, database, migrator).await;
+            assert!(
+                message.contains(database)
+                    && message.contains(&format!("still carries versions {carried:?}"))
+                    && message.contains(&format!(
+                        "Start {} against it once",
+                        releases.join(", then ")
+                    ))
+                    && message.contains("Then start this one"),
+                "{database} at versions {:?}: the refusal says what to do: {message}",
+                older.first().map(|m| m.version)
+            );
+            assert_eq!(rows(&pool).await, before, "{database}: nothing changed");
+        }
+        // Positive control: the same database, the same schema, with the rows the release that
+        // still carries the last retired baseline leaves (the last history): this one starts.
+        record_history(&pool, generations.last().map_or(&[][..], |g| g)).await;
         serves_with_the_baseline_alone(&pg, database, migrator).await;
     }
 }

@@ -681,7 +681,7 @@ fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f6
 }
 
 /// The payout path as it was before the set path
-/// (migrations/paydb/0028_baseline_idempotency_and_rail.sql): the per-item `pay_claim_many` and
+/// (migrations/paydb/0040_baseline_idempotency_and_rail.sql): the per-item `pay_claim_many` and
 /// `pay_post_many` (migrations/bench/paydb_per_item_claim_post.sql) and the ledger's row triggers
 /// (pay_ledger_apply, pay_posting_balanced), restored on a database migrated to the
 /// latest (`paydb_rows`), so that one run compares both SQL paths on the same server.
@@ -1029,9 +1029,9 @@ async fn batch_endpoints(setup: Setup<'_>) {
     }
 }
 
-/// `--plans`: paydb's and lockdb's functions planning through their indexes without JIT
-/// (migrations/paydb/0035_index_plans.sql) against the same functions with sequential scans and
-/// JIT allowed again (the settings reset on every function, as before that migration),
+/// `--plans`: paydb's and lockdb's functions planning through their indexes without JIT (as the
+/// baselines create them, migrations/paydb/0037_baseline_tables.sql) against the same functions
+/// with sequential scans and JIT allowed again (the settings reset on every function),
 /// alternating on one stack, client batch 32, each row twice (or `--rounds N` times).
 async fn plans(setup: Setup<'_>) {
     let Setup { pg, payouts, .. } = setup;
@@ -1078,17 +1078,32 @@ async fn plans(setup: Setup<'_>) {
 }
 
 /// Sets (or resets) `enable_seqscan = off` and `jit = off` on every PL/pgSQL function of paydb
-/// and lockdb that is not a trigger function: migrations/paydb/0035_index_plans.sql itself (it can
-/// run again), or the same with each `SET` turned into a `RESET`.
+/// and lockdb that is not a trigger function, the settings each one is created with (why: the
+/// headers of migrations/paydb/0037_baseline_tables.sql and migrations/lockdb/0016_baseline.sql).
+/// Set again, they come after `plan_cache_mode` as the functions declare them.
 fn index_plans_on(pg: &PgServer, on: bool) {
-    let migration = include_str!("../../../migrations/paydb/0035_index_plans.sql");
-    let sql = if on {
-        migration.to_owned()
+    let (seqscan, jit) = if on {
+        ("SET enable_seqscan = off", "SET jit = off")
     } else {
-        migration
-            .replace("SET enable_seqscan = off", "RESET enable_seqscan")
-            .replace("SET jit = off", "RESET jit")
+        ("RESET enable_seqscan", "RESET jit")
     };
+    let sql = format!(
+        "DO $$
+         DECLARE
+             f regprocedure;
+         BEGIN
+             FOR f IN SELECT p.oid::regprocedure
+                        FROM pg_proc p
+                        JOIN pg_language l ON l.oid = p.prolang
+                       WHERE p.pronamespace = 'public'::regnamespace
+                         AND l.lanname = 'plpgsql'
+                         AND p.prorettype <> 'trigger'::regtype
+                       ORDER BY 1 LOOP
+                 EXECUTE format('ALTER FUNCTION %s {seqscan}', f);
+                 EXECUTE format('ALTER FUNCTION %s {jit}', f);
+             END LOOP;
+         END $$;"
+    );
     for database in ["paydb", "lockdb"] {
         pg.psql(database, &sql)
             .unwrap_or_else(|e| panic!("{database}: index plans {on}: {e:#}"));

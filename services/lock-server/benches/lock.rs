@@ -14,7 +14,7 @@
 //! (a ping and the call on the pool's next connection, the same through the store's warm
 //! connections of services/server/src/warm.rs, the call alone on one connection), beside the
 //! server's acquire and release; and what lockdb's store-epoch check (the timeline
-//! check of migrations/lockdb/0013_baseline.sql, a trigger on every grant) costs per acquire:
+//! check of migrations/lockdb/0016_baseline.sql, a trigger on every grant) costs per acquire:
 //! `dlock_acquire` + `dlock_release` in a server-side loop with the trigger and without it.
 //!
 //! `cargo bench -p dlock-lock-server --bench lock` (optionally `-- --seconds 5`).

@@ -354,12 +354,12 @@ mod tests {
             (
                 "lockdb",
                 sqlx::migrate!("../../migrations/lockdb"),
-                vec![13],
+                vec![16],
             ),
             (
                 "paydb",
                 sqlx::migrate!("../../migrations/paydb"),
-                vec![25, 26, 27, 28],
+                vec![37, 38, 39, 40],
             ),
         ]
     }
@@ -368,19 +368,22 @@ mod tests {
     fn the_histories_run_from_version_one_each_generation_after_the_last_from_its_baseline() {
         for (database, migrator, versions) in migrators() {
             let generations = retired(database);
-            assert_eq!(generations.len(), 2, "{database}: two squashes so far");
-            let mut next = 1;
+            assert_eq!(generations.len(), 3, "{database}: three squashes so far");
+            let mut last = 0;
             for (g, generation) in generations.iter().enumerate() {
                 assert_eq!(generation.number, g as u32 + 1, "{database}");
+                // Each generation starts right after the one before, its versions rising (a
+                // version never applied, as paydb's 29, leaves a gap).
                 assert_eq!(
                     generation.migrations.first().map(|m| m.version),
-                    Some(next),
+                    Some(last + 1),
                     "{database} generation {}: right after the one before",
                     generation.number
                 );
-                for (i, r) in generation.migrations.iter().enumerate() {
-                    assert_eq!(r.version, next + i as i64, "{database}");
+                for r in &generation.migrations {
+                    assert!(r.version > last, "{database} {}: rising", r.version);
                     assert_eq!(r.checksum.len(), 48, "{database} {}: SHA-384", r.version);
+                    last = r.version;
                 }
                 // The first history has no baseline; every later one starts with the baseline
                 // the one before was squashed into.
@@ -390,9 +393,8 @@ mod tests {
                     "{database} generation {}",
                     generation.number
                 );
-                next += generation.migrations.len() as i64;
             }
-            let found: Vec<i64> = baseline(&migrator, database, next - 1)
+            let found: Vec<i64> = baseline(&migrator, database, last)
                 .unwrap_or_else(|e| panic!("{e}"))
                 .iter()
                 .map(|m| m.version)
@@ -414,66 +416,86 @@ mod tests {
     fn only_the_last_generation_whole_is_adopted_and_the_refusals_name_the_releases_in_between() {
         for (database, _, baseline) in migrators() {
             let generations = retired(database);
-            let [first, second] = &generations[..] else {
-                panic!("{database}: two generations");
+            let Some((last, earlier)) = generations.split_last() else {
+                panic!("{database}: no generation");
             };
-            let first_baseline = second.baseline();
             assert!(
-                refusal(database, &generations, second, &rows(second), &baseline).is_none(),
+                refusal(database, &generations, last, &rows(last), &baseline).is_none(),
                 "{database}: the last generation, whole, is adopted"
             );
+            let release =
+                |into: &[i64]| format!("the last release before the squash into versions {into:?}");
 
-            let whole_first = refusal(database, &generations, first, &rows(first), &baseline)
+            // Each earlier generation, whole, has the schema of the baseline it was squashed
+            // into (the next generation's first versions): refused, naming the release of each
+            // later squash, oldest first, and the one that still carries that baseline.
+            for (g, generation) in earlier.iter().enumerate() {
+                let later: Vec<String> = generations[g + 2..]
+                    .iter()
+                    .map(|next| release(&next.baseline()))
+                    .chain([release(&baseline)])
+                    .collect();
+                let carried = generations[g + 1].baseline();
+                let whole = refusal(
+                    database,
+                    &generations,
+                    generation,
+                    &rows(generation),
+                    &baseline,
+                )
                 .map(|e| e.to_string())
                 .unwrap_or_default();
-            let release = format!("the last release before the squash into versions {baseline:?}");
-            assert!(
-                whole_first.contains(&format!("still carries versions {first_baseline:?}"))
-                    && whole_first.contains(&release)
-                    && whole_first.contains("Then start this one"),
-                "{database}: the first generation, whole: {whole_first}"
-            );
+                assert!(
+                    whole.contains(&format!("Start {} against it once", later.join(", then ")))
+                        && whole.contains(&format!("still carries versions {carried:?}"))
+                        && whole.contains("Then start this one"),
+                    "{database}: generation {}, whole: {whole}",
+                    generation.number
+                );
 
-            let mut part = rows(first);
-            part.pop();
-            let part_of_first = refusal(database, &generations, first, &part, &baseline)
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(
-                part_of_first.contains(&format!(
-                    "the last release before the squash into versions {first_baseline:?}, then \
-                     {release}"
-                )),
-                "{database}: part of the first generation: {part_of_first}"
-            );
+                let mut part = rows(generation);
+                part.pop();
+                let partial = refusal(database, &generations, generation, &part, &baseline)
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(
+                    partial.contains(&format!(
+                        "Start {}, then {} against it once",
+                        release(&carried),
+                        later.join(", then ")
+                    )),
+                    "{database}: part of generation {}: {partial}",
+                    generation.number
+                );
+            }
 
             for changed in [
                 {
-                    let mut r = rows(second);
+                    let mut r = rows(last);
                     r.pop();
                     r
                 },
                 {
-                    let mut r = rows(second);
+                    let mut r = rows(last);
                     r[0].1[0] ^= 1;
                     r
                 },
                 {
-                    let mut r = rows(second);
+                    let mut r = rows(last);
                     r[0].2 = false;
                     r
                 },
                 {
-                    let mut r = rows(second);
+                    let mut r = rows(last);
                     r.push((1000, vec![0; 48], true));
                     r
                 },
             ] {
-                let refused = refusal(database, &generations, second, &changed, &baseline)
+                let refused = refusal(database, &generations, last, &changed, &baseline)
                     .map(|e| e.to_string())
                     .unwrap_or_default();
                 assert!(
-                    refused.contains(&format!("Start {release} against it once")),
+                    refused.contains(&format!("Start {} against it once", release(&baseline))),
                     "{database}: part of the last generation: {refused}"
                 );
             }

@@ -1,15 +1,16 @@
 -- paydb: accounts, the double-entry ledger, payouts and their idempotency records, the rail
 -- proxy's submissions, and the audit of every out-of-band action.
 --
--- This file and the three after it (0026–0028) are the paydb baseline: the whole schema, in four
+-- This file and the three after it (0038–0040) are the paydb baseline: the whole schema, in four
 -- parts (tables; guards and the ledger's triggers; the payment resource's writes; idempotency
--- records, the batched writes and the rail proxy's writes). They replace two histories, both in
--- git history and listed in migrations/paydb/retired.tsv: versions 9–24 (the first baseline and
--- the migrations after it), and versions 1–8, which that first baseline had replaced. A database
--- whose migration rows are exactly versions 9–24 is adopted when a service starts, which rewrites
--- them to these four in one transaction; one still at versions 1–8 is refused with what to do
+-- records, the batched writes and the rail proxy's writes). They replace three histories, all in
+-- git history and listed in migrations/paydb/retired.tsv: versions 25–36 (the second baseline
+-- and the migrations after it), versions 9–24, which that second baseline had replaced, and
+-- versions 1–8, which the first baseline had replaced. A database whose migration rows are
+-- exactly versions 25–36 is adopted when a service starts, which rewrites them to these four in
+-- one transaction; one at an older history is refused with what to do
 -- (services/server/src/squash.rs). A change goes into a new migration after these, written to
--- run again harmlessly: dlock/tests/it/squash.rs applies the migrations after the baseline twice.
+-- run again harmlessly.
 --
 -- This database is enforcement point (a). The payment resource trusts no lock state, only the
 -- token a request presents and the fence stored here, so every rule that keeps money from moving
@@ -20,6 +21,39 @@
 -- This part: reference data, then the tables with their constraints and indexes. The functions and
 -- triggers follow in the next parts, grouped by what they do (plain SQL functions check the tables
 -- they name when they are created, so every table comes first).
+
+-- Every PL/pgSQL function of the baseline that is not a trigger function carries three settings
+-- (SET on the function; the statements it runs, the functions it calls and the triggers its
+-- writes fire run under them; a psql session's own queries keep the defaults):
+--
+-- - plan_cache_mode = force_generic_plan: each statement is planned once per connection. A
+--   statement of a PL/pgSQL function is planned through PostgreSQL's plan cache; under the
+--   default (auto) a statement with parameters is planned again for its values on each of its
+--   first five runs, and then on every run for as long as the generic plan is not estimated
+--   cheaper, which for the batch functions' statements over unnest() of array parameters it
+--   never is. Planning was then the largest single share of paydb's CPU: a profile of a new
+--   user's `dlock run -f` of 1 500 payouts (perf, durable `dlock dev up`) put 18 % of
+--   PostgreSQL's time in the planner and 11 % in starting executors. Every statement of these
+--   functions looks rows up by key (payout, account, submission, idempotency key) or over the
+--   batch's own arrays, so the plan does not depend on the values: one generic plan serves every
+--   call.
+-- - enable_seqscan = off: a connection is usually opened while the tables are small (a new
+--   stack, a new replica), when the planner prices a sequential scan below index lookups, so the
+--   generic plans of the batch functions scanned `payouts`, `rail_submission` and
+--   `idempotency_records` whole, hashing them for joins with the batch's arrays, and kept doing
+--   so as the tables grew (a new user's run of 1 500 payouts read 4.3 million rows that way).
+--   Every one of these statements finds its rows by key, so with sequential scans priced out the
+--   plans use the primary keys and unique indexes whatever the tables' size. A table with no
+--   index that fits is still scanned: the setting prices scans, it does not forbid them.
+-- - jit = off: pricing scans out lifts some plans' estimated cost above `jit_above_cost`, and
+--   PostgreSQL then compiles the statement with LLVM on every execution (about 50 ms each,
+--   measured on the store epoch's one-row read); these are statements of a millisecond.
+--
+-- Measured on a new user's run (1 500 payouts over 100 accounts at 32 workers, durable `dlock dev
+-- up`, three runs alternated with three without the index settings): median 3.31 s against 3.99 s,
+-- and a fifth less CPU over the run (docs/benchmarks.md). `CREATE OR REPLACE FUNCTION` drops a
+-- function's SET clauses, so a later migration that replaces one of these functions says them
+-- again; dlock/tests/it/generic_plans.rs fails on any PL/pgSQL function without them.
 
 -- =============================================================================================
 -- Reference data

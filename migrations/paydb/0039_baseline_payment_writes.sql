@@ -1,4 +1,4 @@
--- paydb baseline, part 3 of 4 (after 0026): the payment resource's writes.
+-- paydb baseline, part 3 of 4 (after 0038): the payment resource's writes.
 
 -- =============================================================================================
 -- The payment resource's writes. Each runs inside the caller's transaction (together with its
@@ -39,7 +39,8 @@ $$;
 -- outcome: created | exists | conflict
 CREATE FUNCTION pay_create_account(p_account_id text, p_currency char(3))
 RETURNS TABLE (outcome text, currency char(3))
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     existing accounts%ROWTYPE;
 BEGIN
@@ -61,7 +62,8 @@ END $$;
 -- outcome: funded | exists | conflict | not_found | not_customer
 CREATE FUNCTION pay_fund(p_account_id text, p_amount bigint, p_reference text)
 RETURNS TABLE (outcome text, balance_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -100,7 +102,8 @@ END $$;
 CREATE FUNCTION pay_create_payout(p_payout_id uuid, p_account_id text, p_amount bigint,
                                   p_currency char(3), p_beneficiary_ref text)
 RETURNS TABLE (outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -140,7 +143,8 @@ CREATE FUNCTION pay_claim(p_payout_id uuid, p_token bigint, p_expected_state tex
                           p_proven boolean DEFAULT false)
 RETURNS TABLE (outcome text, state text, fence bigint, attempt_count integer,
                claim_token bigint, account_id text, available_minor bigint, amount_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     p payouts%ROWTYPE;
@@ -198,7 +202,8 @@ CREATE FUNCTION pay_abandon(p_payout_id uuid, p_token bigint, p_expected_state t
                             p_operator text, p_reason text,
                             p_proven boolean DEFAULT false)
 RETURNS TABLE (outcome text, state text, fence bigint, attempt_count integer, account_id text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     p payouts%ROWTYPE;
@@ -243,7 +248,8 @@ CREATE FUNCTION pay_claim_bounded(p_payout_id uuid, p_token bigint,
                                   p_owner_id text, p_proven boolean DEFAULT false)
 RETURNS TABLE (outcome text, state text, fence bigint, attempt_count integer,
                claim_token bigint, account_id text, available_minor bigint, amount_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     p payouts%ROWTYPE;
@@ -269,7 +275,8 @@ END $$;
 -- The two rows of a payout posting, inside a fenced post or an operator resolution. On the
 -- payout path (every post and every resolution), hence PL/pgSQL.
 CREATE FUNCTION pay_write_payout_posting(p payouts, p_fence bigint, p_kind text)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     INSERT INTO ledger_entries (entry_id, account_id, currency, direction, amount_minor, fence,
                                 kind, reference, payout_id)
@@ -285,7 +292,8 @@ END $$;
 CREATE FUNCTION pay_post(p_payout_id uuid, p_token bigint, p_rail_reference text,
                          p_submission_id uuid, p_proven boolean DEFAULT false)
 RETURNS TABLE (outcome text, state text, fence bigint, account_id text, balance_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     p payouts%ROWTYPE;
@@ -355,7 +363,8 @@ CREATE FUNCTION pay_resolve(p_payout_id uuid, p_outcome text, p_rail_reference t
                             p_identity text)
 RETURNS TABLE (outcome text, state text, account_id text, balance_minor bigint,
                recorded_outcome text, recorded_reference text, submission_id uuid)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     p payouts%ROWTYPE;
@@ -456,7 +465,8 @@ END $$;
 CREATE FUNCTION pay_record_finding(p_payout_id uuid, p_rail_reference text,
                                    p_statement_read_at timestamptz,
                                    p_settlement_window_ms bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_id bigint;
 BEGIN
@@ -475,7 +485,8 @@ CREATE FUNCTION pay_advance_fence(p_account_id text, p_floor bigint, p_operator 
                                   p_reason text, p_revocation_id uuid, p_owner_id text,
                                   p_identity text)
 RETURNS TABLE (outcome text, previous_fence bigint, fence bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -503,7 +514,8 @@ CREATE FUNCTION pay_lower_fence(p_account text, p_to bigint, p_operator text,
                                 p_identity text, p_owner text, p_reason text)
 RETURNS TABLE (outcome text, previous_fence bigint, fence bigint, recovery_id bigint,
                seen_token bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -543,7 +555,8 @@ CREATE FUNCTION pay_set_limits(p_account_id text, p_max_payout bigint,
                                p_daily_outflow bigint, p_identity text)
 RETURNS TABLE (outcome text, max_payout_minor bigint, daily_outflow_minor bigint,
                set_by text, updated_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -592,7 +605,8 @@ CREATE FUNCTION pay_fund_as(p_funding_id uuid, p_account_id text, p_amount bigin
                             p_reference text, p_identity text, p_threshold bigint)
 RETURNS TABLE (outcome text, balance_minor bigint, funding_id uuid, requested_by text,
                approved_by text, window_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -661,7 +675,8 @@ CREATE FUNCTION pay_request_funding(p_funding_id uuid, p_account_id text,
                                     p_amount bigint, p_reference text,
                                     p_identity text)
 RETURNS TABLE (outcome text, funding_id uuid, requested_by text, approved_by text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     acct accounts%ROWTYPE;
@@ -703,7 +718,8 @@ END $$;
 CREATE FUNCTION pay_approve_funding(p_funding_id uuid, p_identity text)
 RETURNS TABLE (outcome text, account_id text, amount_minor bigint, reference text,
                requested_by text, approved_by text, balance_minor bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     f pending_fundings%ROWTYPE;
@@ -758,7 +774,8 @@ CREATE FUNCTION pay_epoch_confirm(p_floor bigint, p_operator text, p_reason text
                                   p_on_rail uuid[])
 RETURNS TABLE (from_timeline bigint, to_timeline bigint, fences_raised integer,
                marks_raised integer, quarantined integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_timeline    bigint := pay_timeline();
     v_epoch       pay_store_epoch;
@@ -822,7 +839,8 @@ END $$;
 CREATE FUNCTION pay_epoch_confirm(p_floor bigint, p_operator text, p_reason text)
 RETURNS TABLE (from_timeline bigint, to_timeline bigint, fences_raised integer,
                marks_raised integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     RAISE EXCEPTION USING
         ERRCODE = '0A000',

@@ -6,13 +6,34 @@
 -- front: any number of replicas on one lockdb behave as one, because none of them decides
 -- anything on its own.
 --
--- This file is the whole schema. It replaces two histories, both in git history and listed in
--- migrations/lockdb/retired.tsv: versions 7 to 12 (the first baseline and the migrations after
--- it), and versions 1 to 6, which that first baseline had replaced. A database whose migration
--- rows are exactly versions 7 to 12 is adopted when a service starts, which rewrites them to this
--- version in one transaction; one still at versions 1 to 6 is refused with what to do
--- (services/server/src/squash.rs). A change goes into a new migration after this one, written to
--- run again harmlessly: dlock/tests/it/squash.rs applies the migrations after the baseline twice.
+-- This file is the whole schema. It replaces three histories, all in git history and listed in
+-- migrations/lockdb/retired.tsv: versions 13 to 15 (the second baseline and the migrations after
+-- it), versions 7 to 12, which that second baseline had replaced, and versions 1 to 6, which the
+-- first baseline had replaced. A database whose migration rows are exactly versions 13 to 15 is
+-- adopted when a service starts, which rewrites them to this version in one transaction; one at
+-- an older history is refused with what to do (services/server/src/squash.rs). A change goes
+-- into a new migration after this one, written to run again harmlessly.
+--
+-- Every PL/pgSQL function here that is not a trigger function carries three settings (SET on
+-- the function; the statements it runs, the functions it calls and the triggers its writes fire
+-- run under them; a psql session's own queries keep the defaults):
+--
+-- - plan_cache_mode = force_generic_plan: each statement is planned once per connection. Under
+--   the default (auto) a statement with parameters is planned again for its values on its first
+--   five runs and then on every run while the generic plan is not estimated cheaper, which for
+--   the batch functions' statements over unnest() of array parameters it never is. Every
+--   statement here looks rows up by key (lock key, session, token) or over the batch's own
+--   arrays, so one generic plan serves every call.
+-- - enable_seqscan = off: those plans are made once, usually while the tables are small, when
+--   the planner prices a sequential scan below index lookups (the acquire batch then scanned
+--   `sessions` and `lock_waiters` whole). With scans priced out the plans use the indexes
+--   whatever the tables' size.
+-- - jit = off: pricing scans out can lift an estimated cost above `jit_above_cost`, and JIT
+--   compilation costs about 50 ms an execution, for statements of a millisecond.
+--
+-- `CREATE OR REPLACE FUNCTION` drops a function's SET clauses, so a later migration that replaces
+-- one of these functions says them again; dlock/tests/it/generic_plans.rs fails on any PL/pgSQL
+-- function without them.
 
 -- One global sequence for every key: a token identifies its grant on its own, tokens of different
 -- keys are comparable, and a revocation floor is simply the next value. NO CYCLE, because a
@@ -103,7 +124,8 @@ CREATE TABLE revocations (
 -- Whether a session is alive now. An owner mismatch reads as unknown: a caller cannot probe or
 -- use another owner's session.
 CREATE FUNCTION dlock_session_state(p_session uuid, p_owner text, p_now timestamptz)
-RETURNS text LANGUAGE plpgsql STABLE AS $$
+RETURNS text LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     RETURN (SELECT CASE
                 WHEN s.session_id IS NULL OR s.owner_id <> p_owner THEN 'session_unknown'
@@ -116,7 +138,8 @@ END $$;
 
 -- The live waiters of a key: deadline not passed, session alive.
 CREATE FUNCTION dlock_waiter_count(p_key text, p_now timestamptz)
-RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+RETURNS bigint LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     RETURN (SELECT count(*) FROM lock_waiters w JOIN sessions s ON s.session_id = w.session_id
             WHERE w.lock_key = p_key AND w.deadline > p_now AND s.expires_at > p_now);
@@ -136,7 +159,8 @@ CREATE TYPE dlock_result AS (
 
 -- The live grant on a key, if any, as a result row with the given outcome.
 CREATE FUNCTION dlock_holder(p_key text, p_outcome text, p_now timestamptz)
-RETURNS dlock_result LANGUAGE plpgsql STABLE AS $$
+RETURNS dlock_result LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     RETURN (SELECT ROW(p_outcome, l.fencing_token, l.owner_id, l.session_id, l.acquired_at,
                        l.expires_at, dlock_waiter_count(p_key, p_now), p_now)::dlock_result
@@ -152,7 +176,8 @@ END $$;
 -- mutual exclusion test once found a token going backwards without it). A grant records when its
 -- key was last granted; a sweep racing this upsert re-checks last_granted_at and keeps the key.
 CREATE FUNCTION dlock_acquire(p_key text, p_session uuid, p_owner text, p_ttl_ms integer, p_waiter uuid)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_state   text := dlock_session_state(p_session, p_owner, v_now);
@@ -213,7 +238,8 @@ END $$;
 -- advisory lock serializes enqueues per key so both bounds are exact.
 CREATE FUNCTION dlock_enqueue(p_key text, p_session uuid, p_owner text, p_waiter uuid,
                               p_deadline_ms integer, p_cap integer, p_session_cap integer DEFAULT 1)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_state   text := dlock_session_state(p_session, p_owner, v_now);
@@ -259,7 +285,8 @@ END $$;
 -- (services/lock-server/src/store/etcd/locks.rs).
 CREATE FUNCTION dlock_renew(p_key text, p_session uuid, p_owner text, p_token bigint,
                             p_ttl_ms integer)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now   timestamptz := clock_timestamp();
     v_state text := dlock_session_state(p_session, p_owner, v_now);
@@ -289,7 +316,8 @@ END $$;
 -- one's own is harmless, but the caller hears LOCK_LOST: it was no longer the holder. Another
 -- owner's grant is left alone, live or not, and the caller hears LOCK_LOST too.
 CREATE FUNCTION dlock_release(p_key text, p_token bigint, p_owner text)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now  timestamptz := clock_timestamp();
     v_live boolean;
@@ -308,7 +336,8 @@ END $$;
 
 -- L2. Extends a live session by its TTL.
 CREATE FUNCTION dlock_heartbeat(p_session uuid, p_owner text)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_expires timestamptz;
@@ -328,7 +357,8 @@ END $$;
 -- L3. Ends a live session; its grants and waiters go with it (ON DELETE CASCADE). An expired
 -- session is left for the retention, so that it still answers SESSION_EXPIRED.
 CREATE FUNCTION dlock_end_session(p_session uuid, p_owner text)
-RETURNS text LANGUAGE plpgsql AS $$
+RETURNS text LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
@@ -354,7 +384,8 @@ END $$;
 -- not fence its holder out.
 CREATE FUNCTION dlock_revoke(p_key text, p_expected bigint, p_operator text, p_reason text,
                              p_revocation uuid, p_caller text DEFAULT NULL)
-RETURNS dlock_result LANGUAGE plpgsql AS $$
+RETURNS dlock_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now   timestamptz;
     v_lock  locks%ROWTYPE;
@@ -393,7 +424,8 @@ END $$;
 -- p_keys_seen_retention_ms that nobody holds or waits for go too (NULL: keep every key), at most
 -- 10000 a call, so one sweep never holds a long transaction; the next tick takes the rest.
 CREATE FUNCTION dlock_sweep(p_retention_ms bigint, p_keys_seen_retention_ms bigint DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_removed bigint := 0;
@@ -485,7 +517,8 @@ CREATE TABLE store_epoch_changes (
     PRIMARY KEY (changed_at, to_timeline)
 );
 
-CREATE FUNCTION dlock_epoch_advance() RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION dlock_epoch_advance() RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_timeline bigint := dlock_timeline();
     v_epoch    store_epoch;
@@ -533,7 +566,8 @@ CREATE TRIGGER locks_epoch_guard BEFORE INSERT ON locks
 -- The highest token lockdb may ever have issued, the lost commits' included: after the epoch
 -- check, the sequence (every token of this epoch was drawn from it) or the epoch's floor (every
 -- token of an earlier epoch, lost ones too, is below it), whichever is higher.
-CREATE FUNCTION dlock_epoch_floor() RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION dlock_epoch_floor() RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_floor bigint := dlock_epoch_advance();
 BEGIN
@@ -581,7 +615,8 @@ CREATE TYPE dlock_item_result AS (
 
 CREATE FUNCTION dlock_acquire_many(p_keys text[], p_sessions uuid[], p_owners text[],
                                    p_ttls integer[], p_waiters uuid[])
-RETURNS SETOF dlock_item_result LANGUAGE plpgsql AS $$
+RETURNS SETOF dlock_item_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_n       integer := coalesce(cardinality(p_keys), 0);
@@ -692,7 +727,8 @@ BEGIN
 END $$;
 
 CREATE FUNCTION dlock_release_many(p_keys text[], p_tokens bigint[], p_owners text[])
-RETURNS SETOF dlock_item_result LANGUAGE plpgsql AS $$
+RETURNS SETOF dlock_item_result LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_n        integer := coalesce(cardinality(p_keys), 0);
@@ -764,7 +800,8 @@ CREATE TABLE etcd_high_water (
 -- token any replica recorded before; one that gets back as much or more must not answer its
 -- token (a restore of etcd, or a concurrent grant that recorded a later revision first).
 CREATE FUNCTION dlock_etcd_high_water(p_name text, p_token bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_previous bigint;
 BEGIN
