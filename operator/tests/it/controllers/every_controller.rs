@@ -7,12 +7,17 @@ use super::*;
 #[tokio::test]
 async fn a_paused_object_gets_no_call_at_all() {
     let (services, ctx, api) = world(FakeServices::default());
-    let reconcile = controller::workloads::reconcile_lock_server;
-    reconcile_paused(fixtures::lock_server(), &ctx, "LockServer", reconcile).await;
-    let reconcile = controller::payout_batch::reconcile_payout_batch;
-    reconcile_paused(fixtures::payout_batch(), &ctx, "PayoutBatch", reconcile).await;
+    reconcile_paused(
+        fixtures::lock_server(),
+        &ctx,
+        "LockServer",
+        reconcile_lock_server,
+    )
+    .await;
+    let batch = fixtures::payout_batch();
+    reconcile_paused(batch, &ctx, "PayoutBatch", reconcile_payout_batch).await;
     let lock = fixtures::revoke_asked(fixtures::lock());
-    reconcile_paused(lock, &ctx, "Lock", controller::lock::reconcile_lock).await;
+    reconcile_paused(lock, &ctx, "Lock", reconcile_lock).await;
     api.done().await;
     assert!(services.calls().is_empty());
 }
@@ -43,10 +48,7 @@ async fn an_invalid_spec_is_reported_and_waits_for_a_change() {
     let mut object = fixtures::lock_server();
     object.spec.backend.etcd = fixtures::etcd_backend().etcd;
     let object = Arc::new(object);
-    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
-        object.clone(),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock_server, object.clone(), ctx.clone());
     let call = api
         .expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
         .await;
@@ -102,14 +104,10 @@ async fn a_malformed_object_fails_alone_behind_the_deserialize_guard() {
     let guard: kube::core::DeserializeGuard<dlock_operator::crd::LockServer> =
         serde_json::from_value(raw).unwrap();
     assert!(guard.0.is_err());
-    let error = dlock_operator::run::guarded(
-        Arc::new(guard),
-        ctx,
-        "LockServer",
-        controller::workloads::reconcile_lock_server,
-    )
-    .await
-    .unwrap_err();
+    let error =
+        dlock_operator::run::guarded(Arc::new(guard), ctx, "LockServer", reconcile_lock_server)
+            .await
+            .unwrap_err();
     assert!(error.is_permanent(), "{error}");
     api.done().await;
     assert!(services.calls().is_empty());

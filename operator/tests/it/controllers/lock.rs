@@ -4,6 +4,21 @@
 
 use super::*;
 
+/// Reconciles `lock` with the Lock controller, answers the fixtures' fence targets, and returns
+/// the reconcile and the call that follows (the status apply), unanswered.
+async fn revoke(
+    lock: dlock_operator::crd::Lock,
+    ctx: Arc<Context>,
+    api: &mut ApiServerVerifier,
+) -> (
+    tokio::task::JoinHandle<controller::Result<kube::runtime::controller::Action>>,
+    Call,
+) {
+    let reconcile = spawn_reconcile(reconcile_lock, lock, ctx);
+    answer_fence_targets(api).await;
+    (reconcile, api.next().await)
+}
+
 /// `kubectl annotate lock NAME dlock.io/revoke-reason=… dlock.io/revoked-by=…`: the lock server
 /// revokes the key's live grant (read from it when the request is handled, not the mirror's
 /// older token), both enforcement points get the new floor with the revocation id and the
@@ -24,10 +39,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
             ("dlock.io/revoked-by", "oncall-ana"),
         ],
     );
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
-        Arc::new(lock.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock, lock.clone(), ctx.clone());
     answer_fence_targets(&mut api).await;
     let call = api
         .expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"))
@@ -100,9 +112,7 @@ async fn the_revoke_annotations_run_the_revocation_once_per_value() {
     // The same annotation value again (a resync, a restart): nothing is sent, nothing written.
     let mut done = lock;
     done.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
-    controller::lock::reconcile_lock(Arc::new(done), ctx)
-        .await
-        .unwrap();
+    reconcile_lock(Arc::new(done), ctx).await.unwrap();
     api.done().await;
     assert_eq!(services.calls().len(), 5);
 }
@@ -122,12 +132,7 @@ async fn an_unanswered_revoke_is_settled_by_reading_the_key_never_resent_blindly
         ..FakeServices::default()
     });
     let lock = fixtures::revoke_asked(fixtures::lock());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
-        Arc::new(lock.clone()),
-        ctx,
-    ));
-    answer_fence_targets(&mut api).await;
-    let call = api.next().await;
+    let (reconcile, call) = revoke(lock.clone(), ctx, &mut api).await;
     let unknown = call.body["status"]["revocation"].clone();
     assert_outcome_unknown(&unknown, 57);
     let progressing = call
@@ -155,9 +160,7 @@ async fn an_unanswered_revoke_is_settled_by_reading_the_key_never_resent_blindly
     });
     let mut retry = lock;
     retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(unknown).unwrap());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
-    answer_fence_targets(&mut api).await;
-    let call = api.next().await;
+    let (reconcile, call) = revoke(retry, ctx, &mut api).await;
     let revocation = &call.body["status"]["revocation"];
     assert_eq!(revocation["outcome"], "Complete", "{revocation}");
     assert_eq!(
@@ -188,10 +191,7 @@ async fn a_revoke_annotation_on_a_key_nobody_holds_now_is_refused_without_l8() {
         not_held: true,
         ..FakeServices::default()
     });
-    let lock = fixtures::revoke_asked(fixtures::lock());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
-    answer_fence_targets(&mut api).await;
-    let call = api.next().await;
+    let (reconcile, call) = revoke(fixtures::revoke_asked(fixtures::lock()), ctx, &mut api).await;
     assert_refused(
         &call.body["status"]["revocation"],
         "nothing holds payout:acct-17",
@@ -216,12 +216,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
         ..FakeServices::default()
     });
     let lock = fixtures::revoke_asked(fixtures::lock());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
-        Arc::new(lock.clone()),
-        ctx.clone(),
-    ));
-    answer_fence_targets(&mut api).await;
-    let call = api.next().await;
+    let (reconcile, call) = revoke(lock.clone(), ctx.clone(), &mut api).await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Incomplete");
     assert_eq!(call.body["status"]["revocation"]["paymentFenced"], true);
     assert_eq!(call.body["status"]["revocation"]["railFenced"], false);
@@ -234,9 +229,7 @@ async fn an_unreachable_rail_fence_is_retried_without_revoking_again() {
     let (services, ctx, mut api) = world(FakeServices::default());
     let mut retry = lock;
     retry.status.as_mut().unwrap().revocation = Some(serde_json::from_value(revocation).unwrap());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(retry), ctx));
-    answer_fence_targets(&mut api).await;
-    let call = api.next().await;
+    let (reconcile, call) = revoke(retry, ctx, &mut api).await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
     call.answer(&fixtures::lock());
     api.next().await.echo();
@@ -256,7 +249,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
     lock.spec.key = "batch:payroll".to_owned();
     lock.spec.account_id = String::new();
     let lock = fixtures::revoke_asked(lock);
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    let reconcile = spawn_reconcile(reconcile_lock, lock, ctx);
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Refused");
     call.answer(&fixtures::lock());
@@ -270,10 +263,7 @@ async fn a_lock_that_names_no_account_is_refused_without_a_call() {
 async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
     let (ctx, mut api) = context(Arc::new(FakeServices::default()));
     let lock = fixtures::lock();
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(
-        Arc::new(lock.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock, lock.clone(), ctx.clone());
     let call = api
         .expect_apply(&format!("{DLOCK}/locks/payout-acct-17-0a1b2c3d/status"))
         .await;
@@ -291,8 +281,6 @@ async fn a_mirrored_lock_gets_ready_once_without_the_mirrors_fields() {
     let mut ready = lock;
     ready.status.as_mut().unwrap().reported.conditions =
         serde_json::from_value(json!([condition("Ready", "True", "Available", "")])).unwrap();
-    controller::lock::reconcile_lock(Arc::new(ready), ctx)
-        .await
-        .unwrap();
+    reconcile_lock(Arc::new(ready), ctx).await.unwrap();
     api.done().await;
 }

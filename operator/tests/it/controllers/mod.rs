@@ -22,6 +22,10 @@ use dlock_contract::payment::{FenceResponse, PayoutState};
 use dlock_contract::rail::{HighWater, HighWaterRequest};
 use dlock_contract::revoke::{FenceCall, RevokeSteps, StepFuture};
 use dlock_executor::cancel::CancelReport;
+use dlock_operator::controller::lock::{reconcile_lock, reconcile_lock_revocation};
+use dlock_operator::controller::payout_batch::reconcile_payout_batch;
+use dlock_operator::controller::reconciliation::reconcile_reconciliation;
+use dlock_operator::controller::workloads::{reconcile_lock_server, reconcile_payment_resource};
 use dlock_operator::controller::{self, Context};
 use dlock_operator::metrics::Metrics;
 use dlock_operator::services::{Cancel, ServiceError, ServiceFuture, Services, Steps};
@@ -315,6 +319,21 @@ async fn answer_targets(api: &mut ApiServerVerifier, payments: &[&str], rails: &
     reply_names(api.next().await, "railproxies", rails);
 }
 
+/// Runs `reconcile` on `object` in the background, as the controller runtime would, while the
+/// test answers its calls to the API server.
+fn spawn_reconcile<K, F, Fut>(
+    reconcile: F,
+    object: impl Into<Arc<K>>,
+    ctx: Arc<Context>,
+) -> tokio::task::JoinHandle<Fut::Output>
+where
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    tokio::spawn(reconcile(object.into(), ctx))
+}
+
 /// The fake services, a context whose client talks to a mocked API server, and that server.
 fn world(services: FakeServices) -> (Arc<FakeServices>, Arc<Context>, ApiServerVerifier) {
     let services = Arc::new(services);
@@ -372,6 +391,13 @@ impl Call {
             "{}",
             self.query
         );
+    }
+    /// The reason and message of the `Degraded` condition sent (the third).
+    fn degraded(&self) -> (String, String) {
+        let degraded = &self.body["status"]["conditions"][2];
+        assert_eq!(degraded["type"], "Degraded", "{}", self.body);
+        let text = |field: &str| degraded[field].as_str().unwrap().to_owned();
+        (text("reason"), text("message"))
     }
     /// The status conditions sent.
     fn conditions(&self) -> Vec<Value> {

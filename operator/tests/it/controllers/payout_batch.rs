@@ -1,9 +1,24 @@
 //! The PayoutBatch controller: the finalizer, the manifest and the executor Job, a running batch
 //! left alone, and a deleted batch drained before its finalizer goes.
 
+use dlock_operator::crd::PayoutBatch;
 use kube::runtime::controller::Action;
 
 use super::*;
+
+/// The fixture batch with the finalizer the operator puts on it first.
+fn finalized_batch() -> PayoutBatch {
+    let mut batch = fixtures::payout_batch();
+    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    batch
+}
+
+/// [`finalized_batch`], deleted: its deletion waits for the finalizer.
+fn deleted_batch() -> PayoutBatch {
+    let mut batch = finalized_batch();
+    batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
+    batch
+}
 
 /// A new batch first gets the finalizer, then its manifest ConfigMap and executor Job, then
 /// `accepted: true` in status (from which on its payouts are immutable) and an Event.
@@ -11,25 +26,18 @@ use super::*;
 async fn a_new_payout_batch_gets_a_finalizer_then_its_manifest_and_executor_job() {
     let (_, ctx, mut api) = world(FakeServices::default());
     let batch = fixtures::payout_batch();
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch.clone(), ctx.clone());
     let call = api.expect_json_patch(BATCH).await;
     assert!(
         call.body.to_string().contains("dlock.io/executor-drained"),
         "{}",
         call.body
     );
-    let mut with_finalizer = batch.clone();
-    with_finalizer.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    let with_finalizer = finalized_batch();
     call.answer(&with_finalizer);
     reconcile.await.unwrap().unwrap();
 
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(with_finalizer),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, with_finalizer, ctx.clone());
     let mut proxy = serde_json::to_value(fixtures::rail_proxy()).unwrap();
     proxy["spec"]["readTimeoutMs"] = json!(12_000);
     expect_manifest(&mut api, Some(proxy), "12000").await.echo();
@@ -147,8 +155,7 @@ async fn expect_manifest(
 #[tokio::test]
 async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     let (_, ctx, mut api) = world(FakeServices::default());
-    let mut batch = fixtures::payout_batch();
-    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    let batch = finalized_batch();
     let validated =
         dlock_operator::validate::payout_batch(&batch, &fixtures::settings(), &Default::default())
             .unwrap();
@@ -159,10 +166,7 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
     changed.spec.workers = Some(3);
     changed.spec.image = Some(fixtures::ALLOWED_IMAGE.to_owned());
     changed.metadata.generation = Some(2);
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(changed),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, changed, ctx);
     // No RailProxy by that name: the executor waits the default read timeout.
     let call = expect_manifest(&mut api, None, "8000").await;
     assert!(
@@ -218,13 +222,8 @@ async fn a_running_batch_keeps_its_job_when_workers_or_the_image_change() {
 #[tokio::test]
 async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes() {
     let (services, ctx, mut api) = world(FakeServices::default());
-    let mut batch = fixtures::payout_batch();
-    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
-    batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch.clone()),
-        ctx,
-    ));
+    let mut batch = deleted_batch();
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch.clone(), ctx);
     let call = api.expect(Method::GET, JOB).await;
     call.reply(404, &not_found());
     let call = api.expect(Method::POST, EVENTS).await;
@@ -274,15 +273,10 @@ async fn deleting_a_payout_batch_drains_its_executor_before_the_finalizer_goes()
 #[tokio::test]
 async fn a_draining_executor_is_requeued_not_an_error() {
     let (services, ctx, mut api) = world(FakeServices::default());
-    let mut batch = fixtures::payout_batch();
-    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
-    batch.metadata.deletion_timestamp = serde_json::from_value(json!(NOW)).unwrap();
+    let batch = deleted_batch();
     let job = json!({"apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "payroll-2026-12-executor", "namespace": "default"}});
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch.clone(), ctx.clone());
     api.expect(Method::GET, JOB).await.reply(200, &job);
     let call = api.expect(Method::DELETE, JOB).await;
     assert_eq!(call.body["propagationPolicy"], "Foreground");
@@ -297,10 +291,7 @@ async fn a_draining_executor_is_requeued_not_an_error() {
     // The Job is terminating now: no second delete, no Event, still a requeue.
     let mut terminating = job.clone();
     terminating["metadata"]["deletionTimestamp"] = json!(NOW);
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch, ctx);
     api.expect(Method::GET, JOB).await.reply(200, &terminating);
     assert_eq!(
         reconcile.await.unwrap().unwrap(),
@@ -317,18 +308,14 @@ async fn a_draining_executor_is_requeued_not_an_error() {
 #[tokio::test]
 async fn a_batch_runs_as_another_service_account_only_when_its_payment_resource_lists_it() {
     let (services, ctx, mut api) = world(FakeServices::default());
-    let mut batch = fixtures::payout_batch();
-    batch.metadata.finalizers = Some(vec!["dlock.io/executor-drained".to_owned()]);
+    let mut batch = finalized_batch();
     batch.spec.executor = Some(dlock_operator::crd::ExecutorSpec {
         service_account_name: Some("payroll-runner".to_owned()),
         ..Default::default()
     });
     let resource_path = format!("{DLOCK}/paymentresources/payment-resource");
 
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch.clone(), ctx.clone());
     api.expect(Method::GET, &resource_path).await.reply(
         200,
         &serde_json::to_value(fixtures::payment_resource()).unwrap(),
@@ -336,14 +323,11 @@ async fn a_batch_runs_as_another_service_account_only_when_its_payment_resource_
     let call = api
         .expect_apply(&format!("{DLOCK}/payoutbatches/payroll-2026-12/status"))
         .await;
-    let degraded = &call.body["status"]["conditions"][2];
-    assert_eq!(degraded["reason"], "InvalidSpec", "{degraded}");
+    let (reason, message) = call.degraded();
+    assert_eq!(reason, "InvalidSpec", "{message}");
     assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("spec.executor.serviceAccountName: "),
-        "{degraded}"
+        message.starts_with("spec.executor.serviceAccountName: "),
+        "{message}"
     );
     call.answer(&batch);
     api.event("InvalidSpec", Some("Warning")).await;
@@ -358,10 +342,7 @@ async fn a_batch_runs_as_another_service_account_only_when_its_payment_resource_
 
     let mut listing = fixtures::payment_resource();
     listing.spec.executor_service_accounts = Some(vec!["payroll-runner".to_owned()]);
-    let reconcile = tokio::spawn(controller::payout_batch::reconcile_payout_batch(
-        Arc::new(batch),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_payout_batch, batch, ctx.clone());
     api.expect(Method::GET, &resource_path)
         .await
         .reply(200, &serde_json::to_value(listing).unwrap());

@@ -8,10 +8,7 @@ use super::*;
 async fn a_scheduled_reconciliation_gets_a_cron_job_and_a_ready_status() {
     let (_, ctx, mut api) = world(FakeServices::default());
     let object = fixtures::reconciliation(Some("0 * * * *"));
-    let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
-        Arc::new(object.clone()),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_reconciliation, object.clone(), ctx);
     // The namespace's services, listed for their spec.tls (none here: the stub's URL stays
     // http://).
     answer_fence_targets(&mut api).await;
@@ -60,10 +57,7 @@ fn reconciler_pod(name: &str, job: &str, exit_code: i32, finished: &str, message
 async fn a_removed_schedule_deletes_the_cron_job_and_the_findings_reach_status() {
     let (ctx, mut api) = context(Arc::new(FakeServices::default()));
     let object = fixtures::reconciliation(None);
-    let reconcile = tokio::spawn(controller::reconciliation::reconcile_reconciliation(
-        Arc::new(object.clone()),
-        ctx.clone(),
-    ));
+    let reconcile = spawn_reconcile(reconcile_reconciliation, object.clone(), ctx.clone());
     answer_fence_targets(&mut api).await;
     let call = api
         .expect(

@@ -10,7 +10,7 @@ use super::*;
 async fn a_revocation_with_several_payment_resources_is_refused_without_a_call() {
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    let reconcile = spawn_reconcile(reconcile_lock, lock, ctx);
     answer_targets(&mut api, &["pay-a", "pay-b"], &["rail"]).await;
     let call = api.next().await;
     assert_refused(
@@ -27,7 +27,7 @@ async fn a_revocation_with_several_payment_resources_is_refused_without_a_call()
 async fn a_revocation_fences_the_namespaces_own_payment_resource_and_rail_proxy() {
     let (services, ctx, mut api) = world(FakeServices::default());
     let lock = fixtures::revoke_asked(fixtures::lock());
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock(Arc::new(lock), ctx));
+    let reconcile = spawn_reconcile(reconcile_lock, lock, ctx);
     answer_targets(&mut api, &["payments-eu"], &["rail-sepa"]).await;
     let call = api.next().await;
     assert_eq!(call.body["status"]["revocation"]["outcome"], "Complete");
@@ -83,10 +83,7 @@ async fn an_unfinished_lock_revocation_completes_after_the_lock_is_gone() {
             ..LockRevocationStatus::default()
         }),
     };
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock_revocation(
-        Arc::new(object.clone()),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock_revocation, object.clone(), ctx);
     // The targets are looked up (the named ones must exist); the lock itself is not (it is gone).
     answer_fence_targets(&mut api).await;
     let call = api
@@ -144,10 +141,7 @@ async fn a_lock_revocation_whose_l8_outcome_is_unknown_is_requeued_then_complete
         status: None,
     };
     let path = format!("{DLOCK}/lockrevocations/revoke-acct-17/status");
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock_revocation(
-        Arc::new(object.clone()),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock_revocation, object.clone(), ctx);
     answer_fence_targets(&mut api).await;
     let call = api.expect_apply(&path).await;
     let result = call.body["status"]["result"].clone();
@@ -193,10 +187,7 @@ async fn a_lock_revocation_whose_l8_outcome_is_unknown_is_requeued_then_complete
         result: Some(serde_json::from_value(result).unwrap()),
         ..LockRevocationStatus::default()
     });
-    let reconcile = tokio::spawn(controller::lock::reconcile_lock_revocation(
-        Arc::new(retry),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_lock_revocation, retry, ctx);
     answer_fence_targets(&mut api).await;
     let call = api.expect_apply(&path).await;
     let result = &call.body["status"]["result"];

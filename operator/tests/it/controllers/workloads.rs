@@ -4,25 +4,32 @@
 
 use super::*;
 
-/// What a service gets applied after its Deployment: the PodDisruptionBudget, then the
-/// NetworkPolicy of its ingress (executors, reconcilers and the operator only).
-fn after_deployment(name: &str) -> [String; 2] {
-    [
-        format!("{POLICY}/poddisruptionbudgets/{name}"),
-        format!("{NETWORKING}/networkpolicies/{name}"),
-    ]
-}
-
-fn ready_deployment(mut body: Value, replicas: i64) -> Value {
+/// Answers a Deployment's apply (`call`) as rolled out, its 3 replicas ready.
+fn answer_ready_deployment(call: Call) {
+    let mut body = call.body.clone();
     body["metadata"]["generation"] = json!(1);
     body["status"] = json!({
         "observedGeneration": 1,
-        "replicas": replicas,
-        "readyReplicas": replicas,
-        "updatedReplicas": replicas,
-        "availableReplicas": replicas,
+        "replicas": 3,
+        "readyReplicas": 3,
+        "updatedReplicas": 3,
+        "availableReplicas": 3,
     });
-    body
+    call.reply(200, &body);
+}
+
+/// Answers what the service `name` gets applied after its Deployment (the PodDisruptionBudget,
+/// then the NetworkPolicy of its ingress: executors, reconcilers and the operator only), and
+/// returns the status apply of its custom resource (of the plural `kind`) that follows,
+/// unanswered.
+async fn status_after_deployment(api: &mut ApiServerVerifier, kind: &str, name: &str) -> Call {
+    api.echo_applies([
+        format!("{POLICY}/poddisruptionbudgets/{name}"),
+        format!("{NETWORKING}/networkpolicies/{name}"),
+    ])
+    .await;
+    api.expect_apply(&format!("{DLOCK}/{kind}/{name}/status"))
+        .await
 }
 
 /// A LockServer scaled to 3 replicas, last seen Ready with `ready_message`.
@@ -45,10 +52,19 @@ fn ready_lock_server(ready_message: &str) -> dlock_operator::crd::LockServer {
     object
 }
 
-/// Answers a [`ready_lock_server`]'s object applies, in order (service account, ConfigMap,
-/// Service, Deployment with all 3 replicas ready, PodDisruptionBudget, NetworkPolicy), and returns
-/// the status apply that follows, unanswered.
-async fn answer_ready_lock_server_objects(api: &mut ApiServerVerifier) -> Call {
+/// Reconciles a [`ready_lock_server`] whose Ready condition says `ready_message`: answers its
+/// object applies, in order (service account, ConfigMap, Service, Deployment with all 3 replicas
+/// ready, PodDisruptionBudget, NetworkPolicy), and returns the reconcile and the status apply that
+/// follows, unanswered.
+async fn reconcile_ready_lock_server(
+    ctx: Arc<Context>,
+    api: &mut ApiServerVerifier,
+    ready_message: &str,
+) -> (
+    tokio::task::JoinHandle<controller::Result<kube::runtime::controller::Action>>,
+    Call,
+) {
+    let reconcile = spawn_reconcile(reconcile_lock_server, ready_lock_server(ready_message), ctx);
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
@@ -68,11 +84,9 @@ async fn answer_ready_lock_server_objects(api: &mut ApiServerVerifier) -> Call {
         call.body["spec"]["replicas"], 3,
         "the update reaches the Deployment"
     );
-    let body = ready_deployment(call.body.clone(), 3);
-    call.reply(200, &body);
-    api.echo_applies(after_deployment("lock-server")).await;
-    api.expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
-        .await
+    answer_ready_deployment(call);
+    let call = status_after_deployment(api, "lockservers", "lock-server").await;
+    (reconcile, call)
 }
 
 /// Answers the mirror of one held lock: the Lock's apply (answered as generation 1), then its
@@ -101,7 +115,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
             dlock_operator::validate::lock_server(&object, &fixtures::settings()).unwrap();
         serde_json::to_value(dlock_operator::build::deployment::deployment(&workload)).unwrap()
     };
-    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(object, ctx));
+    let reconcile = spawn_reconcile(reconcile_lock_server, object, ctx);
 
     // The services' service account comes first, before any pod that runs as it.
     let call = api
@@ -132,10 +146,7 @@ async fn a_new_lock_server_gets_its_objects_applied_then_a_rolling_out_status_an
     let call = api.expect_service_and_deployment("lock-server").await;
     assert_eq!(call.body, expected_deployment);
     call.echo();
-    api.echo_applies(after_deployment("lock-server")).await;
-    let call = api
-        .expect_apply(&format!("{DLOCK}/lockservers/lock-server/status"))
-        .await;
+    let call = status_after_deployment(&mut api, "lockservers", "lock-server").await;
     assert_eq!(
         call.body,
         json!({
@@ -182,11 +193,7 @@ async fn a_ready_lock_server_is_updated_without_an_event_and_mirrors_its_held_lo
         held: vec![fixtures::held_lock()],
         ..FakeServices::default()
     });
-    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
-        Arc::new(ready_lock_server("2/2 replicas ready")),
-        ctx,
-    ));
-    let call = answer_ready_lock_server_objects(&mut api).await;
+    let (reconcile, call) = reconcile_ready_lock_server(ctx, &mut api, "2/2 replicas ready").await;
     assert_eq!(call.body["status"]["conditions"][0]["status"], "True");
     assert_eq!(call.body["status"]["summary"], "3/3");
     call.answer(&fixtures::lock_server());
@@ -268,11 +275,7 @@ async fn a_truncated_lock_list_deletes_no_lock_and_raises_a_condition() {
         truncated: true,
         ..FakeServices::default()
     });
-    let reconcile = tokio::spawn(controller::workloads::reconcile_lock_server(
-        Arc::new(ready_lock_server("3/3 replicas ready")),
-        ctx,
-    ));
-    let call = answer_ready_lock_server_objects(&mut api).await;
+    let (reconcile, call) = reconcile_ready_lock_server(ctx, &mut api, "3/3 replicas ready").await;
     call.answer(&fixtures::lock_server());
 
     let name = dlock_operator::build::lock::lock_name("lock-server", "payout:acct-17");
@@ -311,10 +314,7 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
         mode: Some(dlock_operator::crd::AuthMode::None),
         treasury_service_accounts: None,
     });
-    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
-        Arc::new(object),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payment_resource, object, ctx);
 
     expect_proof_keys_create(&mut api)
         .await
@@ -331,12 +331,8 @@ async fn a_payment_resource_without_authentication_is_applied_with_a_condition_a
     let pod = &call.body["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod.get("serviceAccountName").is_none());
-    let body = ready_deployment(call.body.clone(), 3);
-    call.reply(200, &body);
-    api.echo_applies(after_deployment("payment-resource")).await;
-    let call = api
-        .expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
-        .await;
+    answer_ready_deployment(call);
+    let call = status_after_deployment(&mut api, "paymentresources", "payment-resource").await;
     let conditions = call.conditions();
     assert_eq!(conditions.len(), 4, "{conditions:?}");
     assert_eq!(
@@ -374,10 +370,8 @@ async fn answer_ready_payment_resource(api: &mut ApiServerVerifier) -> Value {
         .echo();
     let call = api.expect_service_and_deployment("payment-resource").await;
     let pod = call.body["spec"]["template"]["spec"].clone();
-    let body = ready_deployment(call.body.clone(), 3);
-    call.reply(200, &body);
-    api.echo_applies(after_deployment("payment-resource")).await;
-    api.expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
+    answer_ready_deployment(call);
+    status_after_deployment(api, "paymentresources", "payment-resource")
         .await
         .answer(&fixtures::payment_resource());
     api.event("Ready", Some("Normal")).await;
@@ -405,10 +399,7 @@ fn proof_keys_volume(pod: &Value) -> Value {
 async fn the_namespaces_proof_keys_are_created_when_missing_and_never_replaced() {
     let (_, ctx, mut api) = world(FakeServices::default());
     let object = Arc::new(fixtures::payment_resource());
-    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
-        object.clone(),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payment_resource, object.clone(), ctx);
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
@@ -426,9 +417,7 @@ async fn the_namespaces_proof_keys_are_created_when_missing_and_never_replaced()
 
     // Again (a resync, another service of the namespace, a new leader): the Secret exists.
     let (_, ctx, mut api) = world(FakeServices::default());
-    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
-        object, ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payment_resource, object, ctx);
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
@@ -451,10 +440,7 @@ async fn a_named_proof_keys_secret_is_mounted_and_no_secret_is_created() {
     let (_, ctx, mut api) = world(FakeServices::default());
     let mut object = fixtures::payment_resource();
     object.spec.service.fencing_proof_keys_secret = Some(fixtures::secret("team-keys", "keys"));
-    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
-        Arc::new(object),
-        ctx,
-    ));
+    let reconcile = spawn_reconcile(reconcile_payment_resource, object, ctx);
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
@@ -470,10 +456,11 @@ async fn a_named_proof_keys_secret_is_mounted_and_no_secret_is_created() {
 #[tokio::test]
 async fn a_refused_proof_keys_create_stops_before_any_deployment() {
     let (_, ctx, mut api) = world(FakeServices::default());
-    let reconcile = tokio::spawn(controller::workloads::reconcile_payment_resource(
-        Arc::new(fixtures::payment_resource()),
+    let reconcile = spawn_reconcile(
+        reconcile_payment_resource,
+        fixtures::payment_resource(),
         ctx,
-    ));
+    );
     api.expect_apply(&format!("{NS}/serviceaccounts/dlock-service"))
         .await
         .echo();
@@ -486,15 +473,9 @@ async fn a_refused_proof_keys_create_stops_before_any_deployment() {
         .expect_apply(&format!("{DLOCK}/paymentresources/payment-resource/status"))
         .await;
     call.expect_field_manager("dlock-operator-failure");
-    let degraded = &call.conditions()[2];
-    assert_eq!(degraded["reason"], "ProofKeysFailed", "{degraded}");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("needs `create` on Secrets"),
-        "{degraded}"
-    );
+    let (reason, message) = call.degraded();
+    assert_eq!(reason, "ProofKeysFailed", "{message}");
+    assert!(message.contains("needs `create` on Secrets"), "{message}");
     call.answer(&fixtures::payment_resource());
     api.event("ProofKeysFailed", Some("Warning")).await;
     let error = reconcile.await.unwrap().unwrap_err();
