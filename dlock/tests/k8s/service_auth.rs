@@ -7,12 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dlock_devstack::{ManagedChild, free_port, spawn_logged};
+use dlock_devstack::{ManagedChild, free_port};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use serde_json::Value;
 
-use crate::shared::process::wait_serving;
-use crate::world::{EXE, World};
+use crate::world::{World, serve};
 
 const JSON: &str = "application/json; charset=utf-8";
 const NS: &str = "service-auth";
@@ -57,24 +56,13 @@ fn start_stub(
     for (key, value) in limits {
         config.push_str(&format!("\"auth.tokenreview.{key}\" = {value}\n"));
     }
-    let config_path = dir.join("rail-stub.toml");
-    std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("{e}"));
-    let log = dir.join("rail-stub.log");
-    let args = [
-        "serve".to_owned(),
-        "rail-stub".to_owned(),
-        "--config".to_owned(),
-        config_path.display().to_string(),
-    ];
-    let mut child = spawn_logged(name, Path::new(EXE), &args, &[], Some(&log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    wait_serving(
+    let (child, log) = serve(
         name,
-        &mut child,
-        ([127, 0, 0, 1], port).into(),
-        "/readyz",
+        "rail-stub",
+        &dir,
+        &config,
+        port,
         Duration::from_secs(30),
-        &log,
     );
     Stub {
         url: format!("http://127.0.0.1:{port}"),

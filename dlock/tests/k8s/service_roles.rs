@@ -4,14 +4,12 @@
 //! ServiceAccount outside the list is 403 on a write and a read and changes nothing, the listed
 //! executor cannot open or fund an account, and the listed treasury opens one (positive control).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use dlock_devstack::{PgServer, free_port, spawn_logged};
+use dlock_devstack::{PgServer, free_port};
 use serde_json::{Value, json};
 
-use crate::shared::process::wait_serving;
-use crate::world::{EXE, World};
+use crate::world::{World, serve};
 
 const NS: &str = "roles";
 /// The payment resource's own account (it reviews callers' tokens with it).
@@ -98,25 +96,13 @@ async fn a_service_account_outside_the_allow_list_is_refused_by_a_real_payment_r
         ca.display().to_string(),
         own_token.display().to_string(),
     );
-    let config_path = dir.join("payment-resource.toml");
-    std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("{e}"));
-    let log = dir.join("payment-resource.log");
-    let args = [
-        "serve",
+    let (_service, _log) = serve(
         "payment-resource",
-        "--config",
-        &config_path.display().to_string(),
-    ]
-    .map(str::to_owned);
-    let mut child = spawn_logged("payment-resource", Path::new(EXE), &args, &[], Some(&log))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    wait_serving(
         "payment-resource",
-        &mut child,
-        ([127, 0, 0, 1], port).into(),
-        "/readyz",
+        &dir,
+        &config,
+        port,
         Duration::from_secs(60),
-        &log,
     );
     let url = format!("http://127.0.0.1:{port}");
     let http = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));

@@ -26,6 +26,54 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `dlock args…` with `env` as a process named `name`, its output in `log`, once it answers
+/// `path` with 200 on 127.0.0.1:`port` (within `timeout`; it panics with the log if the process
+/// exits or never does).
+pub fn spawn_serving(
+    name: &str,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+    (port, path): (u16, &str),
+    timeout: Duration,
+) -> ManagedChild {
+    let mut child = spawn_logged(name, Path::new(EXE), args, env, Some(log))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_serving(
+        name,
+        &mut child,
+        ([127, 0, 0, 1], port).into(),
+        path,
+        timeout,
+        log,
+    );
+    child
+}
+
+/// `dlock serve <service>` on `config`, written to `<dir>/<service>.toml`, once it is ready on
+/// 127.0.0.1:`port` (within `timeout`): the process, named `name`, and its log
+/// (`<dir>/<service>.log`).
+pub fn serve(
+    name: &str,
+    service: &str,
+    dir: &Path,
+    config: &str,
+    port: u16,
+    timeout: Duration,
+) -> (ManagedChild, PathBuf) {
+    let config_path = dir.join(format!("{service}.toml"));
+    std::fs::write(&config_path, config).unwrap_or_else(|e| panic!("{e}"));
+    let log = dir.join(format!("{service}.log"));
+    let args = [
+        "serve".to_owned(),
+        service.to_owned(),
+        "--config".to_owned(),
+        config_path.display().to_string(),
+    ];
+    let child = spawn_serving(name, &args, &[], &log, (port, "/readyz"), timeout);
+    (child, log)
+}
+
 /// examples/payoutbatch.yaml for the services of `dlock dev up` (a tokens file): its executor
 /// presents the Secret `executor-credential` as `executor`, the form the example's comment gives,
 /// where the example itself uses a ServiceAccount's projected token (TokenReview).
@@ -322,21 +370,13 @@ impl World {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
         let log = self.cluster.dir().join(format!("operator-{index}.log"));
-        let mut child = spawn_logged(
+        let child = spawn_serving(
             "operator",
-            Path::new(EXE),
             &["operator".to_owned()],
             &env,
-            Some(&log),
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
-        wait_serving(
-            "the operator's /healthz",
-            &mut child,
-            ([127, 0, 0, 1], port).into(),
-            "/healthz",
-            Duration::from_secs(30),
             &log,
+            (port, "/healthz"),
+            Duration::from_secs(30),
         );
         self.operators.push(child);
         (index, port)
