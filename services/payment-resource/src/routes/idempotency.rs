@@ -256,6 +256,12 @@ pub(super) trait Create: Serialize + DeserializeOwned + Send + Sync {
         &self,
         conn: &mut PgConnection,
     ) -> impl Future<Output = Result<Reply, ApiError>> + Send;
+
+    /// Makes the checked create under `scope`: the effect and the idempotency record in a
+    /// transaction of their own, unless the kind says otherwise.
+    fn run(state: AppState, scope: Scope, body: Self) -> impl Future<Output = Response> + Send {
+        async move { idempotent!(&state, scope, |conn| body.effect(conn).await) }
+    }
 }
 
 /// The handler of every [`Create`].
@@ -266,12 +272,12 @@ pub(super) async fn create<B: Create>(
     Json(body): Json<B>,
 ) -> Result<Response, ApiError> {
     let scope = checked_create(&state, &caller, &headers, &body)?;
-    Ok(idempotent!(&state, scope, |conn| body.effect(conn).await))
+    Ok(B::run(state, scope, body).await)
 }
 
 /// A create's checks, in order (who may make one, then its write headers and its fields), and
 /// its idempotency scope.
-pub(super) fn checked_create<B: Create>(
+fn checked_create<B: Create>(
     state: &AppState,
     caller: &Caller,
     headers: &HeaderMap,

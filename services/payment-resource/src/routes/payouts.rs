@@ -30,7 +30,7 @@ use super::cursor::{ListQuery, query_error};
 use super::errors::{
     PayoutWrite, account_not_found, not_claimable, payout_not_found, refused, store_error,
 };
-use super::idempotency::{Create, Reply, Started, checked_create, created, idempotent, kept};
+use super::idempotency::{Create, Reply, Started, create, created, idempotent, kept};
 use super::ledger::{PostJob, post_effect, post_single};
 use crate::metrics::{BatchKind, Lookup, Metrics, Resource};
 use crate::openapi::{FencedParams, WriteParams};
@@ -70,6 +70,19 @@ impl Create for CreatePayoutRequest {
             _ => None,
         };
         registered(self, outcome, payout)
+    }
+
+    /// Grouped with the registrations that queue behind a running one
+    /// (docs/design.md#group-commit).
+    async fn run(state: AppState, scope: Scope, body: Self) -> Response {
+        let (payout_id, account_id) = (body.payout_id, body.account_id.clone());
+        let response = grouped(state.clone(), |b| &b.creates, CreateJob { scope, body }).await;
+        // 201, fresh or replayed, is this very body's payout: its account is the one to prove
+        // the payout's writes against.
+        if response.status() == StatusCode::CREATED {
+            state.store.remember_account(payout_id, account_id);
+        }
+        response
     }
 }
 
@@ -112,21 +125,12 @@ fn registered(
         (status = 422, description = "IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout (docs/contract.md#account-limits); nothing changed", body = ErrorBody),
     ))]
 pub(super) async fn create_payout(
-    State(state): State<AppState>,
+    state: State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    Json(body): Json<CreatePayoutRequest>,
+    body: Json<CreatePayoutRequest>,
 ) -> Result<Response, ApiError> {
-    let scope = checked_create(&state, &caller, &headers, &body)?;
-    let (payout_id, account_id) = (body.payout_id, body.account_id.clone());
-    let job = CreateJob { scope, body };
-    let response = grouped(state.clone(), |b| &b.creates, job).await;
-    // 201, fresh or replayed, is this very body's payout: its account is the one to prove
-    // the payout's writes against.
-    if response.status() == StatusCode::CREATED {
-        state.store.remember_account(payout_id, account_id);
-    }
-    Ok(response)
+    create(state, caller, headers, body).await
 }
 
 /// A registration, checked, waiting for its transaction.
