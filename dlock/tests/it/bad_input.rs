@@ -5,7 +5,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, LockStack, client, hold, on_each_backend, session};
+use crate::harness::{Backend, LockStack, client, etcd_under, hold, on_each_backend, session};
 use crate::steps::{Runner, Step, delete, get, post, step};
 
 const INVALID: &str = "VALIDATION_FAILED";
@@ -29,13 +29,7 @@ async fn snapshot(stack: &LockStack) -> String {
             .unwrap_or_default(),
         Backend::Etcd => {
             let endpoint = stack.etcd().map(|e| e.endpoint()).unwrap_or_default();
-            let mut etcd = etcd_client::Client::connect([endpoint], None)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let all = etcd
-                .get("/dlock/", Some(etcd_client::GetOptions::new().with_prefix()))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let all = etcd_under(&endpoint, "/dlock/").await;
             let revision = all.header().map(|h| h.revision()).unwrap_or_default();
             let keys: Vec<String> = all
                 .kvs()

@@ -10,7 +10,7 @@ use dlock_contract::ErrorCode;
 use dlock_contract::client::ClientError;
 use tokio::sync::Mutex;
 
-use crate::harness::{Backend, LockStack, client, eventually, on_each_backend, port};
+use crate::harness::{Backend, LockStack, client, eventually, on_each_backend, port, session_kept};
 
 const WORKERS: usize = 8;
 const KILLS: usize = 2;
@@ -58,18 +58,9 @@ async fn run(backend: Backend) {
             let lock = client(&url, &format!("crash-worker-{w}"));
             let mut session = None;
             while !stop.load(Ordering::SeqCst) {
-                let sid = match session {
-                    Some(sid) => sid,
-                    None => match lock.create_session(Some(30_000)).await {
-                        Ok(s) => {
-                            session = Some(s.session_id);
-                            s.session_id
-                        }
-                        Err(_) => {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    },
+                let Ok(sid) = session_kept(&lock, &mut session, 30_000).await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
                 };
                 let key = format!("crash:work-{}", w % 4);
                 match lock.acquire(&key, sid, Some(10_000), Some(2_000)).await {

@@ -22,7 +22,7 @@ use tokio::sync::Mutex;
 
 use super::{knob, refusal_code as code, session_gone, sweeping_proxy};
 use crate::chaos::{CheckedStack, check_invariants, fenced_out_in};
-use crate::harness::serve_process;
+use crate::harness::{serve_process, session_kept};
 use crate::shared::accounts::open_account;
 use crate::shared::payouts::{Item, batch_manifest};
 
@@ -240,19 +240,13 @@ pub(crate) fn lock_probe(
         let mut calls = 0u64;
         while !stop.load(Ordering::SeqCst) {
             let started = Instant::now();
-            let sid = match session {
-                Some(s) => s,
-                None => match lock.create_session(Some(60_000)).await {
-                    Ok(s) => {
-                        session = Some(s.session_id);
-                        s.session_id
-                    }
-                    Err(e) => {
-                        probe.lock().await.calls.push((started, Err(code(&e))));
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
+            let sid = match session_kept(&lock, &mut session, 60_000).await {
+                Ok(sid) => sid,
+                Err(e) => {
+                    probe.lock().await.calls.push((started, Err(code(&e))));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
             };
             // A key per call: a release lost in the failover leaves a grant that would hold the
             // next acquire until its TTL, which is not what the probe measures.

@@ -20,11 +20,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_devstack::pg_standby::{PgPair, Replication};
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::planted::{first_ok, planted_token_is_caught};
 use super::{
-    GRANT_TTL_MS, StoreFault, applied_acquire_refused_is_caught, check, now_ns,
-    planted_violations_are_caught, run_under_faults, write_lines,
+    StoreFault, applied_acquire_refused_is_caught, now_ns, planted_violations_are_caught,
+    run_under_faults,
 };
 
 /// How far lockdb moves its tokens on a new timeline (`store_epoch.token_gap`'s default).
@@ -230,44 +231,20 @@ async fn history_across_a_synchronous_pg_failover_is_linearizable() {
 
     // A token from below the jump given after the first grant above it: what lockdb would have
     // issued next without its epoch guard.
-    let (n, first) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| {
-            l["op"] == "acquire"
-                && l["status"] == "ok"
-                && ns(l, "call").is_some_and(|t| t > promoted)
-        })
-        .unwrap_or_else(|| panic!("no acquire after the promotion"));
-    let at = ns(first, "ret").unwrap_or_default();
+    let first = first_ok(
+        lines,
+        "acquire",
+        |l| ns(l, "call").is_some_and(|t| t > promoted),
+        "no acquire after the promotion",
+    );
     let below = highest + 1;
-    let mut planted = lines.clone();
-    let client = lines
-        .iter()
-        .filter_map(|l| l["client"].as_u64())
-        .max()
-        .unwrap_or_default()
-        + 1;
-    planted.insert(
-        n + 1,
-        json!({"client": client, "op": "acquire", "key": first["key"],
-               "session": "planted-session", "ttl_ms": GRANT_TTL_MS,
-               "session_until": at + 10_000_000_000i64, "call": at + 1_000_000,
-               "ret": at + 2_000_000, "status": "ok", "out": {"token": below}}),
-    );
-    let path = run
-        .dir
-        .join(format!("{}.planted-below-jump.jsonl", run.name));
-    write_lines(&path, &planted);
-    let (status, verdict) = check(&path);
-    assert_eq!(
-        status, 1,
-        "a token from below the jump after it is caught: {verdict}"
-    );
-    assert!(
-        verdict.contains("violation on the global token order")
-            && verdict.contains(&format!("token {below}")),
-        "the checker names the token from below the jump ({below}): {verdict}"
+    planted_token_is_caught(
+        &run.dir
+            .join(format!("{}.planted-below-jump.jsonl", run.name)),
+        lines,
+        first,
+        below,
+        "token from below the jump after it",
     );
 
     // The first acquire after the promotion whose grant was then used, answered NOT_LEADER.

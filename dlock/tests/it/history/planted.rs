@@ -4,56 +4,91 @@
 
 use super::*;
 
-/// The positive control: each planted violation makes the checker exit 1 and name the call.
-pub(super) fn planted_violations_are_caught(dir: &Path, name: &str, lines: &[Value]) {
-    let clients = lines
+/// The client after the highest in `lines`: one that made none of its calls.
+fn new_client(lines: &[Value]) -> u64 {
+    lines
         .iter()
         .filter_map(|l| l["client"].as_u64())
         .max()
         .unwrap_or_default()
-        + 1;
-    // 1. A token given twice: a second session gets the token of an acquire, just after it.
-    let (n, acquired) = lines
+        + 1
+}
+
+/// An acquire of `l`'s key and session that the history shows in doubt (`unknown`).
+fn in_doubt(lines: &[Value], l: &Value) -> bool {
+    lines.iter().any(|o| {
+        o["op"] == "acquire"
+            && o["status"] == "unknown"
+            && o["key"] == l["key"]
+            && o["session"] == l["session"]
+    })
+}
+
+/// The first `op` of `lines` that succeeded and of which `also` holds, with its index; panics
+/// with `none` if there is none.
+pub(super) fn first_ok<'a>(
+    lines: &'a [Value],
+    op: &str,
+    also: impl Fn(&Value) -> bool,
+    none: &str,
+) -> (usize, &'a Value) {
+    lines
         .iter()
         .enumerate()
-        .find(|(_, l)| l["op"] == "acquire" && l["status"] == "ok")
-        .unwrap_or_else(|| panic!("no acquire succeeded"));
-    let token = acquired["out"]["token"].as_i64().unwrap_or_default();
+        .find(|(_, l)| l["op"] == op && l["status"] == "ok" && also(l))
+        .unwrap_or_else(|| panic!("{none}"))
+}
+
+/// The positive control for the global token order: a second session's acquire of the key of
+/// `acquired` (line `n`), just after it, that gets `token`, written as `path`, must make the
+/// checker exit 1 and name `token`, the `what`.
+pub(super) fn planted_token_is_caught(
+    path: &Path,
+    lines: &[Value],
+    (n, acquired): (usize, &Value),
+    token: i64,
+    what: &str,
+) {
     let at = acquired["ret"].as_i64().unwrap_or_default();
     let mut planted = lines.to_vec();
     planted.insert(
         n + 1,
-        json!({"client": clients, "op": "acquire", "key": acquired["key"],
+        json!({"client": new_client(lines), "op": "acquire", "key": acquired["key"],
                "session": "planted-session", "ttl_ms": GRANT_TTL_MS, "session_until": at + 10_000_000_000i64,
                "call": at + 1_000_000, "ret": at + 2_000_000, "status": "ok", "out": {"token": token}}),
     );
-    let path = dir.join(format!("{name}.planted-token.jsonl"));
-    write_lines(&path, &planted);
-    let (status, verdict) = check(&path);
-    assert_eq!(status, 1, "a token given twice is caught: {verdict}");
+    write_lines(path, &planted);
+    let (status, verdict) = check(path);
+    assert_eq!(status, 1, "a {what} is caught: {verdict}");
     assert!(
         verdict.contains("violation on the global token order")
             && verdict.contains(&format!("token {token}")),
-        "the checker names the token given twice ({token}): {verdict}"
+        "the checker names the {what} ({token}): {verdict}"
+    );
+}
+
+/// The positive control: each planted violation makes the checker exit 1 and name the call.
+pub(super) fn planted_violations_are_caught(dir: &Path, name: &str, lines: &[Value]) {
+    // 1. A token given twice: a second session gets the token of an acquire, just after it.
+    let acquired = first_ok(lines, "acquire", |_| true, "no acquire succeeded");
+    planted_token_is_caught(
+        &dir.join(format!("{name}.planted-token.jsonl")),
+        lines,
+        acquired,
+        acquired.1["out"]["token"].as_i64().unwrap_or_default(),
+        "token given twice",
     );
 
     // 2. A read that shows a released grant still held, just after the release, where no
     // acquire of that session on that key is in doubt.
-    let (n, released) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| {
-            l["op"] == "release"
-                && l["status"] == "ok"
-                && !lines.iter().any(|o| {
-                    o["op"] == "acquire"
-                        && o["status"] == "unknown"
-                        && o["key"] == l["key"]
-                        && o["session"] == l["session"]
-                })
-        })
-        .unwrap_or_else(|| panic!("no release succeeded"));
+    let (n, released) = first_ok(
+        lines,
+        "release",
+        |l| !in_doubt(lines, l),
+        "no release succeeded",
+    );
     let at = released["ret"].as_i64().unwrap_or_default();
+    let clients = new_client(lines);
     let mut planted = lines.to_vec();
     planted.insert(
         n + 1,
@@ -87,22 +122,12 @@ pub(super) fn applied_acquire_refused_is_caught(
     lines: &[Value],
     after: i64,
 ) -> usize {
-    let unknown_of = |l: &Value| {
-        lines.iter().any(|o| {
-            o["op"] == "acquire"
-                && o["status"] == "unknown"
-                && o["key"] == l["key"]
-                && o["session"] == l["session"]
-        })
-    };
-    let (n, acquired) = lines
-        .iter()
-        .enumerate()
-        .find(|(_, l)| {
-            l["op"] == "acquire"
-                && l["status"] == "ok"
-                && l["call"].as_i64().is_some_and(|t| t >= after)
-                && !unknown_of(l)
+    let (n, acquired) = first_ok(
+        lines,
+        "acquire",
+        |l| {
+            l["call"].as_i64().is_some_and(|t| t >= after)
+                && !in_doubt(lines, l)
                 && lines.iter().any(|o| {
                     (o["op"] == "renew" || o["op"] == "release")
                         && o["status"] == "ok"
@@ -110,8 +135,9 @@ pub(super) fn applied_acquire_refused_is_caught(
                         && o["session"] == l["session"]
                         && o["token"] == l["out"]["token"]
                 })
-        })
-        .unwrap_or_else(|| panic!("no acquire was renewed or released"));
+        },
+        "no acquire was renewed or released",
+    );
     let mut planted = lines.to_vec();
     planted[n]["status"] = "fail".into();
     planted[n]["code"] = "NOT_LEADER".into();

@@ -68,6 +68,18 @@ async fn waits_in(w: &RailWorld, function: &str) -> i32 {
     .await
 }
 
+/// Waits until a statement calling `function` waits for a lock in paydb, and ends its backend
+/// (`what`), as a crash of its connection would.
+async fn terminate_waiting(w: &RailWorld, function: &str, what: &str) {
+    let pid = waits_in(w, function).await;
+    let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&w.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(terminated, "{what} {pid}");
+}
+
 /// Waits until `n` submissions are queued behind the running admission.
 async fn queued(proxy: &str, n: usize) {
     queued_for(proxy, "admit", n).await
@@ -397,13 +409,7 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
     // ga-held's payout row is held from outside: the batch stops there, and dies there.
     let blocker = hold_payout(&w, items[1].payout).await;
     let ((gate_status, gate_body), answers, batches) = gated(&w, &proxy, gate, &items, async {
-        let pid = waits_in(&w, "rail_admit_many").await;
-        let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&w.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(terminated, "the batch's backend {pid}");
+        terminate_waiting(&w, "rail_admit_many", "the batch's backend").await;
     })
     .await;
     open(blocker).await;

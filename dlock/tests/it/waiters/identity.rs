@@ -38,15 +38,9 @@ async fn stored_sessions(stack: &LockStack) -> Vec<String> {
             rows.into_iter().map(|(s, o)| format!("{s} {o}")).collect()
         }
         Backend::Etcd => {
-            let mut etcd = etcd(stack).await;
-            let response = etcd
-                .get(
-                    "/dlock/s/",
-                    Some(etcd_client::GetOptions::new().with_prefix()),
-                )
+            let endpoint = stack.etcd().map(|e| e.endpoint());
+            etcd_under(&endpoint.unwrap_or_else(|| panic!("no etcd")), "/dlock/s/")
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            response
                 .kvs()
                 .iter()
                 .map(|kv| {

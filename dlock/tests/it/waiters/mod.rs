@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::harness::{
-    BOTH, Backend, LockStack, client, eventually, hold, on_both_backends, party, port, post_json,
-    release, session,
+    BOTH, Backend, LockStack, client, etcd_under, eventually, hold, on_both_backends, party, port,
+    post_json, release, session,
 };
 
 const JSON: &str = "application/json; charset=utf-8";

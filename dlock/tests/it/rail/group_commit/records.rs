@@ -59,9 +59,15 @@ async fn gated_records(
     )
 }
 
-/// Each item answered ACKED under its own token, recorded ACKED, and presented to the rail once.
-async fn all_acked(w: &RailWorld, stub: &str, items: &[Item], answers: &[(u16, Value)]) {
-    for (item, (status, body)) in items.iter().zip(answers) {
+/// The gate's record ran alone, then the three others' in batches of four items in all
+/// (`batches`, as `why` says); each item, the gate first, answered ACKED under its own token,
+/// recorded ACKED, and presented to the rail once.
+async fn all_acked(w: &RailWorld, stub: &str, items: &[Item], gated: Gated, why: &str) {
+    let ((status, body), answers, batches) = gated;
+    assert_eq!(status, 200, "the gate: {body}");
+    assert_eq!(batches, (2.0, 4.0), "{why}");
+    let answers = [vec![(status, body)], answers].concat();
+    for (item, (status, body)) in items.iter().zip(&answers) {
         let account = item.account;
         assert_eq!(*status, 200, "{account}: {body}");
         assert_eq!(body["outcome"], "ACKED", "{account}");
@@ -79,15 +85,15 @@ async fn all_acked(w: &RailWorld, stub: &str, items: &[Item], answers: &[(u16, V
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_answers_of_concurrent_forwards_are_recorded_in_one_commit_each_its_own() {
     let (w, stub, proxy, _process, items) = record_world("gr").await;
-    let ((status, body), answers, batches) =
-        gated_records(&w, &proxy, items[0], &items[1..], async {}).await;
-    assert_eq!(status, 200, "the gate: {body}");
-    assert_eq!(
-        batches,
-        (2.0, 4.0),
-        "the gate's record alone, then the three together"
-    );
-    all_acked(&w, &stub, &items, &[vec![(status, body)], answers].concat()).await;
+    let gated = gated_records(&w, &proxy, items[0], &items[1..], async {}).await;
+    all_acked(
+        &w,
+        &stub,
+        &items,
+        gated,
+        "the gate's record alone, then the three together",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -96,29 +102,24 @@ async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous()
     // The last item's attempt is held from outside: the batch of three stops there, and dies
     // there; then each answer is recorded alone.
     let blocker = std::sync::Arc::new(tokio::sync::Mutex::new(None));
-    let (((status, body), answers, batches), ()) = tokio::join!(
+    let (gated, ()) = tokio::join!(
         gated_records(&w, &proxy, items[0], &items[1..], async {
             *blocker.lock().await = Some(hold_attempt(&w, items[3].payout).await);
         }),
         async {
-            let pid = waits_in(&w, "rail_record_many").await;
-            let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
-                .bind(pid)
-                .fetch_one(&w.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(terminated, "the record batch's backend {pid}");
+            terminate_waiting(&w, "rail_record_many", "the record batch's backend").await;
             // Recorded alone, the held attempt's record waits for it: let it go.
             waits_in(&w, "rail_record").await;
             let held = blocker.lock().await.take();
             open(held.unwrap_or_else(|| panic!("the blocker was taken"))).await;
         }
     );
-    assert_eq!(status, 200, "the gate: {body}");
-    assert_eq!(
-        batches,
-        (2.0, 4.0),
-        "the gate's record alone, then the batch of three that was aborted"
-    );
-    all_acked(&w, &stub, &items, &[vec![(status, body)], answers].concat()).await;
+    all_acked(
+        &w,
+        &stub,
+        &items,
+        gated,
+        "the gate's record alone, then the batch of three that was aborted",
+    )
+    .await;
 }
