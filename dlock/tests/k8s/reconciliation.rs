@@ -11,6 +11,31 @@ use crate::world::World;
 
 const NS: &str = "audit";
 
+/// The status of the Reconciliation `name` in `namespace`, read with `kubectl` (`kubectl get …
+/// -o json`); Null while there is none to read.
+pub fn reconciliation_status<E>(
+    kubectl: impl Fn(&[&str]) -> Result<String, E>,
+    name: &str,
+    namespace: &str,
+) -> Value {
+    kubectl(&["get", "reconciliation", name, "-n", namespace, "-o", "json"])
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .map(|o| o["status"].clone())
+        .unwrap_or(Value::Null)
+}
+
+/// A Reconciliation's `status` whose summary, the reconciler's own, counts no double payment.
+#[track_caller]
+pub fn assert_no_double_payment(status: &Value) {
+    assert!(
+        status["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("double payments: 0")),
+        "the reconciler's own summary: {status}"
+    );
+}
+
 fn reconciliation(name: &str, schedule: Option<&str>) -> String {
     let mut yaml = format!(
         "apiVersion: dlock.io/v1alpha1\nkind: Reconciliation\nmetadata:\n  name: {name}\nspec:\n  \
@@ -41,12 +66,7 @@ async fn a_reconciliation_reports_its_findings_in_status_and_a_removed_schedule_
         .unwrap_or_else(|e| panic!("{e:#}"));
     let mut status = Value::Null;
     wait_until("the findings in status", Duration::from_secs(240), || {
-        status = world
-            .try_kubectl(&["get", "reconciliation", "once", "-n", NS, "-o", "json"])
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .map(|o| o["status"].clone())
-            .unwrap_or(Value::Null);
+        status = reconciliation_status(|args| world.try_kubectl(args), "once", NS);
         let ready = status["conditions"]
             .as_array()
             .into_iter()
@@ -74,12 +94,7 @@ async fn a_reconciliation_reports_its_findings_in_status_and_a_removed_schedule_
         "the reconciler ran and found nothing critical: {ran:?}"
     );
     eprintln!("reconciliation status: {status}");
-    assert!(
-        status["summary"]
-            .as_str()
-            .is_some_and(|s| s.contains("double payments: 0")),
-        "the reconciler's own summary: {status}"
-    );
+    assert_no_double_payment(&status);
     let object = world.get_json(&["reconciliation", "once", "-n", NS]);
     let (health, message) = crate::world::argocd_health("Reconciliation", &object);
     assert_eq!(health, "Healthy", "{message}");

@@ -88,6 +88,16 @@ pub(crate) fn lock_status_until(
     )
 }
 
+/// The floor a revocation's result (a Lock's `status.revocation`, a LockRevocation's
+/// `status.result`) records, once it says the grant it revoked is the one of `token`.
+#[track_caller]
+pub(crate) fn floor_revoking(result: &Value, token: i64) -> i64 {
+    assert_eq!(result["revokedToken"], token, "{result}");
+    result["newTokenFloor"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{result}"))
+}
+
 /// Both enforcement points hold `floor` for `account`: the account's fence (through `payment`)
 /// and the rail high-water mark (in paydb at `paydb`).
 pub(crate) async fn assert_floor_at_both_points(

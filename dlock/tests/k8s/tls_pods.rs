@@ -20,6 +20,7 @@ use rcgen::{
 use serde_json::Value;
 
 use crate::real_node::RealCluster;
+use crate::reconciliation::{assert_no_double_payment, reconciliation_status};
 use crate::world::OPERATOR_NAMESPACE;
 
 /// The Secret examples/stack.yaml names in `spec.tls.secretName`.
@@ -332,24 +333,14 @@ fn a_tls_stack_pays_through_https_and_refuses_plain_http_and_foreign_tokens() {
         "the reconciler's findings in status",
         Duration::from_secs(180),
         || {
-            status = cluster
-                .try_kubectl(&["get", "reconciliation", "once", "-n", NS, "-o", "json"])
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .map(|o| o["status"].clone())
-                .unwrap_or(Value::Null);
+            status = reconciliation_status(|args| cluster.try_kubectl(args), "once", NS);
             status["summary"]
                 .as_str()
                 .is_some_and(|s| s.contains("double payments"))
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}: {status}{}", cluster.diagnostics()));
-    assert!(
-        status["summary"]
-            .as_str()
-            .is_some_and(|s| s.contains("double payments: 0")),
-        "{status}"
-    );
+    assert_no_double_payment(&status);
     let job = cluster.get_json(&["job", "once-reconcile", "-n", NS]);
     let (env, value) = container_env(&job);
     assert_eq!(
