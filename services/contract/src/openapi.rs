@@ -10,7 +10,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 /// The path every service serves its document at.
 pub const PATH: &str = "/v1/openapi.json";
 
-/// Adds the `bearerAuth` scheme (`Authorization: Bearer <token>`) that write operations name.
+/// Adds the `bearerAuth` scheme (`Authorization: Bearer <token>`); the published document names it
+/// on every operation that may answer `401` (`dlock_server::openapi::published`).
 pub struct BearerAuth;
 
 impl Modify for BearerAuth {

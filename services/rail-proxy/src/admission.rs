@@ -87,7 +87,6 @@ pub(crate) fn admit_batch(
     params(("X-Fencing-Token" = String, Header, description = "decimal int64 > 0"),
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof (`<key-id>.<hex>`) on payout:{accountId}; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            ("X-Owner-Id" = String, Header), ("X-Idempotency-Key" = String, Header)),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = SubmissionResponse), InvalidToken, Unauthorized, RailUnavailable,
         (status = 404, description = "NOT_FOUND: payout", body = ErrorBody),
         (status = 409, description = "FENCED_OUT, DUPLICATE_SUBMISSION, PAYOUT_NOT_CLAIMABLE or RAIL_AMBIGUOUS", body = ErrorBody),

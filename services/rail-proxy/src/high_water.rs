@@ -31,7 +31,6 @@ const REASON_LEN_MAX: usize = 4096;
 /// Raises an account's high-water mark to a revocation floor (operator; docs/design.md#d-3).
 #[utoipa::path(post, path = "/v1/rail/high-water/{account_id}", request_body = HighWaterRequest,
     params(("accountId" = String, Path), ("X-Owner-Id" = String, Header)),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = HighWaterAdvanced), Invalid, Unauthorized, NotFound, RailUnavailable))]
 pub(crate) async fn advance_high_water(
     State(state): State<AppState>,
@@ -139,7 +138,6 @@ fn account_not_found(account_id: &str) -> ApiError {
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
            ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
            ("X-Owner-Id" = String, Header)),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, RailUnavailable,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
         (status = 409, description = "FENCED_OUT: the token is below the highest token the proxy admitted a submission with, its proof verified (details.highestToken); nothing changed", body = ErrorBody),

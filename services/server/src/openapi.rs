@@ -65,8 +65,8 @@ pub enum RailUnavailable {
 
 /// A service's batch endpoints (docs/contract.md#batches): the routes it serves them on
 /// ([`BatchEndpoints::routes`]) and what each documents the same way in every service:
-/// `X-Owner-Id` for every item, the `bearerAuth` security and its refusals of the whole batch
-/// (400, 401, 403, 503), each naming the step it batches. Listed in the document's `modifiers`;
+/// `X-Owner-Id` for every item and its refusals of the whole batch (400, 401, 403, 503), each
+/// naming the step it batches (the 401 makes [`published`] name the `bearerAuth` security). Listed in the document's `modifiers`;
 /// the operation itself (`#[utoipa::path]` with the items' [`Item::PATH`]) declares its request
 /// body and its 200.
 pub struct BatchEndpoints(pub &'static [BatchEndpoint]);
@@ -138,7 +138,6 @@ impl Modify for BatchEndpoints {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
         use utoipa::openapi::schema::{ObjectBuilder, Type};
-        use utoipa::openapi::security::SecurityRequirement;
         use utoipa::openapi::{Content, Ref, Required, ResponseBuilder};
 
         for endpoint in self.0 {
@@ -161,10 +160,6 @@ impl Modify for BatchEndpoints {
                 .parameters
                 .get_or_insert_with(Vec::new)
                 .insert(0, owner);
-            operation
-                .security
-                .get_or_insert_with(Vec::new)
-                .push(SecurityRequirement::new("bearerAuth", Vec::<String>::new()));
             for (status, description) in endpoint.refusals() {
                 let response = ResponseBuilder::new()
                     .description(description)
@@ -190,8 +185,16 @@ impl Modify for BatchEndpoints {
 ///   (`POST /v1/payouts/{payout_id}/claim`); the contract names them in camel case
 ///   (`/v1/payouts/{payoutId}/claim`, docs/contract.md), like the operation's own `params`;
 /// - every operation lists its tags, none (`"tags": []`), as an operation listed in an
-///   `#[openapi(paths(...))]` does; a route's operation leaves the list out.
+///   `#[openapi(paths(...))]` does; a route's operation leaves the list out;
+/// - in a document that declares the `bearerAuth` scheme, every operation that may answer `401`
+///   names it as its security: the credential is what a `401` refuses, so the operation's
+///   responses say once that it needs one.
 pub fn published(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::security::SecurityRequirement;
+    let bearer = document
+        .components
+        .as_ref()
+        .is_some_and(|components| components.security_schemes.contains_key("bearerAuth"));
     let paths = std::mem::take(&mut document.paths.paths);
     document.paths.paths = paths
         .into_iter()
@@ -210,6 +213,15 @@ pub fn published(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::Ope
             .flatten()
             {
                 operation.tags.get_or_insert_with(Vec::new);
+                if bearer
+                    && operation.security.is_none()
+                    && operation.responses.responses.contains_key("401")
+                {
+                    operation.security = Some(vec![SecurityRequirement::new(
+                        "bearerAuth",
+                        Vec::<String>::new(),
+                    )]);
+                }
             }
             (contract_path(&path), item)
         })

@@ -21,7 +21,6 @@ use crate::store::{Acquire, Attempt, Claim, QueueBounds, StoreError, WaiterTicke
 /// L4: acquire a lock, optionally waiting in the key's FIFO queue.
 #[utoipa::path(post, path = "/v1/locks/{key}/acquire", request_body = AcquireRequest,
     params(("key" = String, Path, description = "1–128 of [a-zA-Z0-9:._-]"), ("X-Owner-Id" = String, Header)),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = LockGrant), Invalid, Unauthorized, SessionGone, NotLeader,
         (status = 409, description = "LOCK_CONTENDED", body = ErrorBody),
         (status = 429, description = "CONTENTION_EXCEEDED: the key's waiter queue is full, or this session already has its share of it (lock.waiters.max-per-session)", body = ErrorBody),

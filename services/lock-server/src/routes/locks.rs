@@ -25,7 +25,6 @@ use crate::store::{Claim, Renewal, StoreError};
 /// carries the grant's proof.
 #[utoipa::path(post, path = "/v1/locks/{key}/renew", request_body = RenewRequest,
     params(("key" = String, Path), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = LockGrant), InvalidToken, Unauthorized, SessionGone, NotLeader,
         (status = 403, description = "FORBIDDEN: X-Owner-Id does not belong to the authenticated identity (an operator too renews only under an owner of its own)", body = ErrorBody),
         (status = 409, description = "LOCK_LOST: the grant ended, was taken over, or is not held by the caller's owner and session", body = ErrorBody),
@@ -100,7 +99,6 @@ pub(super) struct ReleaseQuery {
 /// L6: release a grant (compare-and-delete on key and token).
 #[utoipa::path(delete, path = "/v1/locks/{key}", request_body(content = Option<ReleaseRequest>, description = "or sessionId in the query"),
     params(("key" = String, Path), ("sessionId" = Option<String>, Query), ("X-Owner-Id" = String, Header), ("X-Fencing-Token" = String, Header, description = "decimal int64 > 0")),
-    security(("bearerAuth" = [])),
     responses((status = 204, description = "released"), InvalidToken, Unauthorized, NotLeader,
         (status = 409, description = "LOCK_LOST", body = ErrorBody),
     ))]

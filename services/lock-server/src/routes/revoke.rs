@@ -18,7 +18,6 @@ use crate::store::RevokeOrder;
 /// L8: force-revoke a held lock (operator).
 #[utoipa::path(post, path = "/v1/locks/{key}/revoke", request_body = RevokeRequest,
     params(("key" = String, Path), ("X-Owner-Id" = String, Header)),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = Revocation), Invalid, Unauthorized, NotLeader,
         (status = 404, description = "NOT_FOUND: not held", body = ErrorBody),
         (status = 409, description = "FENCED_OUT: expectedToken stale", body = ErrorBody),

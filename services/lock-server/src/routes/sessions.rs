@@ -20,7 +20,6 @@ use crate::openapi::SessionGone;
 /// L1: open a session.
 #[utoipa::path(post, path = "/v1/sessions", request_body = CreateSessionRequest,
     params(("X-Owner-Id" = Option<String>, Header, description = "owner id, ≤64 chars (or ownerId in the body)")),
-    security(("bearerAuth" = [])),
     responses((status = 201, body = Session), Invalid, Unauthorized, NotLeader,
         (status = 403, description = "FORBIDDEN: X-Owner-Id or the body's ownerId does not belong to the authenticated identity", body = ErrorBody),
     ))]
@@ -101,7 +100,6 @@ fn owner_bound(config: &LockServerConfig, caller: &Caller, owner: &str) -> Resul
 /// L2: heartbeat a session.
 #[utoipa::path(post, path = "/v1/sessions/{session_id}/heartbeat",
     params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = Heartbeat), Invalid, Unauthorized, SessionGone, NotLeader))]
 pub(super) async fn heartbeat(
     State(state): State<AppState>,
@@ -123,7 +121,6 @@ pub(super) async fn heartbeat(
 /// L3: end a session, releasing every lock it holds.
 #[utoipa::path(delete, path = "/v1/sessions/{session_id}",
     params(("sessionId" = String, Path), ("X-Owner-Id" = String, Header, description = "owner id, ≤64 chars")),
-    security(("bearerAuth" = [])),
     responses((status = 204, description = "ended"), Invalid, Unauthorized, SessionGone, NotLeader))]
 pub(super) async fn end_session(
     State(state): State<AppState>,

@@ -72,7 +72,6 @@ impl Create for CreateAccountRequest {
 /// Opens an account.
 #[utoipa::path(post, path = "/v1/accounts", request_body = CreateAccountRequest,
     params(WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 201, body = Account), Invalid, Unauthorized, Idempotent, NotLeader))]
 pub(super) async fn create_account(
     state: State<AppState>,
@@ -107,7 +106,6 @@ pub(super) async fn get_account(
 /// Advances an account's fence to a revocation floor (operator; docs/design.md#d-3).
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/fence", request_body = FenceRequest,
     params(("accountId" = String, Path), WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = FenceResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 pub(super) async fn advance_fence(
     State(state): State<AppState>,
@@ -181,7 +179,6 @@ async fn fence_effect(
            ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
            ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
            WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
         (status = 409, description = "FENCED_OUT: the token is below the highest token the account admitted with a proof (details.highestToken); nothing changed", body = ErrorBody),

@@ -49,7 +49,6 @@ impl FundingsQuery {
 #[utoipa::path(get, path = "/v1/fundings",
     params(("state" = Option<FundingsFilter>, Query, description = "pending (the default), applied or all"),
            ("limit" = Option<i64>, Query, description = "1 to 500, default 100")),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = FundingList), Invalid, NotLeader,
         (status = 401, description = "UNAUTHENTICATED", body = ErrorBody),
         (status = 403, description = "FORBIDDEN: not a treasury identity", body = ErrorBody),

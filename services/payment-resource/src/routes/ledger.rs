@@ -27,7 +27,6 @@ use crate::store::{FundAsOutcome, FundOutcome, PayStore, PostOutcome, Scope};
 /// Funds an account.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/fund", request_body = FundRequest,
     params(("accountId" = String, Path), WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = FundResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 202, description = "above auth.treasury.dual-approval-above, with what the same treasury identity funded on the account alone in the last 24 hours: recorded, not applied, until a second treasury identity approves it (docs/contract.md#dual-approval)", body = PendingFunding),
     ))]
@@ -107,7 +106,6 @@ async fn fund_effect(
 /// P3: a fenced posting.
 #[utoipa::path(post, path = "/v1/payouts/{payout_id}/post", request_body = PostRequest,
     params(("payoutId" = String, Path), FencedParams, WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = PostResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
     ))]

@@ -119,7 +119,6 @@ fn registered(
 /// Registers a payout.
 #[utoipa::path(post, path = "/v1/payouts", request_body = CreatePayoutRequest,
     params(WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 201, body = Payout), Invalid, Unauthorized, Idempotent, NotLeader,
         (status = 404, description = "NOT_FOUND: account", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout (docs/contract.md#account-limits); nothing changed", body = ErrorBody),
@@ -312,7 +311,6 @@ impl Fenced {
 /// P2: a fenced claim.
 #[utoipa::path(post, path = "/v1/payouts/{payout_id}/claim", request_body = ClaimRequest,
     params(("payoutId" = String, Path), FencedParams, WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = ClaimResponse), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE (also when the payout is out of attempts, payment.payout.max-attempts: it is then ABANDONED)", body = ErrorBody),
         (status = 422, description = "INSUFFICIENT_FUNDS, IDEMPOTENCY_CONFLICT, or LIMIT_EXCEEDED: above the account's largest single payout or its outflow for the UTC day (docs/contract.md#account-limits; nothing changed)", body = ErrorBody),
@@ -488,7 +486,6 @@ fn attempts_exhausted(payout_id: Uuid, attempts: i32, expected_state: PayoutStat
 /// decline (400 VALIDATION_FAILED naming the field and both references; nothing changed).
 #[utoipa::path(post, path = "/v1/payouts/{payout_id}/resolve", request_body = ResolveRequest,
     params(("payoutId" = String, Path), WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = ResolveResponse), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
     ))]
@@ -641,7 +638,6 @@ fn contradicted(payout_id: Uuid, body: &ResolveRequest, record: &Contradiction) 
     params(("payoutId" = String, Path), ("X-Fencing-Token" = String, Header, description = "a grant on payout:{accountId}, decimal int64 > 0"),
            ("X-Fencing-Proof" = Option<String>, Header, description = "the grant's fencingProof; required when fencing.proof-keys-file is set, else INVALID_TOKEN"),
            WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = Cancelled), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT or PAYOUT_NOT_CLAIMABLE", body = ErrorBody),
     ))]

@@ -44,7 +44,6 @@ fn not_customer() -> ApiError {
 /// docs/contract.md#account-limits). paydb refuses a payout above them with LIMIT_EXCEEDED.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/limits", request_body = AccountLimitsRequest,
     params(("accountId" = String, Path), WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = AccountLimits), Invalid, Unauthorized, NotFound, Idempotent, NotLeader))]
 // `POST /v1/accounts/{accountId}/limits`: the account's limits as a whole (a field left out
 // or null is no limit of that kind).
@@ -177,7 +176,6 @@ pub(super) fn pending_reply(
 /// Applies a pending funding, once, by a second treasury identity (docs/contract.md#dual-approval).
 #[utoipa::path(post, path = "/v1/fundings/{funding_id}/approve", request_body = ApproveFundingRequest,
     params(("fundingId" = String, Path), WriteParams),
-    security(("bearerAuth" = [])),
     responses((status = 200, body = ApprovedFunding), Invalid, Unauthorized, NotFound, Idempotent, NotLeader,
         (status = 403, description = "FORBIDDEN: not a treasury identity, or the identity that asked for the funding; nothing changed", body = ErrorBody),
         (status = 422, description = "IDEMPOTENCY_CONFLICT: already approved (details.approvedBy)", body = ErrorBody),
