@@ -16,33 +16,17 @@ use dlock_devstack::faultproxy::Mode;
 use dlock_devstack::stack::{Role, Stack};
 use uuid::Uuid;
 
-use crate::harness::{Backend, client, eventually, hold, on_each_backend, session};
+use crate::harness::{Backend, client, etcd_under, eventually, hold, on_each_backend, session};
 use crate::outcome_unknown::{Proxied, l7, proxied};
 use crate::shared::accounts::open_account;
+use crate::shared::process::Ran;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 const OPERATOR_TOKEN: &str = "revoke-outcome-operator-token";
 
-/// What `dlock revoke` did: its exit code, stdout and stderr.
-struct Ran {
-    code: Option<i32>,
-    out: String,
-    err: String,
-}
-
-impl std::fmt::Display for Ran {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.code, self.out, self.err
-        )
-    }
-}
-
 /// Runs `dlock revoke KEY` against the lock server at `lock` and the fences of `fences`.
 async fn revoke(lock: &str, fences: &Stack, key: &str, reason: &str, extra: &[&str]) -> Ran {
-    let output = tokio::process::Command::new(EXE)
+    tokio::process::Command::new(EXE)
         .args(["revoke", key, "--reason", reason, "--operator", "oncall"])
         .args(["--lock-server", lock])
         .args(["--payment-resource", &fences.payment().url()])
@@ -51,12 +35,8 @@ async fn revoke(lock: &str, fences: &Stack, key: &str, reason: &str, extra: &[&s
         .args(extra)
         .output()
         .await
-        .unwrap_or_else(|e| panic!("dlock revoke: {e}"));
-    Ran {
-        code: output.status.code(),
-        out: String::from_utf8_lossy(&output.stdout).into_owned(),
-        err: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .unwrap_or_else(|e| panic!("dlock revoke: {e}"))
+        .into()
 }
 
 /// How many revocations of `key` the lock server's store holds, read from the store itself.
@@ -72,18 +52,9 @@ async fn revocations(p: &Proxied, key: &str) -> usize {
             .unwrap_or_else(|e| panic!("{count:?}: {e}"));
     }
     let etcd = p.stack.etcd().unwrap_or_else(|| panic!("no store"));
-    let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap_or_else(|e| panic!("etcd: {e}"));
     // One etcd per test: every revocation record under the prefix is this test's.
-    let records = c
-        .get(
-            "/dlock/r/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
+    etcd_under(&etcd.endpoint(), "/dlock/r/")
         .await
-        .unwrap_or_else(|e| panic!("etcd: {e}"));
-    records
         .kvs()
         .iter()
         .filter(|kv| kv.value_str().is_ok_and(|v| v.contains(key)))

@@ -214,10 +214,9 @@ async fn forged_tokens_move_no_fence_and_a_real_executor_still_pays_with_proofs_
 /// executor pays on the account again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_fence_is_lowered_only_by_an_operator_once_the_lock_is_not_held() {
-    let stack = DevStack::up().await;
+    let stack = DevStack::with_account("acct-r", 1_000_000).await;
     let (lock, payment, proxy) = stack.services();
     let (executor, operator) = stack.credentials();
-    open_account(&stack.treasury_payments(), "acct-r", Some(1_000_000)).await;
     let pool = stack.pool("paydb").await;
     for sql in [
         "UPDATE accounts SET fence = 9223372036854775807 WHERE account_id = 'acct-r'",

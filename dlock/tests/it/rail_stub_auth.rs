@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 
 use crate::auth::DevStack;
 use crate::harness::raw;
-use crate::shared::accounts::open_account;
 
 const JSON: &str = "application/json; charset=utf-8";
 
@@ -32,11 +31,10 @@ fn transfers(statement: &Value) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_rail_proxy_may_submit_to_the_rail_stub() {
-    let stack = DevStack::up().await;
+    let stack = DevStack::with_account("acct-rail", 100_000).await;
     let stub = stack.url("railStub");
     let (executor, operator) = stack.credentials();
     let treasury = stack.token("treasury");
-    open_account(&stack.treasury_payments(), "acct-rail", Some(100_000)).await;
     let before = statement(&stub, None).await;
 
     let callers: Vec<(&str, Option<String>, u16, &str)> = vec![

@@ -24,7 +24,6 @@ use crate::conformance::assert_envelope;
 use crate::harness::session;
 use crate::harness::{Backend, LockStack, eventually, hold, on_both_backends, party, release};
 use crate::rail::{RailWorld, statement, submission};
-use crate::shared::accounts::open_account;
 use crate::shared::payouts::register_payout;
 
 mod findings;
@@ -32,9 +31,9 @@ mod rail_floor;
 mod support;
 
 use support::{
-    Mark, advance_to_floor, assert_lowering_under, assert_refused, client_as, failed,
-    operator_grant, payment_process, posted, process, proxy_pairs, released_then_held,
-    resolutions_audited, resolve, scalar, write_with,
+    Mark, assert_lowering_under, assert_refused, client_as, failed, operator_grant,
+    payment_process, posted, process, proxy_pairs, released_then_held, resolutions_audited,
+    resolve, scalar, write_with,
 };
 
 /// On `dlock dev up` (proofs on): a worker claims with its grant B after an earlier grant A was
@@ -49,10 +48,9 @@ use support::{
 /// and get a fresh proof of it; the worker's own session can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted() {
-    let stack = DevStack::up().await;
+    let stack = DevStack::with_account("acct-e", 1_000_000).await;
     let (lock, payment, _) = stack.services();
     let (executor, operator) = stack.credentials();
-    open_account(&stack.treasury_payments(), "acct-e", Some(1_000_000)).await;
     let registrar = stack.registrar_payments();
     let first = register_payout(&registrar, "acct-e", 100, "ben-e1").await;
     let second = register_payout(&registrar, "acct-e", 100, "ben-e2").await;
@@ -111,35 +109,22 @@ async fn a_fence_is_lowered_only_down_to_the_highest_token_the_account_admitted(
     release(&worker, "payout:acct-e", s1, b.fencing_token).await;
 
     // Lowering to A, a released grant's real proof, under B: refused, nothing changed.
-    let lower_url = format!("{payment}/v1/accounts/acct-e/fence/lower");
+    let mark = Mark::account_fence(&payment, "acct-e");
+    let lower_url = mark.lower_url();
     let lower =
         json!({ "operator": "jane.doe", "reason": "INC-7: lower the fence of acct-e to grant A" });
     let (status, body) = write_with(&lower_url, &operator, "ops-console", &a, &lower).await;
     assert_lowering_under("a lowering under B", status, &body, &b, &a);
     assert_eq!(fence().await, b.fencing_token, "the fence stays at B");
     assert_eq!(recoveries().await, 0);
-    Mark {
-        resource: "account",
-        table: "accounts",
-        column: "fence",
-        account: "acct-e",
-        check: "accounts_fence_covers_seen_check",
-    }
-    .assert_schema_refuses_lowering(&pool, b.fencing_token, a.fencing_token)
-    .await;
-    assert_eq!(fence().await, b.fencing_token);
+    mark.assert_schema_refuses_lowering(&pool, b.fencing_token, a.fencing_token)
+        .await;
 
     // The legitimate recovery: a revocation floor far above every token issued (a lock store
     // restored from an old snapshot hands out tokens below it) fences the next worker out.
     let floor = b.fencing_token + 1_000_000;
-    advance_to_floor(
-        &format!("{payment}/v1/accounts/acct-e/fence"),
-        &operator,
-        floor,
-        "INC-7: floor from the old lock store",
-        "the fence advance",
-    )
-    .await;
+    mark.advance_to_floor(&operator, floor, "INC-7: floor from the old lock store")
+        .await;
     let c = hold(&worker, "payout:acct-e", s1, 60_000).await;
     let (status, body) = write_with(&claim_url(second), &executor, "executor/w1", &c, &claim).await;
     assert_eq!(status, 409, "the floor fences the next worker out: {body}");

@@ -62,6 +62,13 @@ impl DevStack {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// [`DevStack::up`] with `account` opened and funded with `balance` by the treasury.
+    pub(crate) async fn with_account(account: &str, balance: i64) -> Self {
+        let stack = Self::up().await;
+        open_account(&stack.treasury_payments(), account, Some(balance)).await;
+        stack
+    }
+
     /// [`DevStack::up`] with fundings above `threshold` waiting for a second treasury identity.
     pub(crate) async fn with_dual_approval_above(threshold: &str) -> Self {
         let threshold = threshold.to_owned();

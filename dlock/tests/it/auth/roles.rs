@@ -224,10 +224,9 @@ fn assert_limit_exceeded(what: &str, answer: &(u16, String, Value), limit: &str)
 /// payouts under the limits pass (positive control).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_over_its_account_limits_is_refused_by_paydb_and_changes_nothing() {
-    let stack = DevStack::up().await;
+    let stack = DevStack::with_account("acct-l", 1_000_000).await;
     let (_, payment, _) = stack.services();
     let treasury = stack.token("treasury");
-    open_account(&stack.treasury_payments(), "acct-l", Some(1_000_000)).await;
     let answer = write_as(
         &format!("{payment}/v1/accounts/acct-l/limits"),
         &treasury,

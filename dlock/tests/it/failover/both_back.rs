@@ -18,10 +18,12 @@ use uuid::Uuid;
 
 use super::scenario_a::{EXE, OPERATOR_TOKEN, Services, url};
 use super::{
-    claim, fail_over, last_token, new_session, number, register, scratch_grants, submission,
+    claim, fail_over, last_token, new_session, number, recover_paydb_epoch, register,
+    scratch_grants, submission,
 };
 use crate::harness::eventually;
 use crate::shared::accounts::open_account;
+use crate::shared::process::succeeded;
 
 const ACCOUNT: &str = "both-back-00";
 const KEY: &str = "payout:both-back-00";
@@ -123,17 +125,12 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
         sequence,
         ..
     } = both_back().await;
+    let (paydb, lockdb) = (pair.standby.url("paydb"), pair.standby.url("lockdb"));
     let recover = |rail: &str| {
-        std::process::Command::new(EXE)
-            .args(["recover", "paydb-epoch", "--paydb"])
-            .arg(pair.standby.url("paydb"))
-            .arg("--lockdb")
-            .arg(pair.standby.url("lockdb"))
-            .args(["--rail", rail])
-            .args(["--operator", "ops-on-call", "--reason"])
-            .arg("both databases promoted after losing writes; reconciled against the rail")
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+        recover_paydb_epoch(
+            &["--paydb", &paydb, "--lockdb", &lockdb, "--rail", rail],
+            "both databases promoted after losing writes; reconciled against the rail",
+        )
     };
     // Before the recovery paydb refuses every write with 503 RECOVERY_REQUIRED, at the payment
     // resource and at the rail proxy (not NOT_LEADER / RAIL_UNAVAILABLE, which promise that a
@@ -199,12 +196,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
         0,
         "the refused recovery changed nothing"
     );
-    let out = recover(&url(&services.stub.1));
-    assert!(
-        out.status.success(),
-        "dlock recover: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = succeeded(&recover(&url(&services.stub.1)), "dlock recover");
     let floor = number(
         &pair.standby,
         "paydb",
@@ -215,7 +207,6 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
         "the recovery's floor {floor} is not above the lost token {stale} (the raw sequence \
          said {sequence})"
     );
-    let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("1 payouts on the rail's statement"), "{said}");
     // What the rail received is out of reach: quarantined, holding its amount, recorded.
     assert_eq!(

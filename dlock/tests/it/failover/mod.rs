@@ -18,6 +18,8 @@ use dlock_devstack::pg_standby::PgPair;
 use dlock_executor::manifest::idempotency_key;
 use uuid::Uuid;
 
+use crate::harness::hold_and_release;
+
 /// A knob of a long run: the variable `name` as a number, or `default`.
 pub(crate) fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -135,20 +137,23 @@ pub(crate) async fn new_session(lock: &LockClient) -> Uuid {
         .session_id
 }
 
+/// `dlock recover paydb-epoch` with `args` (the databases, the rail, a floor), as the operator
+/// `ops-on-call` runs it for `reason`: its output.
+pub(crate) fn recover_paydb_epoch(args: &[&str], reason: &str) -> std::process::Output {
+    std::process::Command::new(scenario_a::EXE)
+        .args(["recover", "paydb-epoch"])
+        .args(args)
+        .args(["--operator", "ops-on-call", "--reason", reason])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// 40 grants on `session` (more than the 32 values a sequence logs ahead), each of its own key
 /// `{prefix}-{i}` and released at once: their tokens.
 pub(crate) async fn scratch_grants(lock: &LockClient, session: Uuid, prefix: &str) -> Vec<i64> {
     let mut tokens = Vec::new();
     for i in 0..40 {
-        let key = format!("{prefix}-{i}");
-        let grant = lock
-            .acquire(&key, session, Some(10_000), None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        tokens.push(grant.fencing_token);
-        lock.release(&key, session, grant.fencing_token)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        tokens.push(hold_and_release(lock, &format!("{prefix}-{i}"), session, 10_000, None).await);
     }
     tokens
 }

@@ -19,10 +19,12 @@ use uuid::Uuid;
 
 use super::scenario_a::{Services, url};
 use super::{
-    claim, fail_over, last_token, new_session, number, register, scratch_grants, submission,
+    claim, fail_over, last_token, new_session, number, recover_paydb_epoch, register,
+    scratch_grants, submission,
 };
 use crate::harness::{assert_fenced_out, eventually, stale_post_is_fenced};
 use crate::shared::accounts::open_account;
+use crate::shared::process::succeeded;
 
 const ACCOUNT: &str = "epoch-00";
 const KEY: &str = "payout:epoch-00";
@@ -190,27 +192,12 @@ async fn an_asynchronous_promotion_that_lost_grants_issues_no_token_twice_and_fe
 
 /// The `dlock` binary's `recover paydb-epoch`, as an operator runs it; its stdout.
 fn recover(paydb: &str, rail: &str, floor: i64) -> String {
-    let out = std::process::Command::new(super::scenario_a::EXE)
-        .args([
-            "recover",
-            "paydb-epoch",
-            "--paydb",
-            paydb,
-            "--rail",
-            rail,
-            "--token-floor",
-        ])
-        .arg(floor.to_string())
-        .args(["--operator", "ops-on-call", "--reason"])
-        .arg("paydb promoted after losing writes; reconciled against the rail statement")
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        out.status.success(),
-        "dlock recover: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let floor = floor.to_string();
+    let out = recover_paydb_epoch(
+        &["--paydb", paydb, "--rail", rail, "--token-floor", &floor],
+        "paydb promoted after losing writes; reconciled against the rail statement",
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    succeeded(&out, "dlock recover")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,7 +5,6 @@
 //! Real PostgreSQL, real rail proxies, payment resource and `dlock reconcile` processes, the real
 //! rail stub, and a rail that accepts the connection and never answers.
 
-use std::process::Command;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -17,24 +16,7 @@ use super::support::{
 use crate::conformance::assert_envelope;
 use crate::harness::eventually;
 use crate::rail::{RailWorld, statement};
-
-const EXE: &str = env!("CARGO_BIN_EXE_dlock");
-
-/// `dlock reconcile` against paydb and the stub's statement with `window_ms`.
-fn reconcile(paydb: &str, rail: &str, window_ms: u64) {
-    let out = Command::new(EXE)
-        .args(["reconcile", "--paydb", paydb, "--rail", rail, "--json"])
-        .args(["--settlement-window-ms", &window_ms.to_string()])
-        .env_remove("DLOCK_TERMINATION_LOG")
-        .output()
-        .unwrap_or_else(|e| panic!("{EXE}: {e}"));
-    assert!(
-        matches!(out.status.code(), Some(0 | 2)),
-        "dlock reconcile: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use crate::shared::process::reconcile;
 
 /// Two payouts whose attempts nobody recorded: one the slow rail took after the proxy gave up
 /// (on the statement), one sent to a rail that never answers (not on it). Before `dlock
@@ -121,7 +103,7 @@ async fn an_unrecorded_attempt_is_resolved_on_the_reconcilers_finding() {
     assert_eq!(w.state(lost).await, "RAIL_AMBIGUOUS", "nothing changed");
 
     // A finding read long before the settlement window after the attempt ends.
-    reconcile(&paydb, &stub, 600_000);
+    reconcile(&paydb, &stub, 600_000, &["--json"]);
     let findings = |payout: Uuid, verdict: &'static str| {
         let pool = w.pool.clone();
         async move {
@@ -205,7 +187,7 @@ async fn an_unrecorded_attempt_is_resolved_on_the_reconcilers_finding() {
         },
     )
     .await;
-    reconcile(&paydb, &stub, 1_000);
+    reconcile(&paydb, &stub, 1_000, &["--json"]);
     assert_eq!(findings(lost, "absent").await, 2);
     let (status, body) = resolve(lost, failed()).await;
     assert_eq!(status, 200, "FAILED on the reconciler's finding: {body}");

@@ -6,12 +6,10 @@
 use serde_json::json;
 
 use super::support::{
-    Mark, advance_to_floor, assert_lowering_under, operator_grant, released_then_held, scalar,
-    write_with,
+    Mark, assert_lowering_under, operator_grant, released_then_held, scalar, write_with,
 };
 use crate::auth::DevStack;
 use crate::harness::release;
-use crate::shared::accounts::open_account;
 use crate::shared::payouts::register_payout;
 
 /// On `dlock dev up` (proofs on): a worker's grant A is released, its grant B claims a payout
@@ -22,10 +20,9 @@ use crate::shared::payouts::register_payout;
 /// above every token issued, the operator's fresh grant D (above B) brings the mark down to D.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rail_high_water_is_lowered_only_down_to_the_highest_token_the_proxy_admitted() {
-    let stack = DevStack::up().await;
+    let stack = DevStack::with_account("acct-h", 1_000_000).await;
     let (lock, payment, proxy) = stack.services();
     let (executor, operator) = stack.credentials();
-    open_account(&stack.treasury_payments(), "acct-h", Some(1_000_000)).await;
     let payout = register_payout(&stack.registrar_payments(), "acct-h", 250, "ben-h1").await;
     let pool = stack.pool("paydb").await;
     let high = || {
@@ -78,7 +75,8 @@ async fn a_rail_high_water_is_lowered_only_down_to_the_highest_token_the_proxy_a
     release(&worker, "payout:acct-h", s1, b.fencing_token).await;
 
     // Lowering the mark to A, a released grant's real proof, under B: refused, nothing changed.
-    let lower_url = format!("{proxy}/v1/rail/high-water/acct-h/lower");
+    let mark = Mark::rail_high_water(&proxy, "acct-h");
+    let lower_url = mark.lower_url();
     let lower = json!({ "operator": "jane.doe",
                         "reason": "INC-8: lower the rail high-water of acct-h to grant A" });
     let (status, body) = write_with(&lower_url, &operator, "ops-console", &a, &lower).await;
@@ -87,28 +85,14 @@ async fn a_rail_high_water_is_lowered_only_down_to_the_highest_token_the_proxy_a
     assert_eq!(body["details"]["resourceId"], json!("acct-h"), "{body}");
     assert_eq!(high().await, b.fencing_token, "the mark stays at B");
     assert_eq!(recoveries().await, 0, "nothing recorded");
-    Mark {
-        resource: "rail",
-        table: "rail_high_water",
-        column: "highest_token",
-        account: "acct-h",
-        check: "rail_high_water_covers_seen_check",
-    }
-    .assert_schema_refuses_lowering(&pool, b.fencing_token, a.fencing_token)
-    .await;
-    assert_eq!(high().await, b.fencing_token);
+    mark.assert_schema_refuses_lowering(&pool, b.fencing_token, a.fencing_token)
+        .await;
 
     // Positive control, the legitimate recovery: a revocation floor far above every token
     // issued raises the mark; the operator's fresh grant D, above B, brings it down to D.
     let floor = b.fencing_token + 1_000_000;
-    advance_to_floor(
-        &format!("{proxy}/v1/rail/high-water/acct-h"),
-        &operator,
-        floor,
-        "INC-8: floor from the old lock store",
-        "the high-water advance",
-    )
-    .await;
+    mark.advance_to_floor(&operator, floor, "INC-8: floor from the old lock store")
+        .await;
     assert_eq!(high().await, floor);
     let (ops, ops_session, d) = operator_grant(&lock, &operator, "payout:acct-h").await;
     assert!(d.fencing_token > b.fencing_token);

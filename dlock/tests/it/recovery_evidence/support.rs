@@ -25,22 +25,6 @@ pub(super) async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
 }
 
 /// A fenced write on the dev stack: `bearer`'s credential as `owner`, with `token` and `proof`.
-/// The operator (`operator`'s credential, owner `ops-console`) advances the fence at `url` (an
-/// account's fence or a rail mark) to `floor`, a revocation's floor for `reason`: asserts 200
-/// (`what`).
-pub(super) async fn advance_to_floor(
-    url: &str,
-    operator: &str,
-    floor: i64,
-    reason: &str,
-    what: &str,
-) {
-    let body = json!({ "floor": floor, "revocationId": Uuid::new_v4(), "operator": "jane.doe",
-                       "reason": reason });
-    let (status, body) = write(url, operator, "ops-console", None, &body).await;
-    assert_eq!(status, 200, "{what}: {body}");
-}
-
 pub(super) async fn write(
     url: &str,
     bearer: &str,
@@ -147,20 +131,60 @@ pub(super) fn assert_lowering_under(
     );
 }
 
-/// A mark of `account` (`column` of `table`, its lowerings recorded as `resource`) and the
-/// CHECK `check` that keeps it at or above the highest token admitted with a proof.
+/// A mark of `account` (`column` of `table`, its lowerings recorded as `resource`), the CHECK
+/// `check` that keeps it at or above the highest token admitted with a proof, and the `url` the
+/// operator advances it at (`{url}/lower` lowers it).
 pub(super) struct Mark<'a> {
-    pub(super) resource: &'a str,
-    pub(super) table: &'a str,
-    pub(super) column: &'a str,
-    pub(super) account: &'a str,
-    pub(super) check: &'a str,
+    resource: &'static str,
+    table: &'static str,
+    column: &'static str,
+    check: &'static str,
+    account: &'a str,
+    url: String,
 }
 
-impl Mark<'_> {
+impl<'a> Mark<'a> {
+    /// The fence of `account` at the payment resource `payment`.
+    pub(super) fn account_fence(payment: &str, account: &'a str) -> Self {
+        Self {
+            resource: "account",
+            table: "accounts",
+            column: "fence",
+            check: "accounts_fence_covers_seen_check",
+            account,
+            url: format!("{payment}/v1/accounts/{account}/fence"),
+        }
+    }
+
+    /// The high-water mark of `account` at the rail proxy `proxy`.
+    pub(super) fn rail_high_water(proxy: &str, account: &'a str) -> Self {
+        Self {
+            resource: "rail",
+            table: "rail_high_water",
+            column: "highest_token",
+            check: "rail_high_water_covers_seen_check",
+            account,
+            url: format!("{proxy}/v1/rail/high-water/{account}"),
+        }
+    }
+
+    /// Where the operator lowers the mark.
+    pub(super) fn lower_url(&self) -> String {
+        format!("{}/lower", self.url)
+    }
+
+    /// The operator (`operator`'s credential, owner `ops-console`) advances the mark to
+    /// `floor`, a revocation's floor for `reason`: asserts 200.
+    pub(super) async fn advance_to_floor(&self, operator: &str, floor: i64, reason: &str) {
+        let body = json!({ "floor": floor, "revocationId": Uuid::new_v4(), "operator": "jane.doe",
+                           "reason": reason });
+        let (status, body) = write(&self.url, operator, "ops-console", None, &body).await;
+        assert_eq!(status, 200, "the {} advance: {body}", self.column);
+    }
+
     /// The schema holds the rule whatever the code path: a lowering from B to A with its
-    /// recovery row, in one transaction (what the mark's guard asks for), breaks the CHECK; and
-    /// the seen mark itself never goes down.
+    /// recovery row, in one transaction (what the mark's guard asks for), breaks the CHECK; the
+    /// seen mark itself never goes down; and the mark stays at B.
     pub(super) async fn assert_schema_refuses_lowering(&self, pool: &sqlx::PgPool, b: i64, a: i64) {
         let Self {
             resource,
@@ -168,6 +192,7 @@ impl Mark<'_> {
             column,
             account,
             check,
+            ..
         } = self;
         let mut tx = pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
         sqlx::query(
@@ -205,6 +230,14 @@ impl Mark<'_> {
                 .is_err_and(|e| e.to_string().contains("may not go down")),
             "the {resource} seen mark went down: {down:?}"
         );
+        let mark: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {column} FROM {table} WHERE account_id = $1"
+        )))
+        .bind(account)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{table}.{column}: {e}"));
+        assert_eq!(mark, b, "the {resource} mark stays at B");
     }
 }
 
