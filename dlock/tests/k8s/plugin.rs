@@ -14,29 +14,13 @@ use uuid::Uuid;
 
 use crate::locks::table;
 use crate::shared::accounts::open_account;
+use crate::shared::process::Ran;
 use crate::stack::{Held, Stale, hold};
 use crate::world::{EXE, World, condition};
 
 const NS: &str = "oncall";
 const BATCH: &str = "payroll-2026-12";
 const HELD_ACCOUNT: &str = "acct-held";
-
-/// What one `kubectl dlock …` printed, and how it ended.
-struct Ran {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Ran {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit ok={}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.ok, self.stdout, self.stderr
-        )
-    }
-}
 
 /// kubectl with `kubectl-dlock` (a symlink to the dlock binary) first on PATH.
 struct Plugin {
@@ -82,11 +66,11 @@ impl Plugin {
             ],
             &[],
         );
-        assert!(set.ok, "{set}");
+        assert_eq!(set.code, Some(0), "{set}");
         let listed = plugin.run_blocking(&["plugin", "list"], &[]);
         assert!(
             listed
-                .stdout
+                .out
                 .contains(&bin.join("kubectl-dlock").display().to_string()),
             "kubectl finds the plugin: {listed}"
         );
@@ -114,11 +98,7 @@ impl Plugin {
             .env("PATH", &self.path)
             .output()
             .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
-        Ran {
-            ok: output.status.success(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        Ran::from(output)
     }
 
     /// `kubectl dlock ARGS` with `env`.
@@ -130,26 +110,22 @@ impl Plugin {
             .output()
             .await
             .unwrap_or_else(|e| panic!("kubectl dlock {args:?}: {e}"));
-        Ran {
-            ok: output.status.success(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        Ran::from(output)
     }
 
     /// `kubectl dlock ARGS` with `env`, which must fail saying every one of `words` on stderr.
     async fn refuses(&self, args: &[&str], env: &[(&str, &str)], words: &[&str]) {
         let ran = self.dlock(args, env).await;
         assert!(
-            !ran.ok && words.iter().all(|w| ran.stderr.contains(w)),
+            ran.code != Some(0) && words.iter().all(|w| ran.err.contains(w)),
             "kubectl dlock {args:?} fails saying {words:?}: {ran}"
         );
     }
 
     async fn json(&self, args: &[&str]) -> Value {
         let ran = self.dlock(args, &[]).await;
-        assert!(ran.ok, "{ran}");
-        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {ran}"))
+        assert_eq!(ran.code, Some(0), "{ran}");
+        serde_json::from_str(&ran.out).unwrap_or_else(|e| panic!("{e}: {ran}"))
     }
 }
 
@@ -260,8 +236,8 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
 
     // status: the namespace comes from the context.
     let ran = plugin.dlock(&["status"], &[]).await;
-    assert!(ran.ok, "{ran}");
-    let parts = sections(&ran.stdout);
+    assert_eq!(ran.code, Some(0), "{ran}");
+    let parts = sections(&ran.out);
     assert_eq!(parts.len(), 3, "resources, locks, ambiguous payouts: {ran}");
     let row = |kind: &str, name: &str| {
         parts[0]
@@ -304,7 +280,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     listed.sort();
     expected.sort();
     assert_eq!(listed, expected, "every ambiguous payout: {ran}");
-    eprintln!("{}", ran.stdout);
+    eprintln!("{}", ran.out);
 
     let status = plugin.json(&["status", "-o", "json", "-n", NS]).await;
     assert_eq!(status["namespace"], NS);
@@ -341,15 +317,15 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     );
     // The same document as YAML, on the context named with --context.
     let current = plugin.run_blocking(&["config", "current-context"], &[]);
-    assert!(current.ok, "{current}");
+    assert_eq!(current.code, Some(0), "{current}");
     let ran = plugin
         .dlock(
-            &["status", "--context", current.stdout.trim(), "-o", "yaml"],
+            &["status", "--context", current.out.trim(), "-o", "yaml"],
             &[],
         )
         .await;
-    assert!(ran.ok, "{ran}");
-    let yaml: Value = serde_yaml_ng::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {ran}"));
+    assert_eq!(ran.code, Some(0), "{ran}");
+    let yaml: Value = serde_yaml_ng::from_str(&ran.out).unwrap_or_else(|e| panic!("{e}: {ran}"));
     assert_eq!(yaml["namespace"], NS, "the context's namespace: {ran}");
     assert_eq!(yaml["locks"], status["locks"], "{ran}");
     plugin
@@ -371,8 +347,8 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     assert_eq!(batch["job"]["state"], "Complete", "{batch}");
     assert_eq!(batch["job"]["name"], format!("{BATCH}-executor"), "{batch}");
     let ran = plugin.dlock(&["batch", BATCH], &[]).await;
-    assert!(ran.ok, "{ran}");
-    let parts = sections(&ran.stdout);
+    assert_eq!(ran.code, Some(0), "{ran}");
+    let parts = sections(&ran.out);
     assert_eq!(parts[0][0]["PHASE"], "Degraded", "{ran}");
     assert_eq!(parts[0][0]["JOB-STATE"], "Complete", "{ran}");
     assert!(
@@ -381,7 +357,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
             .any(|r| r["STATE"] == "RAIL_AMBIGUOUS" && r["PAYOUTS"] == "4"),
         "{ran}"
     );
-    eprintln!("{}", ran.stdout);
+    eprintln!("{}", ran.out);
 
     // The errors a person meets say what happened and what to do.
     plugin
@@ -452,7 +428,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
             &[],
         )
         .await;
-    assert!(ran.ok, "{ran}{}", world.diagnostics());
+    assert_eq!(ran.code, Some(0), "{ran}{}", world.diagnostics());
     for step in [
         "lockrevocation.dlock.io/revoke-payout-acct-held-",
         &format!("grant with token {} revoked", grant.fencing_token),
@@ -460,9 +436,9 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         &format!("rail proxy: high-water mark of {HELD_ACCOUNT} advanced"),
         "done: ",
     ] {
-        assert!(ran.stdout.contains(step), "{step:?} in {ran}");
+        assert!(ran.out.contains(step), "{step:?} in {ran}");
     }
-    eprintln!("{}", ran.stdout);
+    eprintln!("{}", ran.out);
     let revocations = world.get_json(&["lockrevocations", "-n", NS]);
     let created = &revocations["items"][0];
     assert_eq!(
@@ -503,17 +479,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
     // The payout's attempt has no recorded answer (a redirect): its resolution stands on the
     // reconciler's finding in paydb (docs/contract.md#resolve-evidence).
     let paydb = world.services().url("paydb");
-    let reconciled = std::process::Command::new(EXE)
-        .args(["reconcile", "--paydb", &paydb, "--rail", &rail_url])
-        .args(["--settlement-window-ms", "0"])
-        .env_remove("DLOCK_TERMINATION_LOG")
-        .output()
-        .unwrap_or_else(|e| panic!("{EXE}: {e}"));
-    assert!(
-        matches!(reconciled.status.code(), Some(0 | 2)),
-        "dlock reconcile: {}",
-        String::from_utf8_lossy(&reconciled.stderr)
-    );
+    crate::shared::process::reconcile(&paydb, &rail_url, 0, &[]);
     let addresses = world.service_addresses(&[NS]);
     let resolve = [
         "resolve",
@@ -547,7 +513,10 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
             ],
         )
         .await;
-    assert!(ran.ok && ran.stdout.contains("is POSTED"), "{ran}");
+    assert!(
+        ran.code == Some(0) && ran.out.contains("is POSTED"),
+        "{ran}"
+    );
     let id: Uuid = target.parse().unwrap_or_else(|e| panic!("{e}"));
     let resolved = payment
         .get_payout(id)
@@ -555,7 +524,7 @@ async fn kubectl_dlock_shows_the_stack_revokes_through_both_fences_and_resolves_
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(resolved.state, PayoutState::Posted, "{resolved:?}");
     assert!(
-        ran.stdout
+        ran.out
             .contains(&format!("payoutbatch.dlock.io/{BATCH} asked to count")),
         "{ran}"
     );

@@ -17,6 +17,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use crate::shared::process::succeeded;
 use crate::world::{EXE, repo};
 
 /// The pods' network on the real node (scripts/real-node).
@@ -66,11 +67,7 @@ impl RealCluster {
             .stdout(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("scripts/image: {e}"));
-        assert!(
-            image.status.success(),
-            "scripts/image failed: {}",
-            String::from_utf8_lossy(&image.stderr)
-        );
+        succeeded(&image, "scripts/image failed");
         let up_log = dir.path().join("k8s-up.log");
         let log = std::fs::File::create(&up_log).unwrap_or_else(|e| panic!("{e}"));
         let mut up = Command::new(repo().join("scripts/k8s-up"))
