@@ -19,8 +19,7 @@
 use std::time::Duration;
 
 use crate::executor_report::stack_with_accounts;
-use crate::harness::endpoints;
-use crate::payment::metric;
+use crate::harness::{endpoints, metric};
 use crate::shared::payouts::{Item, batch_manifest};
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::PayoutState;

@@ -316,6 +316,57 @@ pub async fn etcd_under(endpoint: &str, prefix: &str) -> etcd_client::GetRespons
         .unwrap_or_else(|e| panic!("etcd {prefix}: {e}"))
 }
 
+/// The value of `sample` (a metric's name and labels) in the Prometheus text `text`.
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{sample} not in metrics:\n{text}"))
+}
+
+/// The group-commit metrics (docs/design.md#group-commit) a service serves at `{url}/metrics`:
+/// the gauge `{prefix}_batch_queued` and the histogram `{prefix}_batch_size`, by kind.
+pub struct BatchMetrics {
+    pub url: String,
+    pub prefix: &'static str,
+}
+
+impl BatchMetrics {
+    async fn text(&self) -> String {
+        let response = reqwest::get(format!("{}/metrics", self.url))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        response.text().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits until `n` requests of `kind` are queued behind the running transaction.
+    pub async fn queued(&self, kind: &str, n: usize) {
+        let sample = format!("{}_batch_queued{{kind=\"{kind}\"}}", self.prefix);
+        eventually(
+            &format!("{n} {kind}s queued"),
+            Duration::from_secs(20),
+            || async { (metric(&self.text().await, &sample) as usize == n).then_some(()) },
+        )
+        .await
+    }
+
+    /// (count, sum) of the batch-size histogram of `kind`.
+    pub async fn batches(&self, kind: &str) -> (f64, f64) {
+        let text = self.text().await;
+        let sample = |part: &str| {
+            let name = format!("{}_batch_size_{part}{{kind=\"{kind}\"}}", self.prefix);
+            metric(&text, &name)
+        };
+        (sample("count"), sample("sum"))
+    }
+
+    /// Growth of the batch-size histogram of `kind` since `before` (a [`BatchMetrics::batches`]):
+    /// (batches that ran, requests in them).
+    pub async fn batches_since(&self, kind: &str, before: (f64, f64)) -> (f64, f64) {
+        let after = self.batches(kind).await;
+        (after.0 - before.0, after.1 - before.1)
+    }
+}
+
 /// Waits until the service on loopback `port` answers `/readyz` with 200; `what` names it.
 pub async fn until_ready(what: &str, port: u16) {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();

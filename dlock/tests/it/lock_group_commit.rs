@@ -20,7 +20,7 @@ use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::harness::{
-    Backend, LockStack, client, eventually, hold_row, open, port, post_json, session,
+    Backend, BatchMetrics, LockStack, client, eventually, hold_row, open, port, post_json, session,
 };
 
 mod failures;
@@ -131,42 +131,18 @@ impl Server {
         .await
     }
 
-    async fn metrics(&self) -> String {
-        let response = reqwest::get(format!("{}/metrics", self.url))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        response.text().await.unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// Waits until `n` requests of `kind` are queued behind the running transaction.
-    async fn queued(&self, kind: &str, n: usize) {
-        let sample = format!("lock_batch_queued{{kind=\"{kind}\"}}");
-        eventually(&format!("{n} {kind}s queued"), WAIT, || async {
-            (metric(&self.metrics().await, &sample) as usize == n).then_some(())
-        })
-        .await
-    }
-
-    /// (count, sum) of the batch-size histogram of `kind`.
-    async fn batches(&self, kind: &str) -> (f64, f64) {
-        let text = self.metrics().await;
-        (
-            metric(&text, &format!("lock_batch_size_count{{kind=\"{kind}\"}}")),
-            metric(&text, &format!("lock_batch_size_sum{{kind=\"{kind}\"}}")),
-        )
-    }
-
-    /// Growth of the batch-size histogram of `kind` since `before` (a [`Server::batches`]):
-    /// (batches that ran, requests in them).
-    async fn batches_since(&self, kind: &str, before: (f64, f64)) -> (f64, f64) {
-        let after = self.batches(kind).await;
-        (after.0 - before.0, after.1 - before.1)
+    /// Its group-commit metrics.
+    fn batch_metrics(&self) -> BatchMetrics {
+        BatchMetrics {
+            url: self.url.clone(),
+            prefix: "lock",
+        }
     }
 
     /// Sends `gate` (a request of `kind` that waits in lockdb behind `gate_conn`), then
     /// `requests` once it waits, then opens the gate once they are all queued; the answers of the
     /// gate and of the requests, and the batches of `kind` that ran meanwhile
-    /// ([`Server::batches_since`]).
+    /// ([`BatchMetrics::batches_since`]).
     async fn gated<G: Future, R: Future>(
         &self,
         kind: &str,
@@ -174,17 +150,18 @@ impl Server {
         gate: G,
         requests: Vec<R>,
     ) -> (G::Output, Vec<R::Output>, (f64, f64)) {
-        let before = self.batches(kind).await;
+        let metrics = self.batch_metrics();
+        let before = metrics.batches(kind).await;
         let (gate, answers) = tokio::join!(gate, async {
             self.waits_in(&format!("dlock_{kind}")).await;
             let n = requests.len();
             let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
-                self.queued(kind, n).await;
+                metrics.queued(kind, n).await;
                 open(gate_conn).await;
             });
             answers
         });
-        (gate, answers, self.batches_since(kind, before).await)
+        (gate, answers, metrics.batches_since(kind, before).await)
     }
 
     /// [`Server::gated`] acquires: `gate_party`'s acquire of `gate_key`, whose lock is held until
@@ -225,12 +202,6 @@ impl Server {
             )),
         )
     }
-}
-
-fn metric(text: &str, sample: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{sample} not in metrics:\n{text}"))
 }
 
 fn code(result: &Result<impl std::fmt::Debug, ClientError>) -> Option<ErrorCode> {
@@ -468,7 +439,8 @@ async fn under_load_batches_form_and_every_key_keeps_its_token_order() {
     const CYCLES: usize = 25;
     let server = Server::start().await;
     let parties = server.parties("gl", CLIENTS).await;
-    let before = server.batches("acquire").await;
+    let metrics = server.batch_metrics();
+    let before = metrics.batches("acquire").await;
     let runs = futures::future::join_all(parties.iter().enumerate().map(|(i, p)| async move {
         let key = format!("gl:key-{i}");
         let mut tokens = Vec::new();
@@ -496,7 +468,7 @@ async fn under_load_batches_form_and_every_key_keeps_its_token_order() {
             assert!(all.insert(*t), "{key}: token {t} issued twice");
         }
     }
-    let (count, sum) = server.batches_since("acquire", before).await;
+    let (count, sum) = metrics.batches_since("acquire", before).await;
     assert_eq!(
         sum as usize,
         CLIENTS * CYCLES,

@@ -389,31 +389,33 @@ async fn bad_input_is_refused_field_by_field_and_writes_nothing() {
         Some("submissionId"),
     );
     // Operator writes.
-    cases.bad_fields(
-        "fence",
-        "/v1/accounts/acct-b/fence",
-        &operator,
-        &fence,
-        [
-            ("floor", json!(0), "zero floor"),
-            ("floor", json!("5"), "string floor"),
-            ("operator", json!(""), "empty operator"),
-            ("reason", json!("short"), "short reason"),
-            ("revocationId", json!("r-1"), "bad revocation id"),
-        ],
-    );
-    cases.bad_fields(
-        "resolve",
-        &resolve_path,
-        &operator,
-        &resolve,
-        [
-            ("outcome", json!("ACKED"), "outcome not a resolution"),
-            ("operator", json!(""), "empty operator"),
-            ("evidence", json!(""), "empty evidence"),
-            ("railReference", json!("a b"), "bad reference"),
-        ],
-    );
+    for (what, path, base, fields) in [
+        (
+            "fence",
+            "/v1/accounts/acct-b/fence",
+            &fence,
+            vec![
+                ("floor", json!(0), "zero floor"),
+                ("floor", json!("5"), "string floor"),
+                ("operator", json!(""), "empty operator"),
+                ("reason", json!("short"), "short reason"),
+                ("revocationId", json!("r-1"), "bad revocation id"),
+            ],
+        ),
+        (
+            "resolve",
+            &resolve_path,
+            &resolve,
+            vec![
+                ("outcome", json!("ACKED"), "outcome not a resolution"),
+                ("operator", json!(""), "empty operator"),
+                ("evidence", json!(""), "empty evidence"),
+                ("railReference", json!("a b"), "bad reference"),
+            ],
+        ),
+    ] {
+        cases.bad_fields(what, path, &operator, base, fields);
+    }
     let cases = cases.0;
 
     let before = snapshot(&stack);

@@ -14,8 +14,8 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use super::{Answer, PayStack, metric};
-use crate::harness::eventually;
+use super::{Answer, PayStack};
+use crate::harness::{BatchMetrics, eventually};
 
 mod registrations;
 
@@ -57,38 +57,18 @@ impl PayStack {
         .await
     }
 
-    /// Waits until `n` requests of `kind` are queued behind the running transaction.
-    async fn queued(&self, kind: &str, n: usize) {
-        let sample = format!("payment_batch_queued{{kind=\"{kind}\"}}");
-        eventually(&format!("{n} {kind}s queued"), WAIT, || async {
-            (metric(&self.metrics().await, &sample) as usize == n).then_some(())
-        })
-        .await
-    }
-
-    /// (count, sum) of the batch-size histogram of `kind`.
-    async fn batches(&self, kind: &str) -> (f64, f64) {
-        let text = self.metrics().await;
-        (
-            metric(
-                &text,
-                &format!("payment_batch_size_count{{kind=\"{kind}\"}}"),
-            ),
-            metric(&text, &format!("payment_batch_size_sum{{kind=\"{kind}\"}}")),
-        )
-    }
-
-    /// Growth of the batch-size histogram of `kind` since `before` (a [`PayStack::batches`]):
-    /// (batches that ran, requests in them).
-    async fn batches_since(&self, kind: &str, before: (f64, f64)) -> (f64, f64) {
-        let after = self.batches(kind).await;
-        (after.0 - before.0, after.1 - before.1)
+    /// Its group-commit metrics.
+    fn batch_metrics(&self) -> BatchMetrics {
+        BatchMetrics {
+            url: self.url.clone(),
+            prefix: "payment",
+        }
     }
 
     /// Sends `gate`, a request that waits behind `gate_tx`, and once `gate_waits` says it waits,
     /// `requests`; commits `gate_tx` once they are all queued as `kind`. The answers of the gate
     /// and of the requests, and the batches of `kind` that ran after the gate
-    /// ([`PayStack::batches_since`]).
+    /// ([`BatchMetrics::batches_since`]).
     async fn gated<G: Future, W: Future, R: Future>(
         &self,
         (kind, gate_waits): (&str, W),
@@ -96,17 +76,18 @@ impl PayStack {
         gate: G,
         requests: Vec<R>,
     ) -> (G::Output, Vec<R::Output>, (f64, f64)) {
+        let metrics = self.batch_metrics();
         let (gate, (answers, before)) = tokio::join!(gate, async {
             gate_waits.await;
-            let before = self.batches(kind).await;
+            let before = metrics.batches(kind).await;
             let n = requests.len();
             let (answers, ()) = tokio::join!(futures::future::join_all(requests), async {
-                self.queued(kind, n).await;
+                metrics.queued(kind, n).await;
                 gate_tx.commit().await.unwrap_or_else(|e| panic!("{e}"));
             });
             (answers, before)
         });
-        (gate, answers, self.batches_since(kind, before).await)
+        (gate, answers, metrics.batches_since(kind, before).await)
     }
 
     /// [`PayStack::gated`] claims, behind a claim of `gate_payout`, whose account's row
@@ -210,25 +191,26 @@ async fn a_stale_and_a_newer_holder_of_one_account_in_one_batch_leave_the_stale_
         let (stale, newer) = (stack.token(), stack.token());
         let gate = stack.gate("gs-gate").await;
         let gate_token = stack.token();
+        let metrics = stack.batch_metrics();
         let (blocker, (stale_answer, newer_answer, before)) =
             tokio::join!(stack.claim(p[0], gate_token, "PENDING"), async {
                 stack.waiting_in("pay_claim_once").await;
-                let before = stack.batches("claim").await;
+                let before = metrics.batches("claim").await;
                 let stale_claim = async {
                     if newer_first {
-                        stack.queued("claim", 1).await;
+                        metrics.queued("claim", 1).await;
                     }
                     stack.claim(p[1], stale, "PENDING").await
                 };
                 let newer_claim = async {
                     if !newer_first {
-                        stack.queued("claim", 1).await;
+                        metrics.queued("claim", 1).await;
                     }
                     stack.claim(second, newer, "PENDING").await
                 };
                 let (stale_answer, newer_answer, ()) =
                     tokio::join!(stale_claim, newer_claim, async {
-                        stack.queued("claim", 2).await;
+                        metrics.queued("claim", 2).await;
                         gate.commit().await.unwrap_or_else(|e| panic!("{e}"));
                     });
                 (stale_answer, newer_answer, before)
@@ -244,7 +226,7 @@ async fn a_stale_and_a_newer_holder_of_one_account_in_one_batch_leave_the_stale_
         assert_eq!(stack.state_of(p[1]).await, "PENDING", "{step}");
         assert_eq!(stack.fence_of("gs-acct"), newer.to_string(), "{step}");
         assert_eq!(
-            stack.batches_since("claim", before).await,
+            metrics.batches_since("claim", before).await,
             (1.0, 2.0),
             "{step}: one batch of the two"
         );

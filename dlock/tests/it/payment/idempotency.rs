@@ -6,8 +6,8 @@ use std::time::Duration;
 use futures::future::join_all;
 use serde_json::json;
 
-use super::{PayStack, metric, post_body};
-use crate::harness::eventually;
+use super::{PayStack, post_body};
+use crate::harness::{eventually, metric};
 
 #[tokio::test]
 async fn replays_are_byte_for_byte_and_a_different_body_conflicts() {

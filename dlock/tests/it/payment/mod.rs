@@ -395,9 +395,3 @@ pub async fn rail_ack(pool: &PgPool, payout: Uuid) {
         assert_eq!(moved, 1, "payout {payout}: {step}");
     }
 }
-
-pub fn metric(text: &str, sample: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("{sample} not in metrics:\n{text}"))
-}

@@ -5,7 +5,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{PayStack, metric, post_body};
+use super::{PayStack, post_body};
+use crate::harness::metric;
 
 #[tokio::test]
 async fn accounts_fund_payouts_claim_post_and_read_back() {

@@ -197,9 +197,14 @@ fn outcomes(answers: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// An `error` item of a batch keeps only its begin_outcome for the comparison (the per-row
-/// reference does not read the error's text).
-fn compare(batch: Vec<Value>, single: Vec<Value>) {
+/// The batch's answers and the tables after it are the single path's. An `error` item of a
+/// batch keeps only its begin_outcome for the comparison (the per-row reference does not read
+/// the error's text).
+fn compare(
+    (batch, batch_tables): (Vec<Value>, Vec<String>),
+    (single, single_tables): (Vec<Value>, Vec<String>),
+) {
+    assert_eq!(batch_tables, single_tables, "the tables after the batch");
     assert_eq!(batch.len(), single.len(), "one answer per item");
     for (n, (b, s)) in batch.into_iter().zip(single).enumerate() {
         let b = if b["begin_outcome"] == "error" {
@@ -281,10 +286,10 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
         claim(p[7], 57, "PENDING", HASH),        // replay
         claim(p[8], 58, "PENDING", OTHER_HASH),  // conflict
     ];
-    let (batch, batch_tables) = by_batch(&stack.pool, false, &items).await;
-    let (single, single_tables) = one_by_one(&stack.pool, false, &items).await;
+    let batch = by_batch(&stack.pool, false, &items).await;
+    let single = one_by_one(&stack.pool, false, &items).await;
     assert_eq!(
-        outcomes(&batch),
+        outcomes(&batch.0),
         [
             "fresh/claimed",
             "fresh/insufficient_funds",
@@ -300,23 +305,22 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
         "the batch's outcomes"
     );
     compare(batch, single);
-    assert_eq!(batch_tables, single_tables, "the tables after the batch");
 
     // An account limit raises in the set path: the whole set is rolled back and every item goes
     // one by one, where only the item over its limit fails, as on the per-row path.
     stack.psql(
         "INSERT INTO account_limits (account_id, daily_outflow_minor, set_by) VALUES ('sb-ok', 50, 'treasury')",
     );
-    let (batch, batch_tables) = by_batch(&stack.pool, false, &items).await;
+    let batch = by_batch(&stack.pool, false, &items).await;
     let single = one_by_one(&stack.pool, false, &items).await;
-    first_over_its_limit_alone((batch, batch_tables), single, (4, "claimed"));
+    first_over_its_limit_alone(batch, single, (4, "claimed"));
 }
 
 /// The first item of a batch went over its account's limit: it failed alone (23514, a CHECK's
 /// refusal), its `neighbour` got `outcome`, and answers and tables are the single path's.
 fn first_over_its_limit_alone(
     (batch, batch_tables): (Vec<Value>, Vec<String>),
-    (single, single_tables): (Vec<Value>, Vec<String>),
+    single: (Vec<Value>, Vec<String>),
     (neighbour, outcome): (usize, &str),
 ) {
     assert_eq!(
@@ -326,8 +330,7 @@ fn first_over_its_limit_alone(
     );
     assert_eq!(batch[0]["error_state"], "23514");
     assert_eq!(batch[neighbour]["outcome"], outcome, "its neighbour");
-    compare(batch, single);
-    assert_eq!(batch_tables, single_tables, "the tables after the batch");
+    compare((batch, batch_tables), single);
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -388,9 +391,10 @@ async fn a_batch_of_posts_decides_as_the_per_row_functions_do() {
         post(pair_second, 25, &reference(pair_second)), // the newer posts, the older is fenced
         post(p[5], 40, &reference(p[5])),               // a later holder posts, the fence rises
     ];
-    let (batch, batch_tables) = by_batch(&stack.pool, true, &items).await;
-    let (single, single_tables) = one_by_one(&stack.pool, true, &items).await;
+    let batch = by_batch(&stack.pool, true, &items).await;
+    let single = one_by_one(&stack.pool, true, &items).await;
     let outcomes: Vec<&str> = batch
+        .0
         .iter()
         .map(|a| a["outcome"].as_str().unwrap_or("-"))
         .collect();
@@ -408,7 +412,6 @@ async fn a_batch_of_posts_decides_as_the_per_row_functions_do() {
         "the batch's outcomes"
     );
     compare(batch, single);
-    assert_eq!(batch_tables, single_tables, "the tables after the batch");
 }
 
 /// Three accounts a, b, c of `prefix` with 100 each and a PENDING payout of 60 on each.
