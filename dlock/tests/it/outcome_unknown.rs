@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use dlock_contract::ErrorCode;
-use dlock_contract::client::ClientError;
+use dlock_contract::client::{ClientError, LockClient};
 use dlock_contract::session::LockSession;
 use dlock_devstack::faultproxy::{AfterMatch, FaultProxy, Mode};
 use uuid::Uuid;
@@ -48,6 +48,28 @@ impl Proxied {
             .unwrap_or_else(|| panic!("{what}: its answer was to be lost"));
         assert_eq!(self.proxy.fired(), 1, "{what}: it went through");
         lost
+    }
+
+    /// A session of the contract client's of `owner` on this lock server, a lock client of the
+    /// same owner, and a new key: what a client's settling of a lost answer is tried with.
+    async fn client_session(
+        &self,
+        owner: &str,
+        backend: Backend,
+    ) -> (LockSession, LockClient, String) {
+        let session = LockSession::open(client(&self.url, owner), 30_000)
+            .await
+            .unwrap_or_else(|e| panic!("{backend:?} session: {e}"));
+        (
+            session,
+            client(&self.url, owner),
+            format!("ou:{}", Uuid::new_v4()),
+        )
+    }
+
+    /// The proxy lost a second answer: `what`'s.
+    fn assert_second_lost(&self, what: &str) {
+        assert_eq!(self.proxy.fired(), 2, "{what}'s answer was lost");
     }
 }
 
@@ -168,25 +190,17 @@ async fn acquire_answer_lost(backend: Backend) {
 
     // The same through the contract client's session: the acquire's answer is lost, the client
     // reads the key, ends the grant it finds there and acquires again.
-    let worker = LockSession::open(client(&p.url, "worker-b"), 30_000)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} session: {e}"));
-    let key_b = format!("ou:{}", Uuid::new_v4());
+    let (worker, lock_b, key_b) = p.client_session("worker-b", backend).await;
     let pattern_b = match backend {
         Backend::Pg => key_b.clone(),
         Backend::Etcd => format!("/seen/{key_b}"),
     };
     p.lose_answer_of(pattern_b.as_bytes(), 0);
-    let lock_b = client(&p.url, "worker-b");
     let held = worker
         .acquire(&lock_b, &key_b, 20_000, None, 0.3)
         .await
         .unwrap_or_else(|e| panic!("{backend:?}: the session settles a lost acquire: {e}"));
-    assert_eq!(
-        p.proxy.fired(),
-        2,
-        "{backend:?}: the first acquire's answer was lost"
-    );
+    p.assert_second_lost(&format!("{backend:?}: the first acquire"));
     let info_b = l7(&lock_b, &key_b, backend).await;
     assert_eq!(
         (info_b.session_id, info_b.fencing_token),
@@ -409,11 +423,7 @@ async fn release_answer_lost(backend: Backend) {
         "{backend:?}: the resent release finds the grant gone: {again:?}"
     );
 
-    let worker = LockSession::open(client(&p.url, "releaser-b"), 30_000)
-        .await
-        .unwrap_or_else(|e| panic!("{backend:?} session: {e}"));
-    let lock_b = client(&p.url, "releaser-b");
-    let key_b = format!("ou:{}", Uuid::new_v4());
+    let (worker, lock_b, key_b) = p.client_session("releaser-b", backend).await;
     let held = worker
         .acquire(&lock_b, &key_b, 20_000, None, 0.3)
         .await
@@ -422,11 +432,7 @@ async fn release_answer_lost(backend: Backend) {
     held.release(&lock_b)
         .await
         .unwrap_or_else(|e| panic!("{backend:?}: the client settles a lost release: {e}"));
-    assert_eq!(
-        p.proxy.fired(),
-        2,
-        "{backend:?}: the release's answer was lost"
-    );
+    p.assert_second_lost(&format!("{backend:?}: the release"));
     let info_b = l7(&lock_b, &key_b, backend).await;
     assert!(!info_b.held, "{backend:?}: released: {info_b:?}");
     println!(

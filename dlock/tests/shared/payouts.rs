@@ -25,6 +25,17 @@ impl Item {
     }
 }
 
+/// `n` items keyed `item-{i}` (`i` zero-padded to `width` digits), each [`Item::numbered`] with
+/// a base of 1 000, over the accounts `{prefix}-00`, `{prefix}-01`, … (`accounts` of them) in
+/// turn.
+#[allow(dead_code)] // the it suite's; the k8s suite includes this file too
+pub fn spread(n: usize, width: usize, prefix: &str, accounts: usize) -> impl Iterator<Item = Item> {
+    (0..n).map(move |i| {
+        let account = format!("{prefix}-{:02}", i % accounts);
+        Item::numbered(i, format!("item-{i:0width$}"), &account, 1_000)
+    })
+}
+
 /// The PayoutBatch manifest `name`, run by `workers` workers, of `items`.
 pub fn batch_manifest(name: &str, workers: usize, items: impl IntoIterator<Item = Item>) -> String {
     let mut yaml = format!(

@@ -24,7 +24,7 @@ use super::{knob, refusal_code as code, session_gone, sweeping_proxy};
 use crate::chaos::{CheckedStack, check_invariants, fenced_out_in};
 use crate::harness::{serve_process, session_kept};
 use crate::shared::accounts::open_account;
-use crate::shared::payouts::{Item, batch_manifest};
+use crate::shared::payouts::{batch_manifest, spread};
 
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_dlock");
 pub(crate) const OPERATOR_TOKEN: &str = "failover-operator-token";
@@ -126,18 +126,7 @@ impl Services {
         n: usize,
         workers: usize,
     ) -> PathBuf {
-        let text = batch_manifest(
-            name,
-            workers,
-            (0..n).map(|i| {
-                Item::numbered(
-                    i,
-                    format!("item-{i:04}"),
-                    &format!("{prefix}-{:02}", i % accounts),
-                    1_000,
-                )
-            }),
-        );
+        let text = batch_manifest(name, workers, spread(n, 4, prefix, accounts));
         let path = self.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
         path

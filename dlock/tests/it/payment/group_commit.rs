@@ -90,16 +90,20 @@ impl PayStack {
         (gate, answers, metrics.batches_since(kind, before).await)
     }
 
-    /// [`PayStack::gated`] claims, behind a claim of `gate_payout`, whose account's row
-    /// (`gate_account`) is held until `requests` queue.
-    async fn claims_gated<R: Future>(
+    /// [`PayStack::gated`] claims of PENDING payouts (`(payout, token)` each of `claims`), behind
+    /// a claim of `gate_payout`, whose account's row (`gate_account`) is held until they queue.
+    async fn claims_gated(
         &self,
         (gate_account, gate_payout): (&str, Uuid),
-        requests: Vec<R>,
-    ) -> (Answer, Vec<R::Output>, (f64, f64)) {
+        claims: &[(Uuid, i64)],
+    ) -> (Answer, Vec<Answer>, (f64, f64)) {
         let gate_tx = self.gate(gate_account).await;
         let gate = self.claim(gate_payout, self.token(), "PENDING");
         let waits = self.waiting_in("pay_claim_once");
+        let requests = claims
+            .iter()
+            .map(|&(payout, token)| self.claim(payout, token, "PENDING"))
+            .collect();
         self.gated(("claim", waits), gate_tx, gate, requests).await
     }
 
@@ -149,11 +153,7 @@ async fn claims_in_one_batch_each_get_their_own_answer() {
     let (blocker, answers, batches) = stack
         .claims_gated(
             ("gc-gate", gate_payout),
-            vec![
-                stack.claim(ok, ok_token, "PENDING"),
-                stack.claim(fenced, stale, "PENDING"),
-                stack.claim(replayed, replay_token, "PENDING"),
-            ],
+            &[(ok, ok_token), (fenced, stale), (replayed, replay_token)],
         )
         .await;
     blocker.expect("the gate's claim", 200, None);
@@ -241,11 +241,7 @@ async fn a_duplicate_in_flight_is_answered_once() {
     let (blocker, answers, _) = stack
         .claims_gated(
             ("gd-gate", p[0]),
-            vec![
-                stack.claim(p[1], token, "PENDING"),
-                stack.claim(p[1], token, "PENDING"),
-                stack.claim(p[2], other_token, "PENDING"),
-            ],
+            &[(p[1], token), (p[1], token), (p[2], other_token)],
         )
         .await;
     let [one, two, other] = answers.as_slice() else {
@@ -278,21 +274,14 @@ async fn a_failed_batch_answers_every_item_503_and_writes_nothing() {
     let (stack, p) = stack_with(&["gf-gate", "gf-held", "gf-free"]).await;
     let (held_token, free_token) = (stack.token(), stack.token());
     let held = stack.gate("gf-held").await;
-    let ((blocker, answers, _), ()) = tokio::join!(
-        stack.claims_gated(
-            ("gf-gate", p[0]),
-            vec![
-                stack.claim(p[1], held_token, "PENDING"),
-                stack.claim(p[2], free_token, "PENDING"),
-            ],
-        ),
-        async {
+    let claims = [(p[1], held_token), (p[2], free_token)];
+    let ((blocker, answers, _), ()) =
+        tokio::join!(stack.claims_gated(("gf-gate", p[0]), &claims), async {
             // Once the gate is open, the batch of the two waits on gf-held's row: its connection
             // dies there.
             let pid = stack.waiting_in("pay_claim_many").await;
             stack.psql(&format!("SELECT pg_terminate_backend({pid})"));
-        }
-    );
+        });
     held.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     blocker.expect("the gate's claim", 200, None);
     for (step, answer) in [("held", &answers[0]), ("free", &answers[1])] {
@@ -421,10 +410,7 @@ async fn an_item_that_raises_is_rolled_back_alone_and_answered_on_the_single_pat
     let (blocker, answers, batches) = stack
         .claims_gated(
             ("gl-gate", p[0]),
-            vec![
-                stack.claim(p[1], limited_token, "PENDING"),
-                stack.claim(p[2], ok_token, "PENDING"),
-            ],
+            &[(p[1], limited_token), (p[2], ok_token)],
         )
         .await;
     blocker.expect("the gate's claim", 200, None);

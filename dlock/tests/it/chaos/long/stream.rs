@@ -9,7 +9,7 @@ use dlock_devstack::ManagedChild;
 use super::super::fenced_out_in;
 use super::faults::{Fault, ROTATION};
 use super::stack::{EXECUTORS, Run, WORKERS};
-use crate::shared::payouts::{Item, batch_manifest};
+use crate::shared::payouts::{batch_manifest, spread};
 
 /// The size of the run: at least `target` payouts and at least `seconds`, in batches of
 /// `batch_size` over `accounts` accounts.
@@ -66,18 +66,7 @@ pub(super) async fn run_stream(run: &mut Run, knobs: &Knobs, began: Instant) -> 
     let mut rotation = ROTATION.iter().cycle();
     while stream.total < target || began.elapsed() < Duration::from_secs(seconds as u64) {
         let name = format!("long-{:03}", stream.batches.len());
-        let yaml = batch_manifest(
-            &name,
-            WORKERS,
-            (0..batch_size).map(|i| {
-                Item::numbered(
-                    i,
-                    format!("item-{i:05}"),
-                    &format!("long-{:02}", i % accounts),
-                    1_000,
-                )
-            }),
-        );
+        let yaml = batch_manifest(&name, WORKERS, spread(batch_size, 5, "long", accounts));
         let file = run.dir.join(format!("{name}.yaml"));
         std::fs::write(&file, yaml).unwrap_or_else(|e| panic!("{e}"));
         let base = run.settled();
