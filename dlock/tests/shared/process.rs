@@ -30,7 +30,6 @@ pub fn wait_serving(
 }
 
 /// What a command printed, and how it ended.
-#[allow(dead_code)] // the it suite's; the k8s suite includes this file too
 pub struct Ran {
     pub code: Option<i32>,
     pub out: String,
@@ -58,7 +57,6 @@ impl std::fmt::Display for Ran {
 }
 
 /// The stdout of `output`, a run that must have succeeded (`what` names it; its stderr if not).
-#[allow(dead_code)] // the it suite's; the k8s suite includes this file too
 pub fn succeeded(output: &Output, what: &str) -> String {
     assert!(
         output.status.success(),
@@ -70,7 +68,6 @@ pub fn succeeded(output: &Output, what: &str) -> String {
 
 /// `dlock reconcile` of `paydb` against the rail statement at `rail`, with
 /// `--settlement-window-ms window_ms` and `extra`: it exits 0, or 2 with findings.
-#[allow(dead_code)] // the it suite's; the k8s suite includes this file too
 pub fn reconcile(paydb: &str, rail: &str, window_ms: u64, extra: &[&str]) {
     const EXE: &str = env!("CARGO_BIN_EXE_dlock");
     let out = Command::new(EXE)
