@@ -29,7 +29,7 @@ pub struct PaydbEpochArgs {
     pub paydb_file: Option<PathBuf>,
     /// lockdb's URL: the token floor is read from it with `dlock_epoch_floor()`, which runs
     /// lockdb's epoch check first, so a lockdb that went back too reports tokens its lost commits
-    /// issued (migrations/lockdb/0013_baseline.sql). Prefer --lockdb-file.
+    /// issued (migrations/lockdb/0016_baseline.sql). Prefer --lockdb-file.
     #[arg(long, env = "DLOCK_LOCKDB", conflicts_with_all = ["lockdb_file", "token_floor"])]
     pub lockdb: Option<String>,
     /// A file holding lockdb's URL, used instead of --lockdb.

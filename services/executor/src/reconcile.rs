@@ -359,7 +359,7 @@ struct Payout {
     /// An attempt that may have reached the rail (any outcome but FENCED).
     presented: bool,
     /// Quarantined by the store-epoch recovery (`pay_epoch_quarantined`,
-    /// migrations/paydb/0027_baseline_payment_writes.sql): the rail had it and paydb had lost its
+    /// migrations/paydb/0039_baseline_payment_writes.sql): the rail had it and paydb had lost its
     /// attempt, so its lines are matched to it by their clientRef alone.
     epoch_quarantined: bool,
 }

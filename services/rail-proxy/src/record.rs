@@ -239,7 +239,7 @@ pub(crate) fn unavailable(
 }
 
 /// RECOVERY_REQUIRED when paydb's epoch guard refused the write (SQLSTATE DL012,
-/// migrations/paydb/0026_baseline_guards.sql): paydb is on a new timeline after a failover that may
+/// migrations/paydb/0038_baseline_guards.sql): paydb is on a new timeline after a failover that may
 /// have lost writes and takes none until an operator runs `dlock recover paydb-epoch`
 /// (docs/design.md#d-12). Nothing was recorded, so nothing was forwarded. `None` for any other
 /// failure. Not RAIL_UNAVAILABLE: neither the rail nor a retry soon is the way out.

@@ -407,7 +407,7 @@ pub async fn advance_high_water(
 
 /// docs/design.md#d-8 recovery: lowers a poisoned mark to `to`, recorded in `fence_recoveries`;
 /// never under the highest proven token admitted
-/// (migrations/paydb/0028_baseline_idempotency_and_rail.sql).
+/// (migrations/paydb/0040_baseline_idempotency_and_rail.sql).
 pub async fn lower_high_water(
     pool: &PgPool,
     account_id: &str,
@@ -460,7 +460,7 @@ struct AdmitManyRow {
 }
 
 /// Admission of a batch (docs/design.md#group-commit) in one statement, so one transaction and
-/// one commit (`rail_admit_many`, migrations/paydb/0028_baseline_idempotency_and_rail.sql): each
+/// one commit (`rail_admit_many`, migrations/paydb/0040_baseline_idempotency_and_rail.sql): each
 /// item decided by `rail_admit` in its own subtransaction, in item order. The outer error is the
 /// whole batch's: nothing of it was written. An inner error is one item's, rolled back alone.
 pub async fn admit_many(
@@ -566,7 +566,7 @@ impl RecordManyRow {
 
 /// The answers of a record batch (docs/design.md#group-commit) in one statement, so one
 /// transaction and one commit (`rail_record_many`,
-/// migrations/paydb/0028_baseline_idempotency_and_rail.sql): each item recorded by `rail_record`
+/// migrations/paydb/0040_baseline_idempotency_and_rail.sql): each item recorded by `rail_record`
 /// in its own subtransaction, in item order. The outer error is the whole batch's; an inner error
 /// is one item's, rolled back alone.
 pub async fn record_many(

@@ -218,7 +218,7 @@ pub fn unavailable(error: &sqlx::Error, database: &str) -> Option<String> {
             Some("57P01") | Some("57P02") | Some("57P03") => {
                 Some(format!("{database} is not accepting writes: {error}"))
             }
-            // Raised by paydb's epoch guard (migrations/paydb/0026_baseline_guards.sql) in the
+            // Raised by paydb's epoch guard (migrations/paydb/0038_baseline_guards.sql) in the
             // write's own transaction: paydb may have gone back in time and takes no write until an
             // operator confirms a recovery (docs/design.md#d-12). Nothing was written.
             Some(EPOCH_CHANGED) => {

@@ -1,6 +1,6 @@
 //! A large funding cannot be split under `auth.treasury.dual-approval-above`: the threshold
 //! bounds what one treasury identity funds on an account on its own word in a rolling 24 hours
-//! (paydb's `pay_fund_as`, migrations/paydb/0027_baseline_payment_writes.sql;
+//! (paydb's `pay_fund_as`, migrations/paydb/0039_baseline_payment_writes.sql;
 //! docs/threat-model.md#roles), through the real payment resource of `dlock dev up`.
 
 use super::*;

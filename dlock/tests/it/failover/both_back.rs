@@ -3,7 +3,7 @@
 //! grant has run lockdb's epoch check yet when the operator recovers paydb or revokes a lock, and
 //! the promoted sequence is below the lost tokens (positive control): the recovery's token floor
 //! and a revocation's floor must still be above every lost token
-//! (migrations/lockdb/0013_baseline.sql, docs/design.md#d-12).
+//! (migrations/lockdb/0016_baseline.sql, docs/design.md#d-12).
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! payout with it and then pauses; the primary dies and the standby is promoted. The promoted
 //! lockdb's sequence is below the lost tokens (positive control), yet no token is issued twice:
 //! the first grant on the new timeline moves the sequence past everything lockdb could have issued
-//! (migrations/lockdb/0013_baseline.sql, docs/design.md#d-12), and the paused worker's token
+//! (migrations/lockdb/0016_baseline.sql, docs/design.md#d-12), and the paused worker's token
 //! is fenced at the account and at the rail once the newer holder has written.
 
 use std::collections::HashSet;

@@ -9,7 +9,7 @@
 //! Unknown outcomes are kept open to the end of the history, as in the other runs.
 //!
 //! The first grant on the new timeline moves lockdb's tokens 10^9 past the highest it knows
-//! (migrations/lockdb/0013_baseline.sql, docs/design.md#d-12). The test requires the history
+//! (migrations/lockdb/0016_baseline.sql, docs/design.md#d-12). The test requires the history
 //! to hold tokens on both sides of that jump, none inside it, and the checker's global token
 //! order to take it. Positive controls on this history: history.rs's three planted violations;
 //! a token from below the jump given just after the first grant above it; and the first acquire

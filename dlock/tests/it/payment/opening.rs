@@ -1,6 +1,6 @@
 //! Accounts opened at once: the first accounts of a currency also create its funding and
 //! settlement accounts, and opens that race on them must each be answered, never 500
-//! (migrations/paydb/0027_baseline_payment_writes.sql).
+//! (migrations/paydb/0039_baseline_payment_writes.sql).
 
 use futures::future::join_all;
 use serde_json::json;

@@ -135,7 +135,7 @@ async fn paydb_guards_transitions_fences_holds_and_the_ledger() {
 }
 
 /// A payout's id names its account for good: the payment resource keeps the account it proves a
-/// payout's writes against (migrations/paydb/0034_payouts_kept.sql), so paydb never lets a
+/// payout's writes against (migrations/paydb/0038_baseline_guards.sql), so paydb never lets a
 /// payout go, even one nothing else refers to yet.
 #[tokio::test]
 async fn a_payout_is_never_deleted() {

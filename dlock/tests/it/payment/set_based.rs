@@ -1,4 +1,4 @@
-//! The set path of a batch (migrations/paydb/0028_baseline_idempotency_and_rail.sql,
+//! The set path of a batch (migrations/paydb/0040_baseline_idempotency_and_rail.sql,
 //! docs/design.md#group-commit) against real PostgreSQL: `pay_claim_many` and `pay_post_many`
 //! decide a batch as the per-row functions decide its items one by one, and paydb refuses in a
 //! statement of many rows, as the batch writes them (statement-level triggers on the ledger, row

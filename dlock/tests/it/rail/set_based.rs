@@ -1,4 +1,4 @@
-//! The rail proxy's set path (migrations/paydb/0030_rail_set_based.sql, docs/design.md#group-commit)
+//! The rail proxy's set path (migrations/paydb/0040_baseline_idempotency_and_rail.sql, docs/design.md#group-commit)
 //! against real PostgreSQL: `rail_admit_set` and `rail_record_set` decide a batch as `rail_admit`
 //! and `rail_record` decide its items one by one — the same answers and the same rows — over
 //! every outcome an admission or a record can have; and `rail_admit_many` / `rail_record_many`

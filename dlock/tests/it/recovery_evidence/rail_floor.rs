@@ -1,6 +1,6 @@
 //! The rail proxy's high-water mark is lowered only down to the highest token the proxy admitted
 //! a proven submission with (`rail_high_water.max_seen_token`,
-//! migrations/paydb/0028_baseline_idempotency_and_rail.sql), as the account fence is
+//! migrations/paydb/0040_baseline_idempotency_and_rail.sql), as the account fence is
 //! (docs/threat-model.md#recovery).
 
 use serde_json::json;

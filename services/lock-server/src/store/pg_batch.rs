@@ -1,7 +1,7 @@
 //! Group commit of the `pg` store's acquires and releases (docs/design.md#group-commit): the
 //! acquires (or the releases) that queue while the previous lockdb transaction of their kind runs
 //! go into the next one together, through the set-based functions of
-//! migrations/lockdb/0013_baseline.sql.
+//! migrations/lockdb/0016_baseline.sql.
 //!
 //! No timer: a request that finds nothing running starts a transaction at once, alone, on the
 //! per-row function (`dlock_acquire`, `dlock_release`), so a lone request goes exactly the way it

@@ -2,8 +2,8 @@
 //! docs/contract.md#dual-approval): an account's limits, the answer to a funding that waits for
 //! a second treasury identity (above `auth.treasury.dual-approval-above` with what its identity
 //! funded on the account alone in the last 24 hours), and that identity's approval. paydb
-//! enforces each (migrations/paydb/0026_baseline_guards.sql,
-//! migrations/paydb/0027_baseline_payment_writes.sql); these
+//! enforces each (migrations/paydb/0038_baseline_guards.sql,
+//! migrations/paydb/0039_baseline_payment_writes.sql); these
 //! handlers check the request, name the caller and read the outcome.
 
 use axum::extract::State;

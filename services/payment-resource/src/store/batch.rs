@@ -1,10 +1,10 @@
 //! Group commit (docs/design.md#group-commit): the claims (or the posts) that queue while the
 //! previous transaction of their kind runs go into the next one together, through the set-based
-//! functions of migrations/paydb/0028_baseline_idempotency_and_rail.sql. The queue is
+//! functions of migrations/paydb/0040_baseline_idempotency_and_rail.sql. The queue is
 //! [`GroupCommit`] (dlock_server::group_commit, services/contract/src/group_commit.rs), keyed by
 //! payout; [`PayStore::claim_many`], [`PayStore::post_many`] and [`PayStore::finish_many`] are
 //! the batch's three statements (the calls, the answers, the commit). Registrations are grouped
-//! the same way ([`PayStore::create_many`], migrations/paydb/0033_create_many.sql).
+//! the same way ([`PayStore::create_many`], migrations/paydb/0040_baseline_idempotency_and_rail.sql).
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The fundings that waited (or wait) for a second treasury identity, as `GET /v1/fundings`
 //! lists them (docs/contract.md#list-fundings): a plain read of `pending_fundings`
-//! (migrations/paydb/0025_baseline_tables.sql) with each account's currency. It writes nothing.
+//! (migrations/paydb/0037_baseline_tables.sql) with each account's currency. It writes nothing.
 
 use chrono::{DateTime, Utc};
 use dlock_contract::payment::{FundingSummary, FundingsFilter};

@@ -53,7 +53,7 @@ pub enum StoreError {
     #[error("paydb failure: {0}")]
     Backend(String),
     /// An account limit refused the write (`account_limits_*`,
-    /// migrations/paydb/0026_baseline_guards.sql): the whole transaction rolled back. `details`
+    /// migrations/paydb/0038_baseline_guards.sql): the whole transaction rolled back. `details`
     /// is the database's JSON DETAIL.
     #[error("{message}")]
     LimitExceeded {
@@ -229,7 +229,7 @@ const PAYOUT_SELECT: &str = "SELECT p.payout_id, p.account_id, p.amount_minor, \
 pub struct PayStore {
     pool: PgPool,
     /// The account of each payout seen here (registered, or looked up for a proof): a payout's
-    /// account never changes and a payout is never deleted (migrations/paydb/0034_payouts_kept.sql),
+    /// account never changes and a payout is never deleted (migrations/paydb/0038_baseline_guards.sql),
     /// so an entry never goes stale. At most [`ACCOUNTS_OF_MAX`], least recently used out first.
     accounts_of: Arc<Mutex<LruCache<Uuid, String>>>,
 }

@@ -1,5 +1,5 @@
 //! The treasury's writes beyond opening: a funding, applied or waiting for a second treasury
-//! identity (migrations/paydb/0027_baseline_payment_writes.sql), and an account's limits. Each is
+//! identity (migrations/paydb/0039_baseline_payment_writes.sql), and an account's limits. Each is
 //! one call of a paydb function in the request's transaction, read once into an outcome enum.
 
 use sqlx::PgConnection;
@@ -114,7 +114,7 @@ impl PayStore {
         })
     }
 
-    /// A treasury identity's funding (migrations/paydb/0027_baseline_payment_writes.sql):
+    /// A treasury identity's funding (migrations/paydb/0039_baseline_payment_writes.sql):
     /// paydb decides under the account row lock whether it applies now or waits for a second
     /// treasury identity. `threshold`: `auth.treasury.dual-approval-above` (`None`: it applies).
     pub async fn fund_as(

@@ -1,4 +1,4 @@
-//! Group commit of registrations (`POST /v1/payouts`, migrations/paydb/0033_create_many.sql):
+//! Group commit of registrations (`POST /v1/payouts`, migrations/paydb/0040_baseline_idempotency_and_rail.sql):
 //! the registrations that queue while one runs go into the next transaction together, and each
 //! is answered as it would be alone. The gate is the account row held for update: a payout's
 //! insert key-share locks its account, so the gate's registration waits in `pay_create_payout`.

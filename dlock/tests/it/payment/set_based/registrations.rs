@@ -1,4 +1,4 @@
-//! A batch of registrations by the set (migrations/paydb/0036_create_set.sql) against real
+//! A batch of registrations by the set (migrations/paydb/0040_baseline_idempotency_and_rail.sql) against real
 //! PostgreSQL: `pay_create_many` decides a batch as the single path decides its items one by one
 //! (`pay_idempotency_begin`, then `pay_create_payout`, an unknown account rolled back), writes
 //! what that path writes, and writes it in one statement; an item that raises sends the batch

@@ -3,7 +3,7 @@
 //!
 //! A token on etcd is a revision, and a restore of etcd takes the revision back: the grants that
 //! follow would get tokens the lock server already answered. Every grant's token is recorded in
-//! lockdb (`dlock_etcd_high_water`, migrations/lockdb/0013_baseline.sql) before it is
+//! lockdb (`dlock_etcd_high_water`, migrations/lockdb/0016_baseline.sql) before it is
 //! answered, and answered only if it is above every token recorded before it. Records are ordered
 //! by lockdb's row lock, so the tokens answered, by every replica, only grow: none is answered
 //! twice, whatever etcd did. A token at or below the high-water is withdrawn (its grant deleted);
