@@ -29,6 +29,7 @@ mod outcome_unknown;
 mod outcome_unknown_revoke;
 mod payment;
 mod payment_hygiene;
+mod pg_restart;
 mod pg_tls;
 mod proof;
 mod rail;

@@ -250,22 +250,52 @@ impl Daemon {
 
     /// Spawns `command` (`install` says what to do when that fails), then waits up to 30 s for
     /// `ready`; an error points at the log.
+    ///
+    /// A server that exits before it is ready is spawned again within those 30 s, as a
+    /// supervisor would: after a kill, what the crashed server left behind can refuse the first
+    /// start for a moment (PostgreSQL's backends outlive a killed postmaster until they notice,
+    /// and a new postmaster refuses to start while they still hold its shared memory).
     pub(crate) fn launch(
         &mut self,
         mut command: Command,
         install: &str,
-        ready: impl FnMut() -> bool,
+        mut ready: impl FnMut() -> bool,
     ) -> Result<()> {
-        let (stdout, stderr) = log_stdio(Some(&self.log))?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("starting {} ({install})", self.name))?;
-        self.child = Some(ManagedChild::new(self.name, child));
-        wait_until(self.name, Duration::from_secs(30), ready)
-            .with_context(|| format!("see {}", self.log.display()))
+        let spawn = |command: &mut Command| -> Result<ManagedChild> {
+            let (stdout, stderr) = log_stdio(Some(&self.log))?;
+            let child = command
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .spawn()
+                .with_context(|| format!("starting {} ({install})", self.name))?;
+            Ok(ManagedChild::new(self.name, child))
+        };
+        let mut child = spawn(&mut command)?;
+        let mut exits = 0;
+        let waited = wait_until(self.name, Duration::from_secs(30), || {
+            if child.exited() {
+                exits += 1;
+                match spawn(&mut command) {
+                    Ok(again) => child = again,
+                    Err(e) => tracing::warn!("{e:#}"),
+                }
+                return false;
+            }
+            ready()
+        });
+        self.child = Some(child);
+        waited.with_context(|| {
+            format!(
+                "it exited {exits} times before it was ready; see {}",
+                self.log.display()
+            )
+        })
+    }
+
+    /// The file its output goes to.
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// Whether it was started and has not been stopped or killed since.
