@@ -12,7 +12,11 @@ use dlock_contract::rail::HighWaterRequest as AdvanceRequest;
 use dlock_contract::rail::{HighWater, HighWaterRequest};
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
-use dlock_server::openapi::{Invalid, InvalidToken, NotFound, RailUnavailable, Unauthorized};
+use dlock_server::openapi::{
+    Invalid, InvalidToken, NotFound, RailUnavailable, RecoveryForbidden, RecoveryParams,
+    Unauthorized,
+};
+use dlock_server::proof;
 use serde_json::json;
 
 use crate::AppState;
@@ -134,12 +138,8 @@ fn account_not_found(account_id: &str) -> ApiError {
 /// under the highest token the proxy admitted a proven submission with. Audited in
 /// fence_recoveries.
 #[utoipa::path(post, path = "/v1/rail/high-water/{account_id}/lower", request_body = FenceLowerRequest,
-    params(("accountId" = String, Path),
-           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
-           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
-           ("X-Owner-Id" = String, Header)),
-    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, RailUnavailable,
-        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+    params(("accountId" = String, Path), RecoveryParams, ("X-Owner-Id" = String, Header)),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, RecoveryForbidden, NotFound, RailUnavailable,
         (status = 409, description = "FENCED_OUT: the token is below the highest token the proxy admitted a submission with, its proof verified (details.highestToken); nothing changed", body = ErrorBody),
     ))]
 // docs/design.md#d-8 recovery: lowers a high-water mark poisoned by a forged token to the token of
@@ -152,15 +152,11 @@ pub(crate) async fn lower_high_water(
     PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,
 ) -> Result<Json<FenceLowered>, ApiError> {
     let identity = caller.operator("lowering the high-water mark")?;
-    let Some(keys) = &state.config.proof_keys else {
-        return Err(dlock_server::proof::recovery_disabled());
-    };
-    let token = headers::fencing_token(&headers)?;
-    let owner = check_lower(&account_id, &headers, &body)?;
-    keys.require(
+    let (token, owner) = proof::recovery_grant(
+        state.config.proof_keys.as_ref(),
         &headers,
-        &dlock_contract::proof::payout_lock_key(&account_id),
-        token,
+        &account_id,
+        || check_lower(&account_id, &headers, &body),
     )?;
     let audit = Audit::new(&body.operator, &body.reason, &identity, &owner);
     let outcome = store::lower_high_water(&state.pool, &account_id, token, &audit)
@@ -185,7 +181,18 @@ pub(crate) async fn lower_high_water(
                 owner_id = %owner,
                 "a rail high-water lowering below a token the proxy admitted was refused"
             );
-            return Err(below_seen(&account_id, token, seen, &owner));
+            // The proxy admitted `seen` with its proof (`rail_high_water.max_seen_token`).
+            let refused = format!(
+                "the rail proxy already admitted a submission of account {account_id} with token {seen} and its proof; lowering the high-water mark to {token} would admit the holders in between again, so nothing was changed."
+            );
+            return Err(proof::below_seen(
+                "rail",
+                &account_id,
+                token,
+                seen,
+                &owner,
+                &refused,
+            ));
         }
         LowerOutcome::NotFound => return Err(account_not_found(&account_id)),
     };
@@ -210,24 +217,6 @@ pub(crate) async fn lower_high_water(
         lowered,
         recovery_id,
     }))
-}
-
-/// `409 FENCED_OUT`: the operator's grant is below a token the proxy already admitted a
-/// submission with, its proof verified (`rail_high_water.max_seen_token`). A recovery lowers the
-/// mark to evidence, never under a token that was used (docs/contract.md#fence-lower-floor).
-fn below_seen(account_id: &str, token: i64, seen: i64, owner_id: &str) -> ApiError {
-    ApiError::fenced_out(
-        &format!(
-            "the rail proxy already admitted a submission of account {account_id} with token {seen} and its proof; lowering the high-water mark to {token} would admit the holders in between again, so nothing was changed. Lower it with a fresh grant on payout:{account_id} whose token is at least {seen} (after a restored lock store, move its token sequence past {seen} first)"
-        ),
-        &dlock_contract::error::FencedOutDetails {
-            presented_token: token,
-            highest_token: seen,
-            resource_type: Some("rail".into()),
-            resource_id: account_id.to_owned(),
-            owner_id: owner_id.to_owned(),
-        },
-    )
 }
 
 /// An account's high-water mark.

@@ -5,7 +5,7 @@
 
 use dlock_contract::batch::Item;
 use dlock_contract::error::ErrorBody;
-use utoipa::{IntoResponses, Modify};
+use utoipa::{IntoParams, IntoResponses, Modify};
 
 /// 400: the request failed validation.
 #[derive(IntoResponses)]
@@ -61,6 +61,30 @@ pub enum NotLeader {
 pub enum RailUnavailable {
     #[response(status = 503, description = "RAIL_UNAVAILABLE")]
     RailUnavailable(ErrorBody),
+}
+
+/// The headers of a docs/design.md#d-8 recovery (a fence or high-water lowering), after its path
+/// and before the service's write headers: the operator's proven grant on the account's lock key.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct RecoveryParams {
+    /// the operator's grant on payout:{accountId}
+    #[param(rename = "X-Fencing-Token")]
+    pub fencing_token: String,
+    /// that grant's fencingProof
+    #[param(rename = "X-Fencing-Proof")]
+    pub fencing_proof: String,
+}
+
+/// 403 of a recovery ([`crate::proof::recovery_grant`]), listed after [`Unauthorized`]: its
+/// FORBIDDEN names the second cause, a service without proof keys.
+#[derive(IntoResponses)]
+pub enum RecoveryForbidden {
+    #[response(
+        status = 403,
+        description = "FORBIDDEN (not an operator, or no proof keys)"
+    )]
+    Forbidden(ErrorBody),
 }
 
 /// A service's batch endpoints (docs/contract.md#batches): the routes it serves them on

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_contract::error::{ApiError, ErrorCode};
-use dlock_contract::proof::{KEYS_FILE_KEY, presented};
+use dlock_contract::proof::{KEYS_FILE_KEY, payout_lock_key, presented};
 use http::HeaderMap;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -291,12 +291,58 @@ impl ProofKeys {
         })
     }
 }
+
+/// The operator's grant of a docs/design.md#d-8 recovery (a fence or high-water lowering) on
+/// `payout:{account_id}`, checked after the operator check in the order every enforcement point
+/// makes them: this service has proof keys, `X-Fencing-Token` is a token, the route's own `checks`
+/// pass, and `X-Fencing-Proof` proves the token on the account's lock key. Answers the token and
+/// what `checks` returned.
+pub fn recovery_grant<T>(
+    keys: Option<&ProofKeys>,
+    headers: &HeaderMap,
+    account_id: &str,
+    checks: impl FnOnce() -> Result<T, ApiError>,
+) -> Result<(i64, T), ApiError> {
+    let keys = keys.ok_or_else(recovery_disabled)?;
+    let token = dlock_contract::headers::fencing_token(headers)?;
+    let checked = checks()?;
+    keys.require(headers, &payout_lock_key(account_id), token)?;
+    Ok((token, checked))
+}
+
 /// A recovery needs proofs: only a proven grant shows that nobody else holds the key.
-pub fn recovery_disabled() -> ApiError {
+fn recovery_disabled() -> ApiError {
     ApiError::new(
         ErrorCode::Forbidden,
         "lowering a fence needs fencing.proof-keys-file: only a proven grant of the operator on \
          the account's key shows that nobody else holds it; nothing was changed",
+    )
+}
+
+/// `409 FENCED_OUT` of a recovery: the operator's grant `token` on `payout:{account_id}` is below
+/// `seen`, a token the `resource_type` enforcement point already admitted with a proof. A recovery
+/// lowers a fence to evidence, a proven grant at or above every token that was used, never under
+/// it (docs/contract.md#fence-lower-floor); `refused` says what was refused, and the message goes
+/// on with the remedy.
+pub fn below_seen(
+    resource_type: &str,
+    account_id: &str,
+    token: i64,
+    seen: i64,
+    owner_id: &str,
+    refused: &str,
+) -> ApiError {
+    ApiError::fenced_out(
+        &format!(
+            "{refused} Lower it with a fresh grant on payout:{account_id} whose token is at least {seen} (after a restored lock store, move its token sequence past {seen} first)"
+        ),
+        &dlock_contract::error::FencedOutDetails {
+            presented_token: token,
+            highest_token: seen,
+            resource_type: Some(resource_type.to_owned()),
+            resource_id: account_id.to_owned(),
+            owner_id: owner_id.to_owned(),
+        },
     )
 }
 

@@ -5,7 +5,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use dlock_contract::error::{ApiError, ErrorBody, ErrorCode};
-use dlock_contract::headers;
 use dlock_contract::http::json_response;
 use dlock_contract::json::Json;
 use dlock_contract::payment::{
@@ -14,7 +13,11 @@ use dlock_contract::payment::{
 use dlock_contract::proof::{FenceLowerRequest, FenceLowered};
 use dlock_server::auth::Caller;
 use dlock_server::extract::PathWrite;
-use dlock_server::openapi::{Idempotent, Invalid, InvalidToken, NotFound, NotLeader, Unauthorized};
+use dlock_server::openapi::{
+    Idempotent, Invalid, InvalidToken, NotFound, NotLeader, RecoveryForbidden, RecoveryParams,
+    Unauthorized,
+};
+use dlock_server::proof;
 use serde_json::json;
 use sqlx::PgConnection;
 
@@ -175,12 +178,8 @@ async fn fence_effect(
 /// own grant on `payout:{accountId}` (operator; needs fencing.proof-keys-file). Audited in
 /// fence_recoveries.
 #[utoipa::path(post, path = "/v1/accounts/{account_id}/fence/lower", request_body = FenceLowerRequest,
-    params(("accountId" = String, Path),
-           ("X-Fencing-Token" = String, Header, description = "the operator's grant on payout:{accountId}"),
-           ("X-Fencing-Proof" = String, Header, description = "that grant's fencingProof"),
-           WriteParams),
-    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, NotFound, Idempotent, NotLeader,
-        (status = 403, description = "FORBIDDEN (not an operator, or no proof keys)", body = ErrorBody),
+    params(("accountId" = String, Path), RecoveryParams, WriteParams),
+    responses((status = 200, body = FenceLowered), InvalidToken, Unauthorized, RecoveryForbidden, NotFound, Idempotent, NotLeader,
         (status = 409, description = "FENCED_OUT: the token is below the highest token the account admitted with a proof (details.highestToken); nothing changed", body = ErrorBody),
     ))]
 // docs/design.md#d-8 recovery: lowers a fence poisoned by a forged token to the token of the
@@ -194,20 +193,18 @@ pub(super) async fn lower_fence(
     PathWrite(caller, account_id, headers, body): PathWrite<FenceLowerRequest, Caller>,
 ) -> Result<Response, ApiError> {
     let identity = caller.operator("lowering a fence")?;
-    let Some(keys) = &state.config.proof_keys else {
-        return Err(dlock_server::proof::recovery_disabled());
-    };
-    let token = headers::fencing_token(&headers)?;
-    let write = checked_write(&headers, |checks| {
-        check_account_id(checks, "accountId", &account_id);
-        checks
-            .0
-            .extend(dlock_contract::proof::check_lower_request(&body));
-    })?;
-    keys.require(
+    let (token, write) = proof::recovery_grant(
+        state.config.proof_keys.as_ref(),
         &headers,
-        &dlock_contract::proof::payout_lock_key(&account_id),
-        token,
+        &account_id,
+        || {
+            checked_write(&headers, |checks| {
+                check_account_id(checks, "accountId", &account_id);
+                checks
+                    .0
+                    .extend(dlock_contract::proof::check_lower_request(&body));
+            })
+        },
     )?;
     let route = format!("POST /v1/accounts/{account_id}/fence/lower");
     let scope = state.scope(route, &write, token, &body, true)?;
@@ -243,7 +240,18 @@ async fn lower_fence_effect(
                 owner = %write.owner_id,
                 "a fence lowering below a token the account admitted was refused"
             );
-            return Err(below_seen(account_id, token, seen_token, &write.owner_id));
+            // The account admitted `seen_token` with a proof (`accounts.max_seen_token`).
+            let refused = format!(
+                "account {account_id} already admitted token {seen_token} with a proof; lowering its fence to {token} would readmit the holders in between, so nothing was changed."
+            );
+            return Err(proof::below_seen(
+                "account",
+                account_id,
+                token,
+                seen_token,
+                &write.owner_id,
+                &refused,
+            ));
         }
         LowerOutcome::NotFound => return Err(account_not_found(account_id)),
     };
@@ -269,25 +277,6 @@ async fn lower_fence_effect(
             token: moved.fence,
             lowered,
             recovery_id,
-        },
-    )
-}
-
-/// `409 FENCED_OUT`: the operator's grant is below a token the account already admitted with a
-/// proof (`accounts.max_seen_token`). A recovery lowers a fence to evidence, a proven grant at or
-/// above everything the account has seen used, never under it
-/// (docs/contract.md#fence-lower-floor).
-fn below_seen(account_id: &str, token: i64, seen_token: i64, owner_id: &str) -> ApiError {
-    ApiError::fenced_out(
-        &format!(
-            "account {account_id} already admitted token {seen_token} with a proof; lowering its fence to {token} would readmit the holders in between, so nothing was changed. Lower it with a fresh grant on payout:{account_id} whose token is at least {seen_token} (after a restored lock store, move its token sequence past {seen_token} first)"
-        ),
-        &dlock_contract::error::FencedOutDetails {
-            presented_token: token,
-            highest_token: seen_token,
-            resource_type: Some("account".into()),
-            resource_id: account_id.to_owned(),
-            owner_id: owner_id.to_owned(),
         },
     )
 }
