@@ -247,10 +247,11 @@ async fn a_randomized_concurrent_workload_keeps_every_invariant() {
         ),
         "0"
     );
-    // Every fenced-out write changed nothing: its token is on no payout and no entry.
+    // Every fenced-out write changed nothing: its token is on no payout and no entry. With no
+    // token the list is NULL, which matches nothing (not 0: a funding entry's fence is 0).
     let list = |tokens: &[i64]| {
         if tokens.is_empty() {
-            "0".to_owned()
+            "NULL".to_owned()
         } else {
             tokens
                 .iter()
