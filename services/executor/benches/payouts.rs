@@ -113,20 +113,9 @@ async fn stack(
     lock_server: String,
     batch_max: usize,
 ) -> (Endpoints, dlock_payment_resource::AppState) {
-    stack_on(pg, "paydb", dir, lock_server, batch_max).await
-}
-
-/// [`stack`] on the database `db` of the same server.
-async fn stack_on(
-    pg: &PgServer,
-    db: &str,
-    dir: &std::path::Path,
-    lock_server: String,
-    batch_max: usize,
-) -> (Endpoints, dlock_payment_resource::AppState) {
-    let (payment_resource, state) = payment_resource(pg, db, batch_max).await;
+    let (payment_resource, state) = payment_resource(pg, batch_max).await;
     let stub = rail_stub(dir).await;
-    let rail_proxy = rail_proxy(pg, db, &stub).await;
+    let rail_proxy = rail_proxy(pg, &stub).await;
     (
         Endpoints {
             lock_server,
@@ -137,16 +126,15 @@ async fn stack_on(
     )
 }
 
-/// A payment resource on `db` with `payment.batch.max = batch_max`: its URL and its state.
+/// A payment resource on paydb with `payment.batch.max = batch_max`: its URL and its state.
 async fn payment_resource(
     pg: &PgServer,
-    db: &str,
     batch_max: usize,
 ) -> (String, dlock_payment_resource::AppState) {
     let (l, pay_addr) = bind().await;
     let config = dlock_payment_resource::PaymentConfig::from_raw(&mut raw(&[
         ("server.listen", pay_addr.clone()),
-        ("payment.pg.url", pg.url(db)),
+        ("payment.pg.url", pg.url("paydb")),
         ("payment.pg.pool-max", pool_max()),
         ("payment.batch.max", batch_max.to_string()),
     ]))
@@ -176,12 +164,12 @@ async fn rail_stub(dir: &std::path::Path) -> String {
     format!("http://{stub_addr}")
 }
 
-/// A rail proxy on `db` in front of the rail at `rail`: its URL.
-async fn rail_proxy(pg: &PgServer, db: &str, rail: &str) -> String {
+/// A rail proxy on paydb in front of the rail at `rail`: its URL.
+async fn rail_proxy(pg: &PgServer, rail: &str) -> String {
     let (l, proxy_addr) = bind().await;
     let config = dlock_rail_proxy::RailProxyConfig::from_raw(&mut raw(&[
         ("server.listen", proxy_addr.clone()),
-        ("rail.proxy.pg.url", pg.url(db)),
+        ("rail.proxy.pg.url", pg.url("paydb")),
         ("rail.proxy.rail-url", rail.to_owned()),
         ("rail.proxy.pg.pool-max", pool_max()),
     ]))
@@ -336,7 +324,7 @@ async fn raw_commits(url: &str, clients: usize, rows: i32, run_for: Duration) ->
 async fn commits(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar(
         "SELECT sum(xact_commit)::bigint FROM pg_stat_database \
-         WHERE datname IN ('paydb', 'paydb_rows', 'lockdb')",
+         WHERE datname IN ('paydb', 'lockdb')",
     )
     .fetch_one(pool)
     .await
@@ -680,20 +668,6 @@ fn batch_row(label: &str, accounts_n: usize, workers: usize, run: &Run, mean: f6
     );
 }
 
-/// The payout path as it was before the set path
-/// (migrations/paydb/0040_baseline_idempotency_and_rail.sql): the per-item `pay_claim_many` and
-/// `pay_post_many` (migrations/bench/paydb_per_item_claim_post.sql) and the ledger's row triggers
-/// (pay_ledger_apply, pay_posting_balanced), restored on a database migrated to the
-/// latest (`paydb_rows`), so that one run compares both SQL paths on the same server.
-const PAYDB_BEFORE_0019: &str = "
-    DROP TRIGGER ledger_entries_apply ON ledger_entries;
-    DROP TRIGGER ledger_entries_balanced ON ledger_entries;
-    CREATE TRIGGER ledger_entries_apply AFTER INSERT ON ledger_entries
-        FOR EACH ROW EXECUTE FUNCTION pay_ledger_apply();
-    CREATE CONSTRAINT TRIGGER ledger_entries_balanced AFTER INSERT ON ledger_entries
-        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pay_posting_balanced();
-";
-
 /// What every mode but the default table runs with: the servers, a scratch directory, the URL of
 /// the lock server on the pg backend, the payouts per row and the raw commit rate measured first.
 #[derive(Clone, Copy)]
@@ -715,37 +689,21 @@ impl<'a> Setup<'a> {
     }
 }
 
-/// `--group-commit`: the pg backend at 32 and 128 workers over 100 and 1 000 accounts, four
+/// `--group-commit`: the pg backend at 32 and 128 workers over 100 and 1 000 accounts, two
 /// paths of the payment resource in one run: one transaction per request (`payment.batch.max =
-/// 1`) and group commit (32), each on paydb as before 0019 (`paydb_rows`: per-item functions,
-/// the ledger's row triggers) and as now (`paydb`: set-based, the ledger's triggers
-/// statement-level); with the commits,
-/// CPU and mean batch size per payout beside the raw commit rate of the same server.
+/// 1`) and group commit (32), on paydb as it is; with the commits, CPU and mean batch size per
+/// payout beside the raw commit rate of the same server.
 async fn group_commit(setup: Setup<'_>) {
     let Setup { pg, payouts, .. } = setup;
-    let paths = [
-        ("batch 1, 0016", "paydb_rows", 1usize),
-        ("batch 32, 0016", "paydb_rows", 32),
-        ("batch 1, 0019", "paydb", 1),
-        ("batch 32, 0019", "paydb", 32),
-    ];
     let mut stacks = Vec::new();
-    for (n, (label, db, batch_max)) in paths.into_iter().enumerate() {
+    for (n, (label, batch_max)) in [("batch 1", 1usize), ("batch 32", 32)]
+        .into_iter()
+        .enumerate()
+    {
         let sub = setup.dir.join(format!("path{n}"));
         std::fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
-        let (endpoints, state) = stack_on(pg, db, &sub, setup.lock.to_owned(), batch_max).await;
+        let (endpoints, state) = stack(pg, &sub, setup.lock.to_owned(), batch_max).await;
         stacks.push((label, endpoints, state));
-    }
-    // The first stack on paydb_rows migrated it; now it goes back to the path before 0019.
-    let rows = pool(pg, "paydb_rows").await;
-    for sql in [
-        PAYDB_BEFORE_0019,
-        include_str!("../../../migrations/bench/paydb_per_item_claim_post.sql"),
-    ] {
-        sqlx::raw_sql(sql)
-            .execute(&rows)
-            .await
-            .unwrap_or_else(|e| panic!("paydb_rows back to before 0019: {e}"));
     }
     let bench = Bench::new(pg, setup.etcd).await;
     println!(
@@ -1152,8 +1110,8 @@ async fn replicas(setup: Setup<'_>) {
     let mut sets = Vec::new();
     for _ in 0..2 {
         let lock_server = lock_server(pg, setup.etcd, "pg").await;
-        let (payment_resource, state) = payment_resource(pg, "paydb", 32).await;
-        let rail_proxy = rail_proxy(pg, "paydb", &stub).await;
+        let (payment_resource, state) = payment_resource(pg, 32).await;
+        let rail_proxy = rail_proxy(pg, &stub).await;
         let endpoints = Endpoints {
             lock_server,
             payment_resource,
@@ -1308,7 +1266,7 @@ fn main() {
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let mut pg = dlock_devstack::bench::postgres_server();
-    for db in ["lockdb", "paydb", "paydb_rows", "rawdb"] {
+    for db in ["lockdb", "paydb", "rawdb"] {
         pg.create_database(db).unwrap_or_else(|e| panic!("{e:#}"));
     }
     statements::enable(&mut pg);
