@@ -71,6 +71,30 @@ pub struct CreateItem<'a> {
     pub beneficiary_ref: &'a str,
 }
 
+/// An item of a `*_many` statement: its scope and its payout, which every such statement takes
+/// first ([`PayStore::fetch_many`]).
+trait ManyItem {
+    fn head(&self) -> (&Scope, Uuid);
+}
+
+impl ManyItem for ClaimItem<'_> {
+    fn head(&self) -> (&Scope, Uuid) {
+        (self.scope, self.payout_id)
+    }
+}
+
+impl ManyItem for PostItem<'_> {
+    fn head(&self) -> (&Scope, Uuid) {
+        (self.scope, self.payout_id)
+    }
+}
+
+impl ManyItem for CreateItem<'_> {
+    fn head(&self) -> (&Scope, Uuid) {
+        (self.scope, self.payout_id)
+    }
+}
+
 /// An answer to store: the item's scope, status and body.
 pub struct Answer<'a> {
     pub scope: &'a Scope,
@@ -205,20 +229,22 @@ fn in_order<T>(
 
 impl PayStore {
     /// Runs a batch's `*_many` statement `sql` in a transaction of its own, left open for
-    /// [`PayStore::finish_many`]: its first seven parameters are the items' `scopes` and the
-    /// in-progress wait ([`Scopes::bind`]), `columns` binds the items' own after them. The
-    /// statement's rows; an error here is the whole batch's: nothing was written.
+    /// [`PayStore::finish_many`]: its first eight parameters are the `items`' scopes, the
+    /// in-progress wait ([`Scopes::bind`]) and the items' payouts; `columns` binds the items' own
+    /// after them. The statement's rows; an error here is the whole batch's: nothing was written.
     async fn fetch_many<'q, R>(
         &self,
         sql: &'static str,
-        scopes: impl Iterator<Item = &'q Scope>,
+        items: &'q [impl ManyItem],
         wait_ms: i32,
         columns: impl FnOnce(ManyQuery<'q, R>) -> ManyQuery<'q, R>,
     ) -> StoreResult<(Tx, Vec<R>)>
     where
         R: Send + Unpin + for<'r> FromRow<'r, sqlx::postgres::PgRow>,
     {
-        let query = columns(Scopes::of(scopes).bind(sqlx::query_as(sql), wait_ms));
+        let (scopes, payouts): (Vec<&Scope>, Vec<Uuid>) = items.iter().map(ManyItem::head).unzip();
+        let query = Scopes::of(scopes.into_iter()).bind(sqlx::query_as(sql), wait_ms);
+        let query = columns(query.bind(payouts));
         let mut tx = self.begin_tx().await?;
         let rows = query.fetch_all(&mut *tx).await.map_err(map_sqlx)?;
         Ok((tx, rows))
@@ -234,19 +260,14 @@ impl PayStore {
         max_attempts: i32,
         proven: bool,
     ) -> StoreResult<(Tx, Vec<Item<ClaimOutcome>>)> {
-        let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let expected: Vec<&str> = items.iter().map(|i| i.expected_state.as_str()).collect();
         let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
             attempt_count, claim_token, account_id, available_minor, amount_minor, \
             error_state, error_message \
             FROM pay_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
         let (tx, rows) = self
-            .fetch_many::<ClaimManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
-                query
-                    .bind(&payouts)
-                    .bind(&expected)
-                    .bind(max_attempts)
-                    .bind(proven)
+            .fetch_many::<ClaimManyRow>(sql, items, wait_ms, |query| {
+                query.bind(&expected).bind(max_attempts).bind(proven)
             })
             .await?;
         let verdicts = rows
@@ -263,19 +284,14 @@ impl PayStore {
         wait_ms: i32,
         proven: bool,
     ) -> StoreResult<(Tx, Vec<Item<(PostOutcome, Vec<LedgerEntry>)>>)> {
-        let payouts: Vec<Uuid> = items.iter().map(|i| i.payout_id).collect();
         let references: Vec<&str> = items.iter().map(|i| i.rail_reference).collect();
         let submissions: Vec<Uuid> = items.iter().map(|i| i.submission_id).collect();
         let sql = "SELECT item, begin_outcome, response_status, response_body, outcome, state, fence, \
             account_id, balance_minor, entries, error_state, error_message \
             FROM pay_post_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
         let (tx, rows) = self
-            .fetch_many::<PostManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
-                query
-                    .bind(&payouts)
-                    .bind(&references)
-                    .bind(&submissions)
-                    .bind(proven)
+            .fetch_many::<PostManyRow>(sql, items, wait_ms, |query| {
+                query.bind(&references).bind(&submissions).bind(proven)
             })
             .await?;
         let verdicts = rows.into_iter().map(|r| {
@@ -302,9 +318,8 @@ impl PayStore {
             error_state, error_message \
             FROM pay_create_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
         let (mut tx, rows) = self
-            .fetch_many::<CreateManyRow>(sql, items.iter().map(|i| i.scope), wait_ms, |query| {
+            .fetch_many::<CreateManyRow>(sql, items, wait_ms, |query| {
                 query
-                    .bind(&payouts)
                     .bind(&accounts)
                     .bind(&amounts)
                     .bind(&currencies)
