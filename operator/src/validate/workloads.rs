@@ -301,26 +301,30 @@ fn treasury_identities(
         .collect()
 }
 
-/// The Secret files of a service: its database URL (`pg_url_key`) and, when given, the
-/// operator's token (its key and Secret), each mounted from its Secret.
-fn secret_files_of(
-    pg_url_key: &str,
-    database_url: &crate::crd::SecretKeyRef,
-    operator_token: Option<(&str, &crate::crd::SecretKeyRef)>,
-) -> Vec<SecretFile> {
-    let mut files = vec![SecretFile {
-        key: pg_url_key.to_owned(),
+/// The Secret file of a service's database URL, as its configuration key `key`.
+fn database_url_file(key: &str, secret: &crate::crd::SecretKeyRef) -> SecretFile {
+    SecretFile {
+        key: key.to_owned(),
         volume: "database-url".to_owned(),
-        secret: database_url.clone(),
-    }];
-    if let Some((key, token)) = operator_token {
-        files.push(SecretFile {
-            key: key.to_owned(),
-            volume: "operator-token".to_owned(),
-            secret: token.clone(),
-        });
+        secret: secret.clone(),
     }
-    files
+}
+
+/// The Secret files of a service on paydb (the payment resource, the rail proxy): its database
+/// URL and, when the spec names one, the operator's token, as their configuration keys `keys`.
+fn paydb_secret_files(
+    [pg_url_key, token_key]: [&str; 2],
+    database_url: &crate::crd::SecretKeyRef,
+    operator_token: Option<&crate::crd::SecretKeyRef>,
+) -> Vec<SecretFile> {
+    let token = operator_token.map(|token| SecretFile {
+        key: token_key.to_owned(),
+        volume: "operator-token".to_owned(),
+        secret: token.clone(),
+    });
+    std::iter::once(database_url_file(pg_url_key, database_url))
+        .chain(token)
+        .collect()
 }
 
 /// The section `spec.backend.type` names (`section`), which must be set while the other is not.
@@ -355,7 +359,7 @@ pub fn lock_server(object: &LockServer, settings: &Settings) -> Result<Workload,
     let backend = match spec.backend.type_ {
         BackendType::Pg => {
             let pg = backend_section(&spec.backend, spec.backend.pg.as_ref())?;
-            secret_files = secret_files_of("lock.pg.url", &pg.url_secret, None);
+            secret_files = vec![database_url_file("lock.pg.url", &pg.url_secret)];
             config::LockBackend::Pg
         }
         BackendType::Etcd => {
@@ -404,12 +408,10 @@ pub fn payment_resource(
     let spec = &object.spec;
     let (workload, auth, fencing) =
         service(object, Component::PaymentResource, &spec.service, settings)?;
-    let secret_files = secret_files_of(
-        "payment.pg.url",
+    let secret_files = paydb_secret_files(
+        ["payment.pg.url", "payment.operator.token"],
         &spec.database_url_secret,
-        spec.operator_token_secret
-            .as_ref()
-            .map(|token| ("payment.operator.token", token)),
+        spec.operator_token_secret.as_ref(),
     );
     Ok(Workload {
         config_toml: render(&config::PaymentResource {
@@ -479,12 +481,10 @@ pub fn rail_proxy(object: &RailProxy, settings: &Settings) -> Result<ValidatedRa
         return Err(invalid("spec.readTimeoutMs", "must be 100 to 120000"));
     }
     let (workload, auth, fencing) = service(object, Component::RailProxy, &spec.service, settings)?;
-    let secret_files = secret_files_of(
-        "rail.proxy.pg.url",
+    let secret_files = paydb_secret_files(
+        ["rail.proxy.pg.url", "rail.proxy.operator-token"],
         &spec.database_url_secret,
-        spec.operator_token_secret
-            .as_ref()
-            .map(|token| ("rail.proxy.operator-token", token)),
+        spec.operator_token_secret.as_ref(),
     );
     let stubbed = spec.stub.is_some();
     // Towards the operator's stub the proxy presents a projected token of its ServiceAccount
