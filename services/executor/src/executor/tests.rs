@@ -43,37 +43,42 @@ fn each_refusal_ends_the_cycle_as_the_table_says() {
     use CycleOutcome as O;
     use ErrorCode as C;
     use Step::*;
+    const EVERY: &[Step] = &[Acquire, Claim, Submit, Post];
+    // The lock server's steps and the payment resource's, whose backend may refuse a write.
+    const NOT_LEADER: &[Step] = &[Acquire, Claim, Post];
+    // The steps that present a fencing token and write paydb.
+    const ON_PAYDB: &[Step] = &[Claim, Submit, Post];
     let transport = ClientError::Transport {
         url: "http://x".into(),
         message: "reset".into(),
         connect: false,
         timeout: true,
     };
+    // Answers that end a cycle alike at every step that can get them.
+    let alike = [
+        (EVERY, transport, O::Unavailable),
+        (NOT_LEADER, api(503, C::NotLeader), O::Unavailable),
+        (ON_PAYDB, api(409, C::FencedOut), O::FencedOut),
+        (ON_PAYDB, api(503, C::RecoveryRequired), O::RecoveryRequired),
+    ];
+    // The answers of one step's service.
     let table: Vec<(Step, ClientError, CycleOutcome)> = vec![
         (Acquire, api(409, C::LockContended), O::Contended),
         (Acquire, api(429, C::ContentionExceeded), O::Contended),
-        (Acquire, api(503, C::NotLeader), O::Unavailable),
-        (Acquire, transport.clone(), O::Unavailable),
-        (Claim, api(409, C::FencedOut), O::FencedOut),
         (Claim, api(422, C::InsufficientFunds), O::Settled),
         (Claim, api(409, C::PayoutNotClaimable), O::Pending),
-        (Claim, api(503, C::NotLeader), O::Unavailable),
-        (Submit, api(409, C::FencedOut), O::FencedOut),
         (Submit, api(502, C::RailAmbiguous), O::Ambiguous),
         (Submit, api(422, C::ValidationFailed), O::Settled),
         (Submit, api(400, C::ValidationFailed), O::Unavailable),
         (Submit, api(409, C::DuplicateSubmission), O::Pending),
         (Submit, api(503, C::RailUnavailable), O::Unavailable),
-        (Submit, transport.clone(), O::Unavailable),
-        (Post, api(409, C::FencedOut), O::FencedOut),
         (Post, api(409, C::PayoutNotClaimable), O::Pending),
         (Post, api(422, C::InsufficientFunds), O::Unavailable),
-        (Post, transport, O::Unavailable),
-        (Claim, api(503, C::RecoveryRequired), O::RecoveryRequired),
-        (Submit, api(503, C::RecoveryRequired), O::RecoveryRequired),
-        (Post, api(503, C::RecoveryRequired), O::RecoveryRequired),
     ];
-    for (step, e, want) in table {
+    let alike = alike
+        .iter()
+        .flat_map(|(steps, e, want)| steps.iter().map(move |step| (*step, e.clone(), *want)));
+    for (step, e, want) in table.into_iter().chain(alike) {
         assert_eq!(outcome_of(step, &e), want, "{step:?} answered {e}");
     }
 }
