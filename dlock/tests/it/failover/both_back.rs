@@ -115,17 +115,10 @@ async fn both_back() -> BothBack {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_token() {
-    let BothBack {
-        pair,
-        services,
-        lock,
-        p1,
-        p2,
-        stale,
-        sequence,
-        ..
-    } = both_back().await;
-    let (paydb, lockdb) = (pair.standby.url("paydb"), pair.standby.url("lockdb"));
+    let back = both_back().await;
+    let (p1, p2, stale, sequence) = (back.p1, back.p2, back.stale, back.sequence);
+    let (standby, services, lock) = (&back.pair.standby, &back.services, &back.lock);
+    let (paydb, lockdb) = (standby.url("paydb"), standby.url("lockdb"));
     let recover = |rail: &str| {
         recover_paydb_epoch(
             &["--paydb", &paydb, "--lockdb", &lockdb, "--rail", rail],
@@ -189,7 +182,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
     );
     assert_eq!(
         number(
-            &pair.standby,
+            standby,
             "paydb",
             "SELECT count(*) FROM pay_store_epoch_changes"
         ),
@@ -198,7 +191,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
     );
     let said = succeeded(&recover(&url(&services.stub.1)), "dlock recover");
     let floor = number(
-        &pair.standby,
+        standby,
         "paydb",
         "SELECT token_floor FROM pay_store_epoch_changes WHERE decided_by = 'operator'",
     );
@@ -210,7 +203,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
     assert!(said.contains("1 payouts on the rail's statement"), "{said}");
     // What the rail received is out of reach: quarantined, holding its amount, recorded.
     assert_eq!(
-        pair.standby
+        standby
             .psql(
                 "paydb",
                 &format!(
@@ -324,7 +317,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
         .unwrap_or_else(|e| panic!("{e:#}"))
     };
     assert_eq!(
-        state(&pair.standby),
+        state(standby),
         "RAIL_AMBIGUOUS",
         "the refusal changed nothing"
     );
@@ -335,7 +328,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
     let reconcile = || {
         let out = std::process::Command::new(EXE)
             .args(["reconcile", "--paydb"])
-            .arg(pair.standby.url("paydb"))
+            .arg(standby.url("paydb"))
             .args(["--rail", &url(&services.stub.1), "--json"])
             .output()
             .unwrap_or_else(|e| panic!("{e}"));
@@ -375,8 +368,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
         "{json}"
     );
     assert_eq!(exit, Some(0), "{json}");
-    let found = pair
-        .standby
+    let found = standby
         .psql(
             "paydb",
             &format!(
@@ -392,7 +384,7 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
     resolve("resolve-posted", Resolution::Posted, Some(found))
         .await
         .unwrap_or_else(|e| panic!("POSTED under the found reference: {e}"));
-    assert_eq!(state(&pair.standby), "POSTED");
+    assert_eq!(state(standby), "POSTED");
     // Resolved, p1's line is still its own: no finding at all (the attempt is still missing).
     let (exit, findings, json) = reconcile();
     assert_eq!(findings, vec![], "{json}");
@@ -402,15 +394,9 @@ async fn the_recovery_quarantines_what_the_rail_received_and_fences_every_lost_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_revocation_on_a_lockdb_that_went_back_fences_out_every_lost_token() {
-    let BothBack {
-        lock,
-        stale,
-        sequence,
-        pair,
-        // Kept: the lock server must outlive the destructuring.
-        services: _services,
-        ..
-    } = both_back().await;
+    // `back` holds the lock server and the databases to the end.
+    let back = both_back().await;
+    let (lock, stale, sequence) = (&back.lock, back.stale, back.sequence);
     let revoked = eventually(
         "a revocation on the promoted lockdb",
         Duration::from_secs(20),
@@ -429,7 +415,7 @@ async fn a_revocation_on_a_lockdb_that_went_back_fences_out_every_lost_token() {
     );
     assert_eq!(
         number(
-            &pair.standby,
+            &back.pair.standby,
             "lockdb",
             "SELECT count(*) FROM store_epoch_changes"
         ),
