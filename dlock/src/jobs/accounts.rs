@@ -31,12 +31,21 @@ pub struct TreasuryCredentialArgs {
 }
 
 impl TreasuryCredentialArgs {
-    pub fn credential(&self) -> Result<Option<Credential>> {
-        credential_of(
+    /// A client of the payment resource at `url` as the treasury identity, with owner id
+    /// `<identity>/<purpose>` (`dlock-<purpose>` without an identity), presenting
+    /// `--credential-file`, else `DLOCK_TREASURY_CREDENTIAL`.
+    pub fn client(&self, url: &str, purpose: &str) -> Result<PaymentClient> {
+        let owner = match &self.identity {
+            Some(identity) => format!("{identity}/{purpose}"),
+            None => format!("dlock-{purpose}"),
+        };
+        let client = PaymentClient::new(url, &owner)?;
+        let credential = credential_of(
             self.credential_file.as_deref(),
             "DLOCK_TREASURY_CREDENTIAL_FILE",
             "DLOCK_TREASURY_CREDENTIAL",
-        )
+        )?;
+        Ok(client.with_credential(credential))
     }
 }
 
@@ -112,12 +121,9 @@ pub async fn accounts(command: AccountsCommand) -> Result<()> {
     }
     let batch = read_batch(&args.file)?;
     let fundings = fundings(&batch, args.amount_minor)?;
-    let owner = match &args.credentials.identity {
-        Some(identity) => format!("{identity}/accounts"),
-        None => "dlock-accounts".to_owned(),
-    };
-    let payment = PaymentClient::new(&args.payment_resource, &owner)?
-        .with_credential(args.credentials.credential()?);
+    let payment = args
+        .credentials
+        .client(&args.payment_resource, "accounts")?;
     println!(
         "{:<24} {:<8} {:>14} {:>14} {:>14}",
         "account", "currency", "funded", "balance", "available"

@@ -86,20 +86,6 @@ pub struct ApproveArgs {
     pub credentials: TreasuryCredentialArgs,
 }
 
-/// A client of the payment resource as the treasury identity, with owner id
-/// `<identity>/<purpose>`.
-fn treasury_client(
-    url: &str,
-    credentials: &TreasuryCredentialArgs,
-    purpose: &str,
-) -> Result<PaymentClient> {
-    let owner = match &credentials.identity {
-        Some(identity) => format!("{identity}/{purpose}"),
-        None => format!("dlock-{purpose}"),
-    };
-    Ok(PaymentClient::new(url, &owner)?.with_credential(credentials.credential()?))
-}
-
 /// What to do after `error`, for a treasury command on `url`.
 fn hint(error: &ClientError, url: &str) -> String {
     let details = match error {
@@ -180,7 +166,7 @@ pub async fn set_limits(args: LimitsArgs) -> Result<()> {
             bail!("{flag} must be a positive amount in minor units; leave it out for no limit");
         }
     }
-    let payment = treasury_client(&args.payment_resource, &args.credentials, "limits")?;
+    let payment = args.credentials.client(&args.payment_resource, "limits")?;
     // A fresh key: the body replaces the limits as a whole, so sending it again is harmless,
     // and a key derived from the values would replay an older answer after a change.
     let key = format!("limits-{}", Uuid::new_v4());
@@ -215,7 +201,9 @@ pub async fn fundings_command(command: FundingsCommand) -> Result<()> {
         FundingsCommand::Approve(args) => args,
         FundingsCommand::List(args) => return list_fundings(args).await,
     };
-    let payment = treasury_client(&args.payment_resource, &args.credentials, "fundings")?;
+    let payment = args
+        .credentials
+        .client(&args.payment_resource, "fundings")?;
     let approved = payment
         .approve_funding(
             args.funding_id,
@@ -249,7 +237,9 @@ async fn list_fundings(args: ListFundingsArgs) -> Result<()> {
         FundingsState::Applied => FundingsFilter::Applied,
         FundingsState::All => FundingsFilter::All,
     };
-    let payment = treasury_client(&args.payment_resource, &args.credentials, "fundings")?;
+    let payment = args
+        .credentials
+        .client(&args.payment_resource, "fundings")?;
     let list = payment
         .list_fundings(Some(filter), args.limit)
         .await
