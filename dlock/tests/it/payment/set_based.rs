@@ -216,16 +216,28 @@ fn compare(
     }
 }
 
-/// A stack with one funded EUR account per entry (`(account, balance)`) and a PENDING payout of
-/// 100 on each; the payouts.
-async fn accounts(stack: &PayStack, accounts: &[(&str, i64)]) -> Vec<Uuid> {
+/// One funded EUR account per entry (`(account, balance)`) and a PENDING payout of `amount` on
+/// each; the payouts.
+async fn accounts(stack: &PayStack, accounts: &[(&str, i64)], amount: i64) -> Vec<Uuid> {
     let mut payouts = Vec::new();
     for (account, balance) in accounts {
         stack.account(account, "EUR").await;
         stack.fund(account, *balance).await;
-        payouts.push(stack.payout(account, 100, "EUR").await);
+        payouts.push(stack.payout(account, amount, "EUR").await);
     }
     payouts
+}
+
+/// The batch through the set path ([`by_batch`]) and through the per-row path ([`one_by_one`]).
+async fn both_paths(
+    pool: &PgPool,
+    post: bool,
+    items: &[Item],
+) -> ((Vec<Value>, Vec<String>), (Vec<Value>, Vec<String>)) {
+    (
+        by_batch(pool, post, items).await,
+        one_by_one(pool, post, items).await,
+    )
 }
 
 fn claim(payout: Uuid, token: i64, expected: &str, hash: [u8; 32]) -> Item {
@@ -255,6 +267,7 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
             ("sb-replay", 1_000),
             ("sb-conflict", 1_000),
         ],
+        100,
     )
     .await;
     let pair_second = stack.payout("sb-pair", 100, "EUR").await;
@@ -286,8 +299,7 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
         claim(p[7], 57, "PENDING", HASH),        // replay
         claim(p[8], 58, "PENDING", OTHER_HASH),  // conflict
     ];
-    let batch = by_batch(&stack.pool, false, &items).await;
-    let single = one_by_one(&stack.pool, false, &items).await;
+    let (batch, single) = both_paths(&stack.pool, false, &items).await;
     assert_eq!(
         outcomes(&batch.0),
         [
@@ -311,8 +323,7 @@ async fn a_batch_of_claims_decides_as_the_per_row_functions_do() {
     stack.psql(
         "INSERT INTO account_limits (account_id, daily_outflow_minor, set_by) VALUES ('sb-ok', 50, 'treasury')",
     );
-    let batch = by_batch(&stack.pool, false, &items).await;
-    let single = one_by_one(&stack.pool, false, &items).await;
+    let (batch, single) = both_paths(&stack.pool, false, &items).await;
     first_over_its_limit_alone(batch, single, (4, "claimed"));
 }
 
@@ -362,6 +373,7 @@ async fn a_batch_of_posts_decides_as_the_per_row_functions_do() {
             ("sp-pair", 1_000),
             ("sp-newer", 1_000),
         ],
+        100,
     )
     .await;
     let pair_second = stack.payout("sp-pair", 100, "EUR").await;
@@ -391,8 +403,7 @@ async fn a_batch_of_posts_decides_as_the_per_row_functions_do() {
         post(pair_second, 25, &reference(pair_second)), // the newer posts, the older is fenced
         post(p[5], 40, &reference(p[5])),               // a later holder posts, the fence rises
     ];
-    let batch = by_batch(&stack.pool, true, &items).await;
-    let single = one_by_one(&stack.pool, true, &items).await;
+    let (batch, single) = both_paths(&stack.pool, true, &items).await;
     let outcomes: Vec<&str> = batch
         .0
         .iter()
@@ -416,17 +427,8 @@ async fn a_batch_of_posts_decides_as_the_per_row_functions_do() {
 
 /// Three accounts a, b, c of `prefix` with 100 each and a PENDING payout of 60 on each.
 async fn three(stack: &PayStack, prefix: &str) -> Vec<Uuid> {
-    let names: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|s| format!("{prefix}-{s}"))
-        .collect();
-    let mut payouts = Vec::new();
-    for name in &names {
-        stack.account(name, "EUR").await;
-        stack.fund(name, 100).await;
-        payouts.push(stack.payout(name, 60, "EUR").await);
-    }
-    payouts
+    let names = ["a", "b", "c"].map(|s| format!("{prefix}-{s}"));
+    accounts(stack, &names.each_ref().map(|n| (n.as_str(), 100)), 60).await
 }
 
 #[tokio::test]

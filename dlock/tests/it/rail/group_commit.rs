@@ -28,27 +28,30 @@ fn batching_proxy(w: &RailWorld, stub: &str, settings: &[(&str, &str)]) -> (Stri
     (format!("http://127.0.0.1:{port}"), process)
 }
 
-/// A connection in a transaction that holds `payout`'s row until [`open`] or until it is dropped.
-async fn hold_payout(w: &RailWorld, payout: Uuid) -> PgConnection {
-    hold_row(
-        &w.pg().url("paydb"),
-        "SELECT payout_id FROM payouts WHERE payout_id = $1 FOR UPDATE",
-        payout,
-        &format!("{payout} exists"),
-    )
-    .await
+/// Which of a payout's rows in paydb a gate holds.
+#[derive(Clone, Copy)]
+enum Row {
+    /// The payout's own row.
+    Payout,
+    /// Its attempt's row (its intent committed): that attempt's record waits for it.
+    Attempt,
 }
 
-/// A connection in a transaction that holds the attempt row of `payout` (its intent committed)
-/// until [`open`]: that attempt's record waits for it.
-async fn hold_attempt(w: &RailWorld, payout: Uuid) -> PgConnection {
-    hold_row(
-        &w.pg().url("paydb"),
-        "SELECT submission_id FROM rail_submission WHERE payout_id = $1 FOR UPDATE",
-        payout,
-        &format!("{payout} has its attempt"),
-    )
-    .await
+/// A connection in a transaction that holds `payout`'s `row` until [`open`] or until it is
+/// dropped.
+async fn hold(w: &RailWorld, row: Row, payout: Uuid) -> PgConnection {
+    let (select_for_update, what) = match row {
+        Row::Payout => (
+            "SELECT payout_id FROM payouts WHERE payout_id = $1 FOR UPDATE",
+            "exists",
+        ),
+        Row::Attempt => (
+            "SELECT submission_id FROM rail_submission WHERE payout_id = $1 FOR UPDATE",
+            "has its attempt",
+        ),
+    };
+    let what = format!("{payout} {what}");
+    hold_row(&w.pg().url("paydb"), select_for_update, payout, &what).await
 }
 
 /// Waits until a statement calling `function` waits for a lock in paydb; its backend's pid.
@@ -152,7 +155,7 @@ async fn gated(
     after_queued: impl std::future::Future<Output = ()>,
 ) -> Gated {
     let before = batches(proxy).await;
-    let gate_conn = hold_payout(w, gate.payout).await;
+    let gate_conn = hold(w, Row::Payout, gate.payout).await;
     let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         waits_in(w, "rail_admit").await;
         let (answers, ()) = tokio::join!(
@@ -308,7 +311,7 @@ async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_nev
         ("gk-2", w.claimed("gk-2", 800, 7).await, 7),
     ];
     let before = batches(&url).await;
-    let gate_conn = hold_payout(&w, gate).await;
+    let gate_conn = hold(&w, Row::Payout, gate).await;
     let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let gate_flight = tokio::spawn(submission(&client, &url, "gk-gate", gate, 100, "5").send());
     waits_in(&w, "rail_admit").await;
@@ -407,7 +410,7 @@ async fn an_aborted_batch_answers_every_item_503_retry_safe_and_writes_nothing()
         },
     ];
     // ga-held's payout row is held from outside: the batch stops there, and dies there.
-    let blocker = hold_payout(&w, items[1].payout).await;
+    let blocker = hold(&w, Row::Payout, items[1].payout).await;
     let ((gate_status, gate_body), answers, batches) = gated(&w, &proxy, gate, &items, async {
         terminate_waiting(&w, "rail_admit_many", "the batch's backend").await;
     })

@@ -40,7 +40,7 @@ async fn gated_records(
     let before = batches_of(proxy, "record").await;
     let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         w.intent_committed(gate.payout, gate.token).await;
-        let gate_conn = hold_attempt(w, gate.payout).await;
+        let gate_conn = hold(w, Row::Attempt, gate.payout).await;
         waits_in(w, "rail_record").await;
         let (answers, ()) = tokio::join!(
             futures::future::join_all(items.iter().map(|item| item.send(proxy))),
@@ -104,7 +104,7 @@ async fn an_aborted_record_batch_records_each_answer_alone_none_left_ambiguous()
     let blocker = std::sync::Arc::new(tokio::sync::Mutex::new(None));
     let (gated, ()) = tokio::join!(
         gated_records(&w, &proxy, items[0], &items[1..], async {
-            *blocker.lock().await = Some(hold_attempt(&w, items[3].payout).await);
+            *blocker.lock().await = Some(hold(&w, Row::Attempt, items[3].payout).await);
         }),
         async {
             terminate_waiting(&w, "rail_record_many", "the record batch's backend").await;
