@@ -205,13 +205,9 @@ func applyKey(s state, r *Record) []state {
 			s.Holder, s.Token, s.NotBefore = r.Session, r.Out.Token, grantBound(r)
 			return []state{s}
 		case unknown:
-			out := []state{s}
-			if s.Holder == "" && !s.dead(r.Session) {
-				g := s
-				g.Holder, g.Token, g.NotBefore = r.Session, 0, grantBound(r)
-				out = append(out, g)
-			}
-			return out
+			g := s
+			g.Holder, g.Token, g.NotBefore = r.Session, 0, grantBound(r)
+			return unknownOutcome(s, s.Holder == "" && !s.dead(r.Session), g)
 		case r.Code == "LOCK_CONTENDED":
 			if s.Holder == "" {
 				return nil
@@ -246,11 +242,7 @@ func applyKey(s state, r *Record) []state {
 			}
 			return []state{s.free()}
 		case unknown:
-			out := []state{s}
-			if mine {
-				out = append(out, s.free())
-			}
-			return out
+			return unknownOutcome(s, mine, s.free())
 		case r.Code == "LOCK_LOST":
 			if s.Holder == r.Session && s.Token == r.Token {
 				return nil
@@ -284,11 +276,7 @@ func applyKey(s state, r *Record) []state {
 			}
 			return []state{s.free()}
 		case unknown:
-			out := []state{s}
-			if matches {
-				out = append(out, s.free())
-			}
-			return out
+			return unknownOutcome(s, matches, s.free())
 		case r.Code == "NOT_FOUND":
 			if s.Holder != "" {
 				return nil
@@ -319,6 +307,15 @@ func applyKey(s state, r *Record) []state {
 			return nil
 		}
 		return []state{s}
+	}
+	return []state{s}
+}
+
+// unknownOutcome: the successors of s under a call whose outcome is unknown: it may not have
+// taken effect (s) and, when it could have (could), may have (after).
+func unknownOutcome(s state, could bool, after state) []state {
+	if could {
+		return []state{s, after}
 	}
 	return []state{s}
 }
