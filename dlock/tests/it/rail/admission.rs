@@ -75,7 +75,11 @@ async fn every_row_of_the_admission_table_answers_with_its_code() {
     assert_envelope("fenced account", status, &fenced, "FENCED_OUT");
     assert_eq!(fenced["details"]["resourceType"], "account");
     assert_eq!(fenced["details"]["highestToken"], 14);
-    assert!(metric(&proxy, "lock_fenced_out_total").await >= 2.0);
+    // Each refusal counted under its resource: the rail's high-water mark once, the account once.
+    for resource in ["rail", "account"] {
+        let sample = format!("lock_fenced_out_total{{resource=\"{resource}\"}}");
+        assert_eq!(metric(&proxy, &sample).await, 1.0, "{sample}");
+    }
 
     // A payout not claimed with this token cannot be submitted.
     let p5 = w.claimed("acct-a", 1_000, 20).await;

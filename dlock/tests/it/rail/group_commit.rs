@@ -11,7 +11,7 @@
 
 use sqlx::PgConnection;
 
-use crate::harness::{hold_row, open};
+use crate::harness::{BatchMetrics, hold_row, open};
 
 use super::*;
 
@@ -83,40 +83,15 @@ async fn terminate_waiting(w: &RailWorld, function: &str, what: &str) {
     assert!(terminated, "{what} {pid}");
 }
 
-/// Waits until `n` submissions are queued behind the running admission.
-async fn queued(proxy: &str, n: usize) {
-    queued_for(proxy, "admit", n).await
-}
-
-/// Waits until `n` submissions are queued behind the running transaction of `kind`.
-async fn queued_for(proxy: &str, kind: &str, n: usize) {
-    let sample = format!("rail_batch_queued{{kind=\"{kind}\"}}");
-    eventually(&format!("{n} {kind}s queued"), WAIT, || async {
-        (metric(proxy, &sample).await as usize == n).then_some(())
-    })
-    .await
-}
-
-/// (count, sum) of the admissions' batch-size histogram.
-async fn batches(proxy: &str) -> (f64, f64) {
-    batches_of(proxy, "admit").await
-}
-
-/// (count, sum) of the batch-size histogram of `kind`.
-async fn batches_of(proxy: &str, kind: &str) -> (f64, f64) {
-    // `metric` reads with a plain reqwest client, which needs the process's TLS provider.
+/// The proxy's group-commit metrics: `rail_batch_queued` and `rail_batch_size`, by kind
+/// (`admit`, `record`).
+fn batch_metrics(proxy: &str) -> BatchMetrics {
+    // The metrics are read with a plain reqwest client, which needs the process's TLS provider.
     dlock_contract::tls::install_crypto_provider();
-    (
-        metric(proxy, &format!("rail_batch_size_count{{kind=\"{kind}\"}}")).await,
-        metric(proxy, &format!("rail_batch_size_sum{{kind=\"{kind}\"}}")).await,
-    )
-}
-
-/// Growth of the batch-size histogram of `kind` since `before` (a [`batches_of`]): (batches
-/// that ran, submissions in them).
-async fn batches_since(proxy: &str, kind: &str, before: (f64, f64)) -> (f64, f64) {
-    let after = batches_of(proxy, kind).await;
-    (after.0 - before.0, after.1 - before.1)
+    BatchMetrics {
+        url: proxy.to_owned(),
+        prefix: "rail",
+    }
 }
 
 /// One submission of a batch: its account, payout, amount and presented token.
@@ -154,14 +129,14 @@ async fn gated(
     items: &[Item],
     after_queued: impl std::future::Future<Output = ()>,
 ) -> Gated {
-    let before = batches(proxy).await;
+    let before = batch_metrics(proxy).batches("admit").await;
     let gate_conn = hold(w, Row::Payout, gate.payout).await;
     let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         waits_in(w, "rail_admit").await;
         let (answers, ()) = tokio::join!(
             futures::future::join_all(items.iter().map(|item| item.send(proxy))),
             async {
-                queued(proxy, items.len()).await;
+                batch_metrics(proxy).queued("admit", items.len()).await;
                 open(gate_conn).await;
                 after_queued.await;
             }
@@ -171,7 +146,7 @@ async fn gated(
     (
         gate_answer,
         answers,
-        batches_since(proxy, "admit", before).await,
+        batch_metrics(proxy).batches_since("admit", before).await,
     )
 }
 
@@ -310,7 +285,7 @@ async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_nev
         ("gk-1", w.claimed("gk-1", 700, 6).await, 6),
         ("gk-2", w.claimed("gk-2", 800, 7).await, 7),
     ];
-    let before = batches(&url).await;
+    let before = batch_metrics(&url).batches("admit").await;
     let gate_conn = hold(&w, Row::Payout, gate).await;
     let client = dlock_contract::client::http_client().unwrap_or_else(|e| panic!("{e}"));
     let gate_flight = tokio::spawn(submission(&client, &url, "gk-gate", gate, 100, "5").send());
@@ -324,14 +299,14 @@ async fn a_proxy_killed_after_a_batch_committed_leaves_its_payouts_ambiguous_nev
             )
         })
         .collect();
-    queued(&url, 2).await;
+    batch_metrics(&url).queued("admit", 2).await;
     open(gate_conn).await;
     // Both intents committed (the forwards are on their way to the slow rail), in one batch.
     for (_, payout, token) in &items {
         w.intent_committed(*payout, *token).await;
     }
     assert_eq!(
-        batches_since(&url, "admit", before).await,
+        batch_metrics(&url).batches_since("admit", before).await,
         (2.0, 3.0),
         "the gate alone, then the two together"
     );
@@ -524,14 +499,14 @@ async fn what_group_commit_gives_the_rail_proxy() {
     for round in 0..2 {
         for (name, proxy) in [("batch 16", &batched), ("batch 1", &single)] {
             let before = (
-                batches_of(proxy, "admit").await,
-                batches_of(proxy, "record").await,
+                batch_metrics(proxy).batches("admit").await,
+                batch_metrics(proxy).batches("record").await,
             );
             let run = format!("m{round}-{}", name.replace(' ', ""));
             let (rate, latency) = submit_cycles(&w, proxy, &run, CLIENTS, CYCLES).await;
             let after = (
-                batches_of(proxy, "admit").await,
-                batches_of(proxy, "record").await,
+                batch_metrics(proxy).batches("admit").await,
+                batch_metrics(proxy).batches("record").await,
             );
             let mean = |b: (f64, f64), a: (f64, f64)| {
                 if a.0 > b.0 {

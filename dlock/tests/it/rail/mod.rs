@@ -420,15 +420,14 @@ pub async fn taken_late(stub: &str, payout: Uuid) {
     .await;
 }
 
-pub async fn metric(proxy: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{proxy}/metrics"))
+/// The value of `sample` (a metric's name and labels, exactly) that the service at `url` serves;
+/// a sample it does not serve fails the test, so a zero read here is a zero served.
+pub async fn metric(url: &str, sample: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{url}/metrics: {e}"))
         .text()
         .await
-        .unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .unwrap_or_else(|e| panic!("{url}/metrics: {e}"));
+    crate::harness::metric(&text, sample)
 }

@@ -37,7 +37,7 @@ async fn gated_records(
     items: &[Item],
     then: impl std::future::Future<Output = ()>,
 ) -> Gated {
-    let before = batches_of(proxy, "record").await;
+    let before = batch_metrics(proxy).batches("record").await;
     let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
         w.intent_committed(gate.payout, gate.token).await;
         let gate_conn = hold(w, Row::Attempt, gate.payout).await;
@@ -45,7 +45,7 @@ async fn gated_records(
         let (answers, ()) = tokio::join!(
             futures::future::join_all(items.iter().map(|item| item.send(proxy))),
             async {
-                queued_for(proxy, "record", items.len()).await;
+                batch_metrics(proxy).queued("record", items.len()).await;
                 then.await;
                 open(gate_conn).await;
             }
@@ -55,7 +55,7 @@ async fn gated_records(
     (
         gate_answer,
         answers,
-        batches_since(proxy, "record", before).await,
+        batch_metrics(proxy).batches_since("record", before).await,
     )
 }
 
