@@ -117,8 +117,25 @@ impl Item {
 }
 
 /// The answers of [`gated`] and [`records::gated_records`]: the gate's, the items' in order, and
-/// the batches that ran meanwhile ([`batches_since`]).
+/// the batches that ran meanwhile ([`measured`]).
 type Gated = ((u16, Value), Vec<(u16, Value)>, (f64, f64));
+
+/// Runs `gating` (a gate and the submissions queued behind it, their answers) and adds the
+/// batches of `kind` that ran meanwhile.
+async fn measured(
+    proxy: &str,
+    kind: &str,
+    gating: impl std::future::Future<Output = ((u16, Value), Vec<(u16, Value)>)>,
+) -> Gated {
+    let metrics = batch_metrics(proxy);
+    let before = metrics.batches(kind).await;
+    let (gate_answer, answers) = gating.await;
+    (
+        gate_answer,
+        answers,
+        metrics.batches_since(kind, before).await,
+    )
+}
 
 /// Holds `gate`'s payout row, sends its submission, waits for it to wait in paydb, sends
 /// `items`, waits until they queue behind it, lets the gate go and runs `after_queued`.
@@ -129,25 +146,22 @@ async fn gated(
     items: &[Item],
     after_queued: impl std::future::Future<Output = ()>,
 ) -> Gated {
-    let before = batch_metrics(proxy).batches("admit").await;
-    let gate_conn = hold(w, Row::Payout, gate.payout).await;
-    let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
-        waits_in(w, "rail_admit").await;
-        let (answers, ()) = tokio::join!(
-            futures::future::join_all(items.iter().map(|item| item.send(proxy))),
-            async {
-                batch_metrics(proxy).queued("admit", items.len()).await;
-                open(gate_conn).await;
-                after_queued.await;
-            }
-        );
-        answers
-    });
-    (
-        gate_answer,
-        answers,
-        batch_metrics(proxy).batches_since("admit", before).await,
-    )
+    measured(proxy, "admit", async {
+        let gate_conn = hold(w, Row::Payout, gate.payout).await;
+        tokio::join!(gate.send(proxy), async {
+            waits_in(w, "rail_admit").await;
+            let (answers, ()) = tokio::join!(
+                futures::future::join_all(items.iter().map(|item| item.send(proxy))),
+                async {
+                    batch_metrics(proxy).queued("admit", items.len()).await;
+                    open(gate_conn).await;
+                    after_queued.await;
+                }
+            );
+            answers
+        })
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

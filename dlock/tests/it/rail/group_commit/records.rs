@@ -37,26 +37,23 @@ async fn gated_records(
     items: &[Item],
     then: impl std::future::Future<Output = ()>,
 ) -> Gated {
-    let before = batch_metrics(proxy).batches("record").await;
-    let (gate_answer, answers) = tokio::join!(gate.send(proxy), async {
-        w.intent_committed(gate.payout, gate.token).await;
-        let gate_conn = hold(w, Row::Attempt, gate.payout).await;
-        waits_in(w, "rail_record").await;
-        let (answers, ()) = tokio::join!(
-            futures::future::join_all(items.iter().map(|item| item.send(proxy))),
-            async {
-                batch_metrics(proxy).queued("record", items.len()).await;
-                then.await;
-                open(gate_conn).await;
-            }
-        );
-        answers
-    });
-    (
-        gate_answer,
-        answers,
-        batch_metrics(proxy).batches_since("record", before).await,
-    )
+    measured(proxy, "record", async {
+        tokio::join!(gate.send(proxy), async {
+            w.intent_committed(gate.payout, gate.token).await;
+            let gate_conn = hold(w, Row::Attempt, gate.payout).await;
+            waits_in(w, "rail_record").await;
+            let (answers, ()) = tokio::join!(
+                futures::future::join_all(items.iter().map(|item| item.send(proxy))),
+                async {
+                    batch_metrics(proxy).queued("record", items.len()).await;
+                    then.await;
+                    open(gate_conn).await;
+                }
+            );
+            answers
+        })
+    })
+    .await
 }
 
 /// The gate's record ran alone, then the three others' in batches of four items in all
