@@ -30,9 +30,11 @@ fn settings(pg: &PgServer, database: &str) -> PgSettings {
     }
 }
 
-/// A database with the baseline's schema whose migration rows are `history` (version, checksum,
+/// A database with this build's schema whose migration rows are `history` (version, checksum,
 /// description): what a database that applied the last retired history looks like (its schema is
-/// the baseline's: `pg_dump --schema-only` of both was the same when the history was squashed).
+/// the baseline's: `pg_dump --schema-only` of both was the same when the history was squashed),
+/// and the migrations after the baseline, which a service applies again as the no-ops they then
+/// are.
 async fn database_recording(
     pg: &PgServer,
     database: &str,
@@ -80,8 +82,8 @@ async fn rows(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
 }
 
 /// Starts `database` as a service does (adopt, then migrate) and checks that its migration rows
-/// are this build's migrations (the baseline, and nothing after it yet), each once.
-async fn serves_with_the_baseline_alone(pg: &PgServer, database: &str, migrator: &Migrator) {
+/// are this build's migrations (the baseline and those after it), each once.
+async fn serves_with_this_builds_migrations(pg: &PgServer, database: &str, migrator: &Migrator) {
     let pool = settings(pg, database)
         .connect("dlock-test", migrator, database)
         .await
@@ -94,7 +96,7 @@ async fn serves_with_the_baseline_alone(pg: &PgServer, database: &str, migrator:
     assert_eq!(
         rows(&pool).await,
         baseline,
-        "{database}: the baseline's rows alone"
+        "{database}: this build's rows, each once"
     );
     pool.close().await;
 }
@@ -144,14 +146,14 @@ async fn a_database_with_the_whole_last_retired_history_is_adopted_and_serves() 
         );
         control.close().await;
 
-        serves_with_the_baseline_alone(&pg, database, migrator).await;
+        serves_with_this_builds_migrations(&pg, database, migrator).await;
         // A second start finds nothing to adopt and nothing to apply.
         let again = squash::adopt(&pool, migrator, database).await;
         assert!(
             matches!(again, Ok(Adoption::NotNeeded)),
             "{database}: {again:?}"
         );
-        serves_with_the_baseline_alone(&pg, database, migrator).await;
+        serves_with_this_builds_migrations(&pg, database, migrator).await;
     }
 }
 
@@ -226,16 +228,16 @@ async fn a_database_at_an_older_retired_history_is_refused_until_the_releases_ca
         // Positive control: the same database, the same schema, with the rows the release that
         // still carries the last retired baseline leaves (the last history): this one starts.
         record_history(&pool, generations.last().map_or(&[][..], |g| g)).await;
-        serves_with_the_baseline_alone(&pg, database, migrator).await;
+        serves_with_this_builds_migrations(&pg, database, migrator).await;
     }
 }
 
 #[tokio::test]
-async fn a_new_database_gets_the_baseline_alone() {
+async fn a_new_database_gets_this_builds_migrations_and_no_retired_one() {
     let pg = PgServer::start(None).unwrap_or_else(|e| panic!("{e:#}"));
     for (database, migrator) in databases() {
         pg.create_database(database)
             .unwrap_or_else(|e| panic!("{e:#}"));
-        serves_with_the_baseline_alone(&pg, database, migrator).await;
+        serves_with_this_builds_migrations(&pg, database, migrator).await;
     }
 }
