@@ -71,30 +71,6 @@ pub struct CreateItem<'a> {
     pub beneficiary_ref: &'a str,
 }
 
-/// An item of a `*_many` statement: its scope and its payout, which every such statement takes
-/// first ([`PayStore::fetch_many`]).
-trait ManyItem {
-    fn head(&self) -> (&Scope, Uuid);
-}
-
-impl ManyItem for ClaimItem<'_> {
-    fn head(&self) -> (&Scope, Uuid) {
-        (self.scope, self.payout_id)
-    }
-}
-
-impl ManyItem for PostItem<'_> {
-    fn head(&self) -> (&Scope, Uuid) {
-        (self.scope, self.payout_id)
-    }
-}
-
-impl ManyItem for CreateItem<'_> {
-    fn head(&self) -> (&Scope, Uuid) {
-        (self.scope, self.payout_id)
-    }
-}
-
 /// An answer to store: the item's scope, status and body.
 pub struct Answer<'a> {
     pub scope: &'a Scope,
@@ -229,20 +205,21 @@ fn in_order<T>(
 
 impl PayStore {
     /// Runs a batch's `*_many` statement `sql` in a transaction of its own, left open for
-    /// [`PayStore::finish_many`]: its first eight parameters are the `items`' scopes, the
-    /// in-progress wait ([`Scopes::bind`]) and the items' payouts; `columns` binds the items' own
-    /// after them. The statement's rows; an error here is the whole batch's: nothing was written.
+    /// [`PayStore::finish_many`]: its first eight parameters are the items' scopes, the
+    /// in-progress wait ([`Scopes::bind`]) and the items' payouts (`heads`, each item's scope and
+    /// payout); `columns` binds the items' own after them. The statement's rows; an error here is
+    /// the whole batch's: nothing was written.
     async fn fetch_many<'q, R>(
         &self,
         sql: &'static str,
-        items: &'q [impl ManyItem],
+        heads: impl Iterator<Item = (&'q Scope, Uuid)>,
         wait_ms: i32,
         columns: impl FnOnce(ManyQuery<'q, R>) -> ManyQuery<'q, R>,
     ) -> StoreResult<(Tx, Vec<R>)>
     where
         R: Send + Unpin + for<'r> FromRow<'r, sqlx::postgres::PgRow>,
     {
-        let (scopes, payouts): (Vec<&Scope>, Vec<Uuid>) = items.iter().map(ManyItem::head).unzip();
+        let (scopes, payouts): (Vec<&Scope>, Vec<Uuid>) = heads.unzip();
         let query = Scopes::of(scopes.into_iter()).bind(sqlx::query_as(sql), wait_ms);
         let query = columns(query.bind(payouts));
         let mut tx = self.begin_tx().await?;
@@ -266,9 +243,12 @@ impl PayStore {
             error_state, error_message \
             FROM pay_claim_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
         let (tx, rows) = self
-            .fetch_many::<ClaimManyRow>(sql, items, wait_ms, |query| {
-                query.bind(&expected).bind(max_attempts).bind(proven)
-            })
+            .fetch_many::<ClaimManyRow>(
+                sql,
+                items.iter().map(|i| (i.scope, i.payout_id)),
+                wait_ms,
+                |query| query.bind(&expected).bind(max_attempts).bind(proven),
+            )
             .await?;
         let verdicts = rows
             .into_iter()
@@ -290,9 +270,12 @@ impl PayStore {
             account_id, balance_minor, entries, error_state, error_message \
             FROM pay_post_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
         let (tx, rows) = self
-            .fetch_many::<PostManyRow>(sql, items, wait_ms, |query| {
-                query.bind(&references).bind(&submissions).bind(proven)
-            })
+            .fetch_many::<PostManyRow>(
+                sql,
+                items.iter().map(|i| (i.scope, i.payout_id)),
+                wait_ms,
+                |query| query.bind(&references).bind(&submissions).bind(proven),
+            )
             .await?;
         let verdicts = rows.into_iter().map(|r| {
             r.head
@@ -318,13 +301,18 @@ impl PayStore {
             error_state, error_message \
             FROM pay_create_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
         let (mut tx, rows) = self
-            .fetch_many::<CreateManyRow>(sql, items, wait_ms, |query| {
-                query
-                    .bind(&accounts)
-                    .bind(&amounts)
-                    .bind(&currencies)
-                    .bind(&beneficiaries)
-            })
+            .fetch_many::<CreateManyRow>(
+                sql,
+                items.iter().map(|i| (i.scope, i.payout_id)),
+                wait_ms,
+                |query| {
+                    query
+                        .bind(&accounts)
+                        .bind(&amounts)
+                        .bind(&currencies)
+                        .bind(&beneficiaries)
+                },
+            )
             .await?;
         let read = Self::payouts(&mut tx, &payouts).await?;
         let verdicts = rows.into_iter().map(|r| {
