@@ -146,30 +146,8 @@ async fn refused(guarded: &LockClient, session: Uuid, key: &str) -> ClientError 
 /// `guarded`'s `lock_etcd_revision_behind_total` (acquires refused because etcd went back) and
 /// `lock_etcd_revisions_to_go`, from its `/metrics`.
 async fn revision_behind_metrics(guarded: &LockClient) -> (f64, f64) {
-    let url = format!("{}/metrics", guarded.base());
-    let response = reqwest::get(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    assert!(
-        response.status().is_success(),
-        "{url}: {}",
-        response.status()
-    );
-    let text = response
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let sample = |name: &str| {
-        text.lines()
-            .find_map(|line| {
-                line.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("{name} not in {url}:\n{text}"))
-    };
+    let text = crate::harness::metrics_of(guarded.base()).await;
+    let sample = |name: &str| crate::harness::metric(&text, name);
     (
         sample("lock_etcd_revision_behind_total"),
         sample("lock_etcd_revisions_to_go"),

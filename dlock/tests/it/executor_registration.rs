@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use crate::executor_report::stack_with_accounts;
-use crate::harness::{endpoints, metric};
+use crate::harness::{endpoints, metric, metrics_of};
 use crate::shared::payouts::{Item, batch_manifest};
 use dlock_contract::client::LockClient;
 use dlock_contract::payment::PayoutState;
@@ -44,12 +44,7 @@ fn batch(name: &str, accounts: &[&str], per_account: usize, base: i64) -> Payout
 
 /// The payout reads (P4) the payment resource has served so far.
 async fn payout_reads(stack: &Stack) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", stack.payment().url()))
-        .await
-        .unwrap_or_else(|e| panic!("payment resource /metrics: {e}"))
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("payment resource /metrics body: {e}"));
+    let text = metrics_of(&stack.payment().url()).await;
     metric(&text, "payment_batch_size_sum{kind=\"read\"}")
 }
 

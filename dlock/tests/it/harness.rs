@@ -316,6 +316,26 @@ pub async fn etcd_under(endpoint: &str, prefix: &str) -> etcd_client::GetRespons
         .unwrap_or_else(|e| panic!("etcd {prefix}: {e}"))
 }
 
+/// What the service at `url` serves at `/metrics`; no answer, or one other than 2xx, fails the
+/// test.
+pub async fn metrics_of(url: &str) -> String {
+    // A plain reqwest client, which needs the process's TLS provider.
+    dlock_contract::tls::install_crypto_provider();
+    let url = format!("{url}/metrics");
+    let response = reqwest::get(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert!(
+        response.status().is_success(),
+        "{url}: {}",
+        response.status()
+    );
+    response
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
 /// The value of `sample` (a metric's name and labels) in the Prometheus text `text`.
 pub fn metric(text: &str, sample: &str) -> f64 {
     text.lines()
@@ -332,10 +352,7 @@ pub struct BatchMetrics {
 
 impl BatchMetrics {
     async fn text(&self) -> String {
-        let response = reqwest::get(format!("{}/metrics", self.url))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        response.text().await.unwrap_or_else(|e| panic!("{e}"))
+        metrics_of(&self.url).await
     }
 
     /// Waits until `n` requests of `kind` are queued behind the running transaction.

@@ -327,13 +327,7 @@ impl PayStack {
     }
 
     pub async fn metrics(&self) -> String {
-        let response = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        response.text().await.unwrap_or_default()
+        crate::harness::metrics_of(&self.url).await
     }
 }
 

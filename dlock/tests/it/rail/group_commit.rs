@@ -86,8 +86,6 @@ async fn terminate_waiting(w: &RailWorld, function: &str, what: &str) {
 /// The proxy's group-commit metrics: `rail_batch_queued` and `rail_batch_size`, by kind
 /// (`admit`, `record`).
 fn batch_metrics(proxy: &str) -> BatchMetrics {
-    // The metrics are read with a plain reqwest client, which needs the process's TLS provider.
-    dlock_contract::tls::install_crypto_provider();
     BatchMetrics {
         url: proxy.to_owned(),
         prefix: "rail",

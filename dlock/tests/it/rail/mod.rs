@@ -423,11 +423,5 @@ pub async fn taken_late(stub: &str, payout: Uuid) {
 /// The value of `sample` (a metric's name and labels, exactly) that the service at `url` serves;
 /// a sample it does not serve fails the test, so a zero read here is a zero served.
 pub async fn metric(url: &str, sample: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap_or_else(|e| panic!("{url}/metrics: {e}"))
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("{url}/metrics: {e}"));
-    crate::harness::metric(&text, sample)
+    crate::harness::metric(&crate::harness::metrics_of(url).await, sample)
 }
